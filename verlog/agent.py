@@ -1,0 +1,109 @@
+"""Assembling an agent from a config: tokenizer, engine, chat model and the graph file.
+
+``load_agent(config)`` is what ``verlog rollout`` (and later training and evaluation) start
+from: the same graph file, built around verlog's chat model on the configured engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from verlog.backends.base import Engine
+from verlog.config import VerlogConfig
+from verlog.graph_file import GraphFile, load_graph_file
+from verlog.llm.chat_model import VerlogChatModel
+from verlog.rollout import Episode, run_episodes
+
+
+def pick_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_engine(config: VerlogConfig, tokenizer: Any, model: Any = None) -> Engine:
+    """The engine named by ``config.engine`` (the embedded one loads ``config.model`` unless a
+    model object is given, e.g. the trainer's actor)."""
+    eng = config.engine
+    if eng.kind == "sglang":
+        from verlog.backends.sglang import SGLangEngine
+
+        eos = getattr(tokenizer, "eos_token_id", None)
+        return SGLangEngine(
+            eng.sglang.url, timeout_s=eng.sglang.timeout_s, max_retries=eng.sglang.max_retries,
+            eos_token_ids=(eos,) if isinstance(eos, int) else (),
+        )
+    from verlog.backends.embedded import EmbeddedEngine
+    from verlog.models import load_causal_lm
+
+    if model is None:
+        model = load_causal_lm(config.model.path, dtype=config.model.dtype, device=pick_device(config.model.device))
+    return EmbeddedEngine(
+        model, tokenizer, max_batch_size=eng.max_batch_size, batch_wait_ms=eng.batch_wait_ms,
+        seed=config.rollout.seed,
+    )
+
+
+def build_chat_model(config: VerlogConfig, engine: Engine, tokenizer: Any) -> VerlogChatModel:
+    """verlog's chat model with the config's sampling defaults and chat-template options."""
+    s = config.sampling
+    return VerlogChatModel(
+        engine=engine,
+        tokenizer=tokenizer,
+        model_name=config.model.path,
+        chat_template_kwargs=config.multi_turn.chat_template_kwargs,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_tokens=s.max_tokens,
+        stop=s.stop or None,
+    )
+
+
+@dataclass
+class Agent:
+    """A graph file built around verlog's chat model, ready to run episodes."""
+
+    config: VerlogConfig
+    tokenizer: Any
+    engine: Engine
+    chat_model: VerlogChatModel
+    graph_file: GraphFile
+    graph: Any
+
+    async def rollout(
+        self, episodes: int, *, first_seed: int | None = None, keep_messages: bool = False, on_episode=None
+    ) -> list[Episode]:
+        """Run ``episodes`` seeded episodes (seeds ``first_seed``, ``first_seed + 1``, ...)."""
+        r = self.config.rollout
+        start = r.seed if first_seed is None else first_seed
+        seeds = range(start, start + episodes)
+        return await run_episodes(
+            self.graph,
+            [self.graph_file.episode_input(s) for s in seeds],
+            episode_ids=[f"seed{s}" for s in seeds],
+            concurrency=r.concurrency,
+            graph_config=self.config.multi_turn.langgraph.graph_config,
+            timeout_s=r.episode_timeout_s,
+            keep_messages=keep_messages,
+            on_episode=on_episode,
+        )
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
+
+
+def load_agent(config: VerlogConfig, *, engine: Engine | None = None, model: Any = None) -> Agent:
+    """Load tokenizer and engine, build the chat model and the configured graph."""
+    from verlog.models import load_tokenizer
+
+    graph_file = load_graph_file(config.multi_turn.langgraph.path)  # fail fast, before loading weights
+    tokenizer = load_tokenizer(config.model.path)
+    engine = engine or build_engine(config, tokenizer, model)
+    chat_model = build_chat_model(config, engine, tokenizer)
+    graph = graph_file.build(chat_model, **config.multi_turn.langgraph.graph_kwargs)
+    return Agent(config, tokenizer, engine, chat_model, graph_file, graph)

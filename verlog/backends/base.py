@@ -1,0 +1,127 @@
+"""The one interface every inference engine speaks: token ids in, token ids and logprobs out.
+
+verlog never sends text to an engine and never re-tokenizes what an engine produced: the chat
+model renders the prompt to ids once, and the ids and logprobs an engine returns are what a
+training turn stores.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Coroutine, Literal, TypeVar
+
+FinishReason = Literal["stop", "length", "abort"]
+
+T = TypeVar("T")
+
+
+class EngineError(RuntimeError):
+    """An engine could not produce a generation (bad request, server error, crashed worker)."""
+
+
+class EngineTimeoutError(EngineError, TimeoutError):
+    """An engine did not answer in time, after all retries."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one response.
+
+    ``temperature == 0`` means greedy decoding. ``stop`` strings end the response after the token
+    that completes them (the token is kept: ids are never cut); ``stop_token_ids`` (plus the
+    model's end-of-sequence ids, added by each engine) end it after that token.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+
+@dataclass
+class Generation:
+    """What an engine produced for one prompt: exactly its token ids, one logprob per token."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    #: engine-specific extras (e.g. SGLang's ``meta_info``); never needed for training
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise EngineError(
+                f"engine returned {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
+            )
+
+
+class Engine(abc.ABC):
+    """An inference engine: ``await engine.generate(prompt_ids, sampling)``.
+
+    Implementations must be safe to call concurrently from many coroutines, and from several
+    event loops (a sync LangChain call runs its own loop).
+    """
+
+    #: token ids that end a generation for this engine's model (used when rendering stops)
+    eos_token_ids: tuple[int, ...] = ()
+
+    @abc.abstractmethod
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+    ) -> Generation:
+        """Generate one response for ``prompt_ids``.
+
+        ``request_id`` groups the calls of one episode (servers route them to the same replica so
+        the prefix cache is reused); engines without routing ignore it.
+        """
+
+    async def aclose(self) -> None:
+        """Release resources (threads, HTTP sessions)."""
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion from synchronous code, even inside a running event loop.
+
+    LangChain's sync ``invoke`` may be called from a thread that already runs a loop (Jupyter, a
+    sync node inside an async graph); there the coroutine runs on a fresh loop in a helper thread.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = asyncio.run(coro)
+        except BaseException as exc:  # re-raised in the caller's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, name="verlog-run-sync", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]

@@ -1,0 +1,421 @@
+"""The embedded engine: a transformers model in this process, batching concurrent requests.
+
+Many graphs run concurrently on one event loop, and each awaits its own model call. The engine
+gathers the calls that are waiting at the same moment into one batch, prefills them together
+(left-padded, one forward pass), then decodes all rows step by step with a KV cache, dropping
+rows as they finish. Work runs on one worker thread so the event loop stays free to run graphs.
+
+Logprobs are ``log_softmax(logits / temperature)`` of the chosen token (plain ``log_softmax`` for
+greedy decoding), before any top-k / top-p truncation: the same quantity a trainer recomputes
+with a teacher-forced forward pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from transformers import DynamicCache
+
+from verlog.backends.base import Engine, EngineError, Generation, SamplingParams
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    generator: torch.Generator | None = None
+    out_ids: list[int] = field(default_factory=list)
+    out_logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def resolve(self) -> None:
+        gen = Generation(self.out_ids, self.out_logprobs, self.finish_reason or "length")
+        self.loop.call_soon_threadsafe(_set_result, self.future, gen)
+
+    def fail(self, exc: BaseException) -> None:
+        self.loop.call_soon_threadsafe(_set_exception, self.future, exc)
+
+
+def _set_result(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+@dataclass
+class EngineStats:
+    """Counters for benchmarks and progress displays."""
+
+    requests: int = 0
+    #: forward passes that chose a token for every running request (prefills and decode steps)
+    steps: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    #: prompt tokens not recomputed because concurrent prompts shared them
+    shared_prefix_tokens: int = 0
+    busy_s: float = 0.0
+
+    @property
+    def mean_batch_size(self) -> float:
+        """Requests served per forward pass, on average."""
+        return self.generated_tokens / self.steps if self.steps else 0.0
+
+
+class EmbeddedEngine(Engine):
+    """Runs a causal LM in-process with dynamic batching and a KV cache.
+
+    Args:
+        model: a transformers causal LM (its weights may be updated in place between batches
+            by a trainer holding ``engine.weights_lock()``).
+        tokenizer: used to detect stop strings and to find the end-of-sequence / pad ids.
+        max_batch_size: the most requests decoded together.
+        batch_wait_ms: after the first waiting request, how long to wait for more to join.
+        max_context: prompt + response token limit (default: the model's max positions).
+        cpu_threads: torch's intra-op threads when the model runs on the CPU. The default leaves
+            one core to the event loop that runs the graphs: torch's worker threads spin while
+            waiting, and competing with a busy Python thread for every core slows a forward
+            pass a hundredfold on small machines. Process-wide (``torch.set_num_threads``).
+        min_shared_prefix: prompts joining together that share at least this many leading
+            tokens compute them once.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 64,
+        batch_wait_ms: float = 2.0,
+        max_context: int | None = None,
+        seed: int = 0,
+        cpu_threads: int | None = None,
+        min_shared_prefix: int = 16,
+    ):
+        self.model = model.eval()
+        if self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads or max(1, (os.cpu_count() or 2) - 1))
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_ms / 1000.0
+        self.min_shared_prefix = min_shared_prefix
+        config = getattr(model, "config", None)
+        self.max_context = max_context or getattr(config, "max_position_embeddings", None) or 1 << 30
+        eos = _as_id_set(getattr(tokenizer, "eos_token_id", None))
+        gen_cfg = getattr(model, "generation_config", None)
+        eos |= _as_id_set(getattr(gen_cfg, "eos_token_id", None))
+        self.eos_token_ids = tuple(sorted(eos))
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = pad if isinstance(pad, int) else (self.eos_token_ids[0] if self.eos_token_ids else 0)
+        self.stats = EngineStats()
+        self._default_generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._weights_lock = threading.Lock()
+        self._closed = False
+        self._worker = threading.Thread(target=self._serve, name="verlog-embedded-engine", daemon=True)
+        self._worker.start()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ public API
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> Generation:
+        if self._closed:
+            raise EngineError("the embedded engine is closed")
+        if not prompt_ids:
+            raise EngineError("prompt_ids is empty")
+        if len(prompt_ids) + 1 > self.max_context:
+            raise EngineError(
+                f"prompt of {len(prompt_ids)} tokens leaves no room to generate within the "
+                f"engine's max_context of {self.max_context} tokens"
+            )
+        loop = asyncio.get_running_loop()
+        req = _Request(list(prompt_ids), sampling, loop, loop.create_future())
+        if sampling.seed is not None:
+            req.generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
+        self._queue.put(req)
+        return await req.future
+
+    @contextlib.contextmanager
+    def weights_lock(self) -> Iterator[None]:
+        """Hold this while changing the model's weights: no batch runs meanwhile."""
+        with self._weights_lock:
+            yield
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._worker.join(timeout=10)
+
+    # ------------------------------------------------------------------ worker thread
+    def _serve(self) -> None:
+        """Continuous batching: new requests join the running batch at the next decode step."""
+        running: _Running | None = None
+        backlog: list[_Request] = []
+        while True:
+            arrived = self._collect(block=running is None and not backlog)
+            if arrived is None:  # closed
+                for req in backlog + (running.requests if running else []):
+                    req.fail(EngineError("the embedded engine was closed"))
+                return
+            backlog += arrived
+            room = self.max_batch_size - (len(running.requests) if running else 0)
+            admit, backlog = backlog[:room], backlog[room:]
+            started = time.perf_counter()
+            try:
+                with self._weights_lock, torch.inference_mode():
+                    if admit:
+                        joined = self._prefill(admit)
+                        if joined.requests:
+                            running = joined if running is None else running.merge(joined)
+                    if running is not None and running.requests:
+                        self._decode_step(running)
+            except Exception as exc:  # report to every caller in flight, keep serving
+                err = exc if isinstance(exc, EngineError) else EngineError(f"embedded engine failed: {exc!r}")
+                for req in admit + (running.requests if running else []):
+                    req.fail(err)
+                running = None
+                continue
+            self.stats.busy_s += time.perf_counter() - started
+            if running is not None and not running.requests:
+                running = None
+
+    def _collect(self, *, block: bool) -> list[_Request] | None:
+        """Requests waiting now; when idle, block for one and give others ``batch_wait`` to join."""
+        got: list[_Request] = []
+        try:
+            first = self._queue.get() if block else self._queue.get_nowait()
+        except queue.Empty:
+            return got
+        if first is None:
+            return None
+        got.append(first)
+        deadline = time.perf_counter() + (self.batch_wait_s if block else 0.0)
+        while True:
+            remaining = deadline - time.perf_counter()
+            try:
+                req = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                return got
+            if req is None:
+                self._queue.put(None)  # seen again on the next call
+                return got
+            got.append(req)
+
+    def _prefill(self, batch: list[_Request]) -> "_Running":
+        """One forward pass over new prompts; picks each one's first token.
+
+        Prompts of concurrent episodes often share a long start (the system prompt, the game's
+        instructions): that common prefix is run once and its KV cache shared by every row. The
+        rest of each prompt is left-padded within its own block; the attention mask and explicit
+        position ids make the padding in the middle invisible.
+        """
+        device = self.device
+        prompts = [r.prompt_ids for r in batch]
+        shared = _common_prefix_len(prompts) if len(batch) > 1 else 0
+        shared = shared if shared >= self.min_shared_prefix else 0
+        cache = DynamicCache(config=self.model.config)
+        if shared:
+            prefix = torch.tensor([prompts[0][:shared]], device=device)
+            self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache.batch_repeat_interleave(len(batch))
+        width = max(len(p) for p in prompts) - shared
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), shared + width), dtype=torch.long)
+        attention[:, :shared] = 1
+        for i, p in enumerate(prompts):
+            input_ids[i, shared + width - len(p):] = torch.tensor(p[shared:])
+            attention[i, shared + width - len(p) + shared:] = 1
+        self.stats.prompt_tokens += sum(len(p) for p in prompts)
+        self.stats.shared_prefix_tokens += shared * (len(batch) - 1)
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        logits = self.model(
+            input_ids=input_ids, attention_mask=attention, position_ids=positions,
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        ).logits[:, -1, :]
+        self.stats.requests += len(batch)
+        running = _Running(list(batch), cache, attention, positions[:, -1] + 1, [])
+        self._advance(running, logits)
+        return running
+
+    def _decode_step(self, running: "_Running") -> None:
+        """Feed each running request its last chosen token; choose the next one."""
+        device = self.device
+        step_ids = torch.tensor(running.pending, device=device)[:, None]
+        running.attention = torch.cat([running.attention, running.attention.new_ones((len(step_ids), 1))], dim=1)
+        logits = self.model(
+            input_ids=step_ids, attention_mask=running.attention, position_ids=running.next_pos[:, None],
+            past_key_values=running.cache, use_cache=True,
+        ).logits[:, -1, :]
+        running.next_pos = running.next_pos + 1
+        self._advance(running, logits)
+
+    def _advance(self, running: "_Running", logits: torch.Tensor) -> None:
+        """Choose a token for every row, resolve the requests that finished, drop their rows."""
+        tokens = self._choose(logits.float(), running.requests)
+        self.stats.steps += 1
+        self.stats.generated_tokens += len(tokens)
+        keep = [row for row, (req, (tok, lp)) in enumerate(zip(running.requests, tokens)) if self._append(req, tok, lp)]
+        for row, req in enumerate(running.requests):
+            if req.finish_reason is not None:
+                req.resolve()
+        running.pending = [tokens[row][0] for row in keep]
+        if len(keep) < len(running.requests):
+            running.select(keep)
+
+    def _choose(self, logits: torch.Tensor, reqs: list[_Request]) -> list[tuple[int, float]]:
+        """Pick one token per row under each request's own sampling settings (vectorized)."""
+        temps = torch.tensor([r.sampling.temperature or 1.0 for r in reqs], device=logits.device)
+        logprobs = torch.log_softmax(logits / temps[:, None], dim=-1)
+        chosen = logprobs.argmax(-1)
+        sampled = [row for row, r in enumerate(reqs) if r.sampling.temperature > 0]
+        if sampled:
+            idx = torch.tensor(sampled, device=logits.device)
+            probs = _filtered_probs(
+                logprobs[idx],
+                torch.tensor([reqs[r].sampling.top_k for r in sampled], device=logits.device),
+                torch.tensor([reqs[r].sampling.top_p for r in sampled], device=logits.device),
+            ).cpu()
+            # inverse-CDF sampling: one uniform draw per row (seeded requests use their own stream)
+            uniform = torch.rand(len(sampled), 1, generator=self._default_generator)
+            for i, row in enumerate(sampled):
+                if reqs[row].generator is not None:
+                    uniform[i, 0] = torch.rand(1, generator=reqs[row].generator)[0]
+            cdf = probs.cumsum(dim=1)
+            picks = torch.searchsorted(cdf, uniform * cdf[:, -1:]).clamp(max=probs.shape[1] - 1)[:, 0]
+            picks = _skip_zero_mass(picks, probs)
+            chosen[idx] = picks.to(chosen.device)
+        chosen_lp = logprobs.gather(1, chosen[:, None])[:, 0]
+        return list(zip(chosen.tolist(), chosen_lp.tolist()))
+
+    def _append(self, r: _Request, token: int, logprob: float) -> bool:
+        """Record one token; return whether the request keeps decoding."""
+        r.out_ids.append(token)
+        r.out_logprobs.append(logprob)
+        s = r.sampling
+        if token in self.eos_token_ids or token in s.stop_token_ids:
+            r.finish_reason = "stop"
+        elif s.stop and _ends_with_stop(self.tokenizer, r.out_ids, s.stop):
+            r.finish_reason = "stop"
+        elif len(r.out_ids) >= s.max_new_tokens or len(r.prompt_ids) + len(r.out_ids) >= self.max_context:
+            r.finish_reason = "length"
+        else:
+            return True
+        return False
+
+
+@dataclass
+class _Running:
+    """The batch being decoded: its requests, their shared KV cache and attention mask.
+
+    Rows are left-padded to a common width; ``pending`` holds each row's chosen token that has
+    not been fed to the model yet, ``next_pos`` the position it will take.
+    """
+
+    requests: list[_Request]
+    cache: DynamicCache
+    attention: torch.Tensor
+    next_pos: torch.Tensor
+    pending: list[int]
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only ``rows``; trim cache columns that no remaining row attends to."""
+        self.requests = [self.requests[r] for r in rows]
+        if not rows:
+            return
+        idx = torch.tensor(rows, device=self.attention.device)
+        self.cache.batch_select_indices(idx)
+        self.attention, self.next_pos = self.attention[idx], self.next_pos[idx]
+        first = int(self.attention.any(0).nonzero()[0])
+        if first > 0:
+            self.attention = self.attention[:, first:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+
+    def merge(self, other: "_Running") -> "_Running":
+        """Join another batch: left-pad the narrower one's cache and mask, stack the rows."""
+        width = max(self.attention.shape[1], other.attention.shape[1])
+
+        def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
+            missing = width - t.shape[dim]
+            if missing == 0:
+                return t
+            shape = list(t.shape)
+            shape[dim] = missing
+            return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([pad(mine.keys, 2), pad(theirs.keys, 2)], dim=0)
+            mine.values = torch.cat([pad(mine.values, 2), pad(theirs.values, 2)], dim=0)
+        self.attention = torch.cat([pad(self.attention, 1), pad(other.attention, 1)], dim=0)
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        self.requests += other.requests
+        self.pending += other.pending
+        return self
+
+
+def _filtered_probs(logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Row-wise top-k (``-1`` = off) and top-p (nucleus) truncation, renormalized."""
+    probs = logprobs.exp()
+    if bool(((top_k > 0) & (top_k < probs.shape[1])).any()) or bool((top_p < 1).any()):
+        sorted_p, order = torch.sort(probs, dim=1, descending=True)
+        rank = torch.arange(probs.shape[1], device=probs.device)[None, :]
+        drop = (top_k[:, None] > 0) & (rank >= top_k[:, None])
+        before = sorted_p.cumsum(1) - sorted_p  # mass of the tokens ranked above this one
+        drop |= before >= top_p[:, None]  # keep the smallest prefix reaching top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(1, order, sorted_p)
+    return probs / probs.sum(dim=1, keepdim=True)
+
+
+def _skip_zero_mass(picks: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Guard against float round-off landing a draw on a token of zero probability."""
+    bad = probs.gather(1, picks[:, None])[:, 0] <= 0
+    if bool(bad.any()):
+        picks[bad] = probs[bad].argmax(dim=1)
+    return picks
+
+
+def _common_prefix_len(prompts: list[list[int]]) -> int:
+    """Length of the longest common prefix, leaving at least one own token to every prompt."""
+    first, limit = prompts[0], min(len(p) for p in prompts) - 1
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
+
+
+def _ends_with_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> bool:
+    """Whether the decoded tail of ``ids`` contains a stop string (decoded incrementally)."""
+    longest = max(len(s) for s in stops)
+    tail = tokenizer.decode(ids[-(2 * longest + 4):], skip_special_tokens=False)
+    return any(s in tail for s in stops)
+
+
+def _as_id_set(value: Any) -> set[int]:
+    if isinstance(value, int):
+        return {value}
+    if isinstance(value, (list, tuple, set)):
+        return {v for v in value if isinstance(v, int)}
+    return set()

@@ -1,0 +1,164 @@
+"""The ``verlog`` command line.
+
+    verlog rollout CONFIG [key=value ...] [--episodes N] [--seed S] [--show-messages] [--json FILE]
+    verlog play ENV [--seed S] [--agent human|bot]
+    verlog models build {tiny,smollm2}
+
+Configuration errors, graph-file errors and engine errors print one clear message and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from verlog.backends.base import EngineError
+from verlog.config import ConfigError, load_config
+from verlog.graph_file import GraphFileError
+from verlog.rollout import Episode
+
+console = Console(highlight=False)
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from verlog.agent import load_agent
+
+    config = load_config(args.config, args.overrides)
+    episodes_n = args.episodes or config.rollout.episodes
+    with console.status("loading model and graph..."):
+        agent = load_agent(config)
+    console.print(
+        f"[bold]{Path(config.multi_turn.langgraph.path).name}[/] on [bold]{config.model.path}[/] "
+        f"({config.engine.kind} engine): {episodes_n} episodes"
+    )
+
+    async def run() -> list[Episode]:
+        try:
+            return await agent.rollout(episodes_n, first_seed=args.seed, keep_messages=args.show_messages)
+        finally:
+            await agent.aclose()
+
+    episodes = asyncio.run(run())
+    for episode in episodes:
+        _print_episode(episode, agent.tokenizer, show_messages=args.show_messages)
+    _print_summary(episodes)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps([_episode_json(e) for e in episodes], indent=1)
+        )
+        console.print(f"turns written to {args.json}")
+    return 0
+
+
+def _episode_json(episode: Episode) -> dict[str, Any]:
+    data = asdict(episode)
+    data.pop("output", None)
+    for turn in data["turns"]:
+        turn.pop("messages", None)
+    return data
+
+
+def _print_episode(episode: Episode, tokenizer: Any, *, show_messages: bool) -> None:
+    colour = "green" if not episode.failed else "red"
+    console.rule(
+        f"[{colour}]episode {episode.episode_id}: {episode.status}[/] · {len(episode.turns)} turns · "
+        f"return {episode.total_reward:.2f} · {episode.seconds:.1f} s"
+    )
+    if episode.error:
+        console.print(f"[red]{episode.error}[/]")
+    for turn in episode.turns:
+        flags = "terminated" if turn.terminated else "truncated" if turn.truncated else ""
+        mean_lp = sum(turn.logprobs) / max(len(turn.logprobs), 1)
+        console.print(
+            f"[bold]turn {turn.turn_index}[/] node={turn.node} prompt={len(turn.prompt_ids)} tok "
+            f"response={len(turn.response_ids)} tok mean logprob={mean_lp:.2f} "
+            f"reward={turn.reward:g} {flags} ({turn.finish_reason})"
+        )
+        if show_messages and turn.messages:
+            for m in turn.messages:
+                console.print(f"  [dim]{m.type}:[/] {str(m.content)[:300]!r}")
+        text = tokenizer.decode(turn.response_ids, skip_special_tokens=False)
+        console.print(f"  [cyan]{text[:400]!r}[/]")
+
+
+def _print_summary(episodes: list[Episode]) -> None:
+    table = Table(title="rollout summary")
+    for col in ("episodes", "failed", "turns", "mean return", "success"):
+        table.add_column(col)
+    ok = [e for e in episodes if not e.failed]
+    successes = [bool(e.info.get("success")) for e in ok if "success" in e.info]
+    table.add_row(
+        str(len(episodes)),
+        str(len(episodes) - len(ok)),
+        str(sum(len(e.turns) for e in episodes)),
+        f"{sum(e.total_reward for e in ok) / max(len(ok), 1):.3f}",
+        f"{sum(successes)}/{len(successes)}" if successes else "-",
+    )
+    console.print(table)
+
+
+def _models(args: argparse.Namespace) -> int:
+    from verlog.models import resolve_model_path
+
+    path = resolve_model_path(args.name)
+    console.print(f"{args.name}: {path}")
+    return 0
+
+
+def _play(args: argparse.Namespace) -> int:
+    from verlog.envs.play import play
+
+    play(args.env, seed=args.seed, agent=args.agent, max_steps=args.max_steps)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verlog", description="Multi-turn RL for LangGraph agents")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("rollout", help="run episodes of a config's graph and print every captured turn")
+    p.add_argument("config", help="a YAML config file (see configs/)")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. sampling.temperature=0")
+    p.add_argument("--episodes", type=int, default=None, help="episodes to run (default: rollout.episodes)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the first episode (default: rollout.seed)")
+    p.add_argument("--show-messages", action="store_true", help="print the messages each call received")
+    p.add_argument("--json", default=None, help="also write the episodes and turns to this JSON file")
+    p.set_defaults(func=_rollout)
+
+    p = sub.add_parser("play", help="play a text environment in the terminal, seeing what the model sees")
+    p.add_argument("env", help="an environment name, e.g. babyai:goto, babaisai:two_room-goto_win, crafter")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--agent", choices=["human", "bot"], default="human", help="bot: an oracle plays")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.set_defaults(func=_play)
+
+    p = sub.add_parser("models", help="prepare the offline models")
+    msub = p.add_subparsers(dest="models_command", required=True)
+    b = msub.add_parser("build", help="build (or find) an offline model and print its folder")
+    b.add_argument("name", choices=["tiny", "smollm2"])
+    b.set_defaults(func=_models)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, GraphFileError, EngineError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

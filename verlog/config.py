@@ -1,0 +1,218 @@
+"""verlog's YAML configuration: typed sections, strict validation, errors that name the key.
+
+Every section rejects unknown keys; a bad value is reported with its dotted key, what was given
+and what is allowed. ``load_config(path, overrides)`` applies ``key.path=value`` overrides (the
+value parsed as YAML) before validating.
+
+The agent is chosen by the ``multi_turn`` block::
+
+    multi_turn:
+      chat_template_kwargs: {enable_thinking: false}
+      langgraph:
+        path: graphs/calculator.py
+        graph_config: {recursion_limit: 50}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names every bad key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+#: keys of LangChain's RunnableConfig that a graph run accepts
+RUN_CONFIG_KEYS = ("recursion_limit", "configurable", "tags", "metadata", "max_concurrency", "run_name")
+
+
+class LangGraphConfig(_Section):
+    """Which graph file to run and how."""
+
+    path: str = Field(description="a graphs/*.py file exposing build_graph(model, **graph_kwargs)")
+    graph_config: dict[str, Any] = Field(
+        default_factory=lambda: {"recursion_limit": 100},
+        description=f"the run config of each episode; keys: {', '.join(RUN_CONFIG_KEYS)}",
+    )
+    graph_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of build_graph")
+
+    @field_validator("graph_config")
+    @classmethod
+    def _check_run_config(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - set(RUN_CONFIG_KEYS))
+        if unknown:
+            raise ValueError(f"unknown run-config key(s) {unknown}; allowed: {', '.join(RUN_CONFIG_KEYS)}")
+        limit = value.get("recursion_limit", 100)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"recursion_limit must be an integer >= 1, got {limit!r}")
+        return {"recursion_limit": limit, **value}
+
+
+class MultiTurnConfig(_Section):
+    """The agent: a LangGraph graph plus chat-template options (also accepted by verl configs)."""
+
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    langgraph: LangGraphConfig
+
+
+class ModelConfig(_Section):
+    """The policy model: ``tiny`` (random-init test model), ``smollm2`` or a local HF folder."""
+
+    path: str = "tiny"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if value not in ("auto", "cpu", "cuda") and not value.startswith("cuda:"):
+            raise ValueError(f"device must be one of auto, cpu, cuda, cuda:N; got {value!r}")
+        return value
+
+
+class SGLangConfig(_Section):
+    """Where a running SGLang server listens and how patient to be with it."""
+
+    url: str = "http://127.0.0.1:30000"
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+
+
+class EngineConfig(_Section):
+    """Which inference engine produces the tokens."""
+
+    kind: Literal["embedded", "sglang"] = "embedded"
+    max_batch_size: int = Field(64, ge=1, description="embedded: most requests decoded together")
+    batch_wait_ms: float = Field(2.0, ge=0, description="embedded: wait for more requests to join a batch")
+    sglang: SGLangConfig = Field(default_factory=SGLangConfig)
+
+
+class SamplingConfig(_Section):
+    """Default sampling settings of the chat model (nodes may override per call)."""
+
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)
+    max_tokens: int = Field(256, ge=1)
+    stop: list[str] = Field(default_factory=list)
+
+
+class RolloutConfig(_Section):
+    """How many episodes ``verlog rollout`` runs, how many at once, and their time limit."""
+
+    episodes: int = Field(4, ge=1)
+    concurrency: int = Field(32, ge=1)
+    episode_timeout_s: float | None = Field(600.0, gt=0)
+    seed: int = 0
+
+
+class VerlogConfig(_Section):
+    """The whole configuration file."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    multi_turn: MultiTurnConfig
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def _allowed_keys(model: type[BaseModel], loc: Sequence[str | int]) -> list[str] | None:
+    """The field names allowed at the parent of ``loc`` (None when it is a free-form dict)."""
+    current: Any = model
+    for part in loc[:-1]:
+        fields = getattr(current, "model_fields", None)
+        if fields is None or part not in fields:
+            return None
+        current = fields[part].annotation
+    fields = getattr(current, "model_fields", None)
+    return sorted(fields) if fields is not None else None
+
+
+def _describe(exc: ValidationError, model: type[BaseModel]) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        key = ".".join(loc) or "<root>"
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(model, loc)
+            hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
+            lines.append(f"  {key}: unknown key{hint}")
+        elif err["type"] == "missing":
+            lines.append(f"  {key}: required key is missing")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"  {key}: {msg} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_overrides(overrides: Sequence[str]) -> list[tuple[list[str], Any]]:
+    """``["a.b=1", "c=[x, y]"]`` -> ``[(["a", "b"], 1), (["c"], ["x", "y"])]`` (values as YAML)."""
+    parsed = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key.path=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: value is not valid YAML: {exc}") from exc
+        parsed.append((key.strip().split("."), value))
+    return parsed
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Set each dotted key in a copy of ``data`` (intermediate sections are created)."""
+    data = yaml.safe_load(yaml.safe_dump(data)) or {}
+    for path, value in parse_overrides(overrides):
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {'.'.join(path)}: {part!r} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def config_from_dict(data: dict[str, Any], *, source: str = "<config>") -> VerlogConfig:
+    """Validate a mapping as a ``VerlogConfig``; raise ``ConfigError`` naming every bad key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
+    try:
+        return VerlogConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid config {source}:\n{_describe(exc, VerlogConfig)}") from None
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> VerlogConfig:
+    """Read a YAML config file, apply ``key=value`` overrides, validate.
+
+    A relative ``multi_turn.langgraph.path`` is resolved against the current directory first,
+    then against the config file's folder and its parent (so configs/x.yaml may say graphs/x.py).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    config = config_from_dict(apply_overrides(data, overrides), source=str(path))
+    graph_path = Path(config.multi_turn.langgraph.path)
+    if not graph_path.is_absolute() and not graph_path.exists():
+        for base in (path.parent, path.parent.parent):
+            if (base / graph_path).exists():
+                config.multi_turn.langgraph.path = str(base / graph_path)
+                break
+    return config

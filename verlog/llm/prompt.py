@@ -1,0 +1,114 @@
+"""Turning LangChain messages into the exact prompt token ids an engine sees.
+
+The tokenizer's own chat template does the rendering (with the caller's
+``chat_template_kwargs``), and the rendered text is encoded once. The ids produced here are the
+ids a training turn stores as its prompt: nothing downstream re-renders or re-tokenizes them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+
+_ROLE = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
+
+
+def message_text(content: str | list[Any]) -> str:
+    """The text of a message's content (text blocks joined; other blocks are rejected)."""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append(block.get("text", ""))
+        else:
+            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+            raise ValueError(f"verlog's chat model reads text only; got a content block of type {kind!r}")
+    return "".join(parts)
+
+
+def to_chat_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """LangChain messages as the ``{"role", "content", ...}`` dicts chat templates expect."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if isinstance(m, ChatMessage):
+            role = m.role
+        elif isinstance(m, (HumanMessage, AIMessage, SystemMessage, ToolMessage)):
+            role = _ROLE[m.type]
+        else:
+            raise ValueError(f"unsupported message type {type(m).__name__} for a chat template")
+        entry: dict[str, Any] = {"role": role, "content": message_text(m.content)}
+        if isinstance(m, AIMessage) and m.tool_calls:
+            entry["tool_calls"] = [
+                {"type": "function", "id": c.get("id"), "function": {"name": c["name"], "arguments": c["args"]}}
+                for c in m.tool_calls
+            ]
+        if isinstance(m, ToolMessage):
+            entry["tool_call_id"] = m.tool_call_id
+            if m.name:
+                entry["name"] = m.name
+        out.append(entry)
+    return out
+
+
+def _template_source(tokenizer: Any) -> str:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: the default one
+        template = template.get("default") or next(iter(template.values()))
+    if not template:
+        raise ValueError(
+            f"tokenizer {type(tokenizer).__name__} has no chat_template; set one before using it as a chat model"
+        )
+    return template
+
+
+def _tools_as_system_text(tools: list[dict]) -> str:
+    """Hermes-style tool instructions for chat templates that ignore the ``tools`` argument."""
+    listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        "You can call functions. Their signatures are inside <tools></tools>:\n"
+        f"<tools>\n{listing}\n</tools>\n"
+        "To call one, answer with\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+class PromptRenderer:
+    """Renders messages (+ tool schemas) with one tokenizer's chat template to text and ids."""
+
+    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None):
+        self.tokenizer = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.template_knows_tools = "tools" in _template_source(tokenizer)
+
+    def render_text(self, messages: Sequence[BaseMessage], tools: list[dict] | None = None) -> str:
+        conversation = to_chat_dicts(messages)
+        kwargs: dict[str, Any] = dict(self.chat_template_kwargs)
+        if tools:
+            if self.template_knows_tools:
+                kwargs["tools"] = tools
+            else:
+                tool_text = _tools_as_system_text(tools)
+                if conversation and conversation[0]["role"] == "system":
+                    conversation[0] = {**conversation[0], "content": conversation[0]["content"] + "\n\n" + tool_text}
+                else:
+                    conversation.insert(0, {"role": "system", "content": tool_text})
+        return self.tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=True, **kwargs
+        )
+
+    def render(self, messages: Sequence[BaseMessage], tools: list[dict] | None = None) -> list[int]:
+        """The prompt token ids for ``messages``: template, then one encode without extra specials."""
+        text = self.render_text(messages, tools)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

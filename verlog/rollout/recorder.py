@@ -1,0 +1,137 @@
+"""``TurnRecorder``: the LangChain callback that turns a graph run's model calls into ``Turn``s.
+
+Give one recorder to each episode's run config (``config={"callbacks": [recorder]}``). LangChain
+hands it every chat-model call in the run, sub-graphs and parallel branches included, and every
+``verlog.reward`` custom event the environment node dispatches. Nothing inside the graph knows
+it is being recorded.
+
+* Turn order is the order in which calls *started*.
+* A call becomes a turn when its ``AIMessage`` carries verlog's token data (``prompt_ids``,
+  ``response_ids``, ``logprobs``); calls of other chat models are counted as uncaptured.
+* A reward is added to the most recently *finished* turn: the environment reacts to the answer
+  it was given.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import BaseMessage
+from langchain_core.outputs import LLMResult
+
+from verlog.rollout.events import REWARD_EVENT
+from verlog.rollout.turn import Episode, EpisodeStatus, Turn
+
+
+class TurnRecorder(BaseCallbackHandler):
+    """Records the turns of one episode.
+
+    Args:
+        episode_id: stamped on every turn.
+        keep_messages: also keep each call's input messages on its turn (for tests, debugging
+            and ``verlog rollout --show-messages``; costs memory on long episodes).
+    """
+
+    run_inline = True  # called in the event loop's thread, no executor hop
+    raise_error = True  # a malformed reward event is a bug in the graph: surface it
+    ignore_chain = True
+    ignore_agent = True
+    ignore_retriever = True
+    ignore_retry = True
+
+    def __init__(self, episode_id: str, *, keep_messages: bool = False):
+        self.episode_id = episode_id
+        self.keep_messages = keep_messages
+        self.turns: list[Turn] = []
+        self.uncaptured_calls = 0
+        self.unassigned_reward = 0.0
+        self._started = 0
+        self._pending: dict[UUID, tuple[int, str | None, list[BaseMessage] | None]] = {}
+        self._last_finished: Turn | None = None
+        self._lock = threading.Lock()  # sync nodes may call models from executor threads
+
+    # ------------------------------------------------------------------ callbacks
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any],
+        messages: list[list[BaseMessage]],
+        *,
+        run_id: UUID,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        with self._lock:
+            node = (metadata or {}).get("langgraph_node")
+            kept = list(messages[0]) if self.keep_messages and messages else None
+            self._pending[run_id] = (self._started, node, kept)
+            self._started += 1
+
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            started = self._pending.pop(run_id, None)
+            if started is None:  # a plain (non-chat) LLM: not ours
+                return
+            index, node, messages = started
+            generation = response.generations[0][0] if response.generations and response.generations[0] else None
+            message = getattr(generation, "message", None)
+            meta = getattr(message, "response_metadata", None) or {}
+            if "response_ids" not in meta or "prompt_ids" not in meta:
+                self.uncaptured_calls += 1
+                return
+            turn = Turn(
+                episode_id=self.episode_id,
+                turn_index=index,
+                prompt_ids=meta["prompt_ids"],
+                response_ids=meta["response_ids"],
+                logprobs=meta["logprobs"],
+                finish_reason=meta.get("finish_reason", ""),
+                node=node,
+                messages=messages,
+            )
+            self.turns.append(turn)
+            self._last_finished = turn
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            self._pending.pop(run_id, None)
+
+    def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        if name != REWARD_EVENT:
+            return
+        if not isinstance(data, dict) or not isinstance(data.get("reward"), (int, float)):
+            raise ValueError(f"{REWARD_EVENT} event needs a dict with a numeric 'reward', got {data!r}")
+        with self._lock:
+            turn = self._last_finished
+            if turn is None:
+                self.unassigned_reward += float(data["reward"])
+                return
+            turn.reward += float(data["reward"])
+            turn.terminated = turn.terminated or bool(data.get("terminated", False))
+            turn.truncated = turn.truncated or bool(data.get("truncated", False))
+            if data.get("info"):
+                turn.info.update(data["info"])
+
+    # ------------------------------------------------------------------ result
+    def episode(self, status: EpisodeStatus = "ok", *, error: str | None = None, output: Any = None) -> Episode:
+        """The episode recorded so far, ended with ``status``.
+
+        A graph that reached its end without the environment saying so ends its last turn as
+        ``terminated``: the run is over, nothing follows to bootstrap from.
+        """
+        turns = sorted(self.turns, key=lambda t: t.turn_index)
+        for i, turn in enumerate(turns):  # dense indices even if a call failed midway
+            turn.turn_index = i
+        if status == "ok" and turns and not turns[-1].done:
+            turns[-1].terminated = True
+        return Episode(
+            episode_id=self.episode_id,
+            turns=turns,
+            status=status,
+            error=error,
+            output=output,
+            unassigned_reward=self.unassigned_reward,
+            uncaptured_calls=self.uncaptured_calls,
+        )

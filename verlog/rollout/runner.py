@@ -1,0 +1,109 @@
+"""Running graph episodes concurrently on one event loop, each recorded turn by turn.
+
+``run_episode`` runs one graph invocation with a fresh ``TurnRecorder`` in its callbacks and
+turns every way a run can go wrong into a recorded failed episode: an exception in the graph
+(``error``), LangGraph's recursion limit (``recursion_limit``) or the episode timeout
+(``timeout``). A failed episode never yields a training sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+import uuid
+from typing import Any, Awaitable, Callable, Iterable
+
+from langchain_core.runnables import Runnable, RunnableConfig
+from langgraph.errors import GraphRecursionError
+
+from verlog.llm.chat_model import EPISODE_ID_KEY
+from verlog.rollout.recorder import TurnRecorder
+from verlog.rollout.turn import Episode
+
+
+def episode_config(
+    graph_config: dict[str, Any] | None, episode_id: str, recorder: TurnRecorder
+) -> RunnableConfig:
+    """The run config of one episode: the user's ``graph_config`` plus the recorder and ids."""
+    config: dict[str, Any] = dict(graph_config or {})
+    config["callbacks"] = [*(config.get("callbacks") or []), recorder]
+    config["metadata"] = {**(config.get("metadata") or {}), EPISODE_ID_KEY: episode_id}
+    configurable = dict(config.get("configurable") or {})
+    configurable.setdefault("thread_id", episode_id)  # graphs compiled with a checkpointer need one
+    config["configurable"] = configurable
+    return config  # type: ignore[return-value]
+
+
+async def run_episode(
+    graph: Runnable,
+    graph_input: Any,
+    *,
+    episode_id: str | None = None,
+    graph_config: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
+    keep_messages: bool = False,
+) -> Episode:
+    """Run ``graph`` once on ``graph_input`` and return the recorded episode (never raises
+    for failures of the graph itself)."""
+    episode_id = episode_id or uuid.uuid4().hex
+    recorder = TurnRecorder(episode_id, keep_messages=keep_messages)
+    config = episode_config(graph_config, episode_id, recorder)
+    started = time.perf_counter()
+    task = asyncio.ensure_future(graph.ainvoke(graph_input, config))
+    try:
+        finished, _ = await asyncio.wait({task}, timeout=timeout_s)
+    except BaseException:  # the caller cancelled us: stop the graph too
+        task.cancel()
+        raise
+    if not finished:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        episode = recorder.episode("timeout", error=f"episode timed out after {timeout_s} s")
+    elif isinstance(task.exception(), GraphRecursionError):
+        limit = config.get("recursion_limit", "default")
+        episode = recorder.episode("recursion_limit", error=f"recursion limit {limit} reached: {task.exception()}")
+    elif task.exception() is not None:  # any failure of the graph or its model calls
+        exc = task.exception()
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        episode = recorder.episode("error", error=detail)
+    else:
+        episode = recorder.episode("ok", output=task.result())
+    episode.seconds = time.perf_counter() - started
+    return episode
+
+
+async def run_episodes(
+    graph: Runnable,
+    inputs: Iterable[Any],
+    *,
+    concurrency: int = 32,
+    graph_config: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
+    keep_messages: bool = False,
+    episode_ids: Iterable[str] | None = None,
+    on_episode: Callable[[Episode], Awaitable[None] | None] | None = None,
+) -> list[Episode]:
+    """Run one episode per input, at most ``concurrency`` at a time, in input order.
+
+    ``on_episode`` is called as each episode ends (for progress displays and streaming logs).
+    """
+    inputs = list(inputs)
+    ids = list(episode_ids) if episode_ids is not None else [uuid.uuid4().hex for _ in inputs]
+    if len(ids) != len(inputs):
+        raise ValueError(f"got {len(inputs)} inputs but {len(ids)} episode ids")
+    gate = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(graph_input: Any, episode_id: str) -> Episode:
+        async with gate:
+            episode = await run_episode(
+                graph, graph_input, episode_id=episode_id, graph_config=graph_config,
+                timeout_s=timeout_s, keep_messages=keep_messages,
+            )
+        if on_episode is not None:
+            maybe = on_episode(episode)
+            if asyncio.iscoroutine(maybe):
+                await maybe
+        return episode
+
+    return list(await asyncio.gather(*(one(x, i) for x, i in zip(inputs, ids))))

@@ -1,0 +1,88 @@
+"""The records a rollout produces: a ``Turn`` per model call, an ``Episode`` per graph run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+EpisodeStatus = Literal["ok", "error", "recursion_limit", "timeout"]
+
+
+@dataclass
+class Turn:
+    """One model call, exactly as the engine saw and produced it: one training sample.
+
+    ``prompt_ids`` are the ids the engine received, ``response_ids`` the ids it returned (never
+    re-encoded from text), ``logprobs`` one per response id. ``reward`` is the sum of the rewards
+    the environment reported after this call and before the next one; ``terminated`` means the
+    task ended here (no bootstrap), ``truncated`` that a limit cut it (the next state still has a
+    value).
+    """
+
+    episode_id: str
+    turn_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    finish_reason: str = ""
+    #: the LangGraph node that made the call (``langgraph_node`` metadata), if any
+    node: str | None = None
+    #: environment info reported with the rewards (e.g. ``success``, ``valid_action``)
+    info: dict[str, Any] = field(default_factory=dict)
+    #: the messages the model received (kept only when the recorder is asked to)
+    messages: list[Any] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.logprobs) != len(self.response_ids):
+            raise ValueError(
+                f"turn {self.turn_index} of {self.episode_id}: {len(self.response_ids)} response ids "
+                f"but {len(self.logprobs)} logprobs"
+            )
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+
+@dataclass
+class Episode:
+    """One run of a graph: its turns and how it ended.
+
+    A failed episode (``status`` other than ``"ok"``: the graph raised, hit its recursion limit
+    or timed out) keeps its turns for inspection but offers none for training.
+    """
+
+    episode_id: str
+    turns: list[Turn]
+    status: EpisodeStatus = "ok"
+    error: str | None = None
+    #: the graph's final state (``None`` when it failed)
+    output: Any = None
+    #: rewards reported before the first model call (they belong to no turn)
+    unassigned_reward: float = 0.0
+    #: calls of chat models that carry no verlog token data (not trainable, counted)
+    uncaptured_calls: int = 0
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.status != "ok"
+
+    @property
+    def total_reward(self) -> float:
+        return self.unassigned_reward + sum(t.reward for t in self.turns)
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The environment info of the last turn that reported one (e.g. ``success``)."""
+        for turn in reversed(self.turns):
+            if turn.info:
+                return turn.info
+        return {}
+
+    def trainable_turns(self) -> list[Turn]:
+        """The turns to train on: all of them for a finished episode, none for a failed one."""
+        return [] if self.failed else list(self.turns)
