@@ -1,0 +1,51 @@
+"""The ``verlog`` command line, run as a user runs it (a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def verlog(*args: str, stdin: str = "", cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "verlog.cli", *args], input=stdin, capture_output=True, text=True,
+        cwd=cwd, timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+    )
+
+
+def test_rollout_prints_turns_and_writes_json(tmp_path):
+    out = tmp_path / "turns.json"
+    result = verlog("rollout", "configs/guess_number.yaml", "rollout.episodes=2",
+                    "multi_turn.langgraph.graph_kwargs.max_tokens=8",
+                    "--json", str(out))
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "rollout summary" in result.stdout and "turn 0 node=policy" in result.stdout
+    episodes = json.loads(out.read_text())
+    assert len(episodes) == 2
+    turn = episodes[0]["turns"][0]
+    assert len(turn["logprobs"]) == len(turn["response_ids"]) <= 9 and turn["prompt_ids"]
+
+
+def test_bad_config_key_is_a_clear_error(tmp_path):
+    result = verlog("rollout", "configs/calculator.yaml", "sampling.temprature=0")
+    assert result.returncode == 2
+    assert "sampling.temprature: unknown key" in result.stdout and "temperature" in result.stdout
+
+
+def test_graph_file_without_factory_is_a_clear_error(tmp_path):
+    graph = tmp_path / "empty.py"
+    graph.write_text("x = 1\n")
+    result = verlog("rollout", "configs/calculator.yaml", f"multi_turn.langgraph.path={graph}")
+    assert result.returncode == 2 and "has no build_graph(model, **kwargs) function" in result.stdout
+
+
+def test_play_by_hand_and_by_bot():
+    human = verlog("play", "babyai:goto", "--seed", "0", stdin="turn left\nfly away\nquit\n")
+    assert human.returncode == 0, human.stderr
+    assert "Mission: go to" in human.stdout and "turn left" in human.stdout
+    bot = verlog("play", "babaisai:two_room-goto_win", "--seed", "1", "--agent", "bot")
+    assert bot.returncode == 0 and "success True" in bot.stdout

@@ -1,0 +1,259 @@
+"""BabaIsAI as a text environment: observations, action parsing, rewards and episode limits.
+
+The model sees the active rules and where every object and word block is relative to the object
+it controls, answers with ``ACTION: up`` (or ``down``/``left``/``right``/``idle``), and gets
+reward 1 for winning. An answer naming no valid action runs ``idle`` and costs
+``invalid_action_penalty``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
+from verlog.envs.base import StepResult, TextEnv
+
+from . import game
+from .game import ACTIONS, GameState, kind_name, render_ascii
+from .levels import TASKS, Level, generate
+
+#: extra phrasings accepted for each action (matching is case- and punctuation-insensitive)
+SYNONYMS: dict[str, str] = {
+    "north": "up",
+    "south": "down",
+    "west": "left",
+    "east": "right",
+    "wait": "idle",
+    "stay": "idle",
+    "noop": "idle",
+    "no op": "idle",
+    "do nothing": "idle",
+    **{f"{verb} {a}": a for verb in ("move", "go", "step", "walk") for a in ACTIONS[1:]},
+    **{f"{verb} {d}": a for verb in ("move", "go") for d, a in
+       (("north", "up"), ("south", "down"), ("west", "left"), ("east", "right"))},
+}
+
+_ACTION_HELP = {
+    "idle": "wait for one step",
+    "up": "take one step up",
+    "down": "take one step down",
+    "left": "take one step to the left",
+    "right": "take one step to the right",
+}
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+def relative_position(dx: int, dy: int) -> str:
+    """Words for an offset from the player: ``"2 steps to the left and 1 step up"``."""
+    parts = []
+    if dx:
+        parts.append(f"{_steps(abs(dx))} to the {'right' if dx > 0 else 'left'}")
+    if dy:
+        parts.append(f"{_steps(abs(dy))} {'down' if dy > 0 else 'up'}")
+    return " and ".join(parts) if parts else "at your position"
+
+
+def describe(
+    state: GameState, anchor: tuple[int, int] | None = None, show_border: bool = True
+) -> str:
+    """The observation text for ``state``.
+
+    Lists the active rules, then every word block (as ``rule `is```) and object other than the
+    one the player controls, relative to that object, in reading order (top row first).
+    ``anchor`` is the reference cell when no object is YOU (e.g. after losing).
+    """
+    rules = state.rules
+    you = state.you_positions()
+    ref = you[0] if you else anchor
+    lines = ["Active rules: " + (", ".join(rules.texts()) or "none")]
+    if ref is None:
+        lines.append("You control nothing.")
+        return "\n".join(lines)
+    rx, ry = ref
+    controlled = [kind_name(k) for k, x, y in state.iter_objects()
+                  if (x, y) == ref and rules.props[k] & game.YOU]
+    if controlled:
+        lines.append(f"You are the {controlled[0]}.")
+    else:
+        lines.append("You control nothing any more.")
+    if show_border:
+        lines.append(
+            "The level's impassable border is "
+            f"{_steps(rx)} to the left, {_steps(state.width - 1 - rx)} to the right, "
+            f"{_steps(ry)} up and {_steps(state.height - 1 - ry)} down."
+        )
+    entries: list[tuple[int, int, int, str]] = []
+    for k, x, y in state.iter_words():
+        entries.append((y, x, 0, f"rule `{kind_name(k)}`"))
+    skipped_self = not controlled
+    for k, x, y in state.iter_objects():
+        if not skipped_self and (x, y) == ref and kind_name(k) == controlled[0]:
+            skipped_self = True  # the controlled object is the reference point itself
+            continue
+        entries.append((y, x, 1, kind_name(k)))
+    lines.append("Objects on the map:")
+    for y, x, _, label in sorted(entries):
+        lines.append(f"{label} {relative_position(x - rx, y - ry)}")
+    return "\n".join(lines)
+
+
+class BabaIsAIEnv(TextEnv):
+    """One BabaIsAI task family as a :class:`TextEnv`.
+
+    ``task``: a name from :data:`TASKS`. ``seed``: the first :meth:`reset` without a seed plays
+    this seed's level; later ones draw seeds from a stream derived from it. ``max_steps``: the
+    episode is truncated after this many actions. ``invalid_action_penalty``: subtracted from a
+    turn whose answer named no valid action. ``show_border``: tell the model how far the border
+    is. ``ensure_solvable``: redraw levels the solver cannot win within ``max_steps``.
+    """
+
+    name = "babaisai"
+
+    def __init__(
+        self,
+        task: str = "goto_win-distr_obj",
+        seed: int | None = None,
+        max_steps: int = 100,
+        invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
+        show_border: bool = True,
+        ensure_solvable: bool = True,
+    ) -> None:
+        if task not in TASKS:
+            raise ValueError(f"unknown BabaIsAI task {task!r}; valid tasks: {', '.join(TASKS)}")
+        self.task = task
+        self.name = f"babaisai:{task}"
+        self.max_steps = max_steps
+        self.invalid_action_penalty = invalid_action_penalty
+        self.show_border = show_border
+        self.ensure_solvable = ensure_solvable
+        self._first_seed = seed
+        self._seed_stream = random.Random(seed)
+        self._resets = 0
+        self.seed: int | None = None
+        self.level: Level | None = None
+        self._state: GameState | None = None
+        self._anchor: tuple[int, int] | None = None
+        self.steps_taken = 0
+        self.done = False
+        self.won = False
+
+    # -- episode ---------------------------------------------------------------------------
+
+    def reset(self, seed: int | None = None) -> str:
+        if seed is None:
+            if self._resets == 0 and self._first_seed is not None:
+                seed = self._first_seed
+            else:
+                seed = self._seed_stream.getrandbits(63)
+        self._resets += 1
+        self.seed = seed
+        self.level = generate(
+            self.task,
+            random.Random(seed),
+            max_steps=self.max_steps,
+            ensure_solvable=self.ensure_solvable,
+        )
+        self._state = self.level.state
+        self._anchor = self._state.you_positions()[0]
+        self.steps_taken = 0
+        self.done = False
+        self.won = False
+        return self.observation()
+
+    def reset_to(self, state: GameState) -> str:
+        """Start an episode from a given state (custom puzzles, tests); returns its observation."""
+        you = state.you_positions()
+        if not you:
+            raise ValueError("the state has no object that is YOU")
+        self.seed = None
+        self.level = Level(self.task, state, win_object="", distractor=None, plan="")
+        self._state = state
+        self._anchor = you[0]
+        self.steps_taken = 0
+        self.done = False
+        self.won = False
+        return self.observation()
+
+    def step(self, action_text: str) -> StepResult:
+        if self._state is None:
+            raise RuntimeError("call reset() before step()")
+        if self.done:
+            raise RuntimeError("the episode is over; call reset()")
+        parsed = parse_action(action_text, ACTIONS, SYNONYMS)
+        action = parsed.action or "idle"
+        reward = 0.0 if parsed.valid else -self.invalid_action_penalty
+        outcome = game.step(self._state, action)
+        self._state = outcome.state
+        you = self._state.you_positions()
+        if you:
+            self._anchor = you[0]
+        self.steps_taken += 1
+        terminated = outcome.won or outcome.lost
+        truncated = not terminated and self.steps_taken >= self.max_steps
+        if outcome.won:
+            reward += 1.0
+        self.won = outcome.won
+        self.done = terminated or truncated
+        info: dict[str, Any] = {
+            "action": action,
+            "valid_action": parsed.valid,
+            "rules": self._state.rules.texts(),
+            "step": self.steps_taken,
+            "won": outcome.won,
+            "lost": outcome.lost,
+        }
+        if self.done:
+            info["success"] = outcome.won
+        return StepResult(self.observation(), reward, terminated, truncated, info)
+
+    # -- views -----------------------------------------------------------------------------
+
+    @property
+    def state(self) -> GameState:
+        """The current game state (read it to plan; change it only through :meth:`step`)."""
+        if self._state is None:
+            raise RuntimeError("call reset() first")
+        return self._state
+
+    def observation(self) -> str:
+        """The text the model sees for the current state."""
+        return describe(self.state, self._anchor, self.show_border)
+
+    def render(self) -> str:
+        """ASCII drawing of the grid (for debugging and ``verlog play``)."""
+        return render_ascii(self.state)
+
+    def valid_actions(self) -> list[str]:
+        return list(ACTIONS)
+
+    @property
+    def instruction(self) -> str:
+        actions = "\n".join(f"- {a}: {_ACTION_HELP[a]}" for a in ACTIONS)
+        return (
+            "You are playing Baba Is You, a puzzle game on a grid where the rules themselves are "
+            "objects you can move.\n\n"
+            "The grid holds objects (baba, wall, key, ball, door) and word blocks, shown as "
+            "rule `word`. Three word blocks in a line, left to right or top to bottom, form a "
+            "rule: NOUN IS PROPERTY (e.g. `baba` `is` `you`) or NOUN IS NOUN (e.g. `key` `is` "
+            "`ball` turns every key into a ball). Properties: YOU = you control that object; "
+            "WIN = touching it with an object you control wins; STOP = it blocks movement; "
+            "PUSH = it gets pushed; DEFEAT = it destroys the object you control. An object that "
+            "no rule mentions does nothing and can be walked over. The rules are updated after "
+            "every move.\n\n"
+            "Word blocks can always be pushed: walk into one and it moves one cell in the same "
+            "direction, pushing any word blocks behind it along, unless the line would hit the "
+            "border or a STOP object, in which case nothing moves. Pushing a word out of its line "
+            "breaks that rule (e.g. breaking `wall` `is` `stop` lets you walk through walls); "
+            "pushing words into a line makes a new rule. The level is surrounded by an impassable "
+            "border.\n\n"
+            "Goal: move an object you control (YOU) onto an object that is WIN. You may need to "
+            "break or make rules first. If no object is YOU any more, you lose. You have "
+            f"{self.max_steps} steps.\n\n"
+            "Each observation lists the active rules and where every object and word block is, "
+            "relative to the object you control; up is toward the top row.\n\n"
+            f"Valid actions:\n{actions}\n\n{ANSWER_FORMAT}"
+        )

@@ -1,0 +1,477 @@
+"""The BabaIsAI game engine: a grid of objects and word blocks whose rules can be rewritten.
+
+The world is a rectangle whose outermost ring is an impassable border. Inside it live:
+
+* **objects** (``baba``, ``wall``, ``key``, ``ball``, ``door``): what they do is decided only by
+  the active rules (an object with no rule is inert and can be walked over);
+* **word blocks**: nouns (``BABA`` ... ``DOOR``), the verb ``IS`` and properties (``YOU``,
+  ``WIN``, ``STOP``, ``PUSH``, ``DEFEAT``). Word blocks are always pushable and never overlap.
+
+A rule is three word blocks in a row, left to right or top to bottom: ``NOUN IS PROPERTY``
+("wall is stop": every wall blocks movement) or ``NOUN IS NOUN`` ("key is ball": every key turns
+into a ball). Rules are recomputed after every move, so pushing a word out of line breaks its
+rule at once and pushing one into line makes a new rule.
+
+Properties: YOU objects move with the player's action and push whatever PUSH things (every word
+block, PUSH objects) lie in front, as a chain; the move fails if the chain runs into the border
+or a STOP object. The level is won when a YOU object shares a cell with a WIN object; a YOU
+object on a DEFEAT object is destroyed; with no YOU object left the game is lost.
+
+States are immutable and compact (two tuples of ints) so the BFS solver can hash millions of them;
+:class:`Engine` holds everything that depends only on the grid size, plus a cache of rule sets.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple, Sequence
+
+# ----------------------------------------------------------------------------------------------
+# vocabulary: one small int ("kind") per object type and per word block
+# ----------------------------------------------------------------------------------------------
+
+#: object types, in kind order (kind ``i`` is ``OBJECT_NAMES[i]``)
+OBJECT_NAMES: tuple[str, ...] = ("baba", "wall", "key", "ball", "door")
+#: property words, in order after the noun words and ``IS``
+PROPERTY_NAMES: tuple[str, ...] = ("you", "win", "stop", "push", "defeat")
+
+N_OBJECTS = len(OBJECT_NAMES)
+NOUN_BASE = N_OBJECTS  # noun word for object kind k is NOUN_BASE + k
+IS = NOUN_BASE + N_OBJECTS
+PROP_BASE = IS + 1  # property word i is PROP_BASE + i
+N_KINDS = PROP_BASE + len(PROPERTY_NAMES)
+
+#: property bit masks (bit i is PROPERTY_NAMES[i])
+YOU, WIN, STOP, PUSH, DEFEAT = (1 << i for i in range(len(PROPERTY_NAMES)))
+
+#: the player's actions and the grid offset (dx, dy) each one moves by; y grows downwards
+ACTIONS: tuple[str, ...] = ("idle", "up", "down", "left", "right")
+ACTION_DELTAS: dict[str, tuple[int, int]] = {
+    "idle": (0, 0),
+    "up": (0, -1),
+    "down": (0, 1),
+    "left": (-1, 0),
+    "right": (1, 0),
+}
+
+# a thing (object or word) is packed as kind << _SHIFT | cell, with cell = y * width + x
+_SHIFT = 12
+_CELL = (1 << _SHIFT) - 1
+
+
+def noun_word(obj: str) -> int:
+    """The kind of the noun word block naming object type ``obj`` (e.g. ``BALL``)."""
+    return NOUN_BASE + OBJECT_NAMES.index(obj)
+
+
+def property_word(prop: str) -> int:
+    """The kind of the property word block ``prop`` (e.g. ``WIN``)."""
+    return PROP_BASE + PROPERTY_NAMES.index(prop)
+
+
+def object_kind(obj: str) -> int:
+    """The kind of object type ``obj``."""
+    return OBJECT_NAMES.index(obj)
+
+
+def is_word(kind: int) -> bool:
+    """Whether ``kind`` is a word block (as opposed to an object)."""
+    return kind >= NOUN_BASE
+
+
+def kind_name(kind: int) -> str:
+    """Lower-case name of a kind: ``ball`` for the object and for the word ``BALL`` alike."""
+    if kind < NOUN_BASE:
+        return OBJECT_NAMES[kind]
+    if kind < IS:
+        return OBJECT_NAMES[kind - NOUN_BASE]
+    if kind == IS:
+        return "is"
+    return PROPERTY_NAMES[kind - PROP_BASE]
+
+
+def pack(kind: int, x: int, y: int, width: int) -> int:
+    """Pack one thing into the int the state tuples hold."""
+    return kind << _SHIFT | (y * width + x)
+
+
+def unpack(code: int, width: int) -> tuple[int, int, int]:
+    """``(kind, x, y)`` of a packed thing."""
+    cell = code & _CELL
+    return code >> _SHIFT, cell % width, cell // width
+
+
+# ----------------------------------------------------------------------------------------------
+# rules
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """The rules a word layout spells, and what they mean for each object type.
+
+    ``rules``: ``(subject object kind, predicate word kind)`` in reading order of their ``IS``
+    (horizontal before vertical), without duplicates. ``props[k]``: property mask of object kind
+    ``k``. ``transforms[k]``: the kind objects of kind ``k`` turn into, or ``-1``.
+    """
+
+    rules: tuple[tuple[int, int], ...]
+    props: tuple[int, ...]
+    transforms: tuple[int, ...]
+
+    @property
+    def has_transforms(self) -> bool:
+        return any(t >= 0 for t in self.transforms)
+
+    def texts(self) -> list[str]:
+        """The rules as lower-case sentences: ``["baba is you", "wall is stop"]``."""
+        return [f"{OBJECT_NAMES[s]} is {kind_name(p)}" for s, p in self.rules]
+
+
+def parse_rules(word_cells: dict[int, int], width: int) -> RuleSet:
+    """Read every ``NOUN IS PROPERTY`` / ``NOUN IS NOUN`` line from a ``cell -> word kind`` map."""
+    found: list[tuple[int, int]] = []
+    for cell in sorted(c for c, k in word_cells.items() if k == IS):
+        for step in (1, width):  # horizontal, then vertical
+            subject = word_cells.get(cell - step, -1)
+            predicate = word_cells.get(cell + step, -1)
+            if NOUN_BASE <= subject < IS and (NOUN_BASE <= predicate < IS or predicate > IS):
+                rule = (subject - NOUN_BASE, predicate)
+                if rule not in found:
+                    found.append(rule)
+    props = [0] * N_OBJECTS
+    transforms = [-1] * N_OBJECTS
+    keep = [False] * N_OBJECTS  # "baba is baba" protects baba from being transformed
+    for subject, predicate in found:
+        if predicate > IS:
+            props[subject] |= 1 << (predicate - PROP_BASE)
+        elif predicate - NOUN_BASE == subject:
+            keep[subject] = True
+        elif transforms[subject] < 0:
+            transforms[subject] = predicate - NOUN_BASE  # first rule wins when several apply
+    for k in range(N_OBJECTS):
+        if keep[k]:
+            transforms[k] = -1
+    return RuleSet(tuple(found), tuple(props), tuple(transforms))
+
+
+# ----------------------------------------------------------------------------------------------
+# states
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GameState:
+    """One position of a level: grid size plus every word block and object (packed ints).
+
+    ``words`` keeps a fixed order (word blocks never appear, vanish or change); ``objects`` is
+    sorted, so two positions that differ only in which of two identical objects is where are
+    equal. Hashable and cheap to compare: the solver keys its visited set on ``key``.
+    """
+
+    width: int
+    height: int
+    words: tuple[int, ...]
+    objects: tuple[int, ...]
+
+    @classmethod
+    def build(
+        cls,
+        width: int,
+        height: int,
+        words: Iterable[tuple[int, int, int]],
+        objects: Iterable[tuple[int, int, int]],
+    ) -> "GameState":
+        """A state from ``(kind, x, y)`` triples; checks bounds and that no two words share a cell."""
+        if width < 3 or height < 3 or width * height > _CELL:
+            raise ValueError(f"bad grid size {width}x{height}")
+        packed_words: list[int] = []
+        seen: set[tuple[int, int]] = set()
+        for kind, x, y in words:
+            if not is_word(kind) or not (0 < x < width - 1 and 0 < y < height - 1):
+                raise ValueError(f"bad word block {kind_name(kind)!r} at {(x, y)}")
+            if (x, y) in seen:
+                raise ValueError(f"two word blocks at {(x, y)}")
+            seen.add((x, y))
+            packed_words.append(pack(kind, x, y, width))
+        packed_objects: list[int] = []
+        for kind, x, y in objects:
+            if is_word(kind) or not (0 < x < width - 1 and 0 < y < height - 1):
+                raise ValueError(f"bad object {kind} at {(x, y)}")
+            packed_objects.append(pack(kind, x, y, width))
+        return cls(width, height, tuple(packed_words), tuple(sorted(packed_objects)))
+
+    @property
+    def key(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The part of the state that changes during play (what the solver hashes)."""
+        return self.words, self.objects
+
+    def iter_words(self) -> Iterable[tuple[int, int, int]]:
+        """``(kind, x, y)`` of every word block."""
+        return (unpack(c, self.width) for c in self.words)
+
+    def iter_objects(self) -> Iterable[tuple[int, int, int]]:
+        """``(kind, x, y)`` of every object."""
+        return (unpack(c, self.width) for c in self.objects)
+
+    @property
+    def rules(self) -> RuleSet:
+        """The rules active in this state."""
+        return engine_for(self.width, self.height).rules(self.words)
+
+    def you_positions(self) -> list[tuple[int, int]]:
+        """Cells of the objects the player controls (YOU), in reading order."""
+        props = self.rules.props
+        cells = sorted({(y, x) for k, x, y in self.iter_objects() if props[k] & YOU})
+        return [(x, y) for y, x in cells]
+
+    def is_won(self) -> bool:
+        """Whether a YOU object shares a cell with a WIN object."""
+        props = self.rules.props
+        you = {(x, y) for k, x, y in self.iter_objects() if props[k] & YOU}
+        return any(props[k] & WIN and (x, y) in you for k, x, y in self.iter_objects())
+
+    def is_lost(self) -> bool:
+        """Whether no object is YOU any more."""
+        return not self.you_positions()
+
+
+class StepOutcome(NamedTuple):
+    """What one move did: the new state and whether it won or lost the level."""
+
+    state: GameState
+    won: bool
+    lost: bool
+
+
+# ----------------------------------------------------------------------------------------------
+# the engine
+# ----------------------------------------------------------------------------------------------
+
+_Key = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+class Engine:
+    """The rules of motion for one grid size, working on raw ``(words, objects)`` tuples.
+
+    Kept separate from :class:`GameState` so the solver's inner loop avoids object creation; use
+    :func:`engine_for` to get the shared instance for a size. Rule sets are cached by word layout.
+    """
+
+    _CACHE_LIMIT = 200_000
+
+    def __init__(self, width: int, height: int) -> None:
+        self.width = width
+        self.height = height
+        self.border = bytes(
+            1 if x in (0, width - 1) or y in (0, height - 1) else 0
+            for y in range(height)
+            for x in range(width)
+        )
+        self.deltas: dict[str, int] = {a: dx + dy * width for a, (dx, dy) in ACTION_DELTAS.items()}
+        self._rules: dict[tuple[int, ...], RuleSet] = {}
+
+    def rules(self, words: tuple[int, ...]) -> RuleSet:
+        """The rule set spelled by a word layout (cached)."""
+        rs = self._rules.get(words)
+        if rs is None:
+            if len(self._rules) >= self._CACHE_LIMIT:
+                self._rules.clear()
+            rs = parse_rules({c & _CELL: c >> _SHIFT for c in words}, self.width)
+            self._rules[words] = rs
+        return rs
+
+    def advance(self, words: tuple[int, ...], objects: tuple[int, ...], delta: int) -> tuple[
+        tuple[int, ...], tuple[int, ...], bool, bool
+    ]:
+        """Apply one move (grid offset ``delta``; 0 waits): ``(words, objects, won, lost)``."""
+        rs = self.rules(words)
+        props = rs.props
+        if delta == 0:
+            return words, objects, self._won(objects, props), self._lost(objects, props)
+
+        objs = [[c >> _SHIFT, c & _CELL] for c in objects]
+        movers = [o for o in objs if props[o[0]] & YOU]
+        if not movers:
+            return words, objects, False, True
+        word_list = [[c >> _SHIFT, c & _CELL] for c in words]
+        word_at = {w[1]: w for w in word_list}
+        obj_at: dict[int, list[list[int]]] = {}
+        for o in objs:
+            obj_at.setdefault(o[1], []).append(o)
+        # the mover furthest along the move goes first, so a line of YOU objects moves together
+        movers.sort(key=lambda o: o[1], reverse=delta > 0)
+        border = self.border
+        words_moved = False
+        for mover in movers:
+            start = mover[1]
+            cell = start + delta
+            chain: list[int] = []  # cells whose pushable contents shift by delta
+            while True:
+                if border[cell]:
+                    break
+                here = obj_at.get(cell)
+                pushes = cell in word_at
+                blocked = False
+                if here:
+                    for o in here:
+                        m = props[o[0]]
+                        if m & PUSH:
+                            pushes = True
+                        elif m & STOP:
+                            blocked = True
+                if blocked:
+                    break
+                if not pushes:
+                    cell = -1  # reached a free cell: the move succeeds
+                    break
+                chain.append(cell)
+                cell += delta
+            if cell != -1:
+                continue  # blocked: this mover stays put
+            for c in reversed(chain):
+                dest = c + delta
+                w = word_at.pop(c, None)
+                if w is not None:
+                    w[1] = dest
+                    word_at[dest] = w
+                    words_moved = True
+                here = obj_at.get(c)
+                if here:
+                    pushed = [o for o in here if props[o[0]] & PUSH and o is not mover]
+                    for o in pushed:
+                        here.remove(o)
+                        o[1] = dest
+                        obj_at.setdefault(dest, []).append(o)
+            obj_at[start].remove(mover)
+            mover[1] = start + delta
+            obj_at.setdefault(mover[1], []).append(mover)
+
+        new_words = tuple(k << _SHIFT | c for k, c in word_list) if words_moved else words
+        if words_moved:
+            rs = self.rules(new_words)
+            props = rs.props
+            if rs.has_transforms:
+                trans = rs.transforms
+                for o in objs:
+                    if trans[o[0]] >= 0:
+                        o[0] = trans[o[0]]
+        new_objects = tuple(sorted(k << _SHIFT | c for k, c in objs))
+        if self._won(new_objects, props):
+            return new_words, new_objects, True, False
+        if any(props[o >> _SHIFT] & DEFEAT for o in new_objects):
+            new_objects = self._defeat(new_objects, props)
+        return new_words, new_objects, False, self._lost(new_objects, props)
+
+    @staticmethod
+    def _won(objects: tuple[int, ...], props: Sequence[int]) -> bool:
+        you = {c & _CELL for c in objects if props[c >> _SHIFT] & YOU}
+        if not you:
+            return False
+        return any(props[c >> _SHIFT] & WIN and (c & _CELL) in you for c in objects)
+
+    @staticmethod
+    def _lost(objects: tuple[int, ...], props: Sequence[int]) -> bool:
+        return not any(props[c >> _SHIFT] & YOU for c in objects)
+
+    @staticmethod
+    def _defeat(objects: tuple[int, ...], props: Sequence[int]) -> tuple[int, ...]:
+        deadly = {c & _CELL for c in objects if props[c >> _SHIFT] & DEFEAT}
+        return tuple(
+            c for c in objects if not (props[c >> _SHIFT] & YOU and (c & _CELL) in deadly)
+        )
+
+    def step_key(self, key: _Key, action: str) -> tuple[_Key, bool, bool]:
+        """:meth:`advance` on a state key with a named action."""
+        w, o, won, lost = self.advance(key[0], key[1], self.deltas[action])
+        return (w, o), won, lost
+
+
+@functools.lru_cache(maxsize=64)
+def engine_for(width: int, height: int) -> Engine:
+    """The shared :class:`Engine` for a grid size."""
+    return Engine(width, height)
+
+
+def step(state: GameState, action: str) -> StepOutcome:
+    """Play one action (``idle``/``up``/``down``/``left``/``right``) from ``state``."""
+    if action not in ACTION_DELTAS:
+        raise ValueError(f"unknown action {action!r}; expected one of {ACTIONS}")
+    engine = engine_for(state.width, state.height)
+    words, objects, won, lost = engine.advance(state.words, state.objects, engine.deltas[action])
+    if (words, objects) == state.key:
+        return StepOutcome(state, won, lost)
+    new = GameState(state.width, state.height, words, objects)
+    return StepOutcome(new, won, lost)
+
+
+# ----------------------------------------------------------------------------------------------
+# ASCII rendering
+# ----------------------------------------------------------------------------------------------
+
+_WORD_LABELS = {k: kind_name(k).upper() for k in range(NOUN_BASE, N_KINDS)}
+_WORD_LABELS[property_word("defeat")] = "DEFT"
+
+
+def render_ascii(state: GameState) -> str:
+    """Draw the grid, one 4-character field per cell.
+
+    Border ``####``, empty `` .  ``, objects in lower case (``baba``, ``wall``, ``key``), word
+    blocks in upper case (``BABA``, ``IS``, ``WIN``). A cell holding several things shows the word
+    block, else the YOU object, else the first object, marked with ``+`` when others hide under it.
+    """
+    w, h = state.width, state.height
+    props = state.rules.props
+    cells: dict[tuple[int, int], list[int]] = {}
+    for k, x, y in state.iter_objects():
+        cells.setdefault((x, y), []).append(k)
+    words = {(x, y): k for k, x, y in state.iter_words()}
+    rows = []
+    for y in range(h):
+        fields = []
+        for x in range(w):
+            if x in (0, w - 1) or y in (0, h - 1):
+                fields.append("####")
+                continue
+            here = cells.get((x, y), [])
+            if (x, y) in words:
+                label, hidden = _WORD_LABELS[words[(x, y)]], bool(here)
+            elif here:
+                here.sort(key=lambda k: (not props[k] & YOU, k))
+                label, hidden = OBJECT_NAMES[here[0]], len(here) > 1
+            else:
+                label, hidden = " .", False
+            if hidden:
+                label = label[:3] + "+"
+            fields.append(f"{label:<4}")
+        rows.append(" ".join(fields).rstrip())
+    return "\n".join(rows)
+
+
+def state_from_map(rows: Sequence[str]) -> GameState:
+    """Build a state from a hand-drawn map of the inside of a level (the border is added).
+
+    Each row lists its cells separated by spaces: ``.`` empty, an object in lower case
+    (``baba``, ``wall``, ``key``, ``ball``, ``door``), a word block in upper case (``BABA``,
+    ``IS``, ``YOU``, ``WIN``, ``STOP``, ``PUSH``, ``DEFEAT``, ``KEY`` ...); ``+`` stacks several
+    things in one cell (``key+baba``). Used by tests and for writing custom puzzles.
+    """
+    grid = [row.split() for row in rows]
+    if not grid or any(len(r) != len(grid[0]) for r in grid):
+        raise ValueError("map rows must be non-empty and equally long")
+    words: list[tuple[int, int, int]] = []
+    objects: list[tuple[int, int, int]] = []
+    word_kinds = {kind_name(k).upper(): k for k in range(NOUN_BASE, N_KINDS)}
+    for y, row in enumerate(grid, start=1):
+        for x, token in enumerate(row, start=1):
+            if token == ".":
+                continue
+            for part in token.split("+"):
+                if part in word_kinds:
+                    words.append((word_kinds[part], x, y))
+                elif part in OBJECT_NAMES:
+                    objects.append((OBJECT_NAMES.index(part), x, y))
+                else:
+                    raise ValueError(f"unknown map token {part!r}")
+    return GameState.build(len(grid[0]) + 2, len(grid) + 2, words, objects)

@@ -1,0 +1,66 @@
+"""The text-environment interface every verlog game speaks.
+
+An environment is a game played in text: ``reset`` returns the first observation and the
+instruction, ``step`` takes one text action. Graphs read only these strings, so what a model
+sees during training, evaluation and production is exactly what ``verlog play`` shows a person.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StepResult:
+    """The outcome of one action.
+
+    ``terminated``: the task ended (win or loss): no bootstrapping past it.
+    ``truncated``: a step cap cut the episode: the last state still has a value.
+    ``info`` carries at least ``action`` (the action actually executed), ``valid_action`` (whether
+    the text parsed to a valid action), and ``success`` once the episode ends.
+    """
+
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+
+class TextEnv(abc.ABC):
+    """A seeded text game.
+
+    Subclasses set ``name`` and implement ``reset``, ``step``, ``valid_actions`` and
+    ``instruction``. ``step`` accepts the model's raw answer text: parsing (``ACTION: ...``),
+    tolerant matching and the invalid-action penalty are the environment's job, so every graph
+    gets the same rules.
+    """
+
+    name: str = "text-env"
+    max_steps: int = 100
+
+    @abc.abstractmethod
+    def reset(self, seed: int | None = None) -> str:
+        """Start a new episode and return the first observation text."""
+
+    @abc.abstractmethod
+    def step(self, action_text: str) -> StepResult:
+        """Apply one action given as text (a model's full answer or a bare action name)."""
+
+    @abc.abstractmethod
+    def valid_actions(self) -> list[str]:
+        """The action names accepted now, in a stable order."""
+
+    @property
+    @abc.abstractmethod
+    def instruction(self) -> str:
+        """The system text: the game's rules, the goal of this episode, the answer format."""
+
+    def close(self) -> None:
+        """Release resources."""
