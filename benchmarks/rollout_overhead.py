@@ -59,7 +59,10 @@ def build_loop(model, turns: int, report: bool):
     g.add_node("environment", environment)
     g.add_edge(START, "policy")
     g.add_edge("policy", "environment")
-    g.add_conditional_edges("environment", lambda s: END if s["step"] >= turns else "policy", ["policy", END])
+    async def next_step(state: State) -> str:  # async: LangGraph runs sync routers in threads
+        return END if state["step"] >= turns else "policy"
+
+    g.add_conditional_edges("environment", next_step, ["policy", END])
     return g.compile()
 
 
@@ -122,6 +125,6 @@ async def main(turns: int, repeats: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
     asyncio.run(main(args.turns, args.repeats))

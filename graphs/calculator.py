@@ -71,7 +71,7 @@ def build_graph(model, max_tool_rounds: int = 4):
         await areport_reward(1.0 if success else 0.0, terminated=True, info={"success": success})
         return {}
 
-    def route(state: State) -> str:
+    async def route(state: State) -> str:  # async: LangGraph runs sync functions in threads
         last = state["messages"][-1]
         rounds = sum(isinstance(m, AIMessage) for m in state["messages"])
         if (last.tool_calls or last.invalid_tool_calls) and rounds <= max_tool_rounds:

@@ -77,5 +77,8 @@ def build_graph(model, history_turns: int = 2, max_guesses: int = 10, max_tokens
     graph.add_node("environment", environment)
     graph.add_edge(START, "policy")
     graph.add_edge("policy", "environment")
-    graph.add_conditional_edges("environment", lambda s: END if s["done"] else "policy", ["policy", END])
+    async def next_step(state: State) -> str:  # async: LangGraph runs sync functions in threads
+        return END if state["done"] else "policy"
+
+    graph.add_conditional_edges("environment", next_step, ["policy", END])
     return graph.compile()

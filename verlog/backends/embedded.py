@@ -88,7 +88,7 @@ class EmbeddedEngine(Engine):
         cpu_threads: torch's intra-op threads when the model runs on the CPU. The default leaves
             one core to the event loop that runs the graphs: torch's worker threads spin while
             waiting, and competing with a busy Python thread for every core slows a forward
-            pass a hundredfold on small machines. Process-wide (``torch.set_num_threads``).
+            pass a hundredfold on small machines. Set on the engine's worker thread only.
         min_shared_prefix: prompts joining together that share at least this many leading
             tokens compute them once.
     """
@@ -106,8 +106,7 @@ class EmbeddedEngine(Engine):
         min_shared_prefix: int = 16,
     ):
         self.model = model.eval()
-        if self.device.type == "cpu":
-            torch.set_num_threads(cpu_threads or max(1, (os.cpu_count() or 2) - 1))
+        self.cpu_threads = cpu_threads or max(1, (os.cpu_count() or 2) - 1)
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_ms / 1000.0
@@ -170,6 +169,8 @@ class EmbeddedEngine(Engine):
     # ------------------------------------------------------------------ worker thread
     def _serve(self) -> None:
         """Continuous batching: new requests join the running batch at the next decode step."""
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.cpu_threads)  # OpenMP settings are per thread: set it here
         running: _Running | None = None
         backlog: list[_Request] = []
         while True:

@@ -8,7 +8,8 @@
   and the step's info through LangChain's callback channel (``areport_reward``).
 
 The graph files ``graphs/babyai.py``, ``graphs/babaisai.py`` and ``graphs/crafter.py`` are thin
-wrappers choosing the game. The live game objects stay outside the graph state (keyed by a
+wrappers choosing the game. Every node and router is ``async``: in an async run LangGraph
+executes sync functions in a thread pool, a thread hop per step. The live game objects stay outside the graph state (keyed by a
 per-episode id) so the state remains plain, checkpointable data.
 """
 
@@ -85,7 +86,7 @@ def build_env_graph(
         except KeyError:
             raise RuntimeError(f"game {state.get('game_id')!r} is not running (graph state from another process?)") from None
 
-    def reset(state: GameState) -> dict:
+    async def reset(state: GameState) -> dict:
         env = make_env(env_name, **(env_kwargs or {}))
         observation = env.reset(state.get("seed"))
         game_id = uuid.uuid4().hex
@@ -97,7 +98,7 @@ def build_env_graph(
             "history": [], "feedback": "", "steps": 0, "episode_return": 0.0, "done": False, "info": {},
         }
 
-    def memory(state: GameState) -> dict:
+    async def memory(state: GameState) -> dict:
         prompt = build_prompt(
             state["instruction"], state["history"], state["observation"], history_turns, state.get("feedback", "")
         )
@@ -136,7 +137,10 @@ def build_env_graph(
     graph.add_edge("reset", "memory")
     graph.add_edge("memory", "policy")
     graph.add_edge("policy", "environment")
-    graph.add_conditional_edges("environment", lambda s: END if s["done"] else "memory", ["memory", END])
+    async def next_step(state: GameState) -> str:
+        return END if state["done"] else "memory"
+
+    graph.add_conditional_edges("environment", next_step, ["memory", END])
     return graph.compile()
 
 
