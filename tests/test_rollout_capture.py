@@ -159,3 +159,26 @@ def test_sync_invoke_inside_and_outside_a_loop(model):
 def test_unknown_call_option_is_rejected(model):
     with pytest.raises(TypeError, match=r"unknown call options \['temprature'\]"):
         model.invoke([HumanMessage("hi")], temprature=0.5)
+
+
+@pytest.mark.slow
+async def test_real_instruct_model_answers_and_is_captured_exactly():
+    """SmolLM2-135M-Instruct through the chat model: a sensible greedy answer, exact capture."""
+    from verlog.models import load_causal_lm, load_tokenizer
+
+    tokenizer, lm = load_tokenizer("smollm2"), load_causal_lm("smollm2")
+    engine = EmbeddedEngine(lm, tokenizer)
+    model = VerlogChatModel(engine=engine, tokenizer=tokenizer, temperature=0.0, max_tokens=24)
+
+    async def ask(state: MessagesState) -> dict:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("ask", ask)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", END)
+    episodes = await run_episodes(g.compile(), [{"messages": [HumanMessage("What is the capital of France?")]}],
+                                  keep_messages=True)
+    engine.close()
+    assert check_turns_exact(episodes, tokenizer, lm) == 1
+    assert "Paris" in answers_of(episodes[0])[0].content

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from verlog.backends.base import Engine, EngineError, Generation, SamplingParams
 
@@ -91,6 +92,8 @@ class EmbeddedEngine(Engine):
             pass a hundredfold on small machines. Set on the engine's worker thread only.
         min_shared_prefix: prompts joining together that share at least this many leading
             tokens compute them once.
+        admit_wait_steps: a few requests arriving while a large batch decodes wait up to this
+            many decode steps for others to join them (one prefill pass instead of several).
     """
 
     def __init__(
@@ -104,6 +107,7 @@ class EmbeddedEngine(Engine):
         seed: int = 0,
         cpu_threads: int | None = None,
         min_shared_prefix: int = 16,
+        admit_wait_steps: int = 4,
     ):
         self.model = model.eval()
         self.cpu_threads = cpu_threads or max(1, (os.cpu_count() or 2) - 1)
@@ -111,6 +115,7 @@ class EmbeddedEngine(Engine):
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.min_shared_prefix = min_shared_prefix
+        self.admit_wait_steps = admit_wait_steps
         config = getattr(model, "config", None)
         self.max_context = max_context or getattr(config, "max_position_embeddings", None) or 1 << 30
         eos = _as_id_set(getattr(tokenizer, "eos_token_id", None))
@@ -173,6 +178,7 @@ class EmbeddedEngine(Engine):
             torch.set_num_threads(self.cpu_threads)  # OpenMP settings are per thread: set it here
         running: _Running | None = None
         backlog: list[_Request] = []
+        waited = 0  # decode steps the backlog has waited
         while True:
             arrived = self._collect(block=running is None and not backlog)
             if arrived is None:  # closed
@@ -180,8 +186,13 @@ class EmbeddedEngine(Engine):
                     req.fail(EngineError("the embedded engine was closed"))
                 return
             backlog += arrived
-            room = self.max_batch_size - (len(running.requests) if running else 0)
-            admit, backlog = backlog[:room], backlog[room:]
+            busy = len(running.requests) if running else 0
+            room = self.max_batch_size - busy
+            # Each admission costs a prefill pass and a cache merge: let a few stragglers gather
+            # (they arrive in bursts as episodes step their games) unless the batch runs thin.
+            due = waited >= self.admit_wait_steps or 4 * len(backlog) >= busy or len(backlog) >= room
+            admit, backlog = (backlog[:room], backlog[room:]) if due else ([], backlog)
+            waited = 0 if admit or not backlog else waited + 1
             started = time.perf_counter()
             try:
                 with self._weights_lock, torch.inference_mode():
@@ -235,7 +246,7 @@ class EmbeddedEngine(Engine):
         prompts = [r.prompt_ids for r in batch]
         shared = _common_prefix_len(prompts) if len(batch) > 1 else 0
         shared = shared if shared >= self.min_shared_prefix else 0
-        cache = DynamicCache(config=self.model.config)
+        cache = _new_cache(self.model.config)
         if shared:
             prefix = torch.tensor([prompts[0][:shared]], device=device)
             self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -324,6 +335,59 @@ class EmbeddedEngine(Engine):
         else:
             return True
         return False
+
+
+class _GrowingLayer(DynamicLayer):
+    """A KV-cache layer with spare room at the end: a decode step writes its key and value in
+    place instead of copying the whole cache (``torch.cat``) as ``DynamicLayer`` does."""
+
+    def __init__(self) -> None:
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self._len = 0
+        super().__init__()
+
+    @property
+    def keys(self) -> torch.Tensor | None:  # type: ignore[override]
+        return None if self._k is None else self._k[:, :, : self._len]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self._k = value
+        self._len = 0 if value is None else value.shape[-2]
+
+    @property
+    def values(self) -> torch.Tensor | None:  # type: ignore[override]
+        return None if self._v is None else self._v[:, :, : self._len]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._v = value
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if not self.is_initialized:
+            self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+        n = key_states.shape[-2]
+        if self._k is None or self._k.numel() == 0:
+            self._k, self._v, self._len = key_states, value_states, n
+            return self.keys, self.values
+        if self._len + n > self._k.shape[-2]:  # grow by doubling: amortized O(1) per token
+            capacity = max(2 * self._k.shape[-2], self._len + n)
+            for name in ("_k", "_v"):
+                old = getattr(self, name)
+                grown = old.new_empty((*old.shape[:2], capacity, old.shape[-1]))
+                grown[:, :, : self._len] = old[:, :, : self._len]
+                setattr(self, name, grown)
+        self._k[:, :, self._len : self._len + n] = key_states
+        self._v[:, :, self._len : self._len + n] = value_states
+        self._len += n
+        return self.keys, self.values
+
+
+def _new_cache(config: Any) -> DynamicCache:
+    cache = DynamicCache(config=config)
+    cache.layers = [_GrowingLayer() for _ in cache.layers]
+    return cache
 
 
 @dataclass
