@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from transformers import DynamicCache
@@ -35,6 +35,8 @@ class _Request:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     generator: torch.Generator | None = None
+    #: called on the caller's loop with (token id, logprob) as each token is chosen
+    on_token: Callable[[int, float], Any] | None = None
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
@@ -138,8 +140,19 @@ class EmbeddedEngine(Engine):
 
     # ------------------------------------------------------------------ public API
     async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        on_token: Callable[[int, float], Any] | None = None,
     ) -> Generation:
+        """Generate one response (see :meth:`Engine.generate`).
+
+        ``on_token(token_id, logprob)``, if given, is called on the caller's event loop as each
+        token is chosen, before the returned generation completes (for token streaming).
+        Cancelling the call frees its batch row at the next decode step.
+        """
         if self._closed:
             raise EngineError("the embedded engine is closed")
         if not prompt_ids:
@@ -150,11 +163,16 @@ class EmbeddedEngine(Engine):
                 f"engine's max_context of {self.max_context} tokens"
             )
         loop = asyncio.get_running_loop()
-        req = _Request(list(prompt_ids), sampling, loop, loop.create_future())
+        req = _Request(list(prompt_ids), sampling, loop, loop.create_future(), on_token=on_token)
         if sampling.seed is not None:
             req.generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
         self._queue.put(req)
         return await req.future
+
+    @property
+    def sampling_generator(self) -> torch.Generator:
+        """The random stream of unseeded sampling (a trainer checkpoints it for exact resumes)."""
+        return self._default_generator
 
     @contextlib.contextmanager
     def weights_lock(self) -> Iterator[None]:
@@ -325,8 +343,12 @@ class EmbeddedEngine(Engine):
         """Record one token; return whether the request keeps decoding."""
         r.out_ids.append(token)
         r.out_logprobs.append(logprob)
+        if r.on_token is not None:
+            r.loop.call_soon_threadsafe(r.on_token, token, logprob)
         s = r.sampling
-        if token in self.eos_token_ids or token in s.stop_token_ids:
+        if r.future.done():  # the caller cancelled: stop decoding this row
+            r.finish_reason = "abort"
+        elif token in self.eos_token_ids or token in s.stop_token_ids:
             r.finish_reason = "stop"
         elif s.stop and _ends_with_stop(self.tokenizer, r.out_ids, s.stop):
             r.finish_reason = "stop"
@@ -339,48 +361,42 @@ class EmbeddedEngine(Engine):
 
 class _GrowingLayer(DynamicLayer):
     """A KV-cache layer with spare room at the end: a decode step writes its key and value in
-    place instead of copying the whole cache (``torch.cat``) as ``DynamicLayer`` does."""
+    place instead of copying the whole cache (``torch.cat``) as ``DynamicLayer`` does.
+
+    ``keys``/``values`` read as the filled part; assigning either replaces its buffer (used by
+    batch selection and merging), each with its own length.
+    """
 
     def __init__(self) -> None:
-        self._k: torch.Tensor | None = None
-        self._v: torch.Tensor | None = None
-        self._len = 0
+        self._buf: dict[str, torch.Tensor | None] = {"keys": None, "values": None}
+        self._len: dict[str, int] = {"keys": 0, "values": 0}
         super().__init__()
 
-    @property
-    def keys(self) -> torch.Tensor | None:  # type: ignore[override]
-        return None if self._k is None else self._k[:, :, : self._len]
+    def _get(self, name: str) -> torch.Tensor | None:
+        buf = self._buf[name]
+        return None if buf is None else buf[:, :, : self._len[name]]
 
-    @keys.setter
-    def keys(self, value: torch.Tensor | None) -> None:
-        self._k = value
-        self._len = 0 if value is None else value.shape[-2]
+    def _set(self, name: str, value: torch.Tensor | None) -> None:
+        self._buf[name] = value
+        self._len[name] = 0 if value is None else value.shape[-2]
 
-    @property
-    def values(self) -> torch.Tensor | None:  # type: ignore[override]
-        return None if self._v is None else self._v[:, :, : self._len]
-
-    @values.setter
-    def values(self, value: torch.Tensor | None) -> None:
-        self._v = value
+    keys = property(lambda self: self._get("keys"), lambda self, v: self._set("keys", v))  # type: ignore[assignment]
+    values = property(lambda self: self._get("values"), lambda self, v: self._set("values", v))  # type: ignore[assignment]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         if not self.is_initialized:
             self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
-        n = key_states.shape[-2]
-        if self._k is None or self._k.numel() == 0:
-            self._k, self._v, self._len = key_states, value_states, n
-            return self.keys, self.values
-        if self._len + n > self._k.shape[-2]:  # grow by doubling: amortized O(1) per token
-            capacity = max(2 * self._k.shape[-2], self._len + n)
-            for name in ("_k", "_v"):
-                old = getattr(self, name)
-                grown = old.new_empty((*old.shape[:2], capacity, old.shape[-1]))
-                grown[:, :, : self._len] = old[:, :, : self._len]
-                setattr(self, name, grown)
-        self._k[:, :, self._len : self._len + n] = key_states
-        self._v[:, :, self._len : self._len + n] = value_states
-        self._len += n
+        for name, new in (("keys", key_states), ("values", value_states)):
+            buf, used, n = self._buf[name], self._len[name], new.shape[-2]
+            if buf is None or used == 0:
+                self._set(name, new)
+                continue
+            if used + n > buf.shape[-2]:  # grow by doubling: amortized O(1) copies per token
+                grown = buf.new_empty((*buf.shape[:2], max(2 * buf.shape[-2], used + n), buf.shape[-1]))
+                grown[:, :, :used] = buf[:, :, :used]
+                self._buf[name] = buf = grown
+            buf[:, :, used : used + n] = new
+            self._len[name] = used + n
         return self.keys, self.values
 
 
