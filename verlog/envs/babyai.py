@@ -52,6 +52,7 @@ from minigrid.utils.baby_ai_bot import BabyAIBot
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
+from verlog.envs.text import offset_phrase
 
 TASKS: tuple[str, ...] = ("goto", "pickup", "pick_up_seq_go_to", "open")
 LAYOUTS: tuple[str, ...] = ("local", "maze")
@@ -219,18 +220,9 @@ def make_level(task: str, layout: str = "local", max_steps: int | None = None) -
 # text
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def relative_position(forward: int, right: int) -> str:
     """Words for a cell ``forward`` steps ahead and ``right`` steps to the right (< 0: left)."""
-    parts = []
-    if forward:
-        parts.append(f"{_plural(forward, 'step')} forward")
-    if right:
-        parts.append(f"{_plural(abs(right), 'step')} {'right' if right > 0 else 'left'}")
-    return " and ".join(parts) if parts else "here"
+    return offset_phrase((forward, "forward", "back"), (right, "right", "left"))
 
 
 def _with_article(phrase: str) -> str:

@@ -30,6 +30,7 @@ from crafter import constants
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
+from verlog.envs.text import offset_phrase
 
 #: the 17 text actions, in Crafter's numbering ("move_left" -> "move left")
 ACTIONS: tuple[str, ...] = tuple(name.replace("_", " ") for name in constants.actions)
@@ -139,18 +140,9 @@ class _TextCrafter(crafter.Env):
 # text
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def relative_position(dx: int, dy: int) -> str:
     """Words for an offset on the map: ``dx`` > 0 is right, ``dy`` > 0 is down."""
-    parts = []
-    if dx:
-        parts.append(f"{_plural(abs(dx), 'step')} {'right' if dx > 0 else 'left'}")
-    if dy:
-        parts.append(f"{_plural(abs(dy), 'step')} {'down' if dy > 0 else 'up'}")
-    return " and ".join(parts) if parts else "here"
+    return offset_phrase((dx, "right", "left"), (dy, "down", "up"))
 
 
 def _object_name(obj: Any) -> str:

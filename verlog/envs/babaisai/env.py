@@ -13,6 +13,7 @@ from typing import Any
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
+from verlog.envs.text import count, offset_phrase
 
 from . import game
 from .game import ACTIONS, GameState, kind_name, render_ascii
@@ -43,18 +44,9 @@ _ACTION_HELP = {
 }
 
 
-def _steps(n: int) -> str:
-    return f"{n} step" if n == 1 else f"{n} steps"
-
-
 def relative_position(dx: int, dy: int) -> str:
     """Words for an offset from the player: ``"2 steps to the left and 1 step up"``."""
-    parts = []
-    if dx:
-        parts.append(f"{_steps(abs(dx))} to the {'right' if dx > 0 else 'left'}")
-    if dy:
-        parts.append(f"{_steps(abs(dy))} {'down' if dy > 0 else 'up'}")
-    return " and ".join(parts) if parts else "at your position"
+    return offset_phrase((dx, "to the right", "to the left"), (dy, "down", "up"), here="at your position")
 
 
 def describe(
@@ -83,8 +75,8 @@ def describe(
     if show_border:
         lines.append(
             "The level's impassable border is "
-            f"{_steps(rx)} to the left, {_steps(state.width - 1 - rx)} to the right, "
-            f"{_steps(ry)} up and {_steps(state.height - 1 - ry)} down."
+            f"{count(rx, 'step')} to the left, {count(state.width - 1 - rx, 'step')} to the right, "
+            f"{count(ry, 'step')} up and {count(state.height - 1 - ry, 'step')} down."
         )
     entries: list[tuple[int, int, int, str]] = []
     for k, x, y in state.iter_words():
