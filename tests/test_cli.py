@@ -49,3 +49,11 @@ def test_play_by_hand_and_by_bot():
     assert "Mission: go to" in human.stdout and "turn left" in human.stdout
     bot = verlog("play", "babaisai:two_room-goto_win", "--seed", "1", "--agent", "bot")
     assert bot.returncode == 0 and "success True" in bot.stdout
+
+
+def test_examples_run():
+    for script in ("examples/programmatic_rollout.py", "examples/sglang_protocol.py"):
+        result = subprocess.run([sys.executable, script, *(["--episodes", "2"] if "programmatic" in script else [])],
+                                capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert ": ok," in result.stdout, result.stdout
