@@ -9,14 +9,21 @@ It is the one place where text becomes token ids and back:
 
 Graphs use it like any LangChain chat model: ``invoke``/``ainvoke``, ``bind_tools``, and
 ``bind(temperature=..., max_tokens=..., stop=[...])`` for per-node sampling settings.
+
+``tool_choice`` ("required", or a tool's name) is honoured by prefilling the answer with the
+opening of a Hermes tool call (``<tool_call>`` and, for a named tool, its name): those forced
+tokens are sent to the engine as the end of the prompt, so ``prompt_ids`` stay exactly what the
+engine saw and ``response_ids`` exactly what it generated.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Sequence
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.base import LangSmithParams
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import Runnable
@@ -25,13 +32,49 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from verlog.backends.base import Engine, Generation, SamplingParams, run_sync
 from verlog.llm.prompt import PromptRenderer
-from verlog.llm.tool_calls import parse_tool_calls, tool_schemas
+from verlog.llm.tool_calls import TOOL_CALL_OPEN, parse_tool_calls, tool_schemas
 
 #: run-config metadata key under which the episode runner puts the episode id; the chat model
 #: sends it as the engine request id so one episode's calls share a replica's prefix cache
 EPISODE_ID_KEY = "verlog_episode_id"
 
 _SAMPLING_KWARGS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop_token_ids")
+
+
+def normalize_tool_choice(tool_choice: Any, tool_names: Sequence[str]) -> str | None:
+    """A tool choice as ``None`` (the model decides), ``"none"`` (no tools offered),
+    ``"required"`` (some tool must be called) or the name of the tool that must be called.
+
+    Accepts LangChain's and OpenAI's spellings: ``None``/``"auto"``/``False``, ``"none"``,
+    ``"any"``/``"required"``/``True`` (with a single tool: that tool), a tool name, or
+    ``{"type": "function", "function": {"name": ...}}``.
+    """
+    if tool_choice in (None, "auto", False):
+        return None
+    if tool_choice == "none":
+        return "none"
+    if tool_choice in (True, "any", "required"):  # with one tool: that tool
+        return tool_names[0] if len(tool_names) == 1 else "required"
+    name = tool_choice
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name") if tool_choice.get("type") == "function" else None
+    if not isinstance(name, str) or not name:
+        raise ValueError(
+            f"unsupported tool_choice {tool_choice!r}: expected 'auto', 'none', 'required', 'any', "
+            "a tool name or {'type': 'function', 'function': {'name': ...}}"
+        )
+    if name not in tool_names:
+        raise ValueError(f"tool_choice names {name!r}, which is not among the tools {list(tool_names)}")
+    return name
+
+
+def forced_tool_prefix(tool_choice: str | None) -> str:
+    """The text an answer is prefilled with to honour a normalized ``tool_choice`` ("" if none)."""
+    if tool_choice in (None, "none"):
+        return ""
+    if tool_choice == "required":
+        return f"{TOOL_CALL_OPEN}\n"
+    return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(tool_choice, ensure_ascii=False)}, "arguments": '
 
 
 class VerlogChatModel(BaseChatModel):
@@ -91,28 +134,81 @@ class VerlogChatModel(BaseChatModel):
         self,
         tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
         *,
-        tool_choice: str | None = None,
+        tool_choice: str | bool | dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Offer ``tools`` (LangChain tools, typed functions, pydantic models or OpenAI dicts).
 
         The schemas are rendered by the chat template; the model's ``<tool_call>`` blocks come
-        back as ``tool_calls``. ``tool_choice`` other than ``None``/``"auto"`` cannot be enforced
-        on raw token generation and is rejected.
+        back as ``tool_calls``. ``tool_choice``: ``None``/``"auto"`` (the model decides),
+        ``"none"`` (the tools are not offered), ``"any"``/``"required"`` (the answer starts with
+        ``<tool_call>``) or a tool's name (the answer starts with a call of that tool).
         """
-        if tool_choice not in (None, "auto"):
-            raise ValueError(
-                f"tool_choice={tool_choice!r} is not supported by VerlogChatModel (allowed: None, 'auto')"
-            )
-        return self.bind(tools=tool_schemas(tools), **kwargs)
+        schemas = tool_schemas(tools)
+        choice = normalize_tool_choice(tool_choice, [s["function"]["name"] for s in schemas])
+        if choice == "none":
+            return self.bind(**kwargs)
+        if choice is not None:
+            kwargs["tool_choice"] = choice
+        return self.bind(tools=schemas, **kwargs)
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "verlog"
+        model = kwargs.get("model")
+        params["ls_model_name"] = model if isinstance(model, str) else self.model_name
+        return params
+
+    def sampling_params(self, stop: list[str] | None = None, **kwargs: Any) -> SamplingParams:
+        """The engine's sampling settings for a call with these options (the model's defaults
+        filled in); unknown options raise ``TypeError``."""
+        return self._sampling(stop, kwargs)
+
+    def prompt_for(
+        self, messages: Sequence[BaseMessage], tools: list[dict] | None = None, tool_choice: Any = None
+    ) -> tuple[list[int], str]:
+        """The ids to send the engine for a call, and the answer text they prefill (non-empty
+        only when ``tool_choice`` forces a tool call: the prefill's ids end the prompt).
+        ``tool_choice="none"`` renders the prompt without the tools."""
+        choice = normalize_tool_choice(tool_choice, [t["function"]["name"] for t in tools or ()]) if tools else None
+        if choice == "none":
+            tools = None
+        prompt_ids = self._renderer.render(messages, tools)
+        prefix = forced_tool_prefix(choice)
+        if prefix:
+            prompt_ids += list(self.tokenizer(prefix, add_special_tokens=False)["input_ids"])
+        return prompt_ids, prefix
+
+    def to_message(
+        self, prompt_ids: list[int], generation: Generation, sampling: SamplingParams, *,
+        has_tools: bool, prefix: str = "",
+    ) -> AIMessage:
+        """The ``AIMessage`` of an engine's generation, exactly as ``ainvoke`` returns it
+        (end-of-sequence and stop text removed, tool calls parsed when tools were offered)."""
+        return self._to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
+
+    def answer_text(self, token_ids: Sequence[int], sampling: SamplingParams, *, finished: bool) -> str:
+        """The visible text of (part of) an answer: trailing end/stop ids dropped, special tokens
+        skipped, cut at a stop string once the answer has ``finished`` with reason "stop"."""
+        ids = list(token_ids)
+        end = len(ids)
+        while end and (ids[end - 1] in self._eos_ids or ids[end - 1] in sampling.stop_token_ids):
+            end -= 1
+        text = self.tokenizer.decode(ids[:end], skip_special_tokens=True)
+        if finished:
+            for s in sampling.stop:  # the stop string itself is not part of the answer
+                cut = text.find(s)
+                if cut >= 0:
+                    text = text[:cut]
+        return text
 
     # ----------------------------------------------------------------- generation
     def _sampling(self, stop: list[str] | None, kwargs: dict[str, Any]) -> SamplingParams:
-        unknown = set(kwargs) - set(_SAMPLING_KWARGS) - {"tools", "max_new_tokens"}
+        unknown = set(kwargs) - set(_SAMPLING_KWARGS) - {"tools", "tool_choice", "max_new_tokens"}
         if unknown:
             raise TypeError(
                 f"VerlogChatModel got unknown call options {sorted(unknown)}; "
-                f"allowed: {sorted(_SAMPLING_KWARGS + ('stop', 'tools'))}"
+                f"allowed: {sorted(_SAMPLING_KWARGS + ('stop', 'tools', 'tool_choice'))}"
             )
         stops = stop if stop is not None else self.stop
         return SamplingParams(
@@ -134,25 +230,20 @@ class VerlogChatModel(BaseChatModel):
     ) -> ChatResult:
         tools = kwargs.get("tools")
         sampling = self._sampling(stop, kwargs)
-        prompt_ids = self._renderer.render(messages, tools)
+        prompt_ids, prefix = self.prompt_for(messages, tools, kwargs.get("tool_choice"))
+        if kwargs.get("tool_choice") == "none":
+            tools = None
         request_id = (metadata or {}).get(EPISODE_ID_KEY)
         generation = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
-        message = self._to_message(prompt_ids, generation, sampling, has_tools=bool(tools))
+        message = self._to_message(prompt_ids, generation, sampling, has_tools=bool(tools), prefix=prefix)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _to_message(
-        self, prompt_ids: list[int], gen: Generation, sampling: SamplingParams, *, has_tools: bool
+        self, prompt_ids: list[int], gen: Generation, sampling: SamplingParams, *, has_tools: bool,
+        prefix: str = "",
     ) -> AIMessage:
         ids = gen.token_ids
-        end = len(ids)
-        while end and (ids[end - 1] in self._eos_ids or ids[end - 1] in sampling.stop_token_ids):
-            end -= 1
-        text = self.tokenizer.decode(ids[:end], skip_special_tokens=True)
-        if gen.finish_reason == "stop":
-            for s in sampling.stop:  # the stop string itself is not part of the answer
-                cut = text.find(s)
-                if cut >= 0:
-                    text = text[:cut]
+        text = prefix + self.answer_text(ids, sampling, finished=gen.finish_reason == "stop")
         parsed = parse_tool_calls(text) if has_tools else None
         metadata = {
             "model_name": self.model_name,

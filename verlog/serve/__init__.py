@@ -1,0 +1,12 @@
+"""Production reuse: serve a trained checkpoint and the same graph files, unchanged.
+
+* :mod:`verlog.serve.openai_server`: an OpenAI-compatible chat server on any verlog engine
+  (``verlog serve-model CHECKPOINT``).
+* :mod:`verlog.serve.langgraph_app`: the graphs of ``graphs/*.py`` built around LangChain's
+  ``ChatOpenAI`` for LangGraph's own server (``langgraph.json``, ``verlog serve GRAPH``).
+* :mod:`verlog.serve.commands`: the ``serve-model`` and ``serve`` commands.
+"""
+
+from verlog.serve.openai_server import OpenAIServer, ServerLimits, run_server, serve_in_thread
+
+__all__ = ["OpenAIServer", "ServerLimits", "run_server", "serve_in_thread"]

@@ -1,0 +1,215 @@
+"""The ``serve-model`` and ``serve`` commands (registered on verlog's CLI by :func:`add_serve_commands`).
+
+    verlog serve-model CHECKPOINT [--port 8000] [--api-key K] [--served-model-name NAME] ...
+    verlog serve GRAPH --base-url URL --model NAME [--api-key K] [--port 2024] ...
+
+Also runnable on their own: ``python -m verlog.serve serve-model tiny``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+_LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+def _is_loopback(host: str) -> bool:
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------ serve-model
+def _fail(message: str) -> int:
+    _say(f"error: {message}")
+    return 2
+
+
+def _serve_model(args: argparse.Namespace) -> int:
+    try:
+        return _run_serve_model(args)
+    except FileNotFoundError as exc:  # an unknown checkpoint
+        return _fail(str(exc))
+    except OSError as exc:  # e.g. the port is taken
+        return _fail(f"cannot serve on {args.host}:{args.port}: {exc}")
+    except ValueError as exc:  # bad limits or dtype
+        return _fail(str(exc))
+
+
+def _run_serve_model(args: argparse.Namespace) -> int:
+    from verlog.backends.embedded import EmbeddedEngine
+    from verlog.models import load_causal_lm, load_tokenizer, resolve_model_path
+    from verlog.serve.openai_server import OpenAIServer, ServerLimits, run_server
+
+    api_key = args.api_key or os.environ.get("VERLOG_API_KEY") or None
+    if not _is_loopback(args.host) and not api_key:
+        _say(f"warning: serving on {args.host} without an API key: anyone who can reach it can use it "
+             "(set --api-key or $VERLOG_API_KEY)")
+    path = resolve_model_path(args.checkpoint)
+    name = args.served_model_name or (args.checkpoint if args.checkpoint in ("tiny", "smollm2") else path.name)
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    _say(f"loading {path} on {device} ...")
+    tokenizer = load_tokenizer(path)
+    model = load_causal_lm(path, dtype=args.dtype, device=device)
+    engine = EmbeddedEngine(model, tokenizer, max_batch_size=args.max_batch_size, seed=args.seed)
+    limits = ServerLimits(
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens_cap=args.max_tokens_cap,
+        default_max_tokens=min(args.default_max_tokens, args.max_tokens_cap),
+        max_concurrency=args.max_concurrency,
+        max_queue=args.max_queue,
+        request_timeout_s=args.request_timeout_s or None,
+    )
+    server = OpenAIServer(
+        engine, tokenizer, model_name=name, api_key=api_key, limits=limits,
+        chat_template_kwargs=args.chat_template_kwargs, host=args.host, port=args.port,
+    )
+
+    def announce() -> None:
+        _say(f"serving '{name}' at {server.base_url} (OpenAI API: /v1/chat/completions, /v1/models)"
+             f"{'; API key required' if api_key else ''}. Ctrl-C stops.")
+
+    try:
+        run_server(server, on_start=announce)
+    finally:
+        engine.close()
+    return 0
+
+
+def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve-model",
+        help="serve a checkpoint over an OpenAI-compatible HTTP API (chat completions, streaming, tools)",
+        description="Serve CHECKPOINT on the embedded engine behind OpenAI's chat-completions API. "
+        "Binds 127.0.0.1 unless --host says otherwise.",
+    )
+    p.add_argument("checkpoint", help="tiny | smollm2 | a local Hugging Face model folder (e.g. a trained checkpoint)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients send (default: tiny/smollm2, or the folder's name)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: $VERLOG_API_KEY)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--max-batch-size", type=int, default=64, help="most requests decoded together")
+    p.add_argument("--seed", type=int, default=0, help="seed of unseeded sampling")
+    p.add_argument("--chat-template-kwargs", type=_json_object, default={},
+                   help="JSON passed to the chat template: use training's multi_turn.chat_template_kwargs "
+                   '(e.g. \'{"enable_thinking": false}\')')
+    g = p.add_argument_group("request limits")
+    g.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    g.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="longest rendered prompt (default: the model's context minus one)")
+    g.add_argument("--max-tokens-cap", type=int, default=2048, help="largest max_tokens a request may ask")
+    g.add_argument("--default-max-tokens", type=int, default=256, help="response budget when a request sets none")
+    g.add_argument("--max-concurrency", type=int, default=64, help="requests generating at once")
+    g.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond those (more get 429)")
+    g.add_argument("--request-timeout-s", type=float, default=600.0, help="stop a generation after this (0: never)")
+    p.set_defaults(func=_serve_model)
+    return p
+
+
+# ------------------------------------------------------------------------------------ serve
+def _serve(args: argparse.Namespace) -> int:
+    from verlog.graph_file import GraphFileError
+    from verlog.serve.langgraph_dev import GraphServeSettings, serve_graph
+
+    if not _is_loopback(args.host):
+        _say(f"warning: serving the graph on {args.host}: LangGraph's dev server has no authentication")
+    settings = GraphServeSettings(
+        graph=Path(args.graph),
+        base_url=args.base_url,
+        model=args.model,
+        api_key=args.api_key or os.environ.get("VERLOG_API_KEY") or None,
+        host=args.host,
+        port=args.port,
+        graph_id=args.graph_id,
+        graph_kwargs=args.graph_kwargs,
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        recursion_limit=args.recursion_limit,
+        jobs_per_worker=args.jobs,
+        allow_blocking=args.allow_blocking,
+        state_dir=Path(args.state_dir) if args.state_dir else None,
+    )
+    def announce(state_dir: Path) -> None:
+        _say(f"serving graph '{settings.name}' ({settings.graph}) with model '{args.model}' at {args.base_url} "
+             f"on http://{args.host}:{args.port} (LangGraph server API; SDK: langgraph_sdk.get_client); "
+             f"state in {state_dir}")
+
+    try:
+        return serve_graph(settings, announce)
+    except (GraphFileError, RuntimeError) as exc:  # a broken graph file, LangGraph's server missing
+        return _fail(str(exc))
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve a graph file over HTTP (LangGraph's server) with a model behind any OpenAI-compatible endpoint",
+        description="Run GRAPH (a graphs/*.py file, unchanged) with LangChain's ChatOpenAI pointed at --base-url, "
+        "behind LangGraph's own server (`langgraph dev`): threads with a checkpointer, runs that wait or stream "
+        "graph updates.",
+    )
+    p.add_argument("graph", help="a graph file, e.g. graphs/calculator.py")
+    p.add_argument("--base-url", required=True, help="the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", required=True, help="the model name the endpoint serves")
+    p.add_argument("--api-key", default=None, help="the endpoint's API key (default: $VERLOG_API_KEY)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=2024)
+    p.add_argument("--graph-id", default=None, help="the id clients use (default: the file's name)")
+    p.add_argument("--graph-kwargs", type=_json_object, default={}, help="JSON keyword arguments of build_graph")
+    p.add_argument("--temperature", type=float, default=None, help="default temperature of every model call")
+    p.add_argument("--max-tokens", type=int, default=None, help="default max_tokens of every model call")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed sent with every model call")
+    p.add_argument("--recursion-limit", type=int, default=100, help="LangGraph recursion limit of each run")
+    p.add_argument("--jobs", type=int, default=8, help="runs executed at once")
+    p.add_argument("--allow-blocking", action="store_true",
+                   help="let graph nodes make blocking calls (LangGraph's dev server refuses them by default)")
+    p.add_argument("--state-dir", default=None,
+                   help="where langgraph.json and the server's state go (default: under ~/.cache/verlog/serve)")
+    p.set_defaults(func=_serve)
+    return p
+
+
+def add_serve_commands(subparsers: Any) -> None:
+    """Register ``serve-model`` and ``serve`` on verlog's argparse sub-parsers."""
+    add_serve_model_parser(subparsers)
+    add_serve_parser(subparsers)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m verlog.serve {serve-model,serve} ...``"""
+    parser = argparse.ArgumentParser(prog="python -m verlog.serve", description="verlog's serving commands")
+    add_serve_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,116 @@
+"""The graph files of ``graphs/*.py``, built around LangChain's ``ChatOpenAI``, for LangGraph's server.
+
+A ``langgraph.json`` names graphs of this module; LangGraph's own tooling (``langgraph dev``,
+``langgraph up``, LangGraph Platform) then serves them with its HTTP API (threads, runs,
+streaming, a checkpointer per thread)::
+
+    {"graphs": {"guess_number": "verlog.serve.langgraph_app:guess_number",
+                "graph": "verlog.serve.langgraph_app:graph"}}
+
+What this module exposes, all built when it is imported (errors show at server start):
+
+* ``graph``: the file named by ``$VERLOG_GRAPH``, built with the JSON keyword arguments in
+  ``$VERLOG_GRAPH_KWARGS`` (what ``verlog serve GRAPH`` runs);
+* one graph per file of ``$VERLOG_GRAPHS_DIR`` (default: ``./graphs``), named after the file
+  (``calculator``, ``guess_number``, ``babyai``, ...), built with its defaults.
+
+The graph files are used unchanged: ``build_graph(model)`` receives a ``ChatOpenAI`` pointed at
+any OpenAI-compatible endpoint (verlog's ``serve-model``, vLLM, SGLang, OpenAI), configured by:
+
+``VERLOG_BASE_URL`` (required)  the endpoint, e.g. ``http://127.0.0.1:8000/v1``
+``VERLOG_MODEL`` (required)     the model name the endpoint serves
+``VERLOG_API_KEY``              its API key (default: ``EMPTY``)
+``VERLOG_TEMPERATURE``, ``VERLOG_MAX_TOKENS``, ``VERLOG_SEED``, ``VERLOG_TIMEOUT_S``,
+``VERLOG_MAX_RETRIES``          defaults of every call (nodes still override with ``.bind``)
+
+Rewards reported by environment nodes (``areport_reward``) are LangChain custom events: with no
+training recorder listening they change nothing, and a client streaming with
+``stream_mode="events"`` sees them as ``on_custom_event`` named ``verlog.reward``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from verlog.graph_file import load_graph_file
+
+log = logging.getLogger(__name__)
+
+__all__ = ["chat_model_from_env", "build_served_graph", "graph_kwargs_from_env"]
+
+
+def chat_model_from_env(environ: dict[str, str] | None = None) -> Any:
+    """A ``ChatOpenAI`` configured from ``VERLOG_*`` environment variables (see the module doc)."""
+    from langchain_openai import ChatOpenAI
+
+    env = os.environ if environ is None else environ
+    missing = [name for name in ("VERLOG_BASE_URL", "VERLOG_MODEL") if not env.get(name)]
+    if missing:
+        raise RuntimeError(
+            f"set {' and '.join('$' + m for m in missing)}: the OpenAI-compatible endpoint the served graphs "
+            "call (e.g. VERLOG_BASE_URL=http://127.0.0.1:8000/v1 VERLOG_MODEL=tiny, from `verlog serve-model tiny`)"
+        )
+    kwargs: dict[str, Any] = {
+        "base_url": env["VERLOG_BASE_URL"],
+        "model": env["VERLOG_MODEL"],
+        "api_key": env.get("VERLOG_API_KEY") or "EMPTY",
+    }
+    for key, name, kind in (
+        ("temperature", "VERLOG_TEMPERATURE", float),
+        ("max_tokens", "VERLOG_MAX_TOKENS", int),
+        ("timeout", "VERLOG_TIMEOUT_S", float),
+        ("max_retries", "VERLOG_MAX_RETRIES", int),
+        ("seed", "VERLOG_SEED", int),
+    ):
+        raw = env.get(name)
+        if raw not in (None, ""):
+            try:
+                kwargs[key] = kind(raw)
+            except ValueError:
+                raise ValueError(f"${name}={raw!r} is not a valid {kind.__name__}") from None
+    return ChatOpenAI(**kwargs)
+
+
+def graph_kwargs_from_env() -> dict[str, Any]:
+    """``$VERLOG_GRAPH_KWARGS``: a JSON object of ``build_graph`` keyword arguments."""
+    raw = os.environ.get("VERLOG_GRAPH_KWARGS") or "{}"
+    try:
+        kwargs = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"$VERLOG_GRAPH_KWARGS is not JSON: {exc}") from None
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"$VERLOG_GRAPH_KWARGS must be a JSON object, got {raw!r}")
+    return kwargs
+
+
+def build_served_graph(path: str | Path, model: Any, **graph_kwargs: Any) -> Any:
+    """Build the graph file at ``path`` around ``model`` (the file is used unchanged)."""
+    return load_graph_file(path).build(model, **graph_kwargs)
+
+
+def _build_all() -> dict[str, Any]:
+    model = chat_model_from_env()
+    graphs: dict[str, Any] = {}
+    single = os.environ.get("VERLOG_GRAPH")
+    if single:
+        graphs["graph"] = build_served_graph(single, model, **graph_kwargs_from_env())
+    folder = os.environ.get("VERLOG_GRAPHS_DIR", "graphs")  # set it empty to serve only `graph`
+    if folder and Path(folder).is_dir():
+        for path in sorted(Path(folder).glob("*.py")):
+            if path.stem.startswith("_"):
+                continue
+            if path.stem in globals() or path.stem in graphs:
+                log.warning("verlog: graph file %s is not served: its name is taken in %s", path, __name__)
+                continue
+            try:
+                graphs[path.stem] = build_served_graph(path, model)
+            except Exception as exc:  # one broken file must not hide the others
+                log.error("verlog: graph %s is not served: %s", path, exc)
+    return graphs
+
+
+globals().update(_build_all())

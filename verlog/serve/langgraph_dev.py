@@ -1,0 +1,161 @@
+"""``verlog serve GRAPH``: one graph file behind LangGraph's own server (``langgraph dev``).
+
+LangGraph's server (``langgraph-cli[inmem]``) already gives a graph what a service needs:
+threads with a checkpointer (a ``thread_id`` per conversation or episode), runs that wait or
+stream (``updates``, ``values``, ``messages``, ``custom`` events), assistants, and a Python/JS
+SDK (``langgraph_sdk``). So verlog does not grow its own graph server: it writes a
+``langgraph.json`` naming :mod:`verlog.serve.langgraph_app`'s ``graph``, passes the model
+settings as ``VERLOG_*`` environment variables (the API key never touches the disk) and runs
+``langgraph dev --no-browser --no-reload`` in a state folder outside the project (the in-memory
+server keeps its threads there between restarts). The graph entry is importable Python
+(``verlog.serve.langgraph_app``), which is what ``langgraph build``/``langgraph up`` (Docker)
+read too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from verlog.graph_file import load_graph_file
+
+#: what the generated langgraph.json names the served graph's module variable
+GRAPH_TARGET = "verlog.serve.langgraph_app:graph"
+
+
+@dataclass
+class GraphServeSettings:
+    """Everything ``verlog serve`` needs to run one graph file behind LangGraph's server."""
+
+    graph: Path
+    base_url: str
+    model: str
+    api_key: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 2024
+    graph_id: str | None = None
+    graph_kwargs: dict[str, Any] = field(default_factory=dict)
+    temperature: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    recursion_limit: int = 100
+    jobs_per_worker: int | None = None
+    allow_blocking: bool = False
+    state_dir: Path | None = None
+
+    @property
+    def name(self) -> str:
+        """The graph id clients use (default: the file's name, e.g. ``guess_number``)."""
+        return self.graph_id or self.graph.stem
+
+
+def state_dir_for(settings: GraphServeSettings) -> Path:
+    """Where the server's ``langgraph.json`` and in-memory state live (outside the project)."""
+    if settings.state_dir is not None:
+        return Path(settings.state_dir)
+    from verlog.models import verlog_cache_dir
+
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", settings.name)
+    return verlog_cache_dir() / "serve" / f"{safe}-{settings.port}"
+
+
+def langgraph_config(settings: GraphServeSettings) -> dict[str, Any]:
+    """The ``langgraph.json`` of one served graph file."""
+    graph = settings.graph.resolve()
+    project = graph.parent.parent if graph.parent.name == "graphs" else graph.parent
+    return {
+        "dependencies": [str(project)],
+        "graphs": {settings.name: GRAPH_TARGET},
+    }
+
+
+def server_environment(settings: GraphServeSettings, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the ``langgraph dev`` process: the model and graph settings."""
+    env = dict(os.environ if base is None else base)
+    env.update({
+        "VERLOG_GRAPH": str(settings.graph.resolve()),
+        "VERLOG_GRAPH_KWARGS": json.dumps(settings.graph_kwargs),
+        "VERLOG_GRAPHS_DIR": "",  # serve only this graph
+        "VERLOG_BASE_URL": settings.base_url,
+        "VERLOG_MODEL": settings.model,
+        "LANGGRAPH_DEFAULT_RECURSION_LIMIT": str(settings.recursion_limit),
+    })
+    if settings.api_key:
+        env["VERLOG_API_KEY"] = settings.api_key
+    for name, value in (("VERLOG_TEMPERATURE", settings.temperature), ("VERLOG_MAX_TOKENS", settings.max_tokens),
+                        ("VERLOG_SEED", settings.seed)):
+        if value is not None:
+            env[name] = str(value)
+    env.setdefault("LANGGRAPH_CLI_NO_ANALYTICS", "1")  # offline machines: no usage reporting
+    return env
+
+
+def langgraph_dev_command(settings: GraphServeSettings, config_path: Path) -> list[str]:
+    """The ``langgraph dev`` command line."""
+    cmd = [
+        sys.executable, "-m", "langgraph_cli", "dev",
+        "--config", str(config_path),
+        "--host", settings.host,
+        "--port", str(settings.port),
+        "--no-browser", "--no-reload",
+    ]
+    if settings.jobs_per_worker:
+        cmd += ["--n-jobs-per-worker", str(settings.jobs_per_worker)]
+    if settings.allow_blocking:
+        cmd.append("--allow-blocking")
+    return cmd
+
+
+def check_installed() -> None:
+    """Fail with the install command if LangGraph's server is missing."""
+    import importlib.util
+
+    missing = [m for m in ("langgraph_cli", "langgraph_api", "langchain_openai") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RuntimeError(
+            f"`verlog serve` needs LangGraph's server and LangChain's OpenAI model ({', '.join(missing)} missing): "
+            "pip install -e '.[serve]'  (langgraph-cli[inmem], langchain-openai)"
+        )
+
+
+def prepare(settings: GraphServeSettings) -> tuple[list[str], dict[str, str], Path]:
+    """Check the graph file, write ``langgraph.json``; return (command, environment, working dir)."""
+    check_installed()
+    load_graph_file(settings.graph)  # a broken file fails here, with verlog's clear message
+    folder = state_dir_for(settings)
+    folder.mkdir(parents=True, exist_ok=True)
+    config_path = folder / "langgraph.json"
+    config_path.write_text(json.dumps(langgraph_config(settings), indent=2) + "\n")
+    return langgraph_dev_command(settings, config_path), server_environment(settings), folder
+
+
+def serve_graph(settings: GraphServeSettings, announce: Callable[[Path], None] | None = None) -> int:
+    """Run the graph behind ``langgraph dev`` in the foreground; return its exit code.
+
+    ``announce(state_dir)`` is called once the graph file has loaded, before the server starts.
+    On POSIX the process becomes the server (``exec``), so signals (Ctrl-C, a supervisor's
+    SIGTERM) reach it directly and no orphan is left behind; elsewhere it runs as a child.
+    """
+    cmd, env, folder = prepare(settings)
+    if announce is not None:
+        announce(folder)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.name == "posix":
+        os.chdir(folder)
+        os.execve(cmd[0], cmd, env)  # does not return
+    process = subprocess.Popen(cmd, env=env, cwd=folder)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:  # the child got the same Ctrl-C: let it shut down
+        try:
+            return process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return 130

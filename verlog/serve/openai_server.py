@@ -1,0 +1,560 @@
+"""An OpenAI-compatible chat server on any verlog engine: a trained checkpoint as a service.
+
+``verlog serve-model CHECKPOINT`` runs it on the embedded engine; in Python::
+
+    server = OpenAIServer(engine, tokenizer, model_name="my-agent")
+    async with server:                       # 127.0.0.1, a free port
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused")
+
+    with serve_in_thread(server) as base_url:   # for synchronous clients and scripts
+        openai.OpenAI(base_url=base_url, api_key="unused").chat.completions.create(...)
+
+Served: ``POST /v1/chat/completions`` (streaming as server-sent events, Hermes tool calls in
+OpenAI's ``tool_calls`` format, ``tool_choice`` auto/none/required/named, ``logprobs``),
+``GET /v1/models``, ``GET /v1/models/{id}`` and ``GET /health``. The answer is produced by the
+same code as training: :class:`~verlog.llm.VerlogChatModel` renders the prompt with the
+tokenizer's chat template and turns the engine's ids into text and tool calls, so a greedy
+request here and a greedy call in a training episode give the same answer.
+
+Bad requests get OpenAI's error JSON with a 4xx status (400 schema / unsupported parameter /
+prompt too long, 401 API key, 404 unknown model or path, 413 body too large, 429 too many
+requests waiting) and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import inspect
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Iterator
+
+from aiohttp import web
+
+from verlog.backends.base import Engine, EngineError, Generation, SamplingParams
+from verlog.llm.chat_model import VerlogChatModel
+from verlog.llm.tool_calls import TOOL_CALL_OPEN
+from verlog.serve import openai_protocol as proto
+from verlog.serve.openai_protocol import APIError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request may ask for, and how many are served at once.
+
+    Args:
+        max_body_bytes: largest request body (413 above it).
+        max_prompt_tokens: longest rendered prompt (400 ``context_length_exceeded`` above it);
+            ``None``: the engine's context length minus one.
+        max_tokens_cap: largest ``max_tokens`` a request may ask (400 above it).
+        default_max_tokens: the response budget when a request sets none.
+        max_concurrency: requests generating at once (the engine batches them together).
+        max_queue: requests allowed to wait for a generation slot; more get 429.
+        request_timeout_s: a generation still running after this long is stopped (504).
+    """
+
+    max_body_bytes: int = 1 << 20
+    max_prompt_tokens: int | None = None
+    max_tokens_cap: int = 2048
+    default_max_tokens: int = 256
+    max_concurrency: int = 64
+    max_queue: int = 256
+    request_timeout_s: float | None = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens", "max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ServerLimits.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_queue < 0:
+            raise ValueError(f"ServerLimits.max_queue must be >= 0, got {self.max_queue}")
+        if self.default_max_tokens > self.max_tokens_cap:
+            raise ValueError(
+                f"ServerLimits.default_max_tokens ({self.default_max_tokens}) exceeds max_tokens_cap "
+                f"({self.max_tokens_cap})"
+            )
+
+
+class _Admission:
+    """At most ``running`` requests generate at once; at most ``waiting`` more wait (else 429)."""
+
+    def __init__(self, running: int, waiting: int):
+        self.running, self.waiting = running, waiting
+        self.active = 0
+        self.queued = 0
+        self._semaphore: asyncio.Semaphore | None = None
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.running)
+        if self.active >= self.running and self.queued >= self.waiting:
+            raise APIError(
+                429, f"the server is busy ({self.active} requests generating, {self.queued} waiting); "
+                "retry later", type="rate_limit_error", code="server_busy",
+            )
+        self.queued += 1
+        try:
+            await self._semaphore.acquire()
+        finally:
+            self.queued -= 1
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+            self._semaphore.release()
+
+
+def _streams_tokens(engine: Engine) -> bool:
+    """Whether ``engine.generate`` reports tokens as they are chosen (``on_token=``)."""
+    try:
+        return "on_token" in inspect.signature(engine.generate).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class _TokenStream:
+    """An engine call whose tokens arrive as they are chosen (all at the end for engines that
+    cannot report them earlier). Iterate for batches of ``(id, logprob)``; then ``generation``."""
+
+    def __init__(self, engine: Engine, prompt_ids: list[int], sampling: SamplingParams):
+        self._queue: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
+        self._live = _streams_tokens(engine)
+        if self._live:
+            call = engine.generate(prompt_ids, sampling, on_token=self._on_token)  # type: ignore[call-arg]
+        else:
+            call = engine.generate(prompt_ids, sampling)
+        self.task: asyncio.Future[Generation] = asyncio.ensure_future(call)
+        self.task.add_done_callback(lambda _: self._queue.put_nowait(None))
+
+    def _on_token(self, token: int, logprob: float) -> None:
+        self._queue.put_nowait((token, logprob))
+
+    @property
+    def generation(self) -> Generation:
+        return self.task.result()
+
+    async def __aiter__(self) -> AsyncIterator[list[tuple[int, float]]]:
+        while (item := await self._queue.get()) is not None:
+            batch = [item]
+            while not self._queue.empty():  # tokens that arrived meanwhile travel together
+                nxt = self._queue.get_nowait()
+                if nxt is None:
+                    self._queue.put_nowait(None)
+                    break
+                batch.append(nxt)
+            yield batch
+        generation = self.task.result()  # raises the engine's error, if any
+        if not self._live and generation.token_ids:
+            yield list(zip(generation.token_ids, generation.logprobs))
+
+    def cancel(self) -> None:
+        self.task.cancel()
+
+
+def _held_back(text: str, markers: list[str]) -> int:
+    """Length of the longest end of ``text`` that could be the start of one of ``markers``."""
+    held = 0
+    for marker in markers:
+        for k in range(min(len(marker) - 1, len(text)), held, -1):
+            if text.endswith(marker[:k]):
+                held = k
+                break
+    return held
+
+
+class OpenAIServer:
+    """OpenAI's chat-completions API in front of a verlog :class:`Engine`.
+
+    Args:
+        engine: produces the tokens (the embedded engine, a scripted engine in tests, ...).
+        tokenizer: the model's tokenizer, with the chat template used in training.
+        model_name: the id clients send as ``model`` (others get 404).
+        api_key: if set, requests need ``Authorization: Bearer <api_key>`` (``/health`` does not).
+        limits: request limits (see :class:`ServerLimits`).
+        chat_template_kwargs: as in training's ``multi_turn.chat_template_kwargs``.
+        host, port: where :meth:`start` listens (``port=0``: a free port, see :attr:`port`).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        *,
+        model_name: str = "verlog",
+        api_key: str | None = None,
+        limits: ServerLimits | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.api_key = api_key or None
+        self.limits = limits or ServerLimits()
+        self.host, self.port = host, port
+        self.chat_model = VerlogChatModel(
+            engine=engine, tokenizer=tokenizer, model_name=model_name,
+            chat_template_kwargs=dict(chat_template_kwargs or {}),
+            max_tokens=self.limits.default_max_tokens,
+        )
+        context = getattr(engine, "max_context", None)
+        self.max_context: int | None = context if isinstance(context, int) and context < 1 << 30 else None
+        self.max_prompt_tokens = self.limits.max_prompt_tokens or (
+            self.max_context - 1 if self.max_context else None
+        )
+        self._admission = _Admission(self.limits.max_concurrency, self.limits.max_queue)
+        self._runner: web.AppRunner | None = None
+        self.created = proto.now()
+        #: counters: requests answered, by HTTP status
+        self.responses: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str:
+        """``http://host:port`` once started."""
+        if self._runner is None:
+            raise RuntimeError("the server is not started")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """What OpenAI clients take as ``base_url``: ``http://host:port/v1``."""
+        return f"{self.url}/v1"
+
+    def app(self) -> web.Application:
+        """The aiohttp application (routes and error handling)."""
+        app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._errors])
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model:.+}", self._model)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def start(self) -> OpenAIServer:
+        """Start listening on :attr:`host`/:attr:`port` (``port=0``: a free one, written back)."""
+        if self._runner is not None:
+            return self
+        # handler_cancellation: a client that goes away cancels its generation (the embedded
+        # engine frees the batch row at the next step)
+        runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self.port = runner.addresses[0][1]
+        self._runner = runner
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def __aenter__(self) -> OpenAIServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ plumbing
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Every failure becomes OpenAI's error JSON; nothing stops the server."""
+        try:
+            response = await handler(request)
+        except APIError as exc:
+            response = web.json_response(exc.body(), status=exc.status)
+        except web.HTTPRequestEntityTooLarge:
+            response = web.json_response(proto.error_body(
+                f"the request body exceeds this server's limit of {self.limits.max_body_bytes} bytes",
+                type="invalid_request_error", code="request_too_large"), status=413)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+            message = f"{request.method} {request.path}: {exc.reason}"
+            if exc.status == 404:
+                message += " (served: POST /v1/chat/completions, GET /v1/models, GET /health)"
+            response = web.json_response(proto.error_body(message, type=kind), status=exc.status)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:  # a bug or an engine failure: report it, keep serving
+            log.exception("request %s %s failed", request.method, request.path)
+            response = web.json_response(
+                proto.error_body(f"internal server error: {type(exc).__name__}: {exc}", type="server_error"),
+                status=500,
+            )
+        self.responses[response.status] = self.responses.get(response.status, 0) + 1
+        return response
+
+    def _check_auth(self, request: web.Request) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("Authorization", "")
+        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+        if not token or not hmac.compare_digest(token.encode(), self.api_key.encode()):
+            raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+
+    async def _json_body(self, request: web.Request) -> Any:
+        length = request.content_length
+        if length is not None and length > self.limits.max_body_bytes:
+            raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body_bytes, actual_size=length)
+        raw = await request.read()
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+
+    # ------------------------------------------------------------------ endpoints
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "model": self.model_name,
+                                  "generating": self._admission.active, "waiting": self._admission.queued})
+
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "verlog"}
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self._check_auth(request)
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        self._check_auth(request)
+        name = request.match_info["model"]
+        if name != self.model_name:
+            raise self._unknown_model(name)
+        return web.json_response(self._model_card())
+
+    def _unknown_model(self, name: str) -> APIError:
+        return APIError(404, f"The model '{name}' does not exist on this server; it serves '{self.model_name}' "
+                        "(see GET /v1/models)", param="model", code="model_not_found")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self._check_auth(request)
+        body = await self._json_body(request)
+        req = proto.parse_request(body)
+        if req.model != self.model_name:
+            raise self._unknown_model(req.model)
+        messages = proto.to_langchain_messages(req)
+        tools = body["tools"] if req.tools else None  # as sent: the template renders them verbatim
+        try:
+            prompt_ids, prefix = self.chat_model.prompt_for(messages, tools, req.tool_choice)
+        except ValueError as exc:  # tool_choice naming no offered tool
+            raise APIError(400, str(exc), param="tool_choice") from None
+        except Exception as exc:  # the chat template refused the conversation (jinja's errors)
+            raise APIError(400, f"the model's chat template cannot render these messages: {exc}",
+                           param="messages") from None
+        has_tools = bool(tools) and req.tool_choice != "none"
+        sampling = self._sampling(req, len(prompt_ids))
+        async with self._admission.slot():
+            if req.stream:
+                return await self._stream(request, req, prompt_ids, prefix, sampling, has_tools)
+            generation = await self._generate(prompt_ids, sampling)
+        message = self.chat_model.to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
+        content = proto.visible_content(message)
+        calls = proto.openai_tool_calls(message)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": content if content or not calls else None,
+                        **({"tool_calls": calls} if calls else {})},
+            "logprobs": None,
+            "finish_reason": proto.finish_reason(message, generation.finish_reason),
+        }
+        if req.logprobs:
+            choice["logprobs"] = {"content": proto.token_logprobs(
+                self.tokenizer, generation.token_ids, generation.logprobs)}
+        return web.json_response({
+            "id": proto.completion_id(),
+            "object": "chat.completion",
+            "created": proto.now(),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": proto.usage(len(prompt_ids), len(generation.token_ids)),
+        })
+
+    def _sampling(self, req: proto.ChatCompletionRequest, prompt_tokens: int) -> SamplingParams:
+        if self.max_prompt_tokens is not None and prompt_tokens > self.max_prompt_tokens:
+            raise APIError(400, f"the prompt is {prompt_tokens} tokens long; this server accepts at most "
+                           f"{self.max_prompt_tokens}", param="messages", code="context_length_exceeded")
+        asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        if asked is not None and asked > self.limits.max_tokens_cap:
+            raise APIError(400, f"'{param}' is too large: {asked}; this server allows at most "
+                           f"{self.limits.max_tokens_cap}", param=param)
+        budget = asked if asked is not None else self.limits.default_max_tokens
+        if self.max_context is not None and prompt_tokens + budget > self.max_context:
+            if asked is not None:
+                raise APIError(400, f"the prompt ({prompt_tokens} tokens) plus '{param}' ({asked}) exceeds the "
+                               f"model's context of {self.max_context} tokens", param=param,
+                               code="context_length_exceeded")
+            budget = self.max_context - prompt_tokens
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        options: dict[str, Any] = {"max_tokens": budget}
+        for name in ("temperature", "top_p", "top_k", "seed"):
+            value = getattr(req, name)
+            if value is not None:
+                options[name] = value
+        try:
+            return self.chat_model.sampling_params(stop, **options)
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+
+    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        try:
+            return await asyncio.wait_for(self.engine.generate(prompt_ids, sampling), self.limits.request_timeout_s)
+        except asyncio.TimeoutError:
+            raise APIError(504, f"the generation did not finish within {self.limits.request_timeout_s} s",
+                           type="server_error", code="timeout") from None
+        except EngineError as exc:
+            raise APIError(500, f"the engine failed: {exc}", type="server_error") from None
+
+    # ------------------------------------------------------------------ streaming
+    def _streamable(self, text: str, sampling: SamplingParams, has_tools: bool) -> str:
+        """The part of the answer so far that is sure to be in the final content."""
+        markers = list(sampling.stop)
+        for s in sampling.stop:  # a stop string ends the content (the engine stops soon after)
+            cut = text.find(s)
+            if cut >= 0:
+                text = text[:cut]
+        if has_tools:
+            cut = text.find(TOOL_CALL_OPEN)
+            if cut >= 0:
+                text = text[:cut]
+            markers.append(TOOL_CALL_OPEN)
+        text = text[: len(text) - _held_back(text, markers)]
+        text = text.rstrip("\ufffd")  # an incomplete UTF-8 character
+        return text.rstrip() if has_tools else text  # content before a tool call is stripped
+
+    async def _stream(
+        self, request: web.Request, req: proto.ChatCompletionRequest, prompt_ids: list[int], prefix: str,
+        sampling: SamplingParams, has_tools: bool,
+    ) -> web.StreamResponse:
+        cid, created, name = proto.completion_id(), proto.now(), self.model_name
+        want_logprobs = bool(req.logprobs)
+        stream = _TokenStream(self.engine, prompt_ids, sampling)
+        response = web.StreamResponse(headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        ids: list[int] = []
+        lps: list[float] = []
+        sent, reported = "", 0
+
+        async def emit(payload: dict[str, Any] | str) -> None:
+            data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+            await response.write(f"data: {data}\n\n".encode())
+
+        def logprobs_since() -> list[dict[str, Any]] | None:
+            nonlocal reported
+            if not want_logprobs:
+                return None
+            out = proto.token_logprobs(self.tokenizer, ids[reported:], lps[reported:])
+            reported = len(ids)
+            return out
+
+        async def pump() -> None:
+            nonlocal sent
+            async for batch in stream:
+                for token, logprob in batch:
+                    ids.append(token)
+                    lps.append(logprob)
+                text = prefix + self.chat_model.answer_text(ids, sampling, finished=False)
+                ready = self._streamable(text, sampling, has_tools)
+                if len(ready) > len(sent) and ready.startswith(sent):
+                    delta, sent = ready[len(sent):], ready
+                    await emit(proto.chunk(cid, created, name, {"content": delta}, logprobs=logprobs_since()))
+
+        try:
+            await response.prepare(request)
+            await emit(proto.chunk(cid, created, name, {"role": "assistant", "content": ""}))
+            await asyncio.wait_for(pump(), self.limits.request_timeout_s)
+        except (asyncio.CancelledError, ConnectionResetError):
+            stream.cancel()
+            raise
+        except (asyncio.TimeoutError, EngineError) as exc:
+            stream.cancel()
+            message = (f"the generation did not finish within {self.limits.request_timeout_s} s"
+                       if isinstance(exc, asyncio.TimeoutError) else f"the engine failed: {exc}")
+            await emit(proto.error_body(message, type="server_error"))
+            await emit("[DONE]")
+            await response.write_eof()
+            return response
+        generation = stream.generation
+        message = self.chat_model.to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
+        content = proto.visible_content(message)
+        rest = content[len(sent):] if content.startswith(sent) else ""
+        if rest or (want_logprobs and reported < len(ids)):
+            await emit(proto.chunk(cid, created, name, {"content": rest}, logprobs=logprobs_since()))
+        for index, call in enumerate(proto.openai_tool_calls(message)):
+            await emit(proto.chunk(cid, created, name, {"tool_calls": [{"index": index, **call}]}))
+        await emit(proto.chunk(cid, created, name, {}, finish=proto.finish_reason(message, generation.finish_reason)))
+        if req.stream_options is not None and req.stream_options.include_usage:
+            await emit({"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                        "choices": [], "usage": proto.usage(len(prompt_ids), len(generation.token_ids))})
+        await emit("[DONE]")
+        await response.write_eof()
+        return response
+
+
+# ---------------------------------------------------------------------------------- running it
+@contextlib.contextmanager
+def serve_in_thread(server: OpenAIServer, *, ready_timeout_s: float = 30.0) -> Iterator[str]:
+    """Run ``server`` on its own event loop in a background thread; yields its ``base_url``.
+
+    For synchronous clients (``openai.OpenAI``, ``ChatOpenAI.invoke``) and scripts. The engine
+    must accept calls from another event loop (verlog's engines do).
+    """
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(server.start())
+        except BaseException as exc:  # reported to the caller below
+            failure.append(exc)
+            started.set()
+            return
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(server.stop())
+        loop.close()
+
+    thread = threading.Thread(target=run, name="verlog-openai-server", daemon=True)
+    thread.start()
+    if not started.wait(ready_timeout_s):
+        raise RuntimeError(f"the server did not start within {ready_timeout_s} s")
+    if failure:
+        raise failure[0]
+    try:
+        yield server.base_url
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+
+
+async def serve_forever(server: OpenAIServer, on_start: Callable[[], None] | None = None) -> None:
+    """Start ``server``, call ``on_start()``, serve until cancelled."""
+    async with server:
+        if on_start is not None:
+            on_start()
+        await asyncio.Event().wait()
+
+
+def run_server(server: OpenAIServer, on_start: Callable[[], None] | None = None) -> None:
+    """Serve in the foreground until interrupted (what ``verlog serve-model`` does)."""
+    try:
+        asyncio.run(serve_forever(server, on_start))
+    except KeyboardInterrupt:
+        pass
