@@ -64,8 +64,11 @@ def measure(name: str, steps: int, resets: int, seed: int = 0) -> Speed:
 
 
 def default_envs(quick: bool) -> list[str]:
-    """Every registered name; with ``quick``, only Verlog's four BabaIsAI tasks."""
-    names = list_envs()
+    """Every registered name but BALROG's other games; with ``quick``, only Verlog's four
+    BabaIsAI tasks."""
+    # TextWorld, MiniHack and NetHack have their own benchmark (benchmarks/balrog_envs.py): a
+    # TextWorld reset with a new seed generates and compiles a game (seconds)
+    names = [n for n in list_envs() if not n.startswith(("textworld:", "minihack:", "nethack"))]
     if not quick:
         return names
     try:

@@ -39,8 +39,8 @@ def test_bad_value_names_key_and_allowed_values():
 
 
 def test_unknown_top_level_section():
-    with pytest.raises(ConfigError, match=r"trainer: unknown key; allowed keys here: engine, model, multi_turn"):
-        config_from_dict({**GOOD, "trainer": {}})
+    with pytest.raises(ConfigError, match=r"trainerz: unknown key; allowed keys here: .*engine.*model.*multi_turn"):
+        config_from_dict({**GOOD, "trainerz": {}})
 
 
 def test_missing_langgraph_path():

@@ -1,7 +1,11 @@
 """The ``verlog`` command line.
 
     verlog rollout CONFIG [key=value ...] [--episodes N] [--seed S] [--show-messages] [--json FILE]
+    verlog train CONFIG [key=value ...] [--resume]
+    verlog eval CONFIG [key=value ...] [--checkpoint DIR] [--episodes N] [--json FILE]
     verlog play ENV [--seed S] [--agent human|bot]
+    verlog serve-model CHECKPOINT [--port P] [--api-key K]
+    verlog serve GRAPH --base-url URL --model NAME
     verlog models build {tiny,smollm2}
 
 Configuration errors, graph-file errors and engine errors print one clear message and exit 2.
@@ -105,6 +109,23 @@ def _print_summary(episodes: list[Episode]) -> None:
     console.print(table)
 
 
+def _train(args: argparse.Namespace) -> int:
+    from verlog.train import train
+
+    config = load_config(args.config, args.overrides)
+    result = train(config, resume=args.resume, console=console)
+    console.print(f"{result.updates} updates in {result.seconds:.0f} s; run folder: {result.run_dir}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from verlog.train.evaluate import run_eval_command
+
+    config = load_config(args.config, args.overrides)
+    run_eval_command(config, checkpoint=args.checkpoint, episodes=args.episodes, json_path=args.json, console=console)
+    return 0
+
+
 def _models(args: argparse.Namespace) -> int:
     from verlog.models import resolve_model_path
 
@@ -133,12 +154,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="also write the episodes and turns to this JSON file")
     p.set_defaults(func=_rollout)
 
+    p = sub.add_parser("train", help="train the config's graph with multi-turn PPO on the embedded engine")
+    p.add_argument("config", help="a YAML config file (see configs/)")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. trainer.total_updates=10")
+    p.add_argument("--resume", action="store_true", help="continue the run in trainer.run_dir from its latest checkpoint")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("eval", help="evaluate a checkpoint (or the config's model): win rate and return ± s.e.")
+    p.add_argument("config", help="a YAML config file (see configs/)")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. eval.temperature=0")
+    p.add_argument("--checkpoint", default=None, help="a run folder (its latest checkpoint) or a checkpoint folder")
+    p.add_argument("--episodes", type=int, default=None, help="episodes per task (default: eval.episodes)")
+    p.add_argument("--json", default=None, help="where to write the results (default: next to the checkpoint)")
+    p.set_defaults(func=_eval)
+
     p = sub.add_parser("play", help="play a text environment in the terminal, seeing what the model sees")
     p.add_argument("env", help="an environment name, e.g. babyai:goto, babaisai:two_room-goto_win, crafter")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--agent", choices=["human", "bot"], default="human", help="bot: an oracle plays")
     p.add_argument("--max-steps", type=int, default=None)
     p.set_defaults(func=_play)
+
+    from verlog.serve.commands import add_serve_commands
+
+    add_serve_commands(sub)  # serve-model (OpenAI-compatible server), serve (a graph over HTTP)
 
     p = sub.add_parser("models", help="prepare the offline models")
     msub = p.add_subparsers(dest="models_command", required=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -114,6 +114,129 @@ class RolloutConfig(_Section):
     seed: int = 0
 
 
+class TrainerConfig(_Section):
+    """The training run: batch shape (fixed-turn: ``num_envs`` slots x ``turns_per_env``),
+    length, checkpoints and where everything is written."""
+
+    run_dir: str = Field("runs/default", description="checkpoints, metrics.jsonl, eval.json, wandb files")
+    total_updates: int = Field(100, ge=0, description="PPO updates (one batch each)")
+    num_envs: int = Field(32, ge=1, description="persistent env slots")
+    turns_per_env: int = Field(8, ge=1, description="turns each slot gives to every batch")
+    group_size: int = Field(1, ge=1, description="consecutive slots playing the same seeds (GRPO groups)")
+    save_every: int = Field(10, ge=0, description="checkpoint every N updates (0: only at the end)")
+    keep_checkpoints: int = Field(3, ge=1, description="most recent checkpoints kept")
+    eval_every: int = Field(0, ge=0, description="evaluate every N updates (0: never during training)")
+    max_consecutive_failures: int = Field(20, ge=1, description="a slot failing this often in a row stops the run")
+    seed: int = Field(0, description="torch / python RNG seed")
+    torch_threads: int | None = Field(
+        None, ge=1, description="CPU threads of the training passes (default: all cores but one, like the engine)"
+    )
+
+    @model_validator(mode="after")
+    def _check_groups(self) -> "TrainerConfig":
+        if self.num_envs % self.group_size:
+            raise ValueError(f"group_size ({self.group_size}) must divide num_envs ({self.num_envs})")
+        return self
+
+
+class LoRAConfig(_Section):
+    """Optional LoRA adapters on the actor (needs ``peft``; rank 0 = full fine-tuning)."""
+
+    rank: int = Field(0, ge=0)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] | str = Field("all-linear", description="module names, or 'all-linear'")
+
+
+class OptimConfig(_Section):
+    """One model's optimizer (AdamW)."""
+
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping (null: off)")
+
+
+class ActorConfig(OptimConfig):
+    """The policy: the model of ``model.path``, trained with PPO."""
+
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+    gradient_checkpointing: bool = False
+
+
+class CriticConfig(OptimConfig):
+    """The critic: a separate copy of the actor's backbone with a scalar value head."""
+
+    lr: float = Field(1e-5, gt=0)
+    gradient_checkpointing: bool = False
+
+
+class AlgorithmConfig(_Section):
+    """Advantages and PPO losses (Verlog's defaults; see REFERENCE.md)."""
+
+    estimator: Literal["gae", "grpo", "zero"] = Field(
+        "gae", description="gae: dual-discount GAE with the critic; grpo: group-normalized returns; "
+        "zero: advantages replaced by zeros (a control that must not learn)",
+    )
+    gamma_step: float = Field(0.99, ge=0, le=1)
+    lam_step: float = Field(0.95, ge=0, le=1)
+    gamma_token: float = Field(1.0, ge=0, le=1)
+    lam_token: float = Field(1.0, ge=0, le=1)
+    whiten_advantages: bool = True
+    ppo_epochs: int = Field(1, ge=1)
+    mini_batch_turns: int = Field(256, ge=1, description="turns per optimizer step")
+    micro_batch_tokens: int = Field(16384, ge=1, description="token budget of one forward/backward pass")
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    dual_clip: float | None = Field(3.0, gt=1, description="dual-clip constant c (null: plain PPO)")
+    value_clip: float | None = Field(0.5, gt=0, description="value-loss clip (null: off)")
+    first_value_weight: float = Field(3.0, gt=0, description="weight of a turn's V(s_k) in the value loss")
+    value_loss_coef: float = Field(1.0, gt=0)
+    entropy_coef: float = Field(0.001, ge=0)
+    kl_coef: float = Field(0.001, ge=0, description="KL-in-reward to the frozen reference policy (0: no reference)")
+    recompute_logprobs: bool = Field(
+        True, description="old logprobs from a training forward pass (else the engine's, at temperature 1 only)"
+    )
+
+
+class CriticWarmupConfig(_Section):
+    """Critic pre-training: collect ``buffer_multiplier`` batches once, then ``iterations``
+    critic-only updates on random ``subset_fraction``s of them (values and GAE recomputed)."""
+
+    buffer_multiplier: int = Field(0, ge=0, description="batches collected for the warm-up (0: off)")
+    iterations: int = Field(0, ge=0)
+    subset_fraction: float = Field(0.25, gt=0, le=1)
+
+
+class EvalTaskConfig(_Section):
+    """One evaluation task: a name and the graph_kwargs that select it."""
+
+    name: str
+    graph_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvalConfig(_Section):
+    """Evaluation episodes: held-out seeds, sampling temperature, when to run."""
+
+    episodes: int = Field(32, ge=1, description="episodes per task")
+    seed: int = Field(1_000_000, description="first seed (held out: far from training seeds)")
+    temperature: float | None = Field(None, ge=0, description="sampling temperature (null: sampling.temperature)")
+    concurrency: int = Field(64, ge=1)
+    at_start: bool = Field(False, description="evaluate the initial policy before training")
+    at_end: bool = Field(True, description="evaluate the final policy after training")
+    tasks: list[EvalTaskConfig] = Field(
+        default_factory=list, description="tasks to evaluate (default: the training graph's own)"
+    )
+
+
+class WandbConfig(_Section):
+    """Weights & Biases logging (offline by default; files under ``trainer.run_dir``)."""
+
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    project: str = "verlog"
+    name: str | None = None
+    tags: list[str] = Field(default_factory=list)
+
+
 class VerlogConfig(_Section):
     """The whole configuration file."""
 
@@ -122,6 +245,13 @@ class VerlogConfig(_Section):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     multi_turn: MultiTurnConfig
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    critic_warmup: CriticWarmupConfig = Field(default_factory=CriticWarmupConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
 
 
 # ---------------------------------------------------------------------- loading

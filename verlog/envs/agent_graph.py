@@ -10,11 +10,13 @@
 The graph files ``graphs/babyai.py``, ``graphs/babaisai.py`` and ``graphs/crafter.py`` are thin
 wrappers choosing the game. Every node and router is ``async``: in an async run LangGraph
 executes sync functions in a thread pool, a thread hop per step. The live game objects stay outside the graph state (keyed by a
-per-episode id) so the state remains plain, checkpointable data.
+per-episode id) so the state remains plain, checkpointable data. Games are built and reset in
+a worker thread (TextWorld generates a game on first use); steps run on the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import OrderedDict
 from typing import Any
@@ -86,9 +88,14 @@ def build_env_graph(
         except KeyError:
             raise RuntimeError(f"game {state.get('game_id')!r} is not running (graph state from another process?)") from None
 
-    async def reset(state: GameState) -> dict:
+    def start_game(seed: int | None) -> tuple[TextEnv, str]:
         env = make_env(env_name, **(env_kwargs or {}))
-        observation = env.reset(state.get("seed"))
+        return env, env.reset(seed)
+
+    async def reset(state: GameState) -> dict:
+        # in a worker thread: building a game can take seconds (TextWorld generates and compiles
+        # one on first use), which must not stall the other episodes on the event loop
+        env, observation = await asyncio.to_thread(start_game, state.get("seed"))
         game_id = uuid.uuid4().hex
         games[game_id] = env
         while len(games) > MAX_LIVE_GAMES:

@@ -52,6 +52,7 @@ from minigrid.utils.baby_ai_bot import BabyAIBot
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
+from verlog.envs.progression import goal_value
 from verlog.envs.text import offset_phrase
 
 TASKS: tuple[str, ...] = ("goto", "pickup", "pick_up_seq_go_to", "open")
@@ -371,6 +372,7 @@ class BabyAITextEnv(TextEnv):
             "action": executed,
             "valid_action": parsed.valid,
             "step": self._steps,
+            "progression": goal_value(success),  # BALROG's: 1 once the mission is accomplished
         }
         self._done = bool(terminated or truncated)
         if self._done:

@@ -30,6 +30,7 @@ from crafter import constants
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
+from verlog.envs.progression import crafter_value
 from verlog.envs.text import offset_phrase
 
 #: the 17 text actions, in Crafter's numbering ("move_left" -> "move left")
@@ -274,6 +275,7 @@ class CrafterTextEnv(TextEnv):
             "step": self._steps,
             "achievements": self.achievements,
         }
+        info["progression"] = crafter_value(info["achievements"])  # BALROG's: achievements / 22
         self._done = terminated or truncated
         if self._done:
             info["success"] = not terminated

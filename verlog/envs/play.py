@@ -3,7 +3,8 @@
 ``play("babyai:goto", seed=0)`` prints the instruction, then each observation and the valid
 actions, and reads actions from the keyboard (a bare action name or a full answer ending in
 ``ACTION: ...``; ``quit`` stops). ``agent="bot"`` lets an oracle play instead: minigrid's
-BabyAI bot, the scripted Crafter agent, or the BabaIsAI solver when that package provides one.
+BabyAI bot, the scripted Crafter agent, the BabaIsAI solver when that package provides one, the
+TextWorld game's own walkthrough, or the MiniHack search agent (NetHack has no bot).
 Bots act only through ``env.step(text)``, like a model.
 """
 
@@ -73,6 +74,17 @@ def make_bot(env: TextEnv, name: str | None = None) -> TextAgent | None:
         return CrafterScriptedAgent()
     if family == "babaisai":
         return _babaisai_bot(env)
+    if family == "textworld":
+        from verlog.envs.textworld_env import TextWorldTextEnv, TextWorldWalkthroughAgent
+
+        assert isinstance(env, TextWorldTextEnv)
+        return TextWorldWalkthroughAgent(env)
+    if family == "minihack":
+        from verlog.envs.nle_agents import MiniHackSearchAgent
+        from verlog.envs.nle_env import MiniHackTextEnv
+
+        assert isinstance(env, MiniHackTextEnv)
+        return MiniHackSearchAgent(can_open="open <direction>" in env.base_actions())
     return None
 
 
@@ -103,7 +115,11 @@ def play(
     steps, total, info, stopped = 0, 0.0, {}, False
     while True:
         print_fn(f"{RULE}\nOBSERVATION (turn {steps + 1})\n{RULE}\n{observation}")
-        print_fn(f"Valid actions: {', '.join(env.valid_actions())}")
+        actions = env.valid_actions()
+        if len(actions) > 40 and hasattr(env, "base_actions"):  # NetHack-like: show the forms
+            print_fn(f"Valid actions ({len(actions)}): {', '.join(env.base_actions())}")
+        else:
+            print_fn(f"Valid actions: {', '.join(actions)}")
         if bot is not None:
             answer = bot.act(observation)
             print_fn(f"> {answer}")

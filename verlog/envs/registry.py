@@ -6,6 +6,12 @@
   (``verlog.envs.babyai``; extra kwargs: ``layout``, ``default_action``)
 - ``crafter`` (``verlog.envs.crafter_env``; extra kwarg: ``max_per_type``)
 - ``babaisai:<task>`` for each task of ``verlog.envs.babaisai.TASKS``, when that package is present
+- ``textworld:treasure_hunter``, ``textworld:coin_collector``, ``textworld:cooking``
+  (``verlog.envs.textworld_env``; extra kwargs: the generator settings such as ``level``,
+  ``recipe``, ``go``, and ``cache_dir``)
+- ``minihack:<task>`` for each task of ``MINIHACK_TASKS`` (``verlog.envs.nle_env``; extra kwargs:
+  ``show_map``, ``character``, ``autopickup``) and ``nethack`` (``show_map``, ``character``,
+  ``no_progress_timeout``)
 
 Common kwargs: ``invalid_action_penalty`` (default 0.1) and ``max_steps`` (per-game default).
 Game modules are imported only when used, so listing names stays cheap.
@@ -20,6 +26,17 @@ from typing import Any
 from verlog.envs.base import TextEnv
 
 BABYAI_TASKS: tuple[str, ...] = ("goto", "pickup", "pick_up_seq_go_to", "open")
+TEXTWORLD_GAMES: tuple[str, ...] = ("treasure_hunter", "coin_collector", "cooking")
+#: BALROG's MiniHack tasks that run offline (Boxoban-Hard/Medium download their levels: left out)
+MINIHACK_TASKS: tuple[str, ...] = (
+    "MazeWalk-9x9",
+    "MazeWalk-15x15",
+    "Corridor-R3",
+    "CorridorBattle-Dark",
+    "Quest-Easy",
+    "Quest-Medium",
+)
+MINIHACK_LEFT_OUT: tuple[str, ...] = ("Boxoban-Hard", "Boxoban-Medium")
 _BABAISAI = "verlog.envs.babaisai"
 
 
@@ -39,12 +56,17 @@ def list_envs() -> list[str]:
     module = _babaisai_module(required=False)
     if module is not None:
         names += [f"babaisai:{task}" for task in module.TASKS]
+    names += [f"textworld:{game}" for game in TEXTWORLD_GAMES]
+    names += [f"minihack:{task}" for task in MINIHACK_TASKS] + ["nethack"]
     return names
 
 
 def _unknown(name: str) -> ValueError:
     valid = ", ".join(list_envs())
-    return ValueError(f"unknown environment {name!r}; valid names: {valid}")
+    note = ""
+    if name.partition(":")[2] in MINIHACK_LEFT_OUT:
+        note = f" ({name.partition(':')[2]} is left out: its levels are downloaded at run time, impossible offline)"
+    return ValueError(f"unknown environment {name!r}{note}; valid names: {valid}")
 
 
 def make_env(name: str, seed: int | None = None, **kwargs: Any) -> TextEnv:
@@ -73,4 +95,16 @@ def make_env(name: str, seed: int | None = None, **kwargs: Any) -> TextEnv:
         if task not in module.TASKS:
             raise _unknown(name)
         return module.make(task, seed, **kwargs)
+    if family == "textworld" and task in TEXTWORLD_GAMES:
+        from verlog.envs.textworld_env import TextWorldTextEnv
+
+        return TextWorldTextEnv(task, seed, **kwargs)
+    if family == "minihack" and task in MINIHACK_TASKS:
+        from verlog.envs.nle_env import MiniHackTextEnv
+
+        return MiniHackTextEnv(task, seed, **kwargs)
+    if name == "nethack":
+        from verlog.envs.nle_env import NetHackTextEnv
+
+        return NetHackTextEnv(seed, **kwargs)
     raise _unknown(name)

@@ -43,16 +43,32 @@ async def run_episode(
     graph_config: dict[str, Any] | None = None,
     timeout_s: float | None = None,
     keep_messages: bool = False,
+    recorder: TurnRecorder | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> Episode:
     """Run ``graph`` once on ``graph_input`` and return the recorded episode (never raises
-    for failures of the graph itself)."""
-    episode_id = episode_id or uuid.uuid4().hex
-    recorder = TurnRecorder(episode_id, keep_messages=keep_messages)
+    for failures of the graph itself).
+
+    ``recorder``: record into this recorder (e.g. one a caller watches while the episode runs)
+    instead of a fresh one. ``clock``: the clock ``timeout_s`` is measured on (default: wall
+    time); the fixed-turn runner passes one that stops while the episode waits for an update.
+    """
+    episode_id = episode_id or (recorder.episode_id if recorder else uuid.uuid4().hex)
+    recorder = recorder or TurnRecorder(episode_id, keep_messages=keep_messages)
     config = episode_config(graph_config, episode_id, recorder)
     started = time.perf_counter()
+    clock = clock or time.perf_counter
+    deadline = None if timeout_s is None else clock() + timeout_s
     task = asyncio.ensure_future(graph.ainvoke(graph_input, config))
     try:
-        finished, _ = await asyncio.wait({task}, timeout=timeout_s)
+        while True:
+            remaining = None if deadline is None else deadline - clock()
+            if remaining is not None and remaining <= 0:
+                finished = set()
+                break
+            finished, _ = await asyncio.wait({task}, timeout=remaining)
+            if finished:
+                break
     except BaseException:  # the caller cancelled us: stop the graph too
         task.cancel()
         raise

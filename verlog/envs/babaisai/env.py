@@ -13,6 +13,7 @@ from typing import Any
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
+from verlog.envs.progression import goal_value
 from verlog.envs.text import count, offset_phrase
 
 from . import game
@@ -197,6 +198,7 @@ class BabaIsAIEnv(TextEnv):
             "step": self.steps_taken,
             "won": outcome.won,
             "lost": outcome.lost,
+            "progression": goal_value(outcome.won),  # BALROG's: 1 on a win
         }
         if self.done:
             info["success"] = outcome.won

@@ -1,0 +1,156 @@
+"""The trainer's parts: turn tensors, forward passes at the right positions, micro-batching that
+does not change the maths, checkpoints that survive a kill."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from verlog.algo import TurnBatch, dual_gae
+from verlog.config import AlgorithmConfig
+from verlog.rollout.slots import SlotBatch
+from verlog.rollout.turn import Turn
+from verlog.train import checkpoint as ckpt
+from verlog.train.forward import micro_batches, pad_rows, policy_logprobs, values_at_positions
+from verlog.train.models import ValueModel
+from verlog.train.ppo import Learner, ppo_update, score_batch
+from verlog.train.storage import RolloutStorage
+
+
+@pytest.fixture(scope="module")
+def toy():
+    from verlog.models import load_causal_lm, load_tokenizer
+    from verlog.train.toy_model import toy_model_dir
+
+    folder = toy_model_dir()
+    return load_causal_lm(folder), load_tokenizer(folder)
+
+
+def random_batch(num_envs=3, turns_per_env=4, vocab=40, seed=0) -> SlotBatch:
+    """Turns with random prompts and responses of varied lengths, some done."""
+    g = torch.Generator().manual_seed(seed)
+    turns = []
+    for i in range(num_envs):
+        slot = []
+        for k in range(turns_per_env):
+            p = int(torch.randint(3, 9, (1,), generator=g))
+            length = int(torch.randint(1, 5, (1,), generator=g))
+            response = torch.randint(4, vocab, (length,), generator=g).tolist()
+            slot.append(Turn(
+                episode_id=f"e{i}", turn_index=k, prompt_ids=torch.randint(4, vocab, (p,), generator=g).tolist(),
+                response_ids=response, logprobs=[-1.0] * length, reward=float(torch.rand(1, generator=g)),
+                terminated=bool(k == 1 and i == 0), truncated=bool(k == 2 and i == 1),
+            ))
+        turns.append(slot)
+    bootstrap = [torch.randint(4, vocab, (5,), generator=g).tolist() for _ in range(num_envs)]
+    seeds = [[i] * turns_per_env for i in range(num_envs)]
+    return SlotBatch(turns, bootstrap, [True] * num_envs, seeds)
+
+
+def test_micro_batches_fit_the_budget_and_cover_every_row():
+    lengths = [5, 40, 7, 12, 3, 100, 9]
+    groups = micro_batches(range(len(lengths)), lengths, token_budget=30)
+    assert sorted(r for g in groups for r in g) == list(range(len(lengths)))
+    for g in groups:
+        assert len(g) == 1 or len(g) * max(lengths[r] for r in g) <= 30
+
+
+def test_storage_layout_rewards_and_advantages():
+    batch = random_batch()
+    s = RolloutStorage.from_batch(batch)
+    turns = batch.flat_turns()
+    assert s.size == 12 and s.response_ids.shape[1] == max(len(t.response_ids) for t in turns)
+    for row, turn in enumerate(turns):  # slot-major rows; reward on the last response token
+        n = len(turn.response_ids)
+        assert s.sequences[row] == turn.prompt_ids + turn.response_ids
+        assert s.response_mask[row].sum() == n and s.value_mask[row].sum() == n + 1
+        assert s.token_rewards[row, n - 1] == pytest.approx(turn.reward) and s.token_rewards[row].sum() == pytest.approx(turn.reward)
+    s.values = torch.randn(s.size, s.response_ids.shape[1] + 1) * s.value_mask
+    s.bootstrap_values = torch.randn(3)
+    algo = AlgorithmConfig(whiten_advantages=False)
+    s.compute_advantages(algo)
+    expected, returns = dual_gae(TurnBatch(
+        s.token_rewards.view(3, 4, -1), s.response_mask.view(3, 4, -1), s.terminated.view(3, 4),
+        s.truncated.view(3, 4), s.values.view(3, 4, -1), s.bootstrap_values,
+    ))
+    assert torch.allclose(s.advantages, expected.view(12, -1)) and torch.allclose(s.returns, returns.view(12, -1))
+    s.compute_advantages(AlgorithmConfig(estimator="zero"))
+    assert not s.advantages.any()
+
+
+def test_forward_reads_the_right_positions(toy):
+    lm, _ = toy
+    batch = random_batch()
+    s = RolloutStorage.from_batch(batch)
+    ids, mask = pad_rows(s.sequences, 0, "cpu")
+    with torch.no_grad():
+        logp, entropy = policy_logprobs(lm, ids, mask, s.prompt_lengths, s.response_ids, with_entropy=True)
+        critic = ValueModel.from_causal_lm(copy.deepcopy(lm))
+        torch.nn.init.normal_(critic.value_head.weight)
+        values = values_at_positions(critic, ids, mask, s.prompt_lengths, s.response_ids.shape[1] + 1)
+        for row, seq in enumerate(s.sequences):  # each sequence alone, unpadded
+            p, n = int(s.prompt_lengths[row]), int(s.response_mask[row].sum())
+            full = torch.log_softmax(lm(torch.tensor([seq])).logits[0], -1)
+            expected = full[p - 1 : p - 1 + n].gather(1, torch.tensor(seq[p:])[:, None])[:, 0]
+            assert torch.allclose(logp[row, :n], expected, atol=1e-5)
+            alone = critic(torch.tensor([seq]))[0]
+            assert torch.allclose(values[row, : n + 1], alone[p - 1 : p + n], atol=1e-5)
+    assert (entropy[s.response_mask] > 0).all()
+
+
+def test_micro_batching_does_not_change_the_update(toy):
+    lm, _ = toy
+    algo = AlgorithmConfig(ppo_epochs=1, mini_batch_turns=12, entropy_coef=0.01, kl_coef=0.0, value_clip=0.5)
+
+    def one_update(token_budget):
+        torch.manual_seed(0)
+        actor = copy.deepcopy(lm)
+        critic = ValueModel.from_causal_lm(copy.deepcopy(lm))
+        learner = Learner(
+            actor, critic, torch.optim.SGD(actor.parameters(), lr=0.1), torch.optim.SGD(critic.parameters(), lr=0.1),
+            None, algo.model_copy(update={"micro_batch_tokens": token_budget}), pad_id=0, temperature=1.0,
+            device=torch.device("cpu"),
+        )
+        s = RolloutStorage.from_batch(random_batch())
+        score_batch(s, learner)
+        s.old_logprobs = s.old_logprobs + 0.05  # ratios != 1: the clipped branches matter too
+        metrics = ppo_update(s, learner, generator=torch.Generator().manual_seed(0))
+        return actor, critic, metrics
+
+    a1, c1, m1 = one_update(10_000)  # one micro-batch
+    a2, c2, m2 = one_update(12)  # one or two turns per micro-batch
+    for p, q in zip([*a1.parameters(), *c1.parameters()], [*a2.parameters(), *c2.parameters()]):
+        assert torch.allclose(p, q, atol=1e-6)
+    assert m1["policy_loss"] == pytest.approx(m2["policy_loss"], abs=1e-6)
+    assert m1["value_loss"] == pytest.approx(m2["value_loss"], abs=1e-6)
+
+
+def test_checkpoints_are_atomic_rotated_and_found(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    g = torch.Generator().manual_seed(1)
+
+    def save(update):
+        return ckpt.save_checkpoint(
+            tmp_path, update, save_actor=lambda d: (d / "actor").mkdir(), critic=model,
+            optimizers={"actor": opt, "critic": None}, rng=ckpt.get_rng_state({"g": g}),
+            state={"runner": {"n": update}}, keep=2,
+        )
+
+    for update in (1, 2, 3):
+        save(update)
+    names = [p.name for p in ckpt.checkpoint_dirs(tmp_path)]
+    assert names == ["update_000002", "update_000003"]  # the oldest was dropped
+    (tmp_path / "checkpoints" / ".tmp-update_000004-1").mkdir()  # a save killed midway
+    latest = ckpt.latest_checkpoint(tmp_path)
+    assert latest.name == "update_000003" and ckpt.read_state(latest) == {"runner": {"n": 3}, "update": 3}
+    (tmp_path / "checkpoints" / "latest").unlink()  # even without the pointer
+    assert ckpt.latest_checkpoint(tmp_path).name == "update_000003"
+    assert ckpt.resolve_checkpoint(tmp_path) == latest
+    before = torch.rand(3, generator=g)
+    ckpt.set_rng_state(ckpt.load_rng(latest), {"g": g})
+    assert torch.equal(torch.rand(3, generator=g), before)  # the generator replays from the save
+    assert json.loads((latest / "state.json").read_text())["update"] == 3

@@ -1,0 +1,412 @@
+"""Fixed-turn batching: ``num_envs`` persistent env slots, each giving exactly ``turns_per_env``
+turns to every batch.
+
+This is the rollout storage of pytorch-a2c-ppo-acktr-gail, for graphs. Each slot runs one
+episode after another (the next seed when one ends). Its model calls pass through a
+``TurnGate``: once a slot has given its quota of calls to the current batch, its next call is
+*held* until the trainer has updated the weights and asks for the next batch. So an episode cut
+by the batch boundary simply continues, under the new weights, and the held call's prompt is
+exactly the next state ``s_{t+1}`` of the cut turn: the trainer bootstraps that turn with the
+critic's value of it.
+
+A slot has reached the boundary when a call of it is held and nothing of it is still running:
+the environment has already answered the quota's last call (its reward is on the turn). An
+episode that ends inside the batch is followed at once by a new one in the same slot, whose
+first call is then the held one (its value is not used: the finished turn bootstraps nothing).
+
+A failed episode (graph error, recursion limit, timeout) never reaches training: its turns in
+the current batch are dropped, the slot starts a new episode and refills its quota, so the
+batch keeps its shape; failures are counted. The episode timeout does not run while a call is
+held for an update.
+
+Graph nodes must call the model asynchronously (``ainvoke``), the way verlog's graphs do: a held
+call waits on the runner's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from langchain_core.runnables import Runnable
+
+from verlog.backends.base import Engine, Generation, SamplingParams
+from verlog.rollout.recorder import TurnRecorder
+from verlog.rollout.runner import run_episode
+from verlog.rollout.turn import Episode, Turn
+
+__all__ = ["SlotBatch", "SlotRunner", "TurnGate"]
+
+
+@dataclass
+class SlotBatch:
+    """One fixed-turn batch: ``turns[i]`` are the ``turns_per_env`` consecutive turns of slot ``i``.
+
+    A slot's turns may span several episodes (``done`` turns end them); the first may continue
+    an episode begun in an earlier batch (``starts_episode[i]`` is False then), the last may be
+    cut by the boundary, to be bootstrapped from ``bootstrap_prompt_ids[i]``: the prompt of the
+    slot's call held at the boundary.
+    """
+
+    turns: list[list[Turn]]
+    bootstrap_prompt_ids: list[list[int]]
+    starts_episode: list[bool]
+    #: the seed of each turn's episode (``[num_envs][turns_per_env]``), e.g. GRPO's groups
+    seeds: list[list[int]]
+    #: episodes that ended (status ok) while this batch was collected
+    episodes: list[Episode] = field(default_factory=list)
+    #: failed episodes dropped while this batch was collected (their turns are not in ``turns``)
+    failed: list[Episode] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def num_envs(self) -> int:
+        return len(self.turns)
+
+    @property
+    def turns_per_env(self) -> int:
+        return len(self.turns[0]) if self.turns else 0
+
+    def flat_turns(self) -> list[Turn]:
+        """All turns, slot by slot (slot-major order, time order within a slot)."""
+        return [t for slot in self.turns for t in slot]
+
+
+class _SlotRecorder(TurnRecorder):
+    """A ``TurnRecorder`` that tells the runner whenever a call ends (a turn may be complete)."""
+
+    def __init__(self, episode_id: str, notify: Callable[[], None], *, keep_messages: bool = False):
+        super().__init__(episode_id, keep_messages=keep_messages)
+        self._notify = notify
+
+    def on_llm_end(self, response: Any, **kwargs: Any) -> None:
+        super().on_llm_end(response, **kwargs)
+        self._notify()
+
+    def on_llm_error(self, error: BaseException, **kwargs: Any) -> None:
+        super().on_llm_error(error, **kwargs)
+        self._notify()
+
+    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+        super().on_custom_event(name, data, **kwargs)
+        self._notify()
+
+    @property
+    def calls_running(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def sorted_turns(self) -> list[Turn]:
+        with self._lock:
+            return sorted(self.turns, key=lambda t: t.turn_index)
+
+
+@dataclass
+class _Segment:
+    """The part of one episode that belongs to the current batch."""
+
+    slot: int
+    seed: int
+    recorder: _SlotRecorder
+    #: turns of this episode already given to earlier batches
+    start: int = 0
+    #: calls of this episode let through in the current batch
+    admitted: int = 0
+    in_flight: int = 0
+    #: the finished episode (status ok), once it has ended
+    episode: Episode | None = None
+
+    def batch_turns(self) -> list[Turn]:
+        turns = self.episode.turns if self.episode is not None else self.recorder.sorted_turns()
+        return turns[self.start:]
+
+
+@dataclass
+class _Slot:
+    """One env slot: its episodes in this batch, the calls it holds, its counters."""
+
+    index: int
+    segments: list[_Segment] = field(default_factory=list)
+    #: prompt ids of the calls held at the gate, in arrival order
+    held: list[list[int]] = field(default_factory=list)
+    reopened: asyncio.Event = field(default_factory=asyncio.Event)
+    episodes_started: int = 0
+    consecutive_failures: int = 0
+    held_total_s: float = 0.0
+    held_since: float | None = None
+
+    @property
+    def admitted(self) -> int:
+        return sum(s.admitted for s in self.segments)
+
+    def clock(self) -> float:
+        """Wall time that stands still while the slot holds a call (an episode's timeout clock)."""
+        now = time.perf_counter()
+        held = self.held_total_s + (now - self.held_since if self.held_since is not None else 0.0)
+        return now - held
+
+
+class TurnGate(Engine):
+    """The engine slot graphs call: forwards to ``engine``, holding each slot's calls past its quota.
+
+    Calls whose ``request_id`` (the episode id the chat model sends) belongs to no running slot
+    episode pass straight through (e.g. evaluation episodes sharing the engine).
+    """
+
+    def __init__(self, engine: Engine, quota: int):
+        if quota < 1:
+            raise ValueError(f"quota (turns_per_env) must be >= 1, got {quota}")
+        self.engine = engine
+        self.quota = quota
+        self.eos_token_ids = engine.eos_token_ids
+        self._segments: dict[str, _Segment] = {}
+        self._slots: list[_Slot] = []
+        self._notify: Callable[[], None] = lambda: None
+
+    def _attach(self, slots: list[_Slot], notify: Callable[[], None]) -> None:
+        self._slots, self._notify = slots, notify
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> Generation:
+        segment = self._segments.get(request_id) if request_id is not None else None
+        if segment is None:
+            return await self.engine.generate(prompt_ids, sampling, request_id=request_id)
+        slot = self._slots[segment.slot]
+        while slot.admitted >= self.quota:
+            await self._hold(slot, prompt_ids)
+        segment.admitted += 1
+        segment.in_flight += 1
+        try:
+            return await self.engine.generate(prompt_ids, sampling, request_id=request_id)
+        except BaseException:
+            segment.admitted -= 1  # no turn came of it
+            raise
+        finally:
+            segment.in_flight -= 1
+            self._notify()
+
+    async def _hold(self, slot: _Slot, prompt_ids: list[int]) -> None:
+        """Wait at the boundary until the next batch opens; the prompt is on show meanwhile."""
+        entry = list(prompt_ids)
+        reopened = slot.reopened
+        slot.held.append(entry)
+        if slot.held_since is None:
+            slot.held_since = time.perf_counter()
+        self._notify()
+        try:
+            await reopened.wait()
+        finally:
+            slot.held.remove(entry)
+            if not slot.held and slot.held_since is not None:
+                slot.held_total_s += time.perf_counter() - slot.held_since
+                slot.held_since = None
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
+
+
+class SlotRunner:
+    """Runs ``num_envs`` persistent env slots of ``graph`` and cuts fixed-turn batches.
+
+    Args:
+        graph: the compiled graph, built around a chat model whose engine is ``gate``.
+        make_input: the graph input of the episode with a given seed.
+        gate: the ``TurnGate`` (its ``quota`` is the batch's turns per env).
+        num_envs: the number of slots.
+        graph_config: the run config of each episode (``recursion_limit``...).
+        timeout_s: an episode's time limit, not counting time held at the boundary.
+        seed: slot ``i``'s ``j``-th episode plays seed ``seed + j * groups + i // group_size``.
+        group_size: consecutive slots that play the same seeds (GRPO groups); 1 = all differ.
+        max_consecutive_failures: a slot failing this many episodes in a row stops the run
+            (a graph that always fails would otherwise loop forever).
+    """
+
+    def __init__(
+        self,
+        graph: Runnable,
+        make_input: Callable[[int], Any],
+        gate: TurnGate,
+        *,
+        num_envs: int,
+        graph_config: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        seed: int = 0,
+        group_size: int = 1,
+        max_consecutive_failures: int = 20,
+        keep_messages: bool = False,
+    ):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if group_size < 1 or num_envs % group_size:
+            raise ValueError(f"group_size ({group_size}) must divide num_envs ({num_envs})")
+        self.graph, self.make_input, self.gate = graph, make_input, gate
+        self.num_envs, self.turns_per_env = num_envs, gate.quota
+        self.graph_config, self.timeout_s = graph_config, timeout_s
+        self.seed, self.group_size = seed, group_size
+        self.max_consecutive_failures = max_consecutive_failures
+        self.keep_messages = keep_messages
+        self.slots = [_Slot(i) for i in range(num_envs)]
+        #: totals over the run (saved in checkpoints)
+        self.counters: dict[str, Any] = {"batches": 0, "turns": 0, "episodes": 0, "failed": {}}
+        self._tasks: list[asyncio.Task] = []
+        self._ended: list[Episode] = []
+        self._failed: list[Episode] = []
+        self._error: BaseException | None = None
+        self._changed: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ the batch
+    async def collect(self) -> SlotBatch:
+        """Let every slot give ``turns_per_env`` more turns; return them once all are at the boundary."""
+        started = time.perf_counter()
+        if not self._tasks:
+            self._start()
+        else:
+            self._open()
+        assert self._changed is not None
+        while True:
+            self._changed.clear()
+            if self._error is not None:
+                raise RuntimeError(f"slot rollout stopped: {self._error}") from self._error
+            if all(self._at_boundary(slot) for slot in self.slots):
+                break
+            await self._changed.wait()
+        batch = self._cut()
+        batch.seconds = time.perf_counter() - started
+        return batch
+
+    def _start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        self.gate._attach(self.slots, self._notify)
+        self._tasks = [asyncio.create_task(self._run_slot(slot)) for slot in self.slots]
+
+    def _open(self) -> None:
+        """Start a new batch: every slot may give ``turns_per_env`` calls again."""
+        for slot in self.slots:
+            for segment in slot.segments:
+                segment.admitted = 0
+            reopened, slot.reopened = slot.reopened, asyncio.Event()
+            reopened.set()
+
+    def _notify(self) -> None:
+        if self._loop is not None and self._changed is not None:
+            self._loop.call_soon_threadsafe(self._changed.set)
+
+    def _at_boundary(self, slot: _Slot) -> bool:
+        """The slot holds a call, nothing of it runs, and its quota's turns are all recorded."""
+        if not slot.held or any(s.in_flight for s in slot.segments):
+            return False
+        if sum(s.recorder.calls_running for s in slot.segments) > len(slot.held):
+            return False  # a call past the gate has not been recorded yet
+        recorded = sum(len(s.batch_turns()) for s in slot.segments)
+        if recorded == slot.admitted == self.turns_per_env:
+            return True
+        if recorded < slot.admitted:  # a call was let through but left no turn: let another in
+            slot.segments[-1].admitted -= slot.admitted - recorded
+            reopened, slot.reopened = slot.reopened, asyncio.Event()
+            reopened.set()
+        return False
+
+    def _cut(self) -> SlotBatch:
+        """Take each slot's quota of turns; keep only the episodes still running."""
+        turns, bootstrap, starts, seeds = [], [], [], []
+        for slot in self.slots:
+            slot_turns: list[Turn] = []
+            slot_seeds: list[int] = []
+            for segment in slot.segments:
+                part = segment.batch_turns()
+                slot_turns += part
+                slot_seeds += [segment.seed] * len(part)
+            assert len(slot_turns) == self.turns_per_env, (slot.index, len(slot_turns))
+            starts.append(slot.segments[0].start == 0)
+            running = [s for s in slot.segments if s.episode is None]
+            for segment in running:
+                segment.start += len(segment.batch_turns())
+            slot.segments = running
+            turns.append(slot_turns)
+            seeds.append(slot_seeds)
+            bootstrap.append(list(slot.held[0]))
+        batch = SlotBatch(turns, bootstrap, starts, seeds, episodes=self._ended, failed=self._failed)
+        self._ended, self._failed = [], []
+        self.counters["batches"] += 1
+        self.counters["turns"] += self.num_envs * self.turns_per_env
+        return batch
+
+    # ------------------------------------------------------------------ the slots
+    def _next_seed(self, slot: _Slot) -> int:
+        groups = self.num_envs // self.group_size
+        seed = self.seed + slot.episodes_started * groups + slot.index // self.group_size
+        slot.episodes_started += 1
+        return seed
+
+    async def _run_slot(self, slot: _Slot) -> None:
+        """Play episodes in ``slot`` forever (until cancelled)."""
+        while True:
+            seed = self._next_seed(slot)
+            episode_id = f"slot{slot.index}-ep{slot.episodes_started - 1}"
+            recorder = _SlotRecorder(episode_id, self._notify, keep_messages=self.keep_messages)
+            segment = _Segment(slot.index, seed, recorder)
+            slot.segments.append(segment)
+            self.gate._segments[episode_id] = segment
+            try:
+                episode = await run_episode(
+                    self.graph, self.make_input(seed), episode_id=episode_id, graph_config=self.graph_config,
+                    timeout_s=self.timeout_s, recorder=recorder, clock=slot.clock,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # make_input failed: a failed episode too
+                episode = recorder.episode("error", error=f"make_input({seed}) failed: {exc!r}")
+            finally:
+                self.gate._segments.pop(episode_id, None)
+            if episode.failed or not episode.turns:
+                slot.segments.remove(segment)  # its turns in this batch are dropped
+                self._failed.append(episode)
+                status = episode.status if episode.failed else "empty"
+                self.counters["failed"][status] = self.counters["failed"].get(status, 0) + 1
+                slot.consecutive_failures += 1
+                if slot.consecutive_failures >= self.max_consecutive_failures:
+                    self._error = RuntimeError(
+                        f"slot {slot.index} failed {slot.consecutive_failures} episodes in a row; "
+                        f"last: {episode.status}: {episode.error}"
+                    )
+                    self._notify()
+                    return
+            else:
+                segment.episode = episode
+                slot.consecutive_failures = 0
+                self._ended.append(episode)
+                self.counters["episodes"] += 1
+            self._notify()
+
+    # ------------------------------------------------------------------ lifecycle
+    def state_dict(self) -> dict[str, Any]:
+        """Counters to resume from: episodes started per slot (seeds go on) and run totals."""
+        return {
+            "episodes_started": [s.episodes_started for s in self.slots],
+            "counters": {**self.counters, "failed": dict(self.counters["failed"])},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore counters before the first ``collect`` (episodes in flight are not saved: each
+        slot starts a new episode with its next seed)."""
+        if self._tasks:
+            raise RuntimeError("load_state_dict must come before the first collect()")
+        started = state["episodes_started"]
+        if len(started) != self.num_envs:
+            raise ValueError(f"state has {len(started)} slots, runner has {self.num_envs}")
+        for slot, n in zip(self.slots, started):
+            slot.episodes_started = int(n)
+        counters = state["counters"]
+        self.counters = {**counters, "failed": dict(counters.get("failed", {}))}
+
+    async def aclose(self) -> None:
+        """Stop every slot (episodes in flight are cancelled)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []

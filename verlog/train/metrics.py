@@ -1,0 +1,166 @@
+"""What a training run reports each update, and where: ``metrics.jsonl``, wandb, the terminal.
+
+``rollout_metrics`` summarizes a batch (episode returns, win rate, lengths, invalid actions,
+failures, throughput); ``memory_metrics`` the process's memory; ``RunLogger`` writes one record
+per update to ``<run_dir>/metrics.jsonl`` and to wandb (offline unless configured otherwise,
+files under the run folder), and shows a progress bar with the headline figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from verlog.config import VerlogConfig
+from verlog.rollout.slots import SlotBatch
+
+__all__ = ["RunLogger", "memory_metrics", "rollout_metrics"]
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def rollout_metrics(batch: SlotBatch) -> dict[str, float]:
+    """Figures of one collected batch (episodes are those that ended while it was collected)."""
+    turns = batch.flat_turns()
+    ended = batch.episodes
+    wins = [float(bool(e.info.get("success"))) for e in ended if "success" in e.info]
+    validity = [bool(t.info["valid_action"]) for t in turns if "valid_action" in t.info]
+    return {
+        "episodes": float(len(ended)),
+        "episode_return": _mean([e.total_reward for e in ended]),
+        "win_rate": _mean(wins),
+        "episode_length": _mean([float(len(e.turns)) for e in ended]),
+        "invalid_action_rate": _mean([float(not v) for v in validity]),
+        "failed_episodes": float(len(batch.failed)),
+        "turn_reward": _mean([t.reward for t in turns]),
+        "response_length": _mean([float(len(t.response_ids)) for t in turns]),
+        "prompt_length": _mean([float(len(t.prompt_ids)) for t in turns]),
+        "rollout_s": batch.seconds,
+        "turns_per_s": len(turns) / batch.seconds if batch.seconds > 0 else float("nan"),
+    }
+
+
+def memory_metrics() -> dict[str, float]:
+    """Resident memory now and at its peak (GB), and the GPU's peak allocation when there is one."""
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_kb / 2**20 if sys.platform != "darwin" else peak_kb / 2**30
+    out = {"memory_peak_rss_gb": peak}
+    try:
+        with open("/proc/self/statm") as f:
+            out["memory_rss_gb"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        out["gpu_memory_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+#: the figures shown on the progress line, with their short labels
+_HEADLINE = (
+    ("win_rate", "win"), ("episode_return", "return"), ("episode_length", "len"),
+    ("value_loss", "v_loss"), ("explained_variance", "ev"), ("approx_kl", "kl"),
+    ("clip_frac", "clip"), ("entropy", "ent"), ("turns_per_s", "turns/s"),
+)
+
+
+class RunLogger:
+    """One record per update to ``metrics.jsonl``, wandb and a rich progress display."""
+
+    def __init__(self, config: VerlogConfig, run_dir: Path, *, console: Console, start_update: int,
+                 wandb_id: str | None, resume: bool):
+        self.path = run_dir / "metrics.jsonl"
+        self.console = console
+        self.started = time.perf_counter()
+        self.total = config.trainer.total_updates
+        if resume:
+            _truncate_after(self.path, start_update)  # drop records of updates that will be redone
+        self.wandb = _start_wandb(config, run_dir, wandb_id, resume)
+        self.wandb_id = getattr(self.wandb, "id", wandb_id)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[line]}"),
+            console=console, transient=False,
+        )
+        self.task = self.progress.add_task("training", total=self.total, completed=start_update, line="")
+
+    def __enter__(self) -> "RunLogger":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+    def elapsed(self) -> float:
+        """Seconds since this process started logging the run."""
+        return time.perf_counter() - self.started
+
+    def status(self, text: str) -> None:
+        """Say what the run is doing (e.g. critic warm-up) on the progress line."""
+        self.progress.update(self.task, line=text)
+
+    def log(self, update: int, metrics: dict[str, float], *, step_kind: str = "update") -> None:
+        record = {"update": update, "kind": step_kind, "elapsed_s": self.elapsed(),
+                  **{k: _finite(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            prefix = "" if step_kind == "update" else f"{step_kind}/"
+            self.wandb.log({f"{prefix}{k}": v for k, v in metrics.items()}, step=update)
+        line = " ".join(
+            f"{label} {metrics[key]:.3g}" for key, label in _HEADLINE
+            if key in metrics and not math.isnan(metrics[key])
+        )
+        if step_kind == "update":
+            self.progress.update(self.task, completed=update, line=line)
+        self.progress.console.print(f"[dim]{step_kind} {update}[/] {line}", highlight=False)
+
+    def log_eval(self, update: int, results: list[dict[str, Any]]) -> None:
+        flat = {}
+        for r in results:
+            flat[f"eval/{r['task']}/win_rate"] = r["win_rate"]
+            flat[f"eval/{r['task']}/return"] = r["return_mean"]
+        with self.path.open("a") as f:
+            f.write(json.dumps({"update": update, "kind": "eval", "elapsed_s": self.elapsed(), "tasks": results}) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(flat, step=update)
+
+
+def _finite(x: Any) -> Any:
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def _truncate_after(path: Path, update: int) -> None:
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["update"] <= update]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def _start_wandb(config: VerlogConfig, run_dir: Path, run_id: str | None, resume: bool) -> Any:
+    w = config.wandb
+    if w.mode == "disabled":
+        return None
+    try:
+        import wandb
+    except ImportError:  # pragma: no cover - wandb is a dependency
+        return None
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return wandb.init(
+        project=w.project, name=w.name or run_dir.name, tags=w.tags, mode=w.mode, dir=str(run_dir),
+        id=run_id, resume="allow" if resume else None, config=config.model_dump(mode="json"),
+        settings=wandb.Settings(console="off", x_disable_stats=True),
+    )

@@ -1,0 +1,93 @@
+"""The trainer's models: the actor (a causal LM, optionally with LoRA), the critic (a copy of the
+actor's backbone with a scalar value head) and the frozen reference policy for KL-in-reward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from verlog.config import LoRAConfig
+from verlog.models import load_causal_lm as _load_causal_lm
+from verlog.models.tiny import quiet_progress_bars
+
+__all__ = ["ValueModel", "apply_lora", "load_actor", "load_critic", "load_reference", "trainable_parameters"]
+
+
+class ValueModel(nn.Module):
+    """The critic: an LM backbone (no LM head) and a linear value head: one value per position.
+
+    ``forward(input_ids, attention_mask)`` returns ``[B, S]`` values; a turn's ``V(s_k)`` is the
+    value at its last prompt token. The head starts at zero, so the first values are all 0.
+    """
+
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @classmethod
+    def from_causal_lm(cls, lm: nn.Module) -> "ValueModel":
+        """A critic initialised from a causal LM's weights (its backbone; the LM head is dropped)."""
+        backbone = lm.base_model
+        head_dtype = next(backbone.parameters()).dtype
+        critic = cls(backbone, lm.config.hidden_size)
+        critic.value_head.to(dtype=head_dtype, device=next(backbone.parameters()).device)
+        return critic
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return self.value_head(hidden).squeeze(-1).float()
+
+    def gradient_checkpointing_enable(self) -> None:
+        self.backbone.gradient_checkpointing_enable()
+
+
+def apply_lora(lm: nn.Module, lora: LoRAConfig) -> Any:
+    """Wrap ``lm`` with LoRA adapters (peft). The adapters are injected into ``lm`` itself, so
+    ``lm`` (shared with the inference engine) runs with them; the returned ``PeftModel`` is only
+    needed to save and load the adapters."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError("actor.lora.rank > 0 needs peft: pip install 'verlog[lora]'") from exc
+    config = LoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        target_modules=lora.target_modules, task_type="CAUSAL_LM",
+    )
+    return get_peft_model(lm, config)
+
+
+def load_actor(path: str | Path, *, dtype: str, device: str, lora: LoRAConfig) -> tuple[nn.Module, Any]:
+    """The actor LM from ``path`` and its ``PeftModel`` wrapper (``None`` without LoRA)."""
+    lm = load_causal_lm(path, dtype=dtype, device=device)
+    peft_model = apply_lora(lm, lora) if lora.rank > 0 else None
+    if peft_model is not None:
+        lm = peft_model.get_base_model()
+    return lm, peft_model
+
+
+def load_critic(path: str | Path, *, dtype: str, device: str) -> ValueModel:
+    """The critic, initialised from the actor's starting weights at ``path``."""
+    return ValueModel.from_causal_lm(load_causal_lm(path, dtype=dtype, device=device))
+
+
+def load_reference(path: str | Path, *, dtype: str, device: str) -> nn.Module:
+    """A frozen copy of the starting policy."""
+    ref = load_causal_lm(path, dtype=dtype, device=device)
+    ref.requires_grad_(False)
+    return ref.eval()
+
+
+def load_causal_lm(path: str | Path, *, dtype: str, device: str) -> nn.Module:
+    """``verlog.models.load_causal_lm`` without transformers' loading progress bars."""
+    with quiet_progress_bars():
+        return _load_causal_lm(path, dtype=dtype, device=device)
+
+
+def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]

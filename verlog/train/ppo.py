@@ -1,0 +1,208 @@
+"""The PPO step of the embedded trainer: score a batch, then update actor and critic.
+
+``score_batch`` fills a ``RolloutStorage`` with what the losses compare against (old logprobs,
+values, KL-penalized rewards) and its advantages; ``ppo_update`` runs the epochs over shuffled
+mini-batches, each a single optimizer step accumulated over token-budget micro-batches. The
+losses themselves live in ``verlog.algo``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from verlog.algo import clipped_value_loss, kl_in_reward, masked_mean, ppo_policy_loss
+from verlog.config import AlgorithmConfig
+from verlog.train.forward import last_token_values, micro_batches, pad_rows, policy_logprobs, values_at_positions
+from verlog.train.storage import RolloutStorage
+
+__all__ = ["Learner", "ppo_update", "score_batch"]
+
+
+@dataclass
+class Learner:
+    """What an update touches: the models, their optimizers and the settings they are used with."""
+
+    actor: nn.Module
+    critic: nn.Module | None
+    actor_optimizer: torch.optim.Optimizer
+    critic_optimizer: torch.optim.Optimizer | None
+    reference: nn.Module | None
+    algo: AlgorithmConfig
+    pad_id: int
+    temperature: float
+    device: torch.device
+    actor_max_grad_norm: float | None = None
+    critic_max_grad_norm: float | None = None
+
+
+@torch.no_grad()
+def _policy_logprobs(lm: nn.Module, s: RolloutStorage, learner: Learner) -> torch.Tensor:
+    """Teacher-forced logprobs ``[B, T]`` of every turn's response under ``lm``."""
+    out = torch.zeros(s.response_ids.shape)
+    lengths = [len(seq) for seq in s.sequences]
+    for group in micro_batches(range(s.size), lengths, learner.algo.micro_batch_tokens):
+        ids, mask = pad_rows([s.sequences[r] for r in group], learner.pad_id, learner.device)
+        logp, _ = policy_logprobs(
+            lm, ids, mask, s.prompt_lengths[group], s.response_ids[group], temperature=learner.temperature
+        )
+        out[group] = logp.cpu()
+    return out * s.response_mask
+
+
+@torch.no_grad()
+def compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> None:
+    """The critic's values at every value position ``[B, T + 1]`` and of each slot's held prompt."""
+    values = torch.zeros(s.size, s.response_ids.shape[1] + 1)
+    lengths = [len(seq) for seq in s.sequences]
+    for group in micro_batches(range(s.size), lengths, learner.algo.micro_batch_tokens):
+        ids, mask = pad_rows([s.sequences[r] for r in group], learner.pad_id, learner.device)
+        values[group] = values_at_positions(critic, ids, mask, s.prompt_lengths[group], values.shape[1]).cpu()
+    s.values = values * s.value_mask
+    s.bootstrap_values = last_token_values(
+        critic, s.bootstrap_prompts, learner.pad_id, learner.algo.micro_batch_tokens, learner.device
+    )
+
+
+def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True) -> dict[str, float]:
+    """Old logprobs, values, KL-in-reward and advantages for a fresh batch; returns metrics.
+
+    ``logprobs=False`` keeps the logprobs already computed (the critic warm-up rescores the
+    same buffer with an unchanged actor).
+    """
+    algo, metrics = learner.algo, {}
+    if not logprobs and s.old_logprobs is not None:
+        pass
+    elif algo.recompute_logprobs:
+        s.old_logprobs = _policy_logprobs(learner.actor, s, learner)
+        gap = (s.old_logprobs - s.rollout_logprobs).abs()
+        metrics["rollout_logprob_gap"] = masked_mean(gap, s.response_mask).item()
+    else:
+        s.old_logprobs = s.rollout_logprobs
+    s.token_rewards = s.env_token_rewards()
+    if learner.reference is not None and algo.kl_coef > 0:
+        ref_logprobs = _policy_logprobs(learner.reference, s, learner)
+        s.token_rewards, kl = kl_in_reward(s.token_rewards, s.old_logprobs, ref_logprobs, s.response_mask, algo.kl_coef)
+        metrics.update({f"ref_{k}": v for k, v in kl.items() if k != "kl_beta"})
+    if learner.critic is not None:
+        compute_values(learner.critic, s, learner)
+    s.compute_advantages(algo)
+    if s.returns is not None and s.values is not None:
+        metrics["explained_variance"] = explained_variance(s.values, s.returns, s.value_mask)
+    return metrics
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """``1 - Var(R - V) / Var(R)`` over the value positions (the critic's fit before the update)."""
+    valid = mask.bool()
+    r, v = returns[valid], values[valid]
+    var = r.var(unbiased=False)
+    return float("nan") if var <= 0 else float(1 - (r - v).var(unbiased=False) / var)
+
+
+def ppo_update(s: RolloutStorage, learner: Learner, *, update_actor: bool = True, epochs: int | None = None,
+               rows: torch.Tensor | None = None, generator: torch.Generator | None = None) -> dict[str, float]:
+    """PPO epochs over shuffled mini-batches of ``s`` (or of ``rows`` of it).
+
+    ``update_actor=False`` trains the critic alone (critic warm-up). Each mini-batch is one
+    optimizer step; its loss is the token mean over the whole mini-batch, accumulated over
+    micro-batches weighted by their share of its tokens.
+    """
+    models = [m for m in (learner.actor if update_actor else None, learner.critic) if m is not None]
+    for model in models:
+        model.train()  # dropout, gradient checkpointing
+    try:
+        return _epochs(s, learner, update_actor, epochs, rows, generator)
+    finally:
+        for model in models:
+            model.eval()  # the actor generates again right after
+
+
+def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int | None,
+            rows: torch.Tensor | None, generator: torch.Generator | None) -> dict[str, float]:
+    algo = learner.algo
+    rows = torch.arange(s.size) if rows is None else rows
+    lengths = [len(seq) for seq in s.sequences]
+    train_critic = learner.critic is not None and s.returns is not None
+    sums: dict[str, float] = defaultdict(float)
+    weights: dict[str, float] = defaultdict(float)
+
+    def record(values: dict[str, Any], weight: float) -> None:
+        for key, value in values.items():
+            sums[key] += float(value) * weight
+            weights[key] += weight
+
+    for optimizer in (learner.actor_optimizer if update_actor else None, learner.critic_optimizer):
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+    for _ in range(epochs or algo.ppo_epochs):
+        order = rows[torch.randperm(len(rows), generator=generator)]
+        for start in range(0, len(order), algo.mini_batch_turns):
+            mini = order[start:start + algo.mini_batch_turns].tolist()
+            groups = micro_batches(mini, lengths, algo.micro_batch_tokens)
+            # one model at a time, so only one model's gradients exist at once
+            if update_actor:
+                tokens = s.policy_mask[mini].sum().clamp(min=1)
+                for micro in groups:
+                    share = (s.policy_mask[micro].sum() / tokens).item()
+                    record(_actor_step(s, micro, learner, share), share)
+                norm = _step(learner.actor, learner.actor_optimizer, learner.actor_max_grad_norm)
+                record({"actor_grad_norm": norm}, 1.0)
+            if train_critic:
+                tokens = s.value_mask[mini].sum().clamp(min=1)
+                for micro in groups:
+                    share = (s.value_mask[micro].sum() / tokens).item()
+                    record(_critic_step(s, micro, learner, share), share)
+                norm = _step(learner.critic, learner.critic_optimizer, learner.critic_max_grad_norm)
+                record({"critic_grad_norm": norm}, 1.0)
+    return {key: sums[key] / weights[key] for key in sums if weights[key] > 0}
+
+
+def _actor_step(s: RolloutStorage, micro: list[int], learner: Learner, share: float) -> dict[str, float]:
+    """Policy loss (clipped, dual-clip) minus the entropy bonus on one micro-batch; backward."""
+    algo, dev = learner.algo, learner.device
+    ids, mask = pad_rows([s.sequences[r] for r in micro], learner.pad_id, dev)
+    token_mask = s.policy_mask[micro].to(dev)
+    logp, entropy = policy_logprobs(
+        learner.actor, ids, mask, s.prompt_lengths[micro], s.response_ids[micro],
+        temperature=learner.temperature, with_entropy=algo.entropy_coef > 0,
+    )
+    policy_loss, metrics = ppo_policy_loss(
+        logp, s.old_logprobs[micro].to(dev), s.advantages[micro].to(dev), token_mask,
+        clip_eps=algo.clip_eps, dual_clip=algo.dual_clip,
+    )
+    loss = policy_loss
+    if entropy is not None:
+        mean_entropy = masked_mean(entropy, token_mask)
+        loss = loss - algo.entropy_coef * mean_entropy
+        metrics["entropy"] = mean_entropy.item()
+    (loss * share).backward()
+    return metrics
+
+
+def _critic_step(s: RolloutStorage, micro: list[int], learner: Learner, share: float) -> dict[str, float]:
+    """Clipped value loss on one micro-batch; backward."""
+    algo, dev = learner.algo, learner.device
+    ids, mask = pad_rows([s.sequences[r] for r in micro], learner.pad_id, dev)
+    width = s.values.shape[1]
+    values = values_at_positions(learner.critic, ids, mask, s.prompt_lengths[micro], width)
+    loss, metrics = clipped_value_loss(
+        values, s.values[micro].to(dev), s.returns[micro].to(dev), s.value_mask[micro].to(dev),
+        clip=algo.value_clip, first_value_weight=algo.first_value_weight,
+    )
+    metrics.pop("explained_variance", None)  # reported once per batch, before the update
+    (algo.value_loss_coef * loss * share).backward()
+    return metrics
+
+
+def _step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float | None) -> float:
+    """Clip, step, and free the gradients (they would otherwise hold memory until the next pass)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf")) if params else torch.zeros(())
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)

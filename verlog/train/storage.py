@@ -1,0 +1,178 @@
+"""``RolloutStorage``: one fixed-turn batch as tensors, and its advantages and returns.
+
+Rows are turns, slot-major (row ``i * K + k`` is turn ``k`` of slot ``i``), so ``view(N, K, ...)``
+gives the ``TurnBatch`` layout of ``verlog.algo``. Responses are right-padded to ``T`` tokens;
+value positions ``j = 0..L`` to ``T + 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from verlog.algo import TurnBatch, dual_gae, grpo_advantages, whiten
+from verlog.config import AlgorithmConfig
+from verlog.rollout.slots import SlotBatch
+
+__all__ = ["RolloutStorage"]
+
+
+@dataclass
+class RolloutStorage:
+    """A batch of turns and everything computed for it before the PPO epochs."""
+
+    num_envs: int
+    turns_per_env: int
+    #: ``prompt_ids + response_ids`` of each turn
+    sequences: list[list[int]]
+    prompt_lengths: Tensor  # [B] long
+    response_ids: Tensor  # [B, T] long
+    response_mask: Tensor  # [B, T] bool
+    rollout_logprobs: Tensor  # [B, T] the engine's logprobs
+    rewards: Tensor  # [B] the environment's reward of each turn
+    terminated: Tensor  # [B] bool
+    truncated: Tensor  # [B] bool
+    seeds: Tensor  # [B] long, the seed of each turn's episode
+    #: the prompt held at the boundary in each slot (``[N]`` lists of ids)
+    bootstrap_prompts: list[list[int]]
+    starts_episode: Tensor  # [N] bool
+    # computed before the update
+    old_logprobs: Tensor | None = None  # [B, T]
+    values: Tensor | None = None  # [B, T + 1]
+    bootstrap_values: Tensor | None = None  # [N]
+    token_rewards: Tensor | None = None  # [B, T]
+    advantages: Tensor | None = None  # [B, T]
+    returns: Tensor | None = None  # [B, T + 1]
+    #: the tokens the policy loss uses (``response_mask`` less GRPO's incomplete episodes)
+    policy_mask: Tensor | None = None  # [B, T]
+
+    @classmethod
+    def from_batch(cls, batch: SlotBatch) -> "RolloutStorage":
+        turns = batch.flat_turns()
+        width = max(len(t.response_ids) for t in turns)
+        response_ids = torch.zeros(len(turns), width, dtype=torch.long)
+        logprobs = torch.zeros(len(turns), width)
+        for row, turn in enumerate(turns):
+            n = len(turn.response_ids)
+            response_ids[row, :n] = torch.as_tensor(turn.response_ids)
+            logprobs[row, :n] = torch.as_tensor(turn.logprobs)
+        lengths = torch.as_tensor([len(t.response_ids) for t in turns])
+        rewards = torch.as_tensor([t.reward for t in turns], dtype=torch.float32)
+        storage = cls(
+            num_envs=batch.num_envs,
+            turns_per_env=batch.turns_per_env,
+            sequences=[list(t.prompt_ids) + list(t.response_ids) for t in turns],
+            prompt_lengths=torch.as_tensor([len(t.prompt_ids) for t in turns]),
+            response_ids=response_ids,
+            response_mask=torch.arange(width) < lengths.unsqueeze(1),
+            rollout_logprobs=logprobs,
+            rewards=rewards,
+            terminated=torch.as_tensor([t.terminated for t in turns]),
+            truncated=torch.as_tensor([t.truncated and not t.terminated for t in turns]),
+            seeds=torch.as_tensor([s for slot in batch.seeds for s in slot]),
+            bootstrap_prompts=[list(p) for p in batch.bootstrap_prompt_ids],
+            starts_episode=torch.as_tensor(batch.starts_episode),
+        )
+        storage.token_rewards = storage.env_token_rewards()
+        return storage
+
+    # ------------------------------------------------------------------ shapes
+    @property
+    def size(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def response_lengths(self) -> Tensor:
+        return self.response_mask.sum(1)
+
+    @property
+    def value_mask(self) -> Tensor:
+        """``[B, T + 1]``: the value positions ``j = 0..L`` of each turn."""
+        j = torch.arange(self.response_mask.shape[1] + 1)
+        return j <= self.response_lengths.unsqueeze(1)
+
+    def env_token_rewards(self) -> Tensor:
+        """The environment reward of each turn on its last response token, ``[B, T]``."""
+        out = torch.zeros(self.response_ids.shape)
+        last = (self.response_lengths - 1).clamp(min=0)
+        out[torch.arange(self.size), last] = self.rewards
+        return out
+
+    def turn_batch(self) -> TurnBatch:
+        """The ``verlog.algo`` view: ``[N, K, ...]``."""
+        n, k = self.num_envs, self.turns_per_env
+        return TurnBatch(
+            token_rewards=self.token_rewards.view(n, k, -1),
+            response_mask=self.response_mask.view(n, k, -1),
+            terminated=self.terminated.view(n, k),
+            truncated=self.truncated.view(n, k),
+            values=None if self.values is None else self.values.view(n, k, -1),
+            bootstrap_values=self.bootstrap_values,
+        )
+
+    # ------------------------------------------------------------------ advantages
+    def compute_advantages(self, algo: AlgorithmConfig) -> None:
+        """Advantages ``[B, T]`` and critic targets ``[B, T + 1]`` with the configured estimator."""
+        batch = self.turn_batch()
+        if algo.estimator == "gae":
+            adv, ret = dual_gae(batch, algo.gamma_step, algo.lam_step, algo.gamma_token, algo.lam_token)
+            self.advantages, self.returns = adv.reshape(self.size, -1), ret.reshape(self.size, -1)
+        elif algo.estimator == "grpo":
+            adv, included = grpo_advantages(batch, self.seeds.view(batch.num_envs, -1), self.starts_episode)
+            self.advantages = adv.reshape(self.size, -1)
+            self.policy_mask = self.response_mask & included.reshape(-1, 1)  # incomplete episodes sit out
+            self.returns = None
+        else:  # "zero": the control experiment, nothing to learn from
+            self.advantages = torch.zeros(self.response_ids.shape)
+            if self.values is not None:
+                _, ret = dual_gae(batch, algo.gamma_step, algo.lam_step, algo.gamma_token, algo.lam_token)
+                self.returns = ret.reshape(self.size, -1)
+        if self.policy_mask is None:
+            self.policy_mask = self.response_mask
+        if algo.whiten_advantages and algo.estimator != "zero":
+            self.advantages = whiten(self.advantages, self.policy_mask)
+
+    # ------------------------------------------------------------------ batching
+    def rows(self, index: Sequence[int] | Tensor) -> "RolloutStorage":
+        """A flat sub-storage of the given rows (for mini-batches; the slot layout is dropped)."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "sequences":
+                picked[f.name] = [value[i] for i in index.tolist()]
+            elif isinstance(value, Tensor) and f.name not in ("bootstrap_values", "starts_episode"):
+                picked[f.name] = value[index]
+        return replace(self, num_envs=1, turns_per_env=len(index), **picked)
+
+    @staticmethod
+    def cat(storages: Sequence["RolloutStorage"]) -> "RolloutStorage":
+        """Rows of several storages as one flat storage (critic warm-up buffer)."""
+        width = max(s.response_ids.shape[1] for s in storages)
+
+        def pad(x: Tensor, w: int) -> Tensor:
+            return torch.nn.functional.pad(x, (0, w - x.shape[1]))
+
+        first = storages[0]
+        joined = {}
+        for f in fields(first):
+            values = [getattr(s, f.name) for s in storages]
+            if f.name in ("num_envs", "turns_per_env", "bootstrap_prompts", "starts_episode", "bootstrap_values"):
+                continue
+            if f.name == "sequences":
+                joined[f.name] = [seq for v in values for seq in v]
+            elif values[0] is None:
+                joined[f.name] = None
+            elif values[0].dim() == 2:
+                extra = 1 if f.name in ("values", "returns") else 0
+                joined[f.name] = torch.cat([pad(v, width + extra) for v in values])
+            else:
+                joined[f.name] = torch.cat(values)
+        total = sum(s.size for s in storages)
+        return RolloutStorage(
+            num_envs=1, turns_per_env=total, bootstrap_prompts=[], starts_episode=torch.zeros(0, dtype=torch.bool),
+            **joined,
+        )

@@ -1,0 +1,327 @@
+"""The embedded trainer: ``verlog train CONFIG`` — multi-turn PPO on a LangGraph graph, in one process.
+
+One update, top to bottom:
+
+1. **rollout** — ``num_envs`` env slots play the graph; the embedded engine that answers their
+   model calls runs the actor's own weights. ``SlotRunner.collect`` returns exactly
+   ``turns_per_env`` turns per slot, plus the prompt each slot holds at the boundary.
+2. **score** — old logprobs (teacher-forced), the critic's values (and the held prompts' values
+   for cut episodes), KL-in-reward to the reference policy, dual-discount GAE, whitening.
+3. **update** — PPO epochs over shuffled mini-batches (token-budget micro-batches), actor and
+   critic, holding the engine's weights lock. The engine sees the new weights at once: it
+   shares the actor module.
+4. **report / save** — metrics to ``metrics.jsonl``, wandb and the terminal; a checkpoint every
+   ``save_every`` updates.
+
+Before the first update the critic is pre-trained (``critic_warmup``) on a large buffer
+collected once with the initial policy. ``--resume`` restores weights, optimizers, RNGs and the
+slot counters from the latest checkpoint and goes on with the next update (episodes that were in
+flight are not saved: each slot starts a fresh episode with its next seed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from rich.console import Console
+
+from verlog.agent import load_agent, pick_device
+from verlog.algo import CriticWarmup
+from verlog.backends.embedded import EmbeddedEngine
+from verlog.config import ConfigError, VerlogConfig
+from verlog.models import load_tokenizer
+from verlog.rollout.slots import SlotRunner, TurnGate
+from verlog.train import checkpoint as ckpt
+from verlog.train.evaluate import TaskResult, evaluate, print_results
+from verlog.train.metrics import RunLogger, memory_metrics, rollout_metrics
+from verlog.train.models import load_actor, load_critic, load_reference, trainable_parameters
+from verlog.train.ppo import Learner, ppo_update, score_batch
+from verlog.train.storage import RolloutStorage
+
+__all__ = ["TrainResult", "train"]
+
+
+@dataclass
+class TrainResult:
+    """What a run leaves behind (also written to the run folder)."""
+
+    run_dir: Path
+    updates: int
+    eval_start: list[TaskResult] | None = None
+    eval_end: list[TaskResult] | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def train(config: VerlogConfig, *, resume: bool = False, console: Console | None = None) -> TrainResult:
+    """Run (or, with ``resume``, continue) the training run described by ``config``."""
+    return asyncio.run(_train(config, resume=resume, console=console or Console()))
+
+
+async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> TrainResult:
+    started = time.perf_counter()
+    t = config.trainer
+    _check_trainable(config)
+    checkpoint = _prepare_run_dir(Path(t.run_dir), config, resume)
+    run = _Run.build(config, checkpoint, console)
+    result = TrainResult(run_dir=run.run_dir, updates=run.state["update"])
+    with RunLogger(config, run.run_dir, console=console, start_update=run.state["update"],
+                   wandb_id=run.state.get("wandb_id"), resume=checkpoint is not None) as logger:
+        run.logger = logger
+        try:
+            if config.eval.at_start and checkpoint is None:
+                result.eval_start = await run.evaluate(0, "evaluating the initial policy")
+                print_results(result.eval_start, console, "before training")
+            if not run.state["warmup_done"]:
+                await _pretrain_critic(run)
+                run.state["warmup_done"] = True
+
+            for update in range(run.state["update"] + 1, t.total_updates + 1):
+                # 1. rollout: every slot gives turns_per_env turns under the current weights
+                logger.status("rollout")
+                batch = await run.runner.collect()
+                storage = RolloutStorage.from_batch(batch)
+                # 2-3. score the batch (old logprobs, values, GAE) and run the PPO epochs; the
+                # engine shares the actor's weights and waits for them meanwhile
+                logger.status("update")
+                tick = time.perf_counter()
+                with run.engine.weights_lock():
+                    metrics = score_batch(storage, run.learner)
+                    metrics |= ppo_update(storage, run.learner, generator=run.shuffle)
+                metrics["update_s"] = time.perf_counter() - tick
+                # 4. report, save, evaluate
+                logger.log(update, metrics | rollout_metrics(batch) | run.counters() | memory_metrics())
+                result.history.append({"update": update, **metrics})
+                result.updates = run.state["update"] = update
+                if t.save_every and update % t.save_every == 0:
+                    run.save(update)
+                if t.eval_every and update % t.eval_every == 0 and update < t.total_updates:
+                    await run.evaluate(update, "evaluating")
+
+            if run.state["update"] > 0 and not (t.save_every and run.state["update"] % t.save_every == 0):
+                run.save(run.state["update"])  # the final weights are always saved
+            if config.eval.at_end:
+                result.eval_end = await run.evaluate(run.state["update"], "evaluating the final policy")
+        finally:
+            await run.aclose()
+    if result.eval_end is not None:
+        print_results(result.eval_end, console, f"after {result.updates} updates")
+        _write_eval_json(run.run_dir / "eval.json", result)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+async def _pretrain_critic(run: "_Run") -> None:
+    """Verlog's critic pre-training: one big buffer from the initial policy, then several
+    critic-only passes over random parts of it, values and GAE recomputed before each."""
+    w, logger, learner = run.config.critic_warmup, run.logger, run.learner
+    if learner.critic is None or w.buffer_multiplier == 0 or w.iterations == 0:
+        return
+    schedule = CriticWarmup(w.buffer_multiplier, w.iterations, w.subset_fraction, seed=run.config.trainer.seed)
+    buffer: list[RolloutStorage] = []
+    for i in range(w.buffer_multiplier):
+        logger.status(f"critic warm-up: collecting batch {i + 1}/{w.buffer_multiplier}")
+        buffer.append(RolloutStorage.from_batch(await run.runner.collect()))
+    size = sum(s.size for s in buffer)
+    for it, subset in enumerate(schedule.subsets(size)):
+        logger.status(f"critic warm-up: iteration {it + 1}/{w.iterations}")
+        fits = [score_batch(s, learner, logprobs=it == 0)["explained_variance"] for s in buffer]
+        everything = RolloutStorage.cat(buffer)  # with this iteration's values and returns
+        metrics = ppo_update(everything, learner, update_actor=False, epochs=1, rows=subset, generator=run.shuffle)
+        metrics |= {"explained_variance": sum(fits) / len(fits), "buffer_turns": float(size)}
+        logger.log(it + 1, metrics, step_kind="critic_warmup")
+
+
+@dataclass
+class _Run:
+    """What a training run holds: models and optimizers (``learner``), the engine sharing the
+    actor, the slot runner, the RNGs, and the counters saved in checkpoints."""
+
+    config: VerlogConfig
+    run_dir: Path
+    tokenizer: Any
+    learner: Learner
+    peft_actor: Any
+    engine: EmbeddedEngine
+    runner: SlotRunner
+    shuffle: torch.Generator
+    state: dict[str, Any]
+    logger: RunLogger | None = None
+
+    @classmethod
+    def build(cls, config: VerlogConfig, checkpoint: Path | None, console: Console) -> "_Run":
+        """Load the models (from ``checkpoint`` when resuming), the engine and the slots."""
+        t, algo = config.trainer, config.algorithm
+        _seed_everything(t.seed)
+        # this thread's training passes; the engine sets its own. Oversubscribed cores make torch's
+        # threads wait on each other: all cores but one, like the engine, is the safe default.
+        torch.set_num_threads(t.torch_threads or max(1, (os.cpu_count() or 2) - 1))
+        device = torch.device(pick_device(config.model.device))
+        where = {"dtype": config.model.dtype, "device": str(device)}
+
+        # models: the actor (shared with the engine), the critic, the frozen reference
+        tokenizer = load_tokenizer(config.model.path)
+        full_actor_saved = checkpoint is not None and config.actor.lora.rank == 0
+        actor, peft_actor = load_actor(checkpoint / "actor" if full_actor_saved else config.model.path,
+                                       lora=config.actor.lora, **where)
+        critic = load_critic(config.model.path, **where) if algo.estimator != "grpo" else None
+        reference = load_reference(config.model.path, **where) if algo.kl_coef > 0 else None
+        for model, opts in ((actor, config.actor), (critic, config.critic)):
+            if model is not None and opts.gradient_checkpointing:
+                model.gradient_checkpointing_enable()
+        learner = Learner(
+            actor, critic, _adamw(actor, config.actor), _adamw(critic, config.critic) if critic else None,
+            reference, algo, pad_id=_pad_id(tokenizer), temperature=config.sampling.temperature, device=device,
+            actor_max_grad_norm=config.actor.max_grad_norm, critic_max_grad_norm=config.critic.max_grad_norm,
+        )
+
+        # rollout: the graph's slots, their model calls gated into fixed-turn batches
+        engine = EmbeddedEngine(
+            actor, tokenizer, max_batch_size=config.engine.max_batch_size,
+            batch_wait_ms=config.engine.batch_wait_ms, seed=config.rollout.seed,
+        )
+        gate = TurnGate(engine, t.turns_per_env)
+        agent = load_agent(config, engine=gate)
+        runner = SlotRunner(
+            agent.graph, agent.graph_file.episode_input, gate, num_envs=t.num_envs,
+            graph_config=config.multi_turn.langgraph.graph_config, timeout_s=config.rollout.episode_timeout_s,
+            seed=config.rollout.seed, group_size=t.group_size, max_consecutive_failures=t.max_consecutive_failures,
+        )
+        run = cls(config, Path(t.run_dir), tokenizer, learner, peft_actor, engine, runner,
+                  torch.Generator().manual_seed(t.seed), {"update": 0, "warmup_done": False})
+        if checkpoint is not None:
+            run.restore(checkpoint)
+            console.print(f"resuming [bold]{run.run_dir}[/] from {checkpoint.name} (update {run.state['update']})")
+        return run
+
+    # ------------------------------------------------------------------ checkpoints
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer | None]:
+        return {"actor": self.learner.actor_optimizer, "critic": self.learner.critic_optimizer}
+
+    def _generators(self) -> dict[str, torch.Generator]:
+        return {"engine": self.engine.sampling_generator, "shuffle": self.shuffle}
+
+    def save(self, update: int) -> Path:
+        """Checkpoint ``update`` (atomically; the engine is paused meanwhile)."""
+        with self.engine.weights_lock():
+            return ckpt.save_checkpoint(
+                self.run_dir, update, save_actor=self._save_actor, critic=self.learner.critic,
+                optimizers=self._optimizers(), rng=ckpt.get_rng_state(self._generators()),
+                state={"warmup_done": self.state["warmup_done"], "runner": self.runner.state_dict(),
+                       "wandb_id": self.logger.wandb_id if self.logger else None},
+                keep=self.config.trainer.keep_checkpoints,
+            )
+
+    def _save_actor(self, folder: Path) -> None:
+        from verlog.models.tiny import quiet_progress_bars
+
+        with quiet_progress_bars():
+            if self.peft_actor is not None:
+                self.peft_actor.save_pretrained(folder / "actor_adapter")
+            else:
+                self.learner.actor.save_pretrained(folder / "actor", safe_serialization=True)
+                self.tokenizer.save_pretrained(folder / "actor")
+
+    def restore(self, checkpoint: Path) -> None:
+        """Weights not loaded with the actor, optimizers, RNGs, slot counters."""
+        self.state = ckpt.read_state(checkpoint)
+        if self.peft_actor is not None:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            adapters = load_file(checkpoint / "actor_adapter" / "adapter_model.safetensors")
+            set_peft_model_state_dict(self.peft_actor, adapters)
+        if self.learner.critic is not None:
+            ckpt.load_critic_weights(self.learner.critic, checkpoint)
+        ckpt.load_optimizers(checkpoint, self._optimizers())
+        ckpt.set_rng_state(ckpt.load_rng(checkpoint), self._generators())
+        self.runner.load_state_dict(self.state["runner"])
+
+    # ------------------------------------------------------------------ the rest
+    def counters(self) -> dict[str, float]:
+        c = self.runner.counters
+        return {"turns_total": float(c["turns"]), "episodes_total": float(c["episodes"]),
+                "failed_total": float(sum(c["failed"].values()))}
+
+    async def evaluate(self, update: int, status: str) -> list[TaskResult]:
+        """Held-out episodes on the engine (the slots are all held meanwhile)."""
+        self.logger.status(status)
+        results = await evaluate(self.config, self.engine, self.tokenizer)
+        self.logger.log_eval(update, [r.as_dict() for r in results])
+        return results
+
+    async def aclose(self) -> None:
+        await self.runner.aclose()
+        await self.engine.aclose()
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _check_trainable(config: VerlogConfig) -> None:
+    if config.engine.kind != "embedded":
+        raise ConfigError(
+            f"engine.kind: the embedded trainer needs the embedded engine (got {config.engine.kind!r}); "
+            "training on SGLang runs through verl (verlog.integrations.verl)"
+        )
+    if config.sampling.temperature <= 0:
+        raise ConfigError("sampling.temperature: training samples from the policy; use a temperature > 0")
+    if not config.algorithm.recompute_logprobs and config.sampling.temperature != 1.0:
+        raise ConfigError("algorithm.recompute_logprobs: the engine's logprobs are usable only at temperature 1")
+
+
+def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path | None:
+    """The checkpoint to resume from; refuses to overwrite a run that has checkpoints."""
+    latest = ckpt.latest_checkpoint(run_dir)
+    if latest is not None and not resume:
+        raise ConfigError(
+            f"trainer.run_dir: {str(run_dir)!r} already holds a run (checkpoint {latest.name}); "
+            "pass --resume to continue it, or choose another trainer.run_dir"
+        )
+    if resume and latest is None:
+        # nothing saved yet: start afresh in the same folder
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return latest
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _adamw(model: torch.nn.Module, opts) -> torch.optim.Optimizer:
+    """AdamW, fused (one kernel per tensor: no temporary copies of every parameter) where supported."""
+    params = trainable_parameters(model)
+    kwargs = {"lr": opts.lr, "betas": tuple(opts.betas), "weight_decay": opts.weight_decay}
+    try:
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.AdamW(params, foreach=False, **kwargs)
+
+
+def _pad_id(tokenizer: Any) -> int:
+    pad = tokenizer.pad_token_id
+    return pad if isinstance(pad, int) else (tokenizer.eos_token_id or 0)
+
+
+def _write_eval_json(path: Path, result: TrainResult) -> None:
+    import json
+
+    data = {
+        "updates": result.updates,
+        "before": [r.as_dict() for r in result.eval_start] if result.eval_start else None,
+        "after": [r.as_dict() for r in result.eval_end] if result.eval_end else None,
+    }
+    path.write_text(json.dumps(data, indent=1))
