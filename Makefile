@@ -1,5 +1,5 @@
 # verlog: the two commands of the README do all set-up on a fresh machine.
-#   make run    - the main job (on the embedded engine)
+#   make run    - the main job: verlog train configs/quickstart.yaml (embedded engine, CPU)
 #   make test   - the test suite (what CI runs via .ci/run)
 # Other targets: make setup, make test-slow, make bench.
 
@@ -24,8 +24,10 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# the quick start trains from scratch each time: its previous run folder is replaced
 run: $(STAMP)
-	$(BIN)/verlog rollout configs/calculator.yaml
+	rm -rf runs/quickstart
+	$(BIN)/verlog train configs/quickstart.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

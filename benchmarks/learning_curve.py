@@ -47,7 +47,7 @@ def run(out: Path, name: str, updates: int, eval_every: int, *extra: str) -> dic
     curve = [
         {"update": r["update"], "win_rate": r["tasks"][0]["win_rate"], "train_s": warmup_s + by_update.get(r["update"], 0.0),
          "wall_s": r["elapsed_s"]}
-        for r in records if r["kind"] == "eval"
+        for r in records if r["kind"] in ("eval", "validation")
     ]
     batch_win = [(r["update"], r["win_rate"]) for r in records if r["kind"] == "update" and r.get("win_rate") is not None]
     return {"name": name, "curve": curve, "batch_win_rate": batch_win, "seconds": result.seconds}

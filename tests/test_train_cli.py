@@ -93,3 +93,14 @@ def test_lora_actor_trains_adapters_only_and_evaluates(tmp_path, capsys):
     assert main(["eval", *short_run(run_dir), "--checkpoint", str(checkpoint), "--episodes", "2",
                  "--json", str(tmp_path / "e.json")]) == 0
     assert json.loads((tmp_path / "e.json").read_text())["tasks"][0]["episodes"] == 2
+
+
+def test_grpo_trains_without_a_critic(tmp_path):
+    run_dir = tmp_path / "grpo"
+    assert main(["train", *short_run(run_dir, "algorithm.estimator=grpo", "trainer.group_size=2",
+                                     "trainer.total_updates=1", "eval.at_start=false", "eval.at_end=false",
+                                     "multi_turn.langgraph.graph_kwargs.max_turns=2")]) == 0
+    checkpoint = run_dir / "checkpoints" / "update_000001"
+    assert (checkpoint / "actor" / "model.safetensors").is_file() and not (checkpoint / "critic.safetensors").exists()
+    [update] = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "update"]
+    assert "policy_loss" in update and "value_loss" not in update and 0 < update["policy_token_frac"] < 1

@@ -126,6 +126,9 @@ class TrainerConfig(_Section):
     save_every: int = Field(10, ge=0, description="checkpoint every N updates (0: only at the end)")
     keep_checkpoints: int = Field(3, ge=1, description="most recent checkpoints kept")
     eval_every: int = Field(0, ge=0, description="evaluate every N updates (0: never during training)")
+    stop_at_win_rate: float | None = Field(
+        None, gt=0, le=1, description="stop early once a periodic evaluation reaches this win rate (needs eval_every)"
+    )
     max_consecutive_failures: int = Field(20, ge=1, description="a slot failing this often in a row stops the run")
     seed: int = Field(0, description="torch / python RNG seed")
     torch_threads: int | None = Field(
@@ -136,6 +139,8 @@ class TrainerConfig(_Section):
     def _check_groups(self) -> "TrainerConfig":
         if self.num_envs % self.group_size:
             raise ValueError(f"group_size ({self.group_size}) must divide num_envs ({self.num_envs})")
+        if self.stop_at_win_rate is not None and not self.eval_every:
+            raise ValueError("stop_at_win_rate needs periodic evaluations: set eval_every > 0")
         return self
 
 
@@ -219,6 +224,9 @@ class EvalConfig(_Section):
 
     episodes: int = Field(32, ge=1, description="episodes per task")
     seed: int = Field(1_000_000, description="first seed (held out: far from training seeds)")
+    validation_seed: int = Field(
+        2_000_000, description="first seed of the periodic evaluations (eval_every), apart from the final ones"
+    )
     temperature: float | None = Field(None, ge=0, description="sampling temperature (null: sampling.temperature)")
     concurrency: int = Field(64, ge=1)
     at_start: bool = Field(False, description="evaluate the initial policy before training")

@@ -3,13 +3,17 @@
 from verlog.rollout.events import REWARD_EVENT, areport_reward, report_reward
 from verlog.rollout.recorder import TurnRecorder
 from verlog.rollout.runner import episode_config, run_episode, run_episodes
+from verlog.rollout.slots import SlotBatch, SlotRunner, TurnGate
 from verlog.rollout.turn import Episode, EpisodeStatus, Turn
 
 __all__ = [
     "REWARD_EVENT",
     "Episode",
     "EpisodeStatus",
+    "SlotBatch",
+    "SlotRunner",
     "Turn",
+    "TurnGate",
     "TurnRecorder",
     "areport_reward",
     "episode_config",

@@ -117,12 +117,16 @@ def eval_table(results: list[TaskResult], title: str = "evaluation") -> Table:
     for col in columns:
         table.add_column(col, justify="left" if col == "task" else "right")
     for r in results:
-        extra = [f"{r.progression:.3f} ± {r.progression_se:.3f}" if r.progression is not None else "-"] if progression else []
+        extra = [_pm(r.progression, r.progression_se) if r.progression is not None else "-"] if progression else []
         table.add_row(
-            r.task, str(r.episodes), f"{r.win_rate:.3f} ± {r.win_rate_se:.3f}",
-            f"{r.return_mean:.3f} ± {r.return_se:.3f}", *extra, f"{r.length_mean:.1f}", str(r.failed),
+            r.task, str(r.episodes), _pm(r.win_rate, r.win_rate_se), _pm(r.return_mean, r.return_se),
+            *extra, f"{r.length_mean:.1f}", str(r.failed),
         )
     return table
+
+
+def _pm(mean: float, se: float) -> str:
+    return f"{mean:.2f}±{se:.2f}"
 
 
 def print_results(results: list[TaskResult], console: Console, title: str = "evaluation") -> None:

@@ -128,13 +128,15 @@ class RunLogger:
             self.progress.update(self.task, completed=update, line=line)
         self.progress.console.print(f"[dim]{step_kind} {update}[/] {line}", highlight=False)
 
-    def log_eval(self, update: int, results: list[dict[str, Any]]) -> None:
+    def log_eval(self, update: int, results: list[dict[str, Any]], *, validation: bool = False) -> None:
+        """An evaluation's results (``validation``: a periodic one, on its own seeds)."""
+        kind = "validation" if validation else "eval"
         flat = {}
         for r in results:
-            flat[f"eval/{r['task']}/win_rate"] = r["win_rate"]
-            flat[f"eval/{r['task']}/return"] = r["return_mean"]
+            flat[f"{kind}/{r['task']}/win_rate"] = r["win_rate"]
+            flat[f"{kind}/{r['task']}/return"] = r["return_mean"]
         with self.path.open("a") as f:
-            f.write(json.dumps({"update": update, "kind": "eval", "elapsed_s": self.elapsed(), "tasks": results}) + "\n")
+            f.write(json.dumps({"update": update, "kind": kind, "elapsed_s": self.elapsed(), "tasks": results}) + "\n")
         if self.wandb is not None:
             self.wandb.log(flat, step=update)
 

@@ -71,26 +71,29 @@ def compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> No
 def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True) -> dict[str, float]:
     """Old logprobs, values, KL-in-reward and advantages for a fresh batch; returns metrics.
 
-    ``logprobs=False`` keeps the logprobs already computed (the critic warm-up rescores the
-    same buffer with an unchanged actor).
+    ``logprobs=False`` keeps the (KL-penalized) rewards and logprobs already computed: the
+    critic warm-up rescores the same buffer, with an unchanged actor, after each critic pass.
     """
     algo, metrics = learner.algo, {}
-    if not logprobs and s.old_logprobs is not None:
-        pass
-    elif algo.recompute_logprobs:
-        s.old_logprobs = _policy_logprobs(learner.actor, s, learner)
-        gap = (s.old_logprobs - s.rollout_logprobs).abs()
-        metrics["rollout_logprob_gap"] = masked_mean(gap, s.response_mask).item()
-    else:
-        s.old_logprobs = s.rollout_logprobs
-    s.token_rewards = s.env_token_rewards()
-    if learner.reference is not None and algo.kl_coef > 0:
-        ref_logprobs = _policy_logprobs(learner.reference, s, learner)
-        s.token_rewards, kl = kl_in_reward(s.token_rewards, s.old_logprobs, ref_logprobs, s.response_mask, algo.kl_coef)
-        metrics.update({f"ref_{k}": v for k, v in kl.items() if k != "kl_beta"})
+    if logprobs or s.old_logprobs is None:
+        if algo.recompute_logprobs:
+            s.old_logprobs = _policy_logprobs(learner.actor, s, learner)
+            gap = (s.old_logprobs - s.rollout_logprobs).abs()
+            metrics["rollout_logprob_gap"] = masked_mean(gap, s.response_mask).item()
+        else:
+            s.old_logprobs = s.rollout_logprobs
+        s.token_rewards = s.env_token_rewards()
+        if learner.reference is not None and algo.kl_coef > 0:
+            ref_logprobs = _policy_logprobs(learner.reference, s, learner)
+            s.token_rewards, kl = kl_in_reward(
+                s.token_rewards, s.old_logprobs, ref_logprobs, s.response_mask, algo.kl_coef
+            )
+            metrics.update({f"ref_{k}": v for k, v in kl.items() if k != "kl_beta"})
     if learner.critic is not None:
         compute_values(learner.critic, s, learner)
     s.compute_advantages(algo)
+    if algo.estimator == "grpo":  # episodes still running at the boundary sit this update out
+        metrics["policy_token_frac"] = (s.policy_mask.sum() / s.response_mask.sum().clamp(min=1)).item()
     if s.returns is not None and s.values is not None:
         metrics["explained_variance"] = explained_variance(s.values, s.returns, s.value_mask)
     return metrics

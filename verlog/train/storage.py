@@ -7,7 +7,7 @@ value positions ``j = 0..L`` to ``T + 1``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Sequence
 
 import torch
@@ -136,18 +136,6 @@ class RolloutStorage:
             self.advantages = whiten(self.advantages, self.policy_mask)
 
     # ------------------------------------------------------------------ batching
-    def rows(self, index: Sequence[int] | Tensor) -> "RolloutStorage":
-        """A flat sub-storage of the given rows (for mini-batches; the slot layout is dropped)."""
-        index = torch.as_tensor(index, dtype=torch.long)
-        picked = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "sequences":
-                picked[f.name] = [value[i] for i in index.tolist()]
-            elif isinstance(value, Tensor) and f.name not in ("bootstrap_values", "starts_episode"):
-                picked[f.name] = value[index]
-        return replace(self, num_envs=1, turns_per_env=len(index), **picked)
-
     @staticmethod
     def cat(storages: Sequence["RolloutStorage"]) -> "RolloutStorage":
         """Rows of several storages as one flat storage (critic warm-up buffer)."""

@@ -105,7 +105,12 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
                 if t.save_every and update % t.save_every == 0:
                     run.save(update)
                 if t.eval_every and update % t.eval_every == 0 and update < t.total_updates:
-                    await run.evaluate(update, "evaluating")
+                    # validation seeds: the final evaluation is not selected on
+                    checked = await run.evaluate(update, "evaluating", seed=config.eval.validation_seed)
+                    win_rate = sum(r.win_rate for r in checked) / len(checked)
+                    if t.stop_at_win_rate is not None and win_rate >= t.stop_at_win_rate:
+                        console.print(f"win rate {win_rate:.3f} >= {t.stop_at_win_rate} at update {update}: stopping")
+                        break
 
             if run.state["update"] > 0 and not (t.save_every and run.state["update"] % t.save_every == 0):
                 run.save(run.state["update"])  # the final weights are always saved
@@ -252,11 +257,11 @@ class _Run:
         return {"turns_total": float(c["turns"]), "episodes_total": float(c["episodes"]),
                 "failed_total": float(sum(c["failed"].values()))}
 
-    async def evaluate(self, update: int, status: str) -> list[TaskResult]:
+    async def evaluate(self, update: int, status: str, seed: int | None = None) -> list[TaskResult]:
         """Held-out episodes on the engine (the slots are all held meanwhile)."""
         self.logger.status(status)
-        results = await evaluate(self.config, self.engine, self.tokenizer)
-        self.logger.log_eval(update, [r.as_dict() for r in results])
+        results = await evaluate(self.config, self.engine, self.tokenizer, seed=seed)
+        self.logger.log_eval(update, [r.as_dict() for r in results], validation=seed is not None)
         return results
 
     async def aclose(self) -> None:
