@@ -25,14 +25,13 @@ sys.path.insert(0, str(ROOT))
 
 from verlog.config import load_config  # noqa: E402
 from verlog.train import train  # noqa: E402
-from verlog.train.toy_model import toy_model_dir  # noqa: E402
 
 
 def run(out: Path, name: str, updates: int, eval_every: int, *extra: str) -> dict:
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     config = load_config(ROOT / "configs" / "cue_corridor.yaml", [
-        f"model.path={toy_model_dir()}", f"trainer.run_dir={run_dir}", "wandb.mode=disabled",
+        f"trainer.run_dir={run_dir}", "wandb.mode=disabled",
         f"trainer.total_updates={updates}", f"trainer.eval_every={eval_every}", "eval.episodes=64",
         f"trainer.save_every={updates}", *extra,
     ])

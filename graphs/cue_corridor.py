@@ -12,7 +12,7 @@ random, succeeds about 3% of the time. Getting further means learning which move
 for from the delayed reward alone (the penalty is the same for every valid move).
 
 Used by verlog's CPU learning proof with the word-level toy model
-(``verlog.train.toy_model``); any chat model can play it (answer with one word).
+(``verlog.models.toy``); any chat model can play it (answer with one word).
 """
 
 from __future__ import annotations

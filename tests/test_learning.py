@@ -20,11 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def corridor_config(run_dir: Path, *overrides: str):
-    from verlog.train.toy_model import toy_model_dir
-
     return load_config(
         ROOT / "configs" / "cue_corridor.yaml",
-        [f"model.path={toy_model_dir()}", f"trainer.run_dir={run_dir}", "wandb.mode=disabled", *overrides],
+        [f"trainer.run_dir={run_dir}", "wandb.mode=disabled", *overrides],
     )
 
 

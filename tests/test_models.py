@@ -139,7 +139,7 @@ def test_resolve_model_path(tmp_path, tiny_dir):
     with pytest.raises(FileNotFoundError) as err:
         resolve_model_path(str(tmp_path / "nope"))
     msg = str(err.value)
-    assert "nope" in msg and "'tiny'" in msg and "'smollm2'" in msg
+    assert "nope" in msg and "'tiny'" in msg and "'toy'" in msg and "'smollm2'" in msg
 
 
 def test_tiny_model_dir_is_cached(monkeypatch, tmp_path):

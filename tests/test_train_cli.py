@@ -17,7 +17,7 @@ CONFIG = str(ROOT / "configs" / "cue_corridor.yaml")
 
 
 def short_run(run_dir: Path, *extra: str) -> list[str]:
-    from verlog.train.toy_model import toy_model_dir
+    from verlog.models import toy_model_dir
 
     return [
         CONFIG, f"model.path={toy_model_dir()}", f"trainer.run_dir={run_dir}", "wandb.mode=disabled",

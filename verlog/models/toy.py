@@ -1,4 +1,4 @@
-"""A word-level toy model for learning on a CPU: a ~70k-parameter random-init Qwen2, 40 words.
+"""A word-level toy model for learning on a CPU: an 85k-parameter random-init Qwen2, 40 words.
 
 The CPU learning proof (``tests/test_learning.py``, ``benchmarks/learning_curve.py``) trains
 this model from scratch on ``graphs/cue_corridor.py`` through the whole path (graph, recorder,
