@@ -26,6 +26,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from aiohttp import web
 
 from verlog.backends.base import Engine, EngineError, Generation, SamplingParams
+from verlog.local_server import LocalServer
 
 #: SGLang's ``top_k`` meaning "the whole vocabulary" (besides -1)
 _TOP_K_ALL = 1 << 30
@@ -129,7 +130,7 @@ class ServerStats:
     recent: deque[GenerateCall] = field(default_factory=deque)
 
 
-class SGLangCompatServer:
+class SGLangCompatServer(LocalServer):
     """Serves SGLang's ``/generate`` and ``/health`` protocol on top of a verlog :class:`Engine`.
 
     Args:
@@ -152,63 +153,27 @@ class SGLangCompatServer:
         detokenize: Callable[[list[int]], str] | None = None,
         history: int = 1000,
     ) -> None:
+        super().__init__(host, port)
         self.engine = engine
-        self.host = host
-        self.port = port
         self.fault = fault
         self.detokenize = detokenize
         #: ``GET /health`` answers 503 while this is false (SGLang does so while loading)
         self.ready = True
         self.stats = ServerStats(recent=deque(maxlen=history))
         self._running_rids: set[str] = set()
-        self._runner: web.AppRunner | None = None
-
-    @property
-    def url(self) -> str:
-        """The base URL clients use, e.g. ``http://127.0.0.1:40123`` (once started)."""
-        if self._runner is None:
-            raise RuntimeError("the server is not started")
-        return f"http://{self.host}:{self.port}"
 
     @property
     def calls(self) -> list[GenerateCall]:
         """The latest ``/generate`` requests received (all of them, up to ``history``), in order."""
         return list(self.stats.recent)
 
-    async def start(self) -> SGLangCompatServer:
-        """Start listening (``port=0``: on a free port, written back to :attr:`port`)."""
-        if self._runner is not None:
-            return self
+    def app(self) -> web.Application:
+        """SGLang's routes: ``POST /generate``, ``GET /health``, ``GET /health_generate``."""
         app = web.Application()
         app.router.add_post("/generate", self._generate)
         app.router.add_get("/health", self._health)
         app.router.add_get("/health_generate", self._health_generate)
-        # handler_cancellation: a request whose client went away (timed out) stops being served,
-        # as SGLang aborts requests of disconnected clients
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
-                               shutdown_timeout=1.0)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self.port = runner.addresses[0][1]
-        self._runner = runner
-        return self
-
-    async def stop(self) -> None:
-        """Stop listening and cancel requests still being served."""
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
-
-    async def __aenter__(self) -> SGLangCompatServer:
-        return await self.start()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
+        return app
 
     # ------------------------------------------------------------------ handlers
 

@@ -303,6 +303,9 @@ class BabyAITextEnv(TextEnv):
     ``level`` is the underlying minigrid environment (for oracles such as ``BabyAIBotAgent``).
     """
 
+    actions = ACTIONS
+    action_help = ACTION_HELP
+
     def __init__(
         self,
         task: str,
@@ -380,12 +383,9 @@ class BabyAITextEnv(TextEnv):
         self._observation = self._render(obs)
         return StepResult(self._observation, reward, bool(terminated), truncated, info)
 
-    def valid_actions(self) -> list[str]:
-        return list(ACTIONS)
-
     @property
     def instruction(self) -> str:
-        actions = "\n".join(f"- {name}: {ACTION_HELP[name]}" for name in ACTIONS)
+        actions = self.actions_text()
         return (
             "You are an agent in BabyAI, a grid world of rooms with walls, doors, keys, balls "
             "and boxes. You see a 7x7 area: the cells ahead of you and 3 cells to each side; "

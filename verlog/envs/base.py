@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Mapping
 
 
 @dataclass
@@ -36,14 +36,19 @@ class StepResult:
 class TextEnv(abc.ABC):
     """A seeded text game.
 
-    Subclasses set ``name`` and implement ``reset``, ``step``, ``valid_actions`` and
-    ``instruction``. ``step`` accepts the model's raw answer text: parsing (``ACTION: ...``),
+    Subclasses set ``name`` and implement ``reset``, ``step`` and ``instruction``; a game with a
+    fixed action set lists it in ``actions`` (with ``action_help``), one whose actions change
+    with the state overrides ``valid_actions``. ``step`` accepts the model's raw answer text: parsing (``ACTION: ...``),
     tolerant matching and the invalid-action penalty are the environment's job, so every graph
     gets the same rules.
     """
 
     name: str = "text-env"
     max_steps: int = 100
+    #: the fixed action names of the game, in a stable order (empty: see ``valid_actions``)
+    actions: ClassVar[tuple[str, ...]] = ()
+    #: one line of help per action name, shown in the instruction
+    action_help: ClassVar[Mapping[str, str]] = {}
 
     @abc.abstractmethod
     def reset(self, seed: int | None = None) -> str:
@@ -53,9 +58,13 @@ class TextEnv(abc.ABC):
     def step(self, action_text: str) -> StepResult:
         """Apply one action given as text (a model's full answer or a bare action name)."""
 
-    @abc.abstractmethod
     def valid_actions(self) -> list[str]:
         """The action names accepted now, in a stable order."""
+        return list(self.actions)
+
+    def actions_text(self) -> str:
+        """The ``- name: help`` lines of the fixed actions, for the instruction."""
+        return "\n".join(f"- {name}: {self.action_help[name]}" for name in self.actions)
 
     @property
     @abc.abstractmethod

@@ -219,6 +219,8 @@ class CrafterTextEnv(TextEnv):
     """
 
     name = "crafter"
+    actions = ACTIONS
+    action_help = ACTION_HELP
 
     def __init__(
         self,
@@ -282,12 +284,9 @@ class CrafterTextEnv(TextEnv):
         self._observation = describe(self.game, self.max_per_type, step=self._steps)
         return StepResult(self._observation, float(reward), terminated, truncated, info)
 
-    def valid_actions(self) -> list[str]:
-        return list(ACTIONS)
-
     @property
     def instruction(self) -> str:
-        actions = "\n".join(f"- {name}: {ACTION_HELP[name]}" for name in ACTIONS)
+        actions = self.actions_text()
         return (
             "You are playing Crafter, a 2D open-world survival game seen from above. Collect "
             "materials, craft tools and stay alive. Health, food, drink and energy go from 0 to 9:"

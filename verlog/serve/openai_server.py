@@ -38,6 +38,7 @@ from aiohttp import web
 from verlog.backends.base import Engine, EngineError, Generation, SamplingParams
 from verlog.llm.chat_model import VerlogChatModel
 from verlog.llm.tool_calls import TOOL_CALL_OPEN
+from verlog.local_server import LocalServer
 from verlog.serve import openai_protocol as proto
 from verlog.serve.openai_protocol import APIError
 
@@ -169,7 +170,7 @@ def _held_back(text: str, markers: list[str]) -> int:
     return held
 
 
-class OpenAIServer:
+class OpenAIServer(LocalServer):
     """OpenAI's chat-completions API in front of a verlog :class:`Engine`.
 
     Args:
@@ -194,12 +195,12 @@ class OpenAIServer:
         host: str = "127.0.0.1",
         port: int = 0,
     ):
+        super().__init__(host, port)
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.api_key = api_key or None
         self.limits = limits or ServerLimits()
-        self.host, self.port = host, port
         self.chat_model = VerlogChatModel(
             engine=engine, tokenizer=tokenizer, model_name=model_name,
             chat_template_kwargs=dict(chat_template_kwargs or {}),
@@ -211,20 +212,11 @@ class OpenAIServer:
             self.max_context - 1 if self.max_context else None
         )
         self._admission = _Admission(self.limits.max_concurrency, self.limits.max_queue)
-        self._runner: web.AppRunner | None = None
         self.created = proto.now()
         #: counters: requests answered, by HTTP status
         self.responses: dict[int, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
-    @property
-    def url(self) -> str:
-        """``http://host:port`` once started."""
-        if self._runner is None:
-            raise RuntimeError("the server is not started")
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
     @property
     def base_url(self) -> str:
         """What OpenAI clients take as ``base_url``: ``http://host:port/v1``."""
@@ -238,35 +230,6 @@ class OpenAIServer:
         app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_get("/health", self._health)
         return app
-
-    async def start(self) -> OpenAIServer:
-        """Start listening on :attr:`host`/:attr:`port` (``port=0``: a free one, written back)."""
-        if self._runner is not None:
-            return self
-        # handler_cancellation: a client that goes away cancels its generation (the embedded
-        # engine frees the batch row at the next step)
-        runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self.port = runner.addresses[0][1]
-        self._runner = runner
-        return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
-
-    async def __aenter__(self) -> OpenAIServer:
-        return await self.start()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
 
     # ------------------------------------------------------------------ plumbing
     @web.middleware

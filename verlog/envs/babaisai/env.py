@@ -105,6 +105,8 @@ class BabaIsAIEnv(TextEnv):
     """
 
     name = "babaisai"
+    actions = ACTIONS
+    action_help = _ACTION_HELP
 
     def __init__(
         self,
@@ -221,12 +223,9 @@ class BabaIsAIEnv(TextEnv):
         """ASCII drawing of the grid (for debugging and ``verlog play``)."""
         return render_ascii(self.state)
 
-    def valid_actions(self) -> list[str]:
-        return list(ACTIONS)
-
     @property
     def instruction(self) -> str:
-        actions = "\n".join(f"- {a}: {_ACTION_HELP[a]}" for a in ACTIONS)
+        actions = self.actions_text()
         return (
             "You are playing Baba Is You, a puzzle game on a grid where the rules themselves are "
             "objects you can move.\n\n"
