@@ -10,7 +10,7 @@ import pytest
 
 from verlog.cli import main
 from verlog.config import load_config
-from verlog.train.evaluate import TaskResult, mean_se
+from verlog.evaluation import TaskResult, mean_se
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "cue_corridor.yaml")

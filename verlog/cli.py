@@ -2,7 +2,7 @@
 
     verlog rollout CONFIG [key=value ...] [--episodes N] [--seed S] [--show-messages] [--json FILE]
     verlog train CONFIG [key=value ...] [--resume]
-    verlog eval CONFIG [key=value ...] [--checkpoint DIR] [--episodes N] [--json FILE]
+    verlog eval CONFIG [CONFIG ...] [key=value ...] [--suite balrog] [--checkpoint DIR | --base-url URL --model NAME]
     verlog play ENV [--seed S] [--agent human|bot]
     verlog serve-model CHECKPOINT [--port P] [--api-key K]
     verlog serve GRAPH --base-url URL --model NAME
@@ -119,14 +119,6 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval(args: argparse.Namespace) -> int:
-    from verlog.train.evaluate import run_eval_command
-
-    config = load_config(args.config, args.overrides)
-    run_eval_command(config, checkpoint=args.checkpoint, episodes=args.episodes, json_path=args.json, console=console)
-    return 0
-
-
 def _models(args: argparse.Namespace) -> int:
     from verlog.models import resolve_model_path
 
@@ -161,13 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in trainer.run_dir from its latest checkpoint")
     p.set_defaults(func=_train)
 
-    p = sub.add_parser("eval", help="evaluate a checkpoint (or the config's model): win rate and return ± s.e.")
-    p.add_argument("config", help="a YAML config file (see configs/)")
-    p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. eval.temperature=0")
-    p.add_argument("--checkpoint", default=None, help="a run folder (its latest checkpoint) or a checkpoint folder")
-    p.add_argument("--episodes", type=int, default=None, help="episodes per task (default: eval.episodes)")
-    p.add_argument("--json", default=None, help="where to write the results (default: next to the checkpoint)")
-    p.set_defaults(func=_eval)
+    from verlog.evaluation.command import add_eval_command
+
+    add_eval_command(sub)  # eval: a checkpoint or an OpenAI-compatible endpoint on configs or a suite
 
     p = sub.add_parser("play", help="play a text environment in the terminal, seeing what the model sees")
     p.add_argument("env", help="an environment name, e.g. babyai:goto, babaisai:two_room-goto_win, crafter")

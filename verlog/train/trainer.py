@@ -38,10 +38,10 @@ from verlog.agent import load_agent, pick_device
 from verlog.algo import CriticWarmup
 from verlog.backends.embedded import EmbeddedEngine
 from verlog.config import ConfigError, VerlogConfig
+from verlog.evaluation import TaskResult, evaluate, print_results
 from verlog.models import load_tokenizer
 from verlog.rollout.slots import SlotRunner, TurnGate
 from verlog.train import checkpoint as ckpt
-from verlog.train.evaluate import TaskResult, evaluate, print_results
 from verlog.train.metrics import RunLogger, memory_metrics, rollout_metrics
 from verlog.train.models import load_actor, load_critic, load_reference, trainable_parameters
 from verlog.train.ppo import Learner, ppo_update, score_batch

@@ -1,0 +1,204 @@
+"""``verlog eval``: evaluate a checkpoint or any OpenAI-compatible endpoint on one or more configs.
+
+    verlog eval CONFIG [CONFIG ...] [key=value ...] [--suite balrog]
+                [--checkpoint DIR | --base-url URL --model NAME [--api-key KEY]]
+                [--episodes N] [--concurrency N] [--temperature T] [--max-tokens N]
+                [--out DIR] [--fresh] [--json FILE] [--no-chart]
+
+Every finished episode is appended to ``OUT/episodes.jsonl``. Run the same command again after
+an interruption and the finished episodes are read back, not played again; episodes that ended
+with an ``error`` (most often the model endpoint failing) are played again, while those that
+ended normally, at their recursion limit or at their timeout are final. At the end:
+a table of progression (0-100), win rate and return as mean ± standard error per task, per
+environment and overall, ``OUT/summary.json`` and ``OUT/progression.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.console import Console
+
+from verlog.evaluation.models import EndpointModel, EngineModel
+from verlog.evaluation.progress import EvalProgress
+from verlog.evaluation.report import plot_progression, require_matplotlib, summary_table, write_json
+from verlog.evaluation.results import EpisodeRecord, TaskResult, summarize
+from verlog.evaluation.runner import EpisodeLog, EvalError, play_tasks, task_spec
+from verlog.evaluation.tasks import EvalTask, plan_tasks
+
+__all__ = ["add_eval_command", "run_eval"]
+
+#: this many episodes ending in ``error`` one after another stop the run (the model is down)
+MAX_CONSECUTIVE_ERRORS = 10
+SUMMARY_FILE = "summary.json"
+CHART_FILE = "progression.png"
+
+
+def add_eval_command(sub: Any) -> None:
+    """Register ``verlog eval`` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "eval", help="evaluate a checkpoint or an OpenAI-compatible endpoint: progression, win rate, return ± s.e.",
+        description="Play seeded episodes of one or more configs' graphs (or a --suite) with a checkpoint or "
+                    "any OpenAI-compatible endpoint. Finished episodes are saved as they end; the same command "
+                    "resumes an interrupted run.",
+    )
+    p.add_argument("targets", nargs="*", metavar="CONFIG|key=value",
+                   help="config files (see configs/) and key.path=value overrides applied to every config")
+    p.add_argument("--suite", default=None, help="a suite of configs, e.g. balrog (configs/suites/NAME.yaml) or a path")
+    p.add_argument("--checkpoint", default=None, help="a run folder (its latest checkpoint) or a checkpoint folder")
+    p.add_argument("--base-url", default=None, help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", default=None, help="the model name the endpoint serves (with --base-url)")
+    p.add_argument("--api-key", default=None, help="the endpoint's key (default: $VERLOG_API_KEY, $OPENAI_API_KEY)")
+    p.add_argument("--episodes", type=int, default=None, help="episodes per task (default: eval.episodes)")
+    p.add_argument("--concurrency", type=int, default=None, help="episodes at once (default: eval.concurrency)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (default: eval.temperature, else sampling.temperature)")
+    p.add_argument("--max-tokens", type=int, default=None, help="most tokens per answer (default: sampling.max_tokens)")
+    p.add_argument("--out", default=None, help="output folder (default: CHECKPOINT/eval, else runs/eval/MODEL)")
+    p.add_argument("--fresh", action="store_true", help="discard the episodes already in the output folder")
+    p.add_argument("--json", default=None, help="also write the summary JSON to this file")
+    p.add_argument("--no-chart", action="store_true", help="do not draw the PNG chart (no matplotlib needed)")
+    p.set_defaults(func=_command)
+
+
+def _command(args: argparse.Namespace) -> int:
+    from verlog.cli import console
+
+    try:
+        run_eval(args, console)
+    except EvalError as exc:
+        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+        return 2
+    return 0
+
+
+def split_targets(targets: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Positional arguments -> (config files, ``key=value`` overrides)."""
+    configs, overrides = [], []
+    for item in targets:
+        (overrides if "=" in item and not Path(item).is_file() else configs).append(item)
+    return configs, overrides
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name or name).strip("_") or "model"
+
+
+def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
+    """Plan, play what is not finished yet, report; returns the per-task results."""
+    if args.base_url and args.checkpoint:
+        raise EvalError("--checkpoint and --base-url exclude each other: evaluate one model per run")
+    if bool(args.base_url) != bool(args.model):
+        raise EvalError("--base-url and --model go together: the endpoint and the model name it serves")
+    if args.episodes is not None and args.episodes < 1:
+        raise EvalError(f"--episodes must be at least 1, got {args.episodes}")
+    configs, overrides = split_targets(args.targets)
+    tasks = plan_tasks(configs, overrides, suite=args.suite)
+    if not args.no_chart:
+        require_matplotlib()
+    first = tasks[0].config
+    if args.base_url:
+        model: Any = EndpointModel(args.base_url, args.model, api_key=args.api_key, temperature=args.temperature,
+                                   max_tokens=args.max_tokens)
+        out = Path(args.out or Path("runs") / "eval" / _slug(args.model))
+    else:
+        try:
+            model = EngineModel(first, args.checkpoint, temperature=args.temperature, max_tokens=args.max_tokens)
+        except FileNotFoundError as exc:
+            raise EvalError(str(exc)) from None
+        out = Path(args.out) if args.out else (model.folder / "eval" if model.folder else Path("runs") / "eval" / _slug(model.label))
+
+    seeds = {t.key: [t.config.eval.seed + i for i in range(args.episodes or t.config.eval.episodes)] for t in tasks}
+    specs = {t.key: task_spec(t, model.label, model.sampling(t.config)) for t in tasks}
+    planned = {t.episode_id(s): t for t in tasks for s in seeds[t.key]}
+    log = EpisodeLog(out)
+    if args.fresh:
+        log.clear()
+    on_disk = {i: r for i, r in log.read().items() if i in planned}
+    stale = [r for i, r in on_disk.items() if r.spec != specs[planned[i].key]]
+    if stale:
+        raise EvalError(
+            f"{log.path} holds {len(stale)} episodes of {stale[0].label} played with other settings "
+            "(model, sampling or graph): use another --out folder, or --fresh to discard them"
+        )
+    finished = {i: r for i, r in on_disk.items() if r.status != "error"}
+    retried = len(on_disk) - len(finished)
+    todo = len(planned) - len(finished)
+    console.print(
+        f"evaluating [bold]{model.label}[/] on {len(tasks)} task(s): {len(planned)} episodes, {len(finished)} "
+        f"finished earlier, {todo} to play{f' ({retried} that failed with an error are played again)' if retried else ''}"
+        f"; results in {out}"
+    )
+    if log.skipped_lines:
+        console.print(f"[yellow]{log.skipped_lines} unreadable line(s) in {log.path} were skipped[/]")
+
+    new = _play(model, tasks, seeds, specs, finished, log, args.concurrency or first.eval.concurrency, console)
+    records = {**on_disk, **{r.episode_id: r for r in new}}
+    return _report(args, model.label, tasks, seeds, list(records.values()), out, console)
+
+
+def _play(model: Any, tasks: list[EvalTask], seeds: dict, specs: dict, finished: dict[str, EpisodeRecord],
+          log: EpisodeLog, concurrency: int, console: Console) -> list[EpisodeRecord]:
+    totals: dict[str, int] = {}
+    for t in tasks:
+        totals[t.env] = totals.get(t.env, 0) + len(seeds[t.key])
+    new: list[EpisodeRecord] = []
+
+    async def run() -> None:
+        try:
+            with console.status(f"loading {model.label}..."):
+                await model.start()
+            with EvalProgress(console, totals, finished.values()) as progress:
+                def on_record(record: EpisodeRecord) -> None:
+                    log.append(record)
+                    new.append(record)
+                    progress.add(record)
+
+                await play_tasks(tasks, model.chat_model, seeds, concurrency=concurrency, skip=finished,
+                                 specs=specs, on_record=on_record, max_consecutive_errors=MAX_CONSECUTIVE_ERRORS)
+        finally:
+            log.close()
+            await model.aclose()
+
+    saved = f"the finished episodes are saved in {log.path}: run the same command again to go on"
+    if len(finished) == sum(totals.values()):
+        return new
+    try:
+        asyncio.run(run())
+    except EvalError as exc:
+        if not new:
+            raise
+        ok = sum(r.status != "error" for r in new)
+        raise EvalError(f"{exc}\n{len(finished) + ok} of {sum(totals.values())} episodes finished; {saved} "
+                        "(episodes that failed with an error are played again)") from None
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted after {len(new)} new episodes;[/] {saved}")
+        raise
+    return new
+
+
+def _report(args: argparse.Namespace, label: str, tasks: list[EvalTask], seeds: dict,
+            records: list[EpisodeRecord], out: Path, console: Console) -> list[TaskResult]:
+    summary = summarize(records, [t.key for t in tasks])
+    console.print(summary_table(summary, f"evaluation of {label}"))
+    about = {
+        "model": label, "episodes": {t.label: len(seeds[t.key]) for t in tasks},
+        "seeds": {t.label: [seeds[t.key][0], seeds[t.key][-1]] for t in tasks},
+        "temperature": args.temperature, "max_tokens": args.max_tokens, "episodes_file": str(out / EpisodeLog.FILE_NAME),
+    }
+    written = [write_json(out / SUMMARY_FILE, summary, **about)]
+    if args.json:
+        written.append(write_json(args.json, summary, **about))
+    if not args.no_chart:
+        written.append(plot_progression(summary, out / CHART_FILE, f"{label}: progression (mean ± s.e.)"))
+    console.print(f"results written to {', '.join(str(p) for p in written)}")
+    errors = [r for r in records if r.status == "error"]
+    if errors:
+        first_line = (errors[0].error or "").strip().splitlines()[0] if errors[0].error else "?"
+        console.print(f"[yellow]{len(errors)} episode(s) ended with an error and count as lost[/] (first: "
+                      f"{first_line}); run the same command again to play them again")
+    return summary.tasks

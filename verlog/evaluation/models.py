@@ -1,0 +1,146 @@
+"""The model an evaluation plays with: a checkpoint on verlog's engine, or any OpenAI-compatible endpoint.
+
+Both give the graph files a LangChain chat model and nothing else changes:
+
+* :class:`EngineModel` — a training checkpoint (a run folder, a checkpoint folder, LoRA adapters
+  merged) or the config's ``model.path``, served by verlog's embedded engine (or the config's
+  SGLang engine) through ``VerlogChatModel``;
+* :class:`EndpointModel` — LangChain's standard ``ChatOpenAI`` pointed at ``--base-url`` (vLLM,
+  SGLang, ``verlog serve-model``, a hosted API), checked with one short request before any
+  episode starts so that a wrong URL, key or model name fails at once with one clear line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from verlog.config import VerlogConfig
+from verlog.evaluation.runner import EvalError
+from verlog.evaluation.tasks import EvalTask
+
+__all__ = ["EndpointModel", "EngineModel", "sampling_of"]
+
+#: where the endpoint's API key is read from when --api-key is not given, in this order
+API_KEY_VARS = ("VERLOG_API_KEY", "OPENAI_API_KEY")
+
+
+def sampling_of(config: VerlogConfig, temperature: float | None, max_tokens: int | None) -> dict[str, Any]:
+    """The sampling settings of a config's episodes: the given overrides, else ``eval.temperature``,
+    else the config's ``sampling`` section."""
+    s = config.sampling
+    temp = next(t for t in (temperature, config.eval.temperature, s.temperature) if t is not None)
+    return {"temperature": temp, "max_tokens": max_tokens or s.max_tokens, "top_p": s.top_p, "top_k": s.top_k,
+            "stop": list(s.stop)}
+
+
+class EngineModel:
+    """A checkpoint (or ``model.path``) played on the engine of ``config``; load with :meth:`start`."""
+
+    def __init__(self, config: VerlogConfig, checkpoint: str | None, *, temperature: float | None = None,
+                 max_tokens: int | None = None):
+        from verlog.train.checkpoint import resolve_checkpoint
+
+        self.config = config
+        self.folder: Path | None = resolve_checkpoint(checkpoint) if checkpoint is not None else None
+        self.label = str(self.folder) if self.folder is not None else config.model.path
+        self.temperature, self.max_tokens = temperature, max_tokens
+        self.engine: Any = None
+        self.tokenizer: Any = None
+
+    def sampling(self, config: VerlogConfig) -> dict[str, Any]:
+        return {**sampling_of(config, self.temperature, self.max_tokens),
+                "chat_template_kwargs": config.multi_turn.chat_template_kwargs}
+
+    async def start(self) -> None:
+        """Load the policy's weights and start the engine."""
+        from verlog.agent import build_engine, pick_device
+        from verlog.models import load_tokenizer
+        from verlog.train.models import load_actor
+
+        config, folder = self.config, self.folder
+        device = pick_device(config.model.device)
+        no_lora = config.actor.lora.model_copy(update={"rank": 0})
+        self.tokenizer = load_tokenizer(config.model.path)
+        if folder is not None and (folder / "actor_adapter").is_dir():
+            from peft import PeftModel
+
+            base, _ = load_actor(config.model.path, dtype=config.model.dtype, device=device, lora=no_lora)
+            model = PeftModel.from_pretrained(base, folder / "actor_adapter").merge_and_unload().eval()
+        else:
+            path = folder / "actor" if folder is not None else config.model.path
+            model, _ = load_actor(path, dtype=config.model.dtype, device=device, lora=no_lora)
+        self.engine = build_engine(config, self.tokenizer, model)
+
+    def chat_model(self, task: EvalTask) -> Any:
+        from verlog.agent import build_chat_model
+
+        s = sampling_of(task.config, self.temperature, self.max_tokens)
+        return build_chat_model(task.config, self.engine, self.tokenizer).model_copy(
+            update={"temperature": s["temperature"], "max_tokens": s["max_tokens"]})
+
+    async def aclose(self) -> None:
+        if self.engine is not None:
+            await self.engine.aclose()
+
+
+class EndpointModel:
+    """A model behind an OpenAI-compatible endpoint, called with LangChain's ``ChatOpenAI``."""
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, temperature: float | None = None,
+                 max_tokens: int | None = None, timeout_s: float = 300.0, max_retries: int = 2):
+        try:
+            import langchain_openai  # noqa: F401
+        except ImportError:
+            raise EvalError("evaluating an endpoint needs langchain-openai: pip install 'verlog[eval]'") from None
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key or next((os.environ[v] for v in API_KEY_VARS if os.environ.get(v)), "EMPTY")
+        self.temperature, self.max_tokens = temperature, max_tokens
+        self.timeout_s, self.max_retries = timeout_s, max_retries
+        #: the endpoint's address is transport, not identity: the same model behind a new port
+        #: resumes the same evaluation
+        self.label = model
+
+    def sampling(self, config: VerlogConfig) -> dict[str, Any]:
+        s = sampling_of(config, self.temperature, self.max_tokens)
+        s.pop("top_k")  # not part of OpenAI's API
+        return s
+
+    def _client(self, **settings: Any) -> Any:
+        from langchain_openai import ChatOpenAI
+
+        return ChatOpenAI(base_url=self.base_url, model=self.model, api_key=self.api_key, **settings)
+
+    def chat_model(self, task: EvalTask) -> Any:
+        s = self.sampling(task.config)
+        extra: dict[str, Any] = {"stop": s["stop"]} if s["stop"] else {}
+        if s["top_p"] != 1.0:
+            extra["top_p"] = s["top_p"]
+        return self._client(temperature=s["temperature"], max_tokens=s["max_tokens"], timeout=self.timeout_s,
+                            max_retries=self.max_retries, **extra)
+
+    async def start(self) -> None:
+        """One short request: fails with :class:`EvalError` when the endpoint cannot serve ``model``."""
+        import openai
+
+        where = f"the OpenAI-compatible endpoint {self.base_url}"
+        try:
+            await self._client(max_tokens=1, timeout=30, max_retries=0).ainvoke("Say OK.")
+        except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+            cause = exc.__cause__ or exc
+            raise EvalError(f"cannot reach {where} ({type(cause).__name__}: {cause}); is the server running, and "
+                            "does the URL end with /v1?") from None
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+            raise EvalError(f"{where} refused the API key (HTTP {exc.status_code}): pass --api-key or set "
+                            f"${' or $'.join(API_KEY_VARS)}") from None
+        except openai.NotFoundError:
+            raise EvalError(f"{where} answered 404 for model {self.model!r}: check --model, and that the URL ends "
+                            "with /v1") from None
+        except openai.APIStatusError as exc:
+            raise EvalError(f"{where} answered HTTP {exc.status_code} to a test request for model "
+                            f"{self.model!r}: {exc.message}") from None
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,254 @@
+"""Playing seeded evaluation episodes: concurrently, scored as they end, resumable from disk.
+
+* :func:`play_episode` runs one episode of a task's graph and scores it (:class:`EpisodeRecord`):
+  status, model calls, return, success and BALROG's progression (0-100). It works with any
+  LangChain chat model: scoring reads the environment's reward events, not captured tokens.
+* :class:`EpisodeLog` is the ``episodes.jsonl`` of an output folder: one line appended per
+  finished episode, read back on restart so finished episodes are not played again.
+* :func:`play_tasks` plays every (task, seed) that is not finished yet, at most ``concurrency``
+  at a time, seeds in round-robin over the tasks (an interrupted run covers every task).
+* :func:`evaluate` is what the trainer calls: a config's tasks on an engine, in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from verlog.envs.progression import PROGRESSION_FUNCTIONS, family_of, goal_value, progression
+from verlog.evaluation.results import PROGRESSION_SCALE, EpisodeRecord, TaskResult, summarize
+from verlog.evaluation.tasks import EvalTask, config_tasks
+from verlog.graph_file import GraphFile, load_graph_file
+from verlog.rollout.events import REWARD_EVENT
+from verlog.rollout.recorder import TurnRecorder
+from verlog.rollout.runner import run_episode
+
+__all__ = [
+    "EpisodeLog", "EvalError", "ScoreRecorder", "episode_progression", "evaluate", "play_episode",
+    "play_tasks", "task_spec",
+]
+
+
+class EvalError(RuntimeError):
+    """An evaluation cannot start or go on; the message says why and what to do."""
+
+
+class ScoreRecorder(TurnRecorder):
+    """A recorder that keeps only what scoring needs: the number of model calls, the rewards and
+    the environment's latest info. It works whatever chat model answers (an endpoint's
+    ``ChatOpenAI`` carries no token data) and keeps no token ids in memory."""
+
+    def __init__(self, episode_id: str):
+        super().__init__(episode_id)
+        self.model_calls = 0
+        self.info: dict[str, Any] = {}
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+        with self._lock:
+            self.model_calls += 1
+
+    def on_llm_end(self, response: Any, **kwargs: Any) -> None:
+        return None  # no turns: every reward is summed in ``unassigned_reward``
+
+    def on_llm_error(self, error: BaseException, **kwargs: Any) -> None:
+        return None
+
+    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+        super().on_custom_event(name, data, **kwargs)  # checks the event, adds the reward
+        if name == REWARD_EVENT and data.get("info"):
+            with self._lock:
+                self.info.update(data["info"])
+
+
+def episode_progression(env: str, info: Mapping[str, Any], success: bool) -> float:
+    """BALROG's progression of an episode on 0-100: the environment's own when it reports one
+    (or its family's definition), else 100 for a reached goal and 0 otherwise."""
+    if "progression" in info or family_of(env) in PROGRESSION_FUNCTIONS:
+        return PROGRESSION_SCALE * progression(env, info)
+    return PROGRESSION_SCALE * goal_value(success)
+
+
+def _small_info(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The plain values of an info dict (numbers, flags, short strings, lists of names)."""
+    kept: dict[str, Any] = {}
+    for key, value in info.items():
+        if isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= 200):
+            kept[key] = value
+        elif isinstance(value, (list, tuple)) and len(value) <= 64 and all(isinstance(v, str) for v in value):
+            kept[key] = list(value)
+    return kept
+
+
+def task_spec(task: EvalTask, model: str, sampling: Mapping[str, Any]) -> str:
+    """A short digest of what defines the task's episodes: the model, its sampling settings and
+    the graph (file name, keyword arguments, run config). Finished episodes are reused only by
+    an evaluation with the same digest."""
+    lg = task.config.multi_turn.langgraph
+    data = {
+        "model": model, "sampling": dict(sampling), "graph": Path(lg.path).name,
+        "graph_kwargs": task.graph_kwargs, "graph_config": lg.graph_config,
+    }
+    return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+async def play_episode(task: EvalTask, graph: Any, graph_file: GraphFile, seed: int, *, spec: str = "") -> EpisodeRecord:
+    """Play the task's episode ``seed`` once and score it (never raises for the graph's failures)."""
+    recorder = ScoreRecorder(task.episode_id(seed))
+    episode = await run_episode(
+        graph, graph_file.episode_input(seed), graph_config=task.config.multi_turn.langgraph.graph_config,
+        timeout_s=task.config.rollout.episode_timeout_s, recorder=recorder,
+    )
+    info = recorder.info
+    success = not episode.failed and bool(info.get("success", info.get("won", False)))
+    return EpisodeRecord(
+        episode_id=recorder.episode_id, env=task.env, task=task.name, seed=seed, status=episode.status,
+        turns=recorder.model_calls, episode_return=episode.total_reward, success=success,
+        progression=episode_progression(task.env, info, success), seconds=round(episode.seconds, 3),
+        error=episode.error, spec=spec, finished_at=round(time.time(), 3), info=_small_info(info),
+    )
+
+
+class EpisodeLog:
+    """``episodes.jsonl`` in an output folder: one JSON line per finished episode.
+
+    Lines are appended and flushed as episodes end, so a killed evaluation loses only the
+    episodes that were in flight. Reading back, the last line of an id wins, and a line cut
+    short by a kill is skipped.
+    """
+
+    FILE_NAME = "episodes.jsonl"
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.path = self.folder / self.FILE_NAME
+        self.skipped_lines = 0
+        self._file: Any = None
+
+    def read(self) -> dict[str, EpisodeRecord]:
+        """The latest record of every episode id in the file (empty when there is no file)."""
+        records: dict[str, EpisodeRecord] = {}
+        self.skipped_lines = 0
+        if not self.path.is_file():
+            return records
+        for line in self.path.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                record = EpisodeRecord.from_json(json.loads(line))
+            except (ValueError, TypeError, KeyError):
+                self.skipped_lines += 1
+                continue
+            records[record.episode_id] = record
+        return records
+
+    def clear(self) -> None:
+        """Forget every recorded episode."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+    def append(self, record: EpisodeRecord) -> None:
+        """Write one record and flush it to the operating system."""
+        if self._file is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            cut = self.path.is_file() and self.path.stat().st_size > 0 and not self.path.read_bytes().endswith(b"\n")
+            self._file = self.path.open("a", encoding="utf-8")
+            if cut:  # the previous run was killed mid-line: start on a fresh one
+                self._file.write("\n")
+        self._file.write(json.dumps(record.to_json()) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _graphs(tasks: Sequence[EvalTask], chat_model_for: Callable[[EvalTask], Any]) -> dict[tuple[str, str], tuple[Any, GraphFile]]:
+    files: dict[str, GraphFile] = {}
+    built = {}
+    for task in tasks:
+        path = task.config.multi_turn.langgraph.path
+        graph_file = files.get(path) or files.setdefault(path, load_graph_file(path))
+        built[task.key] = (graph_file.build(chat_model_for(task), **task.graph_kwargs), graph_file)
+    return built
+
+
+async def play_tasks(
+    tasks: Sequence[EvalTask],
+    chat_model_for: Callable[[EvalTask], Any],
+    seeds: Mapping[tuple[str, str], Sequence[int]],
+    *,
+    concurrency: int,
+    skip: Iterable[str] = (),
+    specs: Mapping[tuple[str, str], str] | None = None,
+    on_record: Callable[[EpisodeRecord], None] | None = None,
+    max_consecutive_errors: int | None = None,
+) -> list[EpisodeRecord]:
+    """Play each task's seeds, except the episode ids in ``skip``; returns the new records.
+
+    ``on_record`` is called as each episode ends (write it, advance a progress bar). With
+    ``max_consecutive_errors``, that many episodes in a row ending in ``error`` (e.g. the model
+    endpoint went away) stop the run with :class:`EvalError`; the records so far are kept.
+    """
+    graphs = _graphs(tasks, chat_model_for)
+    skip = set(skip)
+    longest = max((len(seeds[t.key]) for t in tasks), default=0)
+    pending = [(t, seeds[t.key][i]) for i in range(longest) for t in tasks
+               if i < len(seeds[t.key]) and t.episode_id(seeds[t.key][i]) not in skip]
+    gate = asyncio.Semaphore(max(1, concurrency))
+    records: list[EpisodeRecord] = []
+    errors_in_a_row = 0
+
+    async def one(task: EvalTask, seed: int) -> None:
+        nonlocal errors_in_a_row
+        graph, graph_file = graphs[task.key]
+        async with gate:
+            record = await play_episode(task, graph, graph_file, seed, spec=(specs or {}).get(task.key, ""))
+        records.append(record)
+        if on_record is not None:
+            on_record(record)
+        errors_in_a_row = errors_in_a_row + 1 if record.status == "error" else 0
+        if max_consecutive_errors and errors_in_a_row >= max_consecutive_errors:
+            first_line = (record.error or "").strip().splitlines()[0] if record.error else "an error"
+            raise EvalError(f"{errors_in_a_row} episodes in a row failed with an error, the last one: {first_line}")
+
+    running = [asyncio.ensure_future(one(t, s)) for t, s in pending]
+    try:
+        await asyncio.gather(*running)
+    finally:
+        for future in running:
+            future.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+    return records
+
+
+async def evaluate(
+    config: Any,
+    engine: Any,
+    tokenizer: Any,
+    *,
+    episodes: int | None = None,
+    seed: int | None = None,
+    temperature: float | None = None,
+) -> list[TaskResult]:
+    """Play each of the config's eval tasks ``episodes`` times (default ``eval.episodes``) on
+    ``engine``, seeds ``seed, seed + 1, ...`` (default ``eval.seed``); what training reports.
+
+    The temperature is ``temperature``, else ``eval.temperature``, else ``sampling.temperature``.
+    A failed episode counts as not won, with the reward and progression it had reached.
+    """
+    from verlog.agent import build_chat_model
+
+    ev = config.eval
+    n = episodes or ev.episodes
+    first = ev.seed if seed is None else seed
+    temp = next(t for t in (temperature, ev.temperature, config.sampling.temperature) if t is not None)
+    chat_model = build_chat_model(config, engine, tokenizer).model_copy(update={"temperature": temp})
+    tasks = config_tasks(config)
+    seeds = {t.key: range(first, first + n) for t in tasks}
+    records = await play_tasks(tasks, lambda _task: chat_model, seeds, concurrency=ev.concurrency)
+    return summarize(records, [t.key for t in tasks]).tasks

@@ -1,0 +1,130 @@
+"""What an evaluation plays: tasks gathered from configs and suites.
+
+An :class:`EvalTask` is one (environment, task) pair: a config (graph file, sampling, limits) and
+the ``graph_kwargs`` that select the task. A config gives the tasks of its ``eval.tasks`` (or
+the graph itself as one task); its environment is named after its graph file (``babyai`` for
+``graphs/babyai.py``). A *suite* is a YAML file naming several configs and their tasks, e.g.
+``configs/suites/balrog.yaml`` for BALROG's six environments::
+
+    babyai:                          # the environment's name in the results
+      config: ../babyai.yaml         # relative to the suite file
+      tasks:                         # eval.tasks of that config
+        - {name: goto, graph_kwargs: {task: goto}}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from verlog.config import ConfigError, EvalTaskConfig, VerlogConfig, load_config
+
+__all__ = ["EvalTask", "config_tasks", "load_suite", "plan_tasks", "suite_path"]
+
+#: where ``--suite NAME`` looks for ``NAME.yaml`` (the working directory first, then the project)
+SUITE_DIRS = (Path("configs") / "suites", Path(__file__).resolve().parents[2] / "configs" / "suites")
+
+
+@dataclass
+class EvalTask:
+    """One (environment, task) pair to evaluate."""
+
+    env: str
+    name: str
+    config: VerlogConfig
+    #: the config's ``graph_kwargs`` updated with the task's own
+    graph_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.env, self.name)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name == self.env else f"{self.env}/{self.name}"
+
+    def episode_id(self, seed: int) -> str:
+        """The stable id of this task's episode with ``seed`` (what resuming matches on)."""
+        return f"{self.label}/{seed}"
+
+
+def env_name(config: VerlogConfig) -> str:
+    """A config's environment name: its graph file's name (``graphs/babyai.py`` -> ``babyai``)."""
+    return Path(config.multi_turn.langgraph.path).stem
+
+
+def config_tasks(config: VerlogConfig, env: str | None = None) -> list[EvalTask]:
+    """The tasks of ``config``: its ``eval.tasks``, or the graph itself under the environment's name."""
+    env = env or env_name(config)
+    base = config.multi_turn.langgraph.graph_kwargs
+    tasks = list(config.eval.tasks) or [EvalTaskConfig(name=env)]
+    return [EvalTask(env, t.name, config, {**base, **t.graph_kwargs}) for t in tasks]
+
+
+def suite_path(name: str) -> Path:
+    """The suite file named ``name`` (a path, or a name under ``configs/suites/``)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    for folder in SUITE_DIRS:
+        candidate = folder / f"{name}.yaml"
+        if candidate.is_file():
+            return candidate
+    known = sorted({p.stem for folder in SUITE_DIRS if folder.is_dir() for p in folder.glob("*.yaml")})
+    raise ConfigError(f"--suite {name!r}: no such suite file; known suites: {', '.join(known) or 'none'}")
+
+
+def load_suite(name: str) -> list[tuple[str, Path, list[dict[str, Any]]]]:
+    """A suite's environments: ``(env name, config path, tasks)`` in file order."""
+    path = suite_path(name)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{path}: a suite maps environment names to {{config, tasks}}")
+    envs = []
+    for env, entry in data.items():
+        if not isinstance(entry, dict) or "config" not in entry or set(entry) - {"config", "tasks"}:
+            raise ConfigError(f"{path}: {env}: expected the keys config (required) and tasks, got {entry!r}")
+        tasks = entry.get("tasks") or []
+        if not isinstance(tasks, list):
+            raise ConfigError(f"{path}: {env}.tasks must be a list of {{name, graph_kwargs}}")
+        envs.append((str(env), (path.parent / entry["config"]).resolve(), tasks))
+    return envs
+
+
+def plan_tasks(
+    configs: Sequence[str], overrides: Sequence[str] = (), *, suite: str | None = None
+) -> list[EvalTask]:
+    """Every task of the suite's environments, then of each config, ``overrides`` applied to all.
+
+    Two environments may not share a name (their episodes would share ids).
+    """
+    tasks: list[EvalTask] = []
+    if suite is not None:
+        for env, path, suite_tasks in load_suite(suite):
+            config = load_config(path, [f"eval.tasks={json.dumps(suite_tasks)}", *overrides])
+            tasks += config_tasks(config, env)
+    for path in configs:
+        tasks += config_tasks(load_config(path, overrides))
+    if not tasks:
+        raise ConfigError("nothing to evaluate: give one or more config files or --suite NAME")
+    owners: dict[str, str] = {}
+    for t in tasks:
+        source = t.config.multi_turn.langgraph.path
+        if owners.setdefault(t.env, source) != source:
+            raise ConfigError(f"two configs evaluate an environment named {t.env!r}: evaluate them in separate runs")
+    seen = set()
+    for t in tasks:
+        if t.key in seen:
+            raise ConfigError(
+                f"task {t.label!r} is listed twice (name the tasks apart in the configs' eval.tasks: "
+                "[{name: ..., graph_kwargs: {...}}])"
+            )
+        seen.add(t.key)
+    return tasks
