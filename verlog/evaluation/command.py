@@ -106,6 +106,10 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
                                    max_tokens=args.max_tokens)
         out = Path(args.out or Path("runs") / "eval" / _slug(args.model))
     else:
+        paths = sorted({t.config.model.path for t in tasks})
+        if len(paths) > 1:
+            raise EvalError(f"the configs name different models ({', '.join(paths)}): one model is evaluated per "
+                            "run; give all of them the same one, e.g. model.path=...")
         try:
             model = EngineModel(first, args.checkpoint, temperature=args.temperature, max_tokens=args.max_tokens)
         except FileNotFoundError as exc:
@@ -184,7 +188,10 @@ def _play(model: Any, tasks: list[EvalTask], seeds: dict, specs: dict, finished:
 def _report(args: argparse.Namespace, label: str, tasks: list[EvalTask], seeds: dict,
             records: list[EpisodeRecord], out: Path, console: Console) -> list[TaskResult]:
     summary = summarize(records, [t.key for t in tasks])
-    console.print(summary_table(summary, f"evaluation of {label}"))
+    # into a file or a pipe, print the whole task names rather than the 80 columns rich assumes
+    wide = max((len(t.task) + 2 for t in summary.tasks), default=0) + 68
+    console.print(summary_table(summary, f"evaluation of {label}"),
+                  width=None if console.is_terminal else max(console.width, wide))
     about = {
         "model": label, "episodes": {t.label: len(seeds[t.key]) for t in tasks},
         "seeds": {t.label: [seeds[t.key][0], seeds[t.key][-1]] for t in tasks},
