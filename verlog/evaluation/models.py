@@ -129,7 +129,9 @@ class EndpointModel:
         try:
             await self._client(max_tokens=1, timeout=30, max_retries=0).ainvoke("Say OK.")
         except (openai.APIConnectionError, openai.APITimeoutError) as exc:
-            cause = exc.__cause__ or exc
+            cause: BaseException = exc
+            while cause.__cause__ is not None or cause.__context__ is not None:  # the root: refused, DNS ...
+                cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
             raise EvalError(f"cannot reach {where} ({type(cause).__name__}: {cause}); is the server running, and "
                             "does the URL end with /v1?") from None
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
