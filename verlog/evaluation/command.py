@@ -123,7 +123,8 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     if args.fresh:
         log.clear()
     on_disk = {i: r for i, r in log.read().items() if i in planned}
-    stale = [r for i, r in on_disk.items() if r.spec != specs[planned[i].key]]
+    # an episode that failed with an error is played again anyway; the others must match
+    stale = [r for i, r in on_disk.items() if r.status != "error" and r.spec != specs[planned[i].key]]
     if stale:
         raise EvalError(
             f"{log.path} holds {len(stale)} episodes of {stale[0].label} played with other settings "
@@ -142,7 +143,13 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
 
     new = _play(model, tasks, seeds, specs, finished, log, args.concurrency or first.eval.concurrency, console)
     records = {**on_disk, **{r.episode_id: r for r in new}}
-    return _report(args, model.label, tasks, seeds, list(records.values()), out, console)
+    about = {
+        "model": model.label, "episodes": {t.label: len(seeds[t.key]) for t in tasks},
+        "seeds": {t.label: [seeds[t.key][0], seeds[t.key][-1]] for t in tasks},
+        "sampling": {t.label: model.sampling(t.config) for t in tasks},
+        "episodes_file": str(log.path),
+    }
+    return _report(args, about, tasks, list(records.values()), out, console)
 
 
 def _play(model: Any, tasks: list[EvalTask], seeds: dict, specs: dict, finished: dict[str, EpisodeRecord],
@@ -185,18 +192,14 @@ def _play(model: Any, tasks: list[EvalTask], seeds: dict, specs: dict, finished:
     return new
 
 
-def _report(args: argparse.Namespace, label: str, tasks: list[EvalTask], seeds: dict,
-            records: list[EpisodeRecord], out: Path, console: Console) -> list[TaskResult]:
+def _report(args: argparse.Namespace, about: dict[str, Any], tasks: list[EvalTask], records: list[EpisodeRecord],
+            out: Path, console: Console) -> list[TaskResult]:
+    label = about["model"]
     summary = summarize(records, [t.key for t in tasks])
     # into a file or a pipe, print the whole task names rather than the 80 columns rich assumes
     wide = max((len(t.task) + 2 for t in summary.tasks), default=0) + 68
     console.print(summary_table(summary, f"evaluation of {label}"),
                   width=None if console.is_terminal else max(console.width, wide))
-    about = {
-        "model": label, "episodes": {t.label: len(seeds[t.key]) for t in tasks},
-        "seeds": {t.label: [seeds[t.key][0], seeds[t.key][-1]] for t in tasks},
-        "temperature": args.temperature, "max_tokens": args.max_tokens, "episodes_file": str(out / EpisodeLog.FILE_NAME),
-    }
     written = [write_json(out / SUMMARY_FILE, summary, **about)]
     if args.json:
         written.append(write_json(args.json, summary, **about))
