@@ -1,0 +1,341 @@
+"""verlog inside verl's real classes, on CPU: verl's ``AgentLoopWorkerTQ`` runs verlog's agent loop
+(its post-processing writes the samples), verl's config composition and dataset collation feed it,
+a fake ``LLMServerClient`` is served by verlog's embedded engine on the tiny model, and verl's
+TransferQueue is an in-memory stand-in. The trainer's advantage step then runs on those rows.
+
+Slot schedule of the test graph (episode of seed s lasts 2 + s % 3 turns; seed 3 crashes at its
+second environment step; 2 slots x 3 turns; slot i plays seeds i, i + 2, i + 4, ...):
+
+    step 1  slot 0: seed 0 (2 turns, done), seed 2 turn 0 (cut)          -> bootstrap row
+            slot 1: seed 1 (3 turns, done)                               -> no bootstrap row
+    step 2  slot 0: seed 2 turns 1-3 (done)                              -> no bootstrap row
+            slot 1: seed 3 (crashes: dropped), seed 5 turns 0-2 (cut)    -> bootstrap row
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import uuid
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+GRAPH = '''
+"""Countdown: episode `seed` lasts 2 + seed % 3 turns; seeds in `fail_seeds` crash at step 2."""
+from typing import Any
+from langchain_core.messages import HumanMessage
+from langgraph.graph import END, START, StateGraph
+from typing_extensions import TypedDict
+from verlog.rollout.events import areport_reward
+
+
+class State(TypedDict):
+    seed: int
+    step: int
+    done: bool
+
+
+def make_input(seed: int) -> dict[str, Any]:
+    return {"seed": seed, "step": 0, "done": False}
+
+
+def build_graph(model, fail_seeds=()):
+    async def policy(state: State):
+        await model.ainvoke([HumanMessage(f"game {state['seed']}, step {state['step']}: move?")])
+        return {}
+
+    async def env(state: State):
+        step = state["step"] + 1
+        if state["seed"] in fail_seeds and step == 2:
+            raise RuntimeError("the environment crashed")
+        done = step >= 2 + state["seed"] % 3
+        await areport_reward(1.0 if done else 0.25, terminated=done, info={"success": done})
+        return {"step": step, "done": done}
+
+    graph = StateGraph(State)
+    graph.add_node("policy", policy)
+    graph.add_node("env", env)
+    graph.add_edge(START, "policy")
+    graph.add_edge("policy", "env")
+    graph.add_conditional_edges("env", lambda s: END if s["done"] else "policy")
+    return graph.compile()
+'''
+
+NUM_ENVS, TURNS = 2, 3
+
+
+def _rows(store, partition, keys):
+    """Stored rows by key, with their extra fields as plain dicts."""
+    return {k: store.rows[partition][k] for k in keys}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tiny_dir):
+    """Two verl training steps and one validation batch through verl's real agent-loop worker."""
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from verlog.backends.embedded import EmbeddedEngine
+    from verlog.integrations.verl.agent_loop import close_slots
+    from verlog.integrations.verl.dataset import VerlogRows
+    from verlog.integrations.verl.launch import compose_verl_config
+    from verlog.integrations.verl.local import EngineServerClient, MemoryTransferQueue
+    from verlog.models import load_causal_lm, load_tokenizer
+
+    root = tmp_path_factory.mktemp("verl")
+    (root / "countdown.py").write_text(GRAPH)
+    config_file = root / "countdown.yaml"
+    config_file.write_text(yaml.safe_dump({
+        "verlog": {"num_envs": NUM_ENVS, "turns_per_env": TURNS, "eval_episodes": 2, "eval_seed": 1000},
+        "actor_rollout_ref": {
+            "model": {"path": "tiny"},
+            "rollout": {
+                "name": "sglang", "prompt_length": 256, "response_length": 6,
+                "multi_turn": {"langgraph": {
+                    "path": "countdown.py", "graph_config": {"recursion_limit": 60},
+                    "graph_kwargs": {"fail_seeds": [3, 1001]},
+                }},
+            },
+        },
+        "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
+    }))
+    config = compose_verl_config(config_file)
+    store = MemoryTransferQueue()
+    tokenizer = load_tokenizer(tiny_dir)
+    keys_by_step: dict[int, list[str]] = {}
+
+    def dataset_batch(files, step, validate=False):  # as verl's trainer builds a rollout batch
+        rows = VerlogRows(files)
+        data = collate_fn([rows[i] for i in range(len(rows))])
+        data["uid"] = np.array([uuid.uuid4().hex for _ in range(len(rows))], dtype=object)
+        batch = tu.get_tensordict(data)
+        tu.assign_non_tensor_data(batch, "global_steps", step)
+        if validate:
+            tu.assign_non_tensor_data(batch, "validate", True)
+        return batch
+
+    async def run():
+        engine = EmbeddedEngine(load_causal_lm(tiny_dir), tokenizer, max_batch_size=8, seed=0)
+        client = EngineServerClient(engine)
+        worker = AgentLoopWorkerTQ.__ray_actor_class__(config, client, None, None)
+        try:
+            for step in (1, 2):
+                before = set(store.trajectory_keys("train"))
+                client.global_steps = step - 1  # the weights a sync step generates with
+                await worker.generate_sequences(dataset_batch(config.data.train_files, step))
+                while worker.background_tasks:
+                    await asyncio.sleep(0.02)
+                keys_by_step[step] = [k for k in store.trajectory_keys("train") if k not in before]
+            await worker.generate_sequences(dataset_batch(config.data.val_files, 2, validate=True))
+            while worker.background_tasks:
+                await asyncio.sleep(0.02)
+        finally:
+            await close_slots()
+            await engine.aclose()
+        return client
+
+    with store.patch():
+        client = asyncio.run(run())
+    return SimpleNamespace(config=config, store=store, client=client, keys=keys_by_step, tokenizer=tokenizer)
+
+
+def _by_slot(world, step):
+    """Each slot's rows of a step (by trajectory), ordered by position: [(key, row, extra), ...]."""
+    slots: dict[int, list] = {}
+    for key in world.keys[step]:
+        row = world.store.rows["train"][key]
+        extra = row["extra_fields"]
+        slots.setdefault(int(row["index"]), []).append((key, row, extra))
+    return {i: sorted(rows, key=lambda r: r[2]["verlog_position"]) for i, rows in slots.items()}
+
+
+def test_one_sample_per_turn_and_a_bootstrap_row_where_the_boundary_cuts(world):
+    step1, step2 = _by_slot(world, 1), _by_slot(world, 2)
+    kinds = {s: [e["verlog_kind"] for _, _, e in rows] for s, rows in step1.items()}
+    assert kinds == {0: ["turn"] * 3 + ["bootstrap"], 1: ["turn"] * 3}
+    assert {s: [e["verlog_kind"] for _, _, e in rows] for s, rows in step2.items()} == {
+        0: ["turn"] * 3, 1: ["turn"] * 3 + ["bootstrap"]
+    }
+    # verl keys the rows {uid}_{session}_{index}, index = position in the agent loop's list
+    for rows in (*step1.values(), *step2.values()):
+        assert [int(k.rsplit("_", 1)[1]) for k, _, _ in rows] == list(range(len(rows)))
+    done = [(e["verlog_turn_index"], e["verlog_terminated"], e["verlog_reward"]) for _, _, e in step1[1]]
+    assert done == [(0, False, 0.25), (1, False, 0.25), (2, True, 1.0)]  # seed 1: 3 turns, success
+
+
+def test_ids_masks_and_logprobs_are_exactly_the_engines(world):
+    calls: dict[str, list[dict]] = {}
+    for call in world.client.calls:
+        calls.setdefault(call["request_id"], []).append(call)
+    checked = 0
+    for step in (1, 2):
+        for rows in _by_slot(world, step).values():
+            for _, row, extra in rows:
+                if extra["verlog_kind"] != "turn":
+                    continue
+                call = calls[extra["verlog_episode_id"]][extra["verlog_turn_index"]]
+                assert row["prompts"].tolist() == call["prompt_ids"]
+                assert row["responses"].tolist() == call["token_ids"]
+                assert row["rollout_log_probs"].tolist() == pytest.approx(call["logprobs"], abs=0)
+                assert row["response_mask"].tolist() == [1] * len(call["token_ids"])
+                assert row["loss_mask"].tolist() == row["response_mask"].tolist()
+                assert row["input_ids"].tolist() == call["prompt_ids"] + call["token_ids"]
+                checked += 1
+    assert checked == 12  # 2 steps x 2 slots x 3 turns
+
+
+def test_the_padded_training_batch_has_one_row_per_turn(world):
+    """What verl's trainer reads back from the queue: right-padded responses, masks, logprobs."""
+    from verl.protocol import DataProto
+
+    keys = world.keys[1]
+    data = world.store.kv_batch_get(keys, "train", ["responses", "response_mask", "rollout_log_probs", "prompts"])
+    lengths = data["responses"].offsets().diff().tolist()
+    batch = DataProto(batch=data.to_padded_tensor())
+    assert len(batch) == 7  # 3 + 3 turns, 1 bootstrap row
+    for i, key in enumerate(keys):
+        row = world.store.rows["train"][key]
+        n = lengths[i]
+        assert batch.batch["responses"][i, :n].tolist() == row["responses"].tolist()
+        assert batch.batch["rollout_log_probs"][i, :n].tolist() == row["rollout_log_probs"].tolist()
+        assert batch.batch["response_mask"][i].sum().item() == (0 if row["extra_fields"]["verlog_kind"] == "bootstrap" else n)
+        assert batch.batch["response_mask"][i, n:].sum().item() == 0
+
+
+def test_slots_persist_across_steps_and_the_cut_episode_continues(world):
+    step1, step2 = _by_slot(world, 1), _by_slot(world, 2)
+    _, boot, boot_extra = step1[0][-1]
+    _, first, first_extra = step2[0][0]
+    # the prompt held at the boundary is the first prompt of the next step, same episode, next turn
+    assert boot["prompts"].tolist() == first["prompts"].tolist()
+    assert boot["response_mask"].tolist() == [0] and boot["loss_mask"].tolist() == [0]
+    assert first_extra["verlog_episode_id"] == boot_extra["verlog_episode_id"]
+    assert first_extra["verlog_turn_index"] == boot_extra["verlog_turn_index"] == 1
+    assert boot_extra["min_global_steps"] == 0
+    assert first["extra_fields"]["max_global_steps"] == 1  # generated after the first update
+
+
+def test_one_request_id_per_episode_and_failed_episodes_give_no_sample(world):
+    rows = [world.store.rows["train"][k]["extra_fields"] for s in (1, 2) for k in world.keys[s]]
+    sampled = {e["verlog_episode_id"] for e in rows}
+    requested = set(world.client.request_ids)
+    # slot 0: seeds 0, 2; slot 1: seeds 1, 3 (crashed), 5 -> 5 training episodes, 5 request ids
+    train_ids = {r for r in requested if "-slot" in r}
+    assert len(train_ids) == 5
+    crashed = train_ids - sampled
+    assert len(crashed) == 1 and "-s1.0-" in next(iter(crashed))
+    summary = next(e["verlog_summary"] for e in rows if e["verlog_position"] == 0 and e["verlog_summary"]["failed"])
+    assert summary["failed"] == {"error": 1}
+
+
+def test_validation_plays_whole_episodes_and_scores_the_last_turn(world):
+    store = world.store
+    val_keys = store.trajectory_keys("val")
+    rows = [store.rows["val"][k] for k in val_keys]
+    # eval seeds 1000 (2 + 1000 % 3 = 3 turns) and 1001 (crashes: no sample at all)
+    assert {r["extra_info"]["index"] for r in rows} == {0}
+    ordered = sorted(rows, key=lambda r: r["extra_fields"]["verlog_position"])
+    assert [r["extra_fields"]["verlog_turn_index"] for r in ordered] == [0, 1, 2]
+    final = ordered[-1]
+    assert final["rm_scores"].sum().item() == pytest.approx(1.5)  # the episode's return
+    assert final["extra_fields"]["reward_extra_info"]["acc"] == 1.0
+
+
+# ---------------------------------------------------------------------- the trainer's advantage step
+
+
+def _expected_advantages(world, keys, values, kl, gae):
+    """dual_gae computed directly from the stored turns (no verlog.integrations code)."""
+    from verlog.algo import TurnBatch, dual_gae, whiten
+
+    groups: dict[str, list] = {}
+    for key in keys:
+        e = world.store.rows["train"][key]["extra_fields"]
+        groups.setdefault(e["verlog_trajectory"], []).append((e["verlog_position"], key, e))
+    names = sorted(groups)
+    k_max = max(sum(1 for _, _, e in g if e["verlog_kind"] == "turn") for g in groups.values())
+    t_max = max(len(values[key]) for key in keys)
+    n = len(names)
+    rewards, mask = torch.zeros(n, k_max, t_max), torch.zeros(n, k_max, t_max, dtype=torch.bool)
+    vals, boot = torch.zeros(n, k_max, t_max + 1), torch.zeros(n)
+    term, trunc = torch.zeros(n, k_max, dtype=torch.bool), torch.zeros(n, k_max, dtype=torch.bool)
+    where = {}
+    for i, name in enumerate(names):
+        turns = [(p, k, e) for p, k, e in sorted(groups[name]) if e["verlog_kind"] == "turn"]
+        for j, (_, key, e) in enumerate(turns):
+            length = len(values[key])
+            mask[i, j, :length] = True
+            rewards[i, j, :length] = -kl[key] if kl else 0.0
+            rewards[i, j, length - 1] += e["verlog_reward"]
+            vals[i, j, :length] = values[key]
+            term[i, j] = e["verlog_terminated"]
+            where[key] = (i, j, length)
+        for _, key, e in groups[name]:
+            if e["verlog_kind"] == "bootstrap":
+                boot[i] = values[key][0]
+    batch = TurnBatch(rewards, mask, term, trunc, values=vals, bootstrap_values=boot)
+    adv, ret = dual_gae(batch, gae.gamma_step, gae.lam_step, gae.gamma_token, gae.lam_token)
+    return whiten(adv, mask), ret, where
+
+
+@pytest.mark.parametrize("kl_in_reward", [False, True])
+def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, kl_in_reward):
+    from omegaconf import open_dict
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+
+    from verlog.integrations.verl.trainer import VerlogPPOTrainer, check_verl_config
+
+    store = copy.deepcopy(world.store)
+    config = copy.deepcopy(world.config)
+    with open_dict(config):
+        config.algorithm.use_kl_in_reward = kl_in_reward
+    keys = list(world.keys[2])
+    gen = torch.Generator().manual_seed(7)
+    values, kl = {}, {}
+    for key in keys:  # what verl's critic and actor passes would have written
+        row = store.rows["train"][key]
+        length = len(row["responses"])
+        values[key] = torch.randn(length, generator=gen)
+        old = row["rollout_log_probs"] + 0.01 * torch.randn(length, generator=gen)
+        ref = old - 0.5 * torch.rand(length, generator=gen)
+        row.update(values=values[key], old_log_probs=old, ref_log_prob=ref)
+        kl[key] = 0.001 * (old - ref)
+    tags = [dict(store.tags["train"][k]) for k in keys]
+    trainer = object.__new__(VerlogPPOTrainer)
+    trainer.config, trainer.spec = config, check_verl_config(config)
+    trainer.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
+    metrics: dict = {}
+    with store.patch():
+        batch = KVBatchMeta(keys=keys, tags=tags, partition_id="train")
+        batch = upsample_batch_to_divisible_size(batch, 5, world.tokenizer.eos_token_id)  # verl's padding rows
+        batch.reorder(list(torch.randperm(len(batch), generator=gen)))  # as verl's balancing does
+        trainer._compute_advantage(batch, metrics)
+    assert len(batch) == 10 and sum(bool(t.get("is_padding")) for t in batch.tags) == 3
+
+    expected_adv, expected_ret, where = _expected_advantages(
+        world, keys, values, kl if kl_in_reward else None, trainer.spec.settings.gae
+    )
+    for key in keys:
+        row = store.rows["train"][key]
+        if key not in where:  # the bootstrap rows train nothing
+            assert row["advantages"].abs().sum() == 0 and row["returns"].abs().sum() == 0
+            continue
+        i, j, length = where[key]
+        torch.testing.assert_close(row["advantages"], expected_adv[i, j, :length], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(row["returns"], expected_ret[i, j, :length], atol=1e-5, rtol=1e-5)
+        e = row["extra_fields"]
+        assert row["rm_scores"][-1].item() == pytest.approx(e["verlog_reward"])  # each turn its own reward
+    for key in batch.keys:
+        if key not in keys:
+            assert store.rows["train"][key]["advantages"].abs().sum() == 0
+    assert metrics["verlog/turns"] == 6 and metrics["verlog/bootstrapped_turns"] == 1
+    assert metrics["verlog/episodes_ended"] == 1 and metrics["verlog/success_rate"] == 1.0
+    assert metrics["verlog/failed_episodes"] == 1 and metrics["verlog/failed_episodes/error"] == 1
+    assert ("actor/reward_kl_penalty" in metrics) == kl_in_reward

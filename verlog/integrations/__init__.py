@@ -1,0 +1,1 @@
+"""Bridges from verlog to other training stacks (``verlog.integrations.verl``: verl at scale)."""

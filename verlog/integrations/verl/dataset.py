@@ -1,0 +1,93 @@
+"""verl's dataset for a verlog run: rows that name env slots or validation episodes, not prompts.
+
+verl drives rollouts from a dataset: every step it takes ``data.train_batch_size`` rows and runs
+one agent loop per row. A verlog graph makes its own prompts, so its rows only say *what* to
+play. The launcher points verl at this class (``data.custom_cls``) with
+
+* ``data.train_files: verlog://slots/<num_envs>?source=<name>``: row ``i`` is env slot ``i``; with
+  ``data.train_batch_size = num_envs`` and no shuffling every step dispatches every slot once,
+  in the same order (so each slot stays on the same agent-loop worker);
+* ``data.val_files: verlog://episodes/<eval_episodes>?source=<name>``: row ``i`` is validation
+  episode ``i`` (seed ``verlog.eval_seed + i``).
+
+``source`` becomes the rows' ``data_source``, the name verl's validation metrics are grouped by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+from urllib.parse import parse_qs, urlparse
+
+import torch
+from torch.utils.data import Dataset
+
+from verlog.integrations.verl.settings import AGENT_NAME
+
+__all__ = ["RowsSpec", "VerlogRows", "rows_uri"]
+
+SCHEME = "verlog"
+Role = Literal["slots", "episodes"]
+#: the role named in the URI -> ``extra_info.verlog_role`` of its rows
+_ROW_ROLE = {"slots": "slot", "episodes": "episode"}
+
+
+def rows_uri(role: Role, count: int, source: str = "verlog") -> str:
+    """The ``data.*_files`` value that makes ``VerlogRows`` yield ``count`` rows of ``role``."""
+    return f"{SCHEME}://{role}/{int(count)}?source={source}"
+
+
+@dataclass(frozen=True)
+class RowsSpec:
+    """What a ``verlog://`` data file names."""
+
+    role: Role
+    count: int
+    source: str
+
+    @classmethod
+    def parse(cls, uri: str) -> "RowsSpec":
+        parsed = urlparse(str(uri))
+        parts = [p for p in parsed.path.split("/") if p]
+        if parsed.scheme != SCHEME or parsed.netloc not in _ROW_ROLE or len(parts) != 1 or not parts[0].isdigit():
+            raise ValueError(
+                f"data file {uri!r} is not a verlog row set: expected {rows_uri('slots', 32)!r} "
+                f"or {rows_uri('episodes', 32)!r}"
+            )
+        source = parse_qs(parsed.query).get("source", ["verlog"])[0]
+        return cls(role=parsed.netloc, count=int(parts[0]), source=source)  # type: ignore[arg-type]
+
+
+class VerlogRows(Dataset):
+    """The rows of a ``verlog://`` data file (signature of verl's ``RLHFDataset``)."""
+
+    def __init__(
+        self,
+        data_files: str | Sequence[str],
+        tokenizer: Any = None,
+        processor: Any = None,
+        config: Any = None,
+        max_samples: int = -1,
+    ):
+        files = [data_files] if isinstance(data_files, str) else list(data_files)
+        if len(files) != 1:
+            raise ValueError(f"verlog's dataset takes one verlog:// data file, got {files}")
+        self.spec = RowsSpec.parse(files[0])
+        self.count = self.spec.count if max_samples is None or max_samples < 0 else min(self.spec.count, max_samples)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        role = _ROW_ROLE[self.spec.role]
+        return {
+            # verl logs and counts ``raw_prompt``; the graph makes the real prompts
+            "raw_prompt": [{"role": "user", "content": f"verlog {role} {index}"}],
+            "data_source": self.spec.source,
+            "agent_name": AGENT_NAME,
+            "index": index,
+            "extra_info": {"index": index, "verlog_role": role},
+            "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
+        }

@@ -1,0 +1,141 @@
+"""``LLMServerEngine``: verlog's ``Engine`` interface over verl's ``LLMServerClient``.
+
+Inside verl, the agent loop's model calls go to verl's rollout replicas (SGLang or vLLM servers
+that share the actor's weights) through ``LLMServerClient.generate(request_id, prompt_ids=...,
+sampling_params=...)``, which returns a ``TokenOutput`` (token ids, one logprob per id, a stop
+reason). This adapter is what ``VerlogChatModel`` talks to there: ids in, ids and logprobs out,
+nothing re-tokenized.
+
+* Every call of an episode carries the same ``request_id`` (the episode id, prefixed to be unique
+  across slots and workers): verl's load balancer sends all of them to one replica, whose prefix
+  cache then holds the episode's growing context.
+* Logprobs are always requested; a server that returns none, or a generation aborted with no
+  tokens, is an ``EngineError`` (the episode fails and trains nothing).
+* A prompt longer than verl's ``rollout.prompt_length`` is refused rather than cut (verl would
+  left-truncate it, so the trained prompt would differ from the one the engine saw).
+* Stop strings are sent to the server and also applied here, so they work when the server runs
+  without a tokenizer (verl's default ``skip_tokenizer_init``): the response ends with the token
+  that completes the stop string, as with verlog's other engines.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable
+
+from verlog.backends.base import Engine, EngineError, FinishReason, Generation, SamplingParams
+
+__all__ = ["LLMServerEngine", "cut_at_stop", "finish_reason"]
+
+#: stop reasons of verl's servers (SGLang's finish_reason types, vLLM's "completed"/"aborted")
+_ABORTED = frozenset({"abort", "aborted"})
+#: the ``TokenOutput.extra_fields`` kept on a generation (the weights' version)
+_STEP_KEYS = ("global_steps", "min_global_steps", "max_global_steps")
+
+
+def finish_reason(stop_reason: str | None) -> FinishReason:
+    """verl's ``TokenOutput.stop_reason`` as a verlog finish reason."""
+    if stop_reason == "length":
+        return "length"
+    if stop_reason in _ABORTED:
+        return "abort"
+    return "stop"
+
+
+def cut_at_stop(tokenizer: Any, token_ids: list[int], stops: tuple[str, ...]) -> int | None:
+    """The length of the shortest prefix of ``token_ids`` whose text contains a stop string
+    (``None`` if none does)."""
+    if not stops or not token_ids:
+        return None
+    if not any(s in tokenizer.decode(token_ids, skip_special_tokens=False) for s in stops):
+        return None
+    for n in range(1, len(token_ids) + 1):
+        head = tokenizer.decode(token_ids[:n], skip_special_tokens=False)
+        if any(s in head for s in stops):
+            return n
+    return None  # pragma: no cover - the full text contains a stop
+
+
+class LLMServerEngine(Engine):
+    """A verlog engine whose generations come from verl's rollout replicas.
+
+    Args:
+        client: verl's ``LLMServerClient`` (anything with its ``generate`` coroutine).
+        tokenizer: the policy's tokenizer (end-of-sequence id, stop strings).
+        request_prefix: prepended to every request id (episode ids are only unique per slot).
+        max_prompt_tokens: verl's ``rollout.prompt_length``; longer prompts raise ``EngineError``.
+        max_response_tokens: verl's ``rollout.response_length``; ``max_new_tokens`` is capped at it.
+        on_output: called with each ``TokenOutput`` (e.g. to note the weights' version).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        tokenizer: Any,
+        *,
+        request_prefix: str = "",
+        max_prompt_tokens: int | None = None,
+        max_response_tokens: int | None = None,
+        on_output: Callable[[Any], None] | None = None,
+    ):
+        self.client = client
+        self.tokenizer = tokenizer
+        self.request_prefix = request_prefix
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_response_tokens = max_response_tokens
+        self.on_output = on_output
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos_token_ids = (eos,) if isinstance(eos, int) else ()
+
+    def sampling_params(self, sampling: SamplingParams) -> dict[str, Any]:
+        """The ``sampling_params`` dict verl's servers take (SGLang and vLLM both read these keys)."""
+        max_tokens = sampling.max_new_tokens
+        if self.max_response_tokens is not None:
+            max_tokens = min(max_tokens, self.max_response_tokens)
+        params: dict[str, Any] = {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "repetition_penalty": 1.0,
+            "max_new_tokens": max_tokens,
+            "logprobs": True,
+        }
+        if sampling.stop:
+            params["stop"] = list(sampling.stop)
+        stop_ids = sorted(set(sampling.stop_token_ids) | set(self.eos_token_ids))
+        if stop_ids:
+            params["stop_token_ids"] = stop_ids
+        if sampling.seed is not None:
+            params["seed"] = sampling.seed
+        return params
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> Generation:
+        if self.max_prompt_tokens is not None and len(prompt_ids) > self.max_prompt_tokens:
+            raise EngineError(
+                f"prompt of {len(prompt_ids)} tokens exceeds actor_rollout_ref.rollout.prompt_length="
+                f"{self.max_prompt_tokens}; raise it (verl would cut the prompt, so the trained one would "
+                "not be the one the model saw)"
+            )
+        rid = f"{self.request_prefix}{request_id or uuid.uuid4().hex}"
+        params = self.sampling_params(sampling)
+        try:
+            out = await self.client.generate(rid, prompt_ids=list(prompt_ids), sampling_params=params)
+        except EngineError:
+            raise
+        except Exception as exc:  # a replica crashed, a Ray call failed...
+            raise EngineError(f"verl rollout server failed request {rid}: {type(exc).__name__}: {exc}") from exc
+        if self.on_output is not None:
+            self.on_output(out)
+        if out.log_probs is None:
+            raise EngineError(f"verl rollout server returned no logprobs for request {rid}")
+        ids, logprobs = list(out.token_ids), [float(x) for x in out.log_probs]
+        reason = finish_reason(out.stop_reason)
+        if reason == "abort" and not ids:
+            raise EngineError(f"verl rollout server aborted request {rid} before any token")
+        cut = cut_at_stop(self.tokenizer, ids, tuple(sampling.stop))
+        if cut is not None and cut < len(ids):
+            ids, logprobs, reason = ids[:cut], logprobs[:cut], "stop"
+        info = {k: v for k, v in (out.extra_fields or {}).items() if k in _STEP_KEYS}
+        return Generation(ids, logprobs, reason, info=info)

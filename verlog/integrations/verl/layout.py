@@ -1,0 +1,143 @@
+"""verl's per-turn rows <-> verlog's ``TurnBatch`` (N slots x K turns x T tokens), and back.
+
+verl hands the advantage step a flat, shuffled batch of rows (``[B, T]`` right-padded
+responses). verlog's GAE wants each slot's turns side by side in time order. The rows of one
+agent-loop call (``verlog_trajectory``) are one slot's consecutive turns, ordered by
+``verlog_position``, possibly followed by its bootstrap row; rows verlog did not make (verl's
+no-op padding) take no part.
+
+Layout, for ``N`` trajectories of at most ``K`` turns:
+
+* turns are right-aligned: a trajectory with ``n < K`` turns starts with ``K - n`` empty turns
+  marked terminated (no token, no value, nothing flows across them), so every trajectory's last
+  real turn is turn ``K - 1`` and bootstraps from ``bootstrap_values``;
+* ``V_{k,j}`` for ``j < L_k`` is verl's critic value of response position ``j`` (read at the token
+  before it, so ``V_{k,0}`` is the last prompt token's); ``V_{k,L_k}`` is not computed by verl and
+  is set to 0: with ``lam_token == 1`` it cancels out of every advantage and return;
+* ``bootstrap_values[i]`` is the bootstrap row's ``V_{.,0}`` (0 when the last turn is done).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from verlog.algo.gae import TurnBatch
+from verlog.integrations.verl.samples import BOOTSTRAP, TURN, RowInfo
+
+__all__ = ["RowLayout", "rows_to_turn_batch", "token_scores"]
+
+
+def token_scores(response_mask: Tensor, infos: Sequence[RowInfo | None]) -> Tensor:
+    """``[B, T]`` rewards: each turn's environment reward on its last response token."""
+    scores = torch.zeros(response_mask.shape, dtype=torch.float32)
+    lengths = response_mask.long().sum(-1)
+    for row, info in enumerate(infos):
+        if info is not None and info.kind == TURN and lengths[row] > 0:
+            scores[row, lengths[row] - 1] = info.reward
+    return scores
+
+
+@dataclass
+class RowLayout:
+    """Where each row of the verl batch sits in the ``TurnBatch`` (``-1``: nowhere)."""
+
+    #: per row: (trajectory index, turn index) for turn rows, else (-1, -1)
+    slot: Tensor
+    turn: Tensor
+    trajectories: list[str]
+    #: per trajectory: its number of real turns, and whether it has a bootstrap row
+    turn_counts: list[int]
+    has_bootstrap: list[bool]
+
+    def scatter(self, per_turn: Tensor, width: int) -> Tensor:
+        """``[N, K, >=width]`` -> ``[B, width]`` (rows that are not turns get zeros)."""
+        out = per_turn.new_zeros((self.slot.shape[0], width))
+        rows = (self.slot >= 0).nonzero().squeeze(-1)
+        if rows.numel():
+            out[rows] = per_turn[self.slot[rows], self.turn[rows], :width]
+        return out
+
+
+def rows_to_turn_batch(
+    response_mask: Tensor,
+    values: Tensor,
+    token_rewards: Tensor,
+    infos: Sequence[RowInfo | None],
+) -> tuple[TurnBatch, RowLayout]:
+    """Build the ``TurnBatch`` of a verl batch.
+
+    Args:
+        response_mask: ``[B, T]`` (1 on a turn's response tokens, a prefix of each row).
+        values: ``[B, T]`` verl's critic values of the response positions.
+        token_rewards: ``[B, T]`` rewards per token (the environment's on a turn's last token,
+            plus any KL penalty verl put in the reward).
+        infos: per row, verlog's ``RowInfo`` (``None`` for rows to ignore, e.g. verl's padding).
+    """
+    b, t = response_mask.shape
+    if len(infos) != b:
+        raise ValueError(f"{len(infos)} row infos for a batch of {b} rows")
+    groups: dict[str, list[tuple[int, RowInfo]]] = {}
+    for row, info in enumerate(infos):
+        if info is not None:
+            groups.setdefault(info.trajectory, []).append((row, info))
+    names = sorted(groups)
+    turn_rows: list[list[int]] = []
+    boot_rows: list[int | None] = []
+    for name in names:
+        rows = sorted(groups[name], key=lambda r: r[1].position)
+        positions = [info.position for _, info in rows]
+        if len(set(positions)) != len(positions):
+            raise ValueError(f"trajectory {name!r} has rows with the same verlog_position: {positions}")
+        turns = [row for row, info in rows if info.kind == TURN]
+        boots = [row for row, info in rows if info.kind == BOOTSTRAP]
+        if len(boots) > 1 or (boots and rows[-1][1].kind != BOOTSTRAP):
+            raise ValueError(f"trajectory {name!r}: a bootstrap row must be its single last row")
+        turn_rows.append(turns)
+        boot_rows.append(boots[0] if boots else None)
+
+    n, k = len(names), max((len(r) for r in turn_rows), default=0)
+    mask = torch.zeros((n, k, t), dtype=torch.bool)
+    rewards = torch.zeros((n, k, t), dtype=torch.float32)
+    vals = torch.zeros((n, k, t + 1), dtype=torch.float32)
+    terminated = torch.ones((n, k), dtype=torch.bool)  # the empty turns padding a short trajectory
+    truncated = torch.zeros((n, k), dtype=torch.bool)
+    bootstrap = torch.zeros(n, dtype=torch.float32)
+    slot_of = torch.full((b,), -1, dtype=torch.long)
+    turn_of = torch.full((b,), -1, dtype=torch.long)
+    response_mask = response_mask.bool()
+    for i, (rows, boot) in enumerate(zip(turn_rows, boot_rows)):
+        offset = k - len(rows)
+        for j, row in enumerate(rows):
+            kk = offset + j
+            info = infos[row]
+            assert info is not None
+            row_mask = response_mask[row]
+            length = int(row_mask.sum())
+            if length and not bool(row_mask[:length].all()):
+                raise ValueError(f"row {row} of trajectory {names[i]!r}: response_mask is not a prefix")
+            mask[i, kk] = row_mask
+            rewards[i, kk] = torch.where(row_mask, token_rewards[row].float(), 0.0)
+            vals[i, kk, :length] = values[row, :length].float()
+            terminated[i, kk] = info.terminated
+            truncated[i, kk] = info.truncated and not info.terminated
+            slot_of[row], turn_of[row] = i, kk
+        if rows and not (terminated[i, -1] or truncated[i, -1]):
+            if boot is None:
+                raise ValueError(
+                    f"trajectory {names[i]!r}: its last turn is not done and it has no bootstrap row "
+                    "(the value of the prompt that follows it)"
+                )
+            bootstrap[i] = values[boot, 0].float()
+    batch = TurnBatch(
+        token_rewards=rewards, response_mask=mask, terminated=terminated, truncated=truncated,
+        values=vals, bootstrap_values=bootstrap,
+    )
+    layout = RowLayout(
+        slot=slot_of, turn=turn_of, trajectories=names, turn_counts=[len(r) for r in turn_rows],
+        has_bootstrap=[b is not None for b in boot_rows],
+    )
+    return batch, layout

@@ -1,0 +1,161 @@
+"""verlog turns as verl samples: one ``AgentLoopOutput`` per turn, what each carries, and back.
+
+A verl agent loop may return a list of outputs; verl stores each as its own row (key
+``{uid}_{session}_{index}``) and trains it as an independent sequence. verlog returns one
+output per turn (a model call): ``prompt_ids`` exactly as the engine saw them, ``response_ids``
+exactly as it produced them, one logprob per response id, ``response_mask`` all ones. What the
+advantage step needs rides in ``extra_fields`` under the ``verlog_*`` keys below.
+
+Besides turns, a fixed-turn sample may end with one *bootstrap row*: the prompt a slot's next
+model call is waiting with at the batch boundary, followed by one end-of-sequence token with
+``response_mask`` 0. It trains nothing (verl builds its own no-op padding rows the same way);
+it is there so that verl's critic computes ``V(s_{t+1})`` for the turn the boundary cut.
+
+verl copies the last output's ``reward_score`` onto the others of the same list (it assumes one
+reward per trajectory), so a turn's own reward is carried in ``verlog_reward`` and the trainer
+rewrites ``rm_scores`` from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+from verlog.rollout.turn import Episode, Turn
+
+__all__ = [
+    "BOOTSTRAP",
+    "TURN",
+    "RowInfo",
+    "bootstrap_output",
+    "episode_summary",
+    "row_info",
+    "turn_output",
+]
+
+# ``extra_fields`` keys of a verlog row
+KIND = "verlog_kind"  # "turn" or "bootstrap"
+TRAJECTORY = "verlog_trajectory"  # the agent-loop call the row came from (one slot's batch part)
+POSITION = "verlog_position"  # the row's place in that call's list (time order; bootstrap last)
+EPISODE_ID = "verlog_episode_id"
+TURN_INDEX = "verlog_turn_index"  # the turn's index within its episode
+REWARD = "verlog_reward"
+TERMINATED = "verlog_terminated"
+TRUNCATED = "verlog_truncated"
+SUMMARY = "verlog_summary"  # on the first row of a call: episodes ended / failed meanwhile
+
+TURN: Literal["turn"] = "turn"
+BOOTSTRAP: Literal["bootstrap"] = "bootstrap"
+
+
+def _extra(
+    *, kind: str, trajectory: str, position: int, episode_id: str, turn_index: int, reward: float,
+    terminated: bool, truncated: bool, steps: tuple[int, int], summary: dict[str, Any] | None,
+) -> dict[str, Any]:
+    return {
+        KIND: kind,
+        TRAJECTORY: trajectory,
+        POSITION: position,
+        EPISODE_ID: episode_id,
+        TURN_INDEX: turn_index,
+        REWARD: float(reward),
+        TERMINATED: bool(terminated),
+        TRUNCATED: bool(truncated),
+        SUMMARY: summary,
+        # verl tags every row with the weights' versions it was generated with
+        "min_global_steps": int(steps[0]),
+        "max_global_steps": int(steps[1]),
+        "reward_extra_info": {},
+    }
+
+
+def turn_output(
+    turn: Turn, *, trajectory: str, position: int, episode_id: str, steps: tuple[int, int],
+    summary: dict[str, Any] | None = None,
+) -> Any:
+    """The verl sample of one turn: its exact ids and logprobs, reward and done flags."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+    return AgentLoopOutput(
+        prompt_ids=list(turn.prompt_ids),
+        response_ids=list(turn.response_ids),
+        response_mask=[1] * len(turn.response_ids),
+        response_logprobs=list(turn.logprobs),
+        reward_score=float(turn.reward),
+        num_turns=2,  # verl counts chat messages of a sample: one prompt, one answer
+        metrics=AgentLoopMetrics(),
+        extra_fields=_extra(
+            kind=TURN, trajectory=trajectory, position=position, episode_id=episode_id,
+            turn_index=turn.turn_index, reward=turn.reward, terminated=turn.terminated,
+            truncated=turn.truncated, steps=steps, summary=summary,
+        ),
+    )
+
+
+def bootstrap_output(
+    prompt_ids: Sequence[int], pad_id: int, *, trajectory: str, position: int, episode_id: str,
+    turn_index: int, steps: tuple[int, int],
+) -> Any:
+    """The value-query row of a slot's waiting prompt (``response_mask`` 0: it trains nothing)."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+    return AgentLoopOutput(
+        prompt_ids=list(prompt_ids),
+        response_ids=[int(pad_id)],
+        response_mask=[0],
+        response_logprobs=[0.0],
+        reward_score=0.0,
+        num_turns=1,
+        metrics=AgentLoopMetrics(),
+        extra_fields=_extra(
+            kind=BOOTSTRAP, trajectory=trajectory, position=position, episode_id=episode_id,
+            turn_index=turn_index, reward=0.0, terminated=False, truncated=False, steps=steps, summary=None,
+        ),
+    )
+
+
+def episode_summary(ended: Sequence[Episode], failed: Sequence[Episode]) -> dict[str, Any]:
+    """What happened in a slot while a batch was collected (logged by the trainer)."""
+    failures: dict[str, int] = {}
+    for e in failed:
+        status = e.status if e.failed else "empty"
+        failures[status] = failures.get(status, 0) + 1
+    return {
+        "returns": [float(e.total_reward) for e in ended],
+        "lengths": [len(e.turns) for e in ended],
+        "success": [float(bool(e.info.get("success"))) for e in ended if "success" in e.info],
+        "failed": failures,
+    }
+
+
+@dataclass(frozen=True)
+class RowInfo:
+    """verlog's facts about one row of a verl batch (``None`` for rows verlog did not make)."""
+
+    kind: str
+    trajectory: str
+    position: int
+    episode_id: str
+    turn_index: int
+    reward: float
+    terminated: bool
+    truncated: bool
+    summary: dict[str, Any] | None
+
+
+def row_info(extra_fields: Any) -> RowInfo | None:
+    """Read a row's ``extra_fields`` (a dict, or tensordict's wrapper of one)."""
+    fields = getattr(extra_fields, "data", extra_fields)
+    if not isinstance(fields, dict) or fields.get(KIND) not in (TURN, BOOTSTRAP):
+        return None
+    return RowInfo(
+        kind=fields[KIND],
+        trajectory=str(fields[TRAJECTORY]),
+        position=int(fields[POSITION]),
+        episode_id=str(fields[EPISODE_ID]),
+        turn_index=int(fields[TURN_INDEX]),
+        reward=float(fields[REWARD]),
+        terminated=bool(fields[TERMINATED]),
+        truncated=bool(fields[TRUNCATED]),
+        summary=fields.get(SUMMARY),
+    )

@@ -1,0 +1,173 @@
+"""What verlog reads from a verl config: the ``verlog:`` block and the agent's ``multi_turn`` block.
+
+A verl run of a verlog graph is configured by verl's own hydra config plus two verlog parts:
+
+* ``actor_rollout_ref.rollout.multi_turn.langgraph`` (+ ``chat_template_kwargs``): the graph,
+  exactly the ``multi_turn`` block of a verlog config (``verlog.config.MultiTurnConfig``);
+* ``verlog:`` (a top-level key): fixed-turn batching, seeds, dual-discount GAE and the critic
+  pre-training schedule (``VerlSettings``).
+
+Both are validated here with errors that name the bad key by its full dotted path. Nothing in
+this module imports verl: the agent loop, the trainer and the launcher all read their settings
+through ``agent_spec(config)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from verlog.config import ConfigError, CriticWarmupConfig, MultiTurnConfig, _describe
+
+__all__ = ["AGENT_NAME", "TRAINER_NAME", "AgentSpec", "VerlGAEConfig", "VerlSettings", "agent_spec", "plain"]
+
+#: the agent loop's name in verl's registry (``agent_name`` of verlog's dataset rows)
+AGENT_NAME = "verlog_langgraph"
+#: the trainer's name in verl's registry (``trainer.v1.trainer_mode``)
+TRAINER_NAME = "verlog"
+
+#: where the agent's block sits in a verl config
+MULTI_TURN_KEY = "actor_rollout_ref.rollout.multi_turn"
+#: the keys of that block verlog owns (the others are verl's own)
+MULTI_TURN_OWN_KEYS = ("langgraph", "chat_template_kwargs")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class VerlGAEConfig(_Section):
+    """Dual-discount GAE (verlog.algo.dual_gae) in the verl trainer."""
+
+    gamma_step: float = Field(0.99, ge=0, le=1, description="discount across turns")
+    lam_step: float = Field(0.95, ge=0, le=1)
+    gamma_token: float = Field(1.0, ge=0, le=1, description="discount inside a response")
+    lam_token: float = Field(1.0, ge=0, le=1)
+    whiten_advantages: bool = True
+
+    @field_validator("lam_token")
+    @classmethod
+    def _needs_unit_lam_token(cls, value: float) -> float:
+        # verl's critic returns values at the positions before each response token (V_{k,0} ..
+        # V_{k,L-1}), not after the last one; dual GAE needs V_{k,L} unless lam_token == 1,
+        # where it cancels out exactly (see docs/verl.md).
+        if value != 1.0:
+            raise ValueError(
+                "must be 1.0 under verl: verl's critic gives no value after a response's last token, "
+                "which dual-discount GAE needs when lam_token < 1"
+            )
+        return value
+
+
+class VerlSettings(_Section):
+    """The ``verlog:`` block of a verl config (defaults: Verlog's BabyAI recipe)."""
+
+    num_envs: int = Field(32, ge=1, description="persistent env slots (= data.train_batch_size)")
+    turns_per_env: int | None = Field(
+        8, ge=1, description="turns each slot gives to every batch; null: one whole episode per sample"
+    )
+    seed: int = Field(0, description="slot i's j-th episode plays seed + j * num_envs * rollout.n + i")
+    episode_timeout_s: float | None = Field(600.0, gt=0, description="per episode, not counting time held at a batch boundary")
+    max_consecutive_failures: int = Field(20, ge=1, description="a slot failing this often in a row fails its verl sample")
+    eval_episodes: int = Field(32, ge=1, description="validation episodes (verl's val set)")
+    eval_seed: int = Field(1_000_000, description="seed of the first validation episode")
+    gae: VerlGAEConfig = Field(default_factory=VerlGAEConfig)
+    critic_warmup: CriticWarmupConfig = Field(default_factory=CriticWarmupConfig)
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """Everything verlog needs from a verl config to run and train a graph."""
+
+    multi_turn: MultiTurnConfig
+    settings: VerlSettings
+    model_path: str
+    #: verl's rollout.n: sessions per dataset row (each is its own env slot)
+    rollout_n: int
+    #: verl's rollout.prompt_length / response_length: the longest prompt and response a turn may have
+    prompt_length: int
+    response_length: int
+
+
+def plain(node: Any) -> Any:
+    """An OmegaConf node (or anything) as plain Python containers."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf comes with verl
+        return node
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def _select(config: Any, dotted: str, default: Any = None) -> Any:
+    node = config
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        getter = getattr(node, "get", None)
+        node = getter(part, None) if getter is not None else getattr(node, part, None)
+    return default if node is None else node
+
+
+def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix} must be a mapping, got {type(data).__name__}")
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as exc:
+        lines = [f"  {prefix}.{line.strip()}" for line in _describe(exc, model).splitlines()]
+        raise ConfigError("invalid verl config:\n" + "\n".join(lines)) from None
+
+
+def read_multi_turn(config: Any) -> MultiTurnConfig:
+    """The agent's ``multi_turn`` block (verlog's keys of ``actor_rollout_ref.rollout.multi_turn``)."""
+    block = plain(_select(config, MULTI_TURN_KEY)) or {}
+    own = {k: block[k] for k in MULTI_TURN_OWN_KEYS if block.get(k) is not None}
+    if "langgraph" not in own:
+        raise ConfigError(
+            f"{MULTI_TURN_KEY}.langgraph is missing: it names the graph to train, e.g. "
+            "{path: graphs/babyai.py, graph_config: {recursion_limit: 400}}"
+        )
+    return _validate(MultiTurnConfig, own, MULTI_TURN_KEY)
+
+
+def read_settings(config: Any) -> VerlSettings:
+    """The ``verlog:`` block of a verl config (defaults where it is absent)."""
+    return _validate(VerlSettings, plain(_select(config, "verlog")), "verlog")
+
+
+def agent_spec(config: Any) -> AgentSpec:
+    """Read and validate verlog's parts of a (composed) verl config."""
+    multi_turn = read_multi_turn(config)
+    model_path = _select(config, "actor_rollout_ref.model.path")
+    if not model_path:
+        raise ConfigError("actor_rollout_ref.model.path is missing: the policy model's folder")
+    rollout = _select(config, "actor_rollout_ref.rollout")
+    return AgentSpec(
+        multi_turn=multi_turn,
+        settings=read_settings(config),
+        model_path=str(model_path),
+        rollout_n=int(_select(rollout, "n", 1)),
+        prompt_length=int(_select(rollout, "prompt_length", 512)),
+        response_length=int(_select(rollout, "response_length", 512)),
+    )
+
+
+def resolve_graph_path(path: str, *bases: Path) -> str:
+    """A graph path made absolute: as given if it exists, else relative to ``bases`` in order
+    (Ray workers may run in another working directory, so launchers store absolute paths)."""
+    candidate = Path(path)
+    if candidate.is_absolute():
+        return str(candidate)
+    if candidate.exists():
+        return str(candidate.resolve())
+    for base in bases:
+        if (base / candidate).exists():
+            return str((base / candidate).resolve())
+    return str(candidate.resolve())

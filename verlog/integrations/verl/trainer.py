@@ -1,0 +1,192 @@
+"""``VerlogPPOTrainer``: verl's synchronous v1 PPO trainer with verlog's advantages and critic
+pre-training (registered with verl as ``trainer.v1.trainer_mode: verlog``).
+
+It changes three things in verl's ``PPOTrainerSync`` and leaves the rest (Ray worker groups,
+FSDP/Megatron engines, SGLang/vLLM replicas, weight sync, checkpoints, validation) to verl:
+
+1. **Advantages** (``_compute_advantage``): the batch's per-turn rows are read from verl's
+   TransferQueue, grouped by the agent-loop call they came from (one env slot's consecutive
+   turns, ordered by turn) and given to ``verlog.algo.dual_gae`` as a ``TurnBatch``
+   (``verlog.integrations.verl.advantage``); advantages, returns, rewards go back to the queue
+   for verl's actor and critic updates.
+2. **Critic pre-training** (``step``, first step only): Verlog's schedule. ``W`` batches are
+   collected with the initial policy (``verlog.critic_warmup.buffer_multiplier``), then ``S``
+   critic-only updates (``iterations``) each recompute values and GAE over the whole buffer and
+   fit the critic on a random ``subset_fraction`` of its rows (``verlog.algo.CriticWarmup``).
+3. **Synchronous semantics under a new name**: verl chooses its replay buffer and dataloader
+   granularity by ``trainer_mode == "sync"``; this trainer is synchronous (each step's rollout
+   finishes before the update, then the weights are synced), so it keeps those code paths.
+
+Import this module (or run ``verlog train --engine verl``, whose Ray task runner imports it) before
+verl looks the trainer up: registration happens at import time, in the process that imports it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import transfer_queue as tq
+from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.debug import marked_timer
+from verl.workers.utils.padding import response_to_nested
+
+from verlog.algo import CriticWarmup
+from verlog.config import ConfigError
+from verlog.integrations.verl.advantage import compute_turn_advantages
+from verlog.integrations.verl.samples import TURN, RowInfo, row_info
+from verlog.integrations.verl.settings import TRAINER_NAME, AgentSpec, agent_spec
+
+__all__ = ["VerlogPPOTrainer", "check_verl_config", "row_infos"]
+
+logger = logging.getLogger(__name__)
+
+
+def check_verl_config(config: Any) -> AgentSpec:
+    """Validate what this trainer needs from a verl config (errors name the key)."""
+    spec = agent_spec(config)
+    estimator = str(config.algorithm.adv_estimator)
+    if estimator != "gae":
+        raise ConfigError(
+            f"algorithm.adv_estimator={estimator!r}: trainer.v1.trainer_mode={TRAINER_NAME} trains with verlog's "
+            "dual-discount GAE and a critic; set algorithm.adv_estimator=gae"
+        )
+    return spec
+
+
+def row_infos(extra_fields: Any, tags: list[dict], response_lengths: list[int]) -> list[RowInfo | None]:
+    """verlog's facts about each row of a sampled batch; ``None`` for verl's padding rows (their
+    tag says so; they also carry a copy of a real row's extra fields, with no response token)."""
+    infos: list[RowInfo | None] = []
+    for fields, tag, length in zip(list(extra_fields), tags, response_lengths, strict=True):
+        info = None if tag.get("is_padding", False) else row_info(fields)
+        if info is not None and info.kind == TURN and length == 0:
+            info = None
+        infos.append(info)
+    return infos
+
+
+@register_trainer(TRAINER_NAME)
+class VerlogPPOTrainer(PPOTrainerSync):
+    """verl's synchronous PPO trainer training verlog's per-turn samples (see the module docstring)."""
+
+    def __init__(self, config: Any):
+        self.spec = check_verl_config(config)
+        warmup = self.spec.settings.critic_warmup
+        self.critic_warmup = CriticWarmup(
+            warmup.buffer_multiplier, warmup.iterations, warmup.subset_fraction, seed=self.spec.settings.seed
+        )
+        super().__init__(config)
+
+    # ------------------------------------------------------------------ verl hooks
+    def _build_replay_buffer(self) -> Any:
+        # verl selects its synchronous replay buffer and dataloader settings by this name
+        self.trainer_mode = "sync"
+        return super()._build_replay_buffer()
+
+    def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
+        if self.critic_warmup.enabled and self.global_steps <= 1 and not getattr(self, "_critic_pretrained", False):
+            self._critic_pretrained = True
+            with marked_timer("verlog_critic_pretrain", timing_raw, color="cyan"):
+                self._pretrain_critic(metrics)
+        return super().step(metrics, timing_raw)
+
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """Dual-discount GAE over the batch's per-turn rows (``verlog.algo.dual_gae``)."""
+        from verl.protocol import DataProto
+
+        algorithm = self.config.algorithm
+        use_kl = bool(algorithm.use_kl_in_reward)
+        fields = ["response_mask", "values", "extra_fields"]
+        if use_kl:
+            fields += ["old_log_probs", "ref_log_prob"]
+        correction = self._rollout_correction()
+        if correction is not None:
+            fields += [f for f in ("old_log_probs", "rollout_log_probs") if f not in fields]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        nested_mask = data["response_mask"]
+        extra = data.pop("extra_fields")
+        infos = row_infos(extra, batch.tags, nested_mask.offsets().diff().tolist())
+        data = DataProto(batch=data.to_padded_tensor())
+
+        written = ["advantages", "returns", "token_level_rewards", "rm_scores"]
+        if correction is not None:
+            from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+            data, corr_metrics = compute_rollout_correction_and_add_to_batch(data, correction)
+            metrics.update(corr_metrics)
+            written.append("response_mask")
+            if "rollout_is_weights" in data.batch:
+                written.append("rollout_is_weights")
+        data, adv_metrics = compute_turn_advantages(
+            data, infos, self.spec.settings.gae,
+            kl_ctrl=self.kl_ctrl_in_reward if use_kl else None, kl_penalty=algorithm.kl_penalty,
+        )
+        metrics.update(adv_metrics)
+        # each turn's own reward (verl copied the call's last reward onto all of its rows)
+        data.batch["rm_scores"] = data.batch["token_level_scores"]
+        output = TensorDict(
+            {name: response_to_nested(data.batch[name], nested_mask) for name in written}, batch_size=len(batch)
+        )
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+    def _rollout_correction(self) -> Any:
+        """verl's rollout-correction config when it applies (decoupled mode with engine logprobs)."""
+        config = self.config.algorithm.get("rollout_correction", None)
+        if config is None or config.get("bypass_mode", False):
+            return None
+        if not self.config.actor_rollout_ref.rollout.get("calculate_log_probs", False):
+            return None
+        return config
+
+    # ------------------------------------------------------------------ critic pre-training
+    def _pretrain_critic(self, metrics: dict) -> None:
+        """Verlog's critic pre-training: collect ``W`` batches once with the initial policy, then
+        ``S`` critic-only updates on random subsets of them, values and GAE recomputed each time."""
+        warmup = self.critic_warmup
+        batches = [self._collect_batch() for _ in range(warmup.buffer_multiplier)]
+        self.checkpoint_manager.sleep_replicas()  # rollout is done: free its memory for the critic
+        buffer = KVBatchMeta(
+            keys=[k for b in batches for k in b.keys], tags=[t for b in batches for t in b.tags],
+            partition_id="train",
+        )
+        prep: dict = {}
+        # whole batches (GAE needs each slot's turns together), padded for the critic's workers
+        balanced = [self._balance_batch(b, metrics=prep, logging_prefix="verlog_warmup_seqlen") for b in batches]
+        used = set(buffer.keys)
+        for iteration, subset in enumerate(warmup.subsets(len(buffer))):
+            step_metrics: dict = {}
+            for part in balanced:
+                self._compute_values(part, metrics=step_metrics)
+                self._compute_advantage(part, metrics=step_metrics)
+            chosen = subset.tolist()
+            sample = KVBatchMeta(
+                keys=[buffer.keys[i] for i in chosen], tags=[buffer.tags[i] for i in chosen], partition_id="train"
+            )
+            sample = self._balance_batch(sample, metrics=step_metrics, logging_prefix="verlog_warmup_seqlen")
+            sample.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+            self._update_critic(sample, metrics=step_metrics)
+            used.update(sample.keys)
+            loss = step_metrics.get("critic/vf_loss")
+            if loss is not None:
+                metrics["verlog/critic_warmup/vf_loss"] = float(loss)
+            logger.info("verlog critic pre-training %d/%d: vf_loss %s", iteration + 1, warmup.iterations, loss)
+        for part in balanced:
+            used.update(part.keys)
+        metrics["verlog/critic_warmup/batches"] = float(len(batches))
+        metrics["verlog/critic_warmup/buffer_rows"] = float(len(buffer))
+        tq.kv_clear(keys=sorted(used), partition_id="train")
+        # wake the replicas for the first training batch (the actor has not moved)
+        self.checkpoint_manager.update_weights(self.global_steps - 1)
+
+    def _collect_batch(self) -> KVBatchMeta:
+        """One rollout batch with the current weights (no update follows)."""
+        self.prepare_step()
+        batch, _ = self.replay_buffer.sample(
+            global_steps=self.global_steps, partition_id="train", batch_size=self.config.data.train_batch_size
+        )
+        batch.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        return batch
