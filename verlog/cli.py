@@ -1,7 +1,7 @@
 """The ``verlog`` command line.
 
     verlog rollout CONFIG [key=value ...] [--episodes N] [--seed S] [--show-messages] [--json FILE]
-    verlog train CONFIG [key=value ...] [--resume]
+    verlog train CONFIG [key=value ...] [--resume] [--engine embedded|verl] [--dry-run]
     verlog eval CONFIG [CONFIG ...] [key=value ...] [--suite balrog] [--checkpoint DIR | --base-url URL --model NAME]
     verlog play ENV [--seed S] [--agent human|bot]
     verlog serve-model CHECKPOINT [--port P] [--api-key K]
@@ -111,12 +111,26 @@ def _print_summary(episodes: list[Episode]) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.engine == "verl":
+        return _train_verl(args)
+    if args.dry_run:
+        raise ConfigError("--dry-run composes a verl config: use it with --engine verl")
     from verlog.train import train
 
     config = load_config(args.config, args.overrides)
     result = train(config, resume=args.resume, console=console)
     console.print(f"{result.updates} updates in {result.seconds:.0f} s; run folder: {result.run_dir}")
     return 0
+
+
+def _train_verl(args: argparse.Namespace) -> int:
+    """Train with verl (Ray, FSDP/Megatron, SGLang/vLLM): see docs/verl.md."""
+    try:
+        from verlog.integrations.verl.launch import launch
+    except ImportError as exc:
+        raise ConfigError(f"--engine verl needs verl: pip install 'verlog[verl]' ({exc})") from exc
+    overrides = [*args.overrides, *(["trainer.resume_mode=auto"] if args.resume else [])]
+    return launch(args.config, overrides, dry_run=args.dry_run, echo=print if args.dry_run else console.print)
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -147,10 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="also write the episodes and turns to this JSON file")
     p.set_defaults(func=_rollout)
 
-    p = sub.add_parser("train", help="train the config's graph with multi-turn PPO on the embedded engine")
-    p.add_argument("config", help="a YAML config file (see configs/)")
+    p = sub.add_parser("train", help="train the config's graph with multi-turn PPO (embedded engine, or verl at scale)")
+    p.add_argument("config", help="a YAML config file (see configs/; configs/verl_*.yaml for --engine verl)")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. trainer.total_updates=10")
     p.add_argument("--resume", action="store_true", help="continue the run in trainer.run_dir from its latest checkpoint")
+    p.add_argument("--engine", choices=["embedded", "verl"], default="embedded",
+                   help="embedded: one process, CPU or one GPU (default); verl: verl's Ray trainer on many GPUs")
+    p.add_argument("--dry-run", action="store_true", help="with --engine verl: print the composed verl config and stop")
     p.set_defaults(func=_train)
 
     from verlog.evaluation.command import add_eval_command
