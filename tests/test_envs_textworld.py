@@ -127,6 +127,18 @@ def test_games_are_cached_atomically_and_failed_seeds_move_on(tmp_path: Path) ->
     assert env.game_seed == used4
 
 
+def test_games_built_from_several_threads_at_once(tmp_path: Path) -> None:
+    """Evaluation and training build games from worker threads: TextWorld's generator is not
+    thread-safe, so verlog builds one at a time (without the lock most of these fail)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    settings = settings_for("treasure_hunter", level=1)
+    with ThreadPoolExecutor(4) as pool:
+        built = list(pool.map(lambda seed: build_game("treasure_hunter", settings, seed, tmp_path), range(10, 14)))
+    assert [used for _, used in built] == [10, 11, 12, 13]
+    assert all(path.is_file() for path, _ in built)
+
+
 def test_settings_and_names_are_checked() -> None:
     with pytest.raises(ValueError, match="valid names: .*textworld:treasure_hunter, textworld:coin_collector, textworld:cooking"):
         make_env("textworld:zork")

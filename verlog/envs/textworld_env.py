@@ -45,6 +45,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -144,6 +145,11 @@ def _generate_game(family: str, settings: Mapping[str, Any], seed: int) -> Any:
         return make(settings, options)
 
 
+#: one game generated at a time per process: TextWorld's generator is not thread-safe (games built
+#: concurrently in worker threads fail with ``IndexError: pop from empty list`` or parse errors)
+_GENERATION_LOCK = threading.Lock()
+
+
 def build_game(family: str, settings: Mapping[str, Any], seed: int, root: Path | None = None) -> tuple[Path, int]:
     """The compiled game file of (family, settings, seed), generated on first use.
 
@@ -162,31 +168,34 @@ def build_game(family: str, settings: Mapping[str, Any], seed: int, root: Path |
         if failed.is_file():  # this candidate is known to admit no game
             continue
         final.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            game = _generate_game(family, settings, candidate)
-        except QuestGenerationError:
-            _write_atomic(failed, "QuestGenerationError\n")
-            continue
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-        try:
-            options = GameOptions()
-            options.path = str(tmp / "game.z8")
-            options.force_recompile = True
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                compile_game(game, options)
-            (tmp / "game.ni").unlink(missing_ok=True)
-            (tmp / "meta.json").write_text(
-                json.dumps({"family": family, "settings": dict(settings), "seed": candidate}, indent=1)
-            )
+        with _GENERATION_LOCK:  # TextWorld's generator and compiler share global state
+            if (final / "game.z8").is_file():  # another thread built it meanwhile
+                return final / "game.z8", candidate
             try:
-                os.rename(tmp, final)
-            except OSError:  # another process finished the same game first
-                if not (final / "game.z8").is_file():
-                    raise
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+                game = _generate_game(family, settings, candidate)
+            except QuestGenerationError:
+                _write_atomic(failed, "QuestGenerationError\n")
+                continue
+            tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+            try:
+                options = GameOptions()
+                options.path = str(tmp / "game.z8")
+                options.force_recompile = True
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    compile_game(game, options)
+                (tmp / "game.ni").unlink(missing_ok=True)
+                (tmp / "meta.json").write_text(
+                    json.dumps({"family": family, "settings": dict(settings), "seed": candidate}, indent=1)
+                )
+                try:
+                    os.rename(tmp, final)
+                except OSError:  # another process finished the same game first
+                    if not (final / "game.z8").is_file():
+                        raise
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
         return final / "game.z8", candidate
     raise RuntimeError(
         f"TextWorld could not generate a {family} game for seed {seed} "
