@@ -1,6 +1,6 @@
 """The embedded trainer: multi-turn PPO on LangGraph graphs in one process (CPU or one GPU).
 
-``train(config)`` is ``verlog train``; ``evaluate`` / ``verlog eval`` score a policy. The loop
+``train(config)`` is ``verlog train`` (policies are scored by ``verlog.evaluation``). The loop
 itself reads top to bottom in ``verlog/train/trainer.py``; the maths is in ``verlog.algo``.
 """
 
