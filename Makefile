@@ -1,7 +1,7 @@
 # verlog: the two commands of the README do all set-up on a fresh machine.
 #   make run    - the main job: verlog train configs/quickstart.yaml (embedded engine, CPU)
 #   make test   - the test suite (what CI runs via .ci/run)
-# Other targets: make setup, make test-slow, make bench.
+# Other targets: make setup, make test-slow, make bench, make bench-train.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -11,7 +11,7 @@ STAMP   = $(VENV)/.verlog-installed
 # pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup run test test-slow bench clean
+.PHONY: setup run test test-slow bench bench-train clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/prompt_tokens.py
 	$(BIN)/python benchmarks/gae_speed.py
 	$(BIN)/python benchmarks/env_speed.py --quick
+
+# training benchmarks, minutes each: P5 (learning curve PNG + zero-advantage control), P7 (memory)
+bench-train: $(STAMP)
+	$(BIN)/python benchmarks/learning_curve.py
+	$(BIN)/python benchmarks/train_memory.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
