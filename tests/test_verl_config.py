@@ -75,6 +75,8 @@ def test_cli_dry_run_prints_the_composed_config(capsys):
         ("verlog.turns_per_envs=4", "verlog.turns_per_envs"),
         ("actor_rollout_ref.rollout.multi_turn.langgraph.graph_config.recursion_limt=5", "recursion_limt"),
         ("algorithm.adv_estimator=grpo", "algorithm.adv_estimator"),
+        ("actor_rollout_ref.rollout.multi_turn.langgraph.graph_kwargs.tsk=goto", "tsk"),
+        ("actor_rollout_ref.rollout.multi_turn.langgraph.path=graphs/nope.py", "nope.py"),
     ],
 )
 def test_bad_keys_are_named(override, named, capsys):

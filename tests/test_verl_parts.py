@@ -185,7 +185,7 @@ def test_critic_pretraining_collects_once_then_fits_the_critic_on_random_subsets
     trainer.prepare_step = lambda: events.append("rollout")
     trainer._balance_batch = lambda batch, metrics, logging_prefix: batch
     trainer._compute_values = lambda batch, metrics: events.append(("values", tuple(batch.keys)))
-    trainer._compute_advantage = lambda batch, metrics: events.append(("gae", tuple(batch.keys)))
+    trainer._compute_advantage = lambda batch, metrics, initial_policy: events.append(("gae", tuple(batch.keys)))
 
     def update_critic(batch, metrics):
         events.append(("critic", tuple(batch.keys)))

@@ -283,8 +283,11 @@ def _expected_advantages(world, keys, values, kl, gae):
     return whiten(adv, mask), ret, where
 
 
-@pytest.mark.parametrize("kl_in_reward", [False, True])
-def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, kl_in_reward):
+@pytest.mark.parametrize("mode", ["plain", "kl_in_reward", "critic_pretraining"])
+def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, mode):
+    """verl's batch as the trainer sees it (padding rows added, rows reordered) -> the advantages and
+    returns the trainer writes back equal ``verlog.algo.dual_gae`` on the same turns. In critic
+    pre-training the policy is the reference (KL exactly 0) and no old logprobs exist yet."""
     from omegaconf import open_dict
     from transfer_queue import KVBatchMeta
     from verl.trainer.ppo import core_algos
@@ -294,8 +297,9 @@ def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, kl_in_reward)
 
     store = copy.deepcopy(world.store)
     config = copy.deepcopy(world.config)
+    kl_in_reward = mode == "kl_in_reward"
     with open_dict(config):
-        config.algorithm.use_kl_in_reward = kl_in_reward
+        config.algorithm.use_kl_in_reward = mode != "plain"
     keys = list(world.keys[2])
     gen = torch.Generator().manual_seed(7)
     values, kl = {}, {}
@@ -305,7 +309,9 @@ def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, kl_in_reward)
         values[key] = torch.randn(length, generator=gen)
         old = row["rollout_log_probs"] + 0.01 * torch.randn(length, generator=gen)
         ref = old - 0.5 * torch.rand(length, generator=gen)
-        row.update(values=values[key], old_log_probs=old, ref_log_prob=ref)
+        row.update(values=values[key])
+        if mode != "critic_pretraining":
+            row.update(old_log_probs=old, ref_log_prob=ref)
         kl[key] = 0.001 * (old - ref)
     tags = [dict(store.tags["train"][k]) for k in keys]
     trainer = object.__new__(VerlogPPOTrainer)
@@ -316,7 +322,7 @@ def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, kl_in_reward)
         batch = KVBatchMeta(keys=keys, tags=tags, partition_id="train")
         batch = upsample_batch_to_divisible_size(batch, 5, world.tokenizer.eos_token_id)  # verl's padding rows
         batch.reorder(list(torch.randperm(len(batch), generator=gen)))  # as verl's balancing does
-        trainer._compute_advantage(batch, metrics)
+        trainer._compute_advantage(batch, metrics, initial_policy=mode == "critic_pretraining")
     assert len(batch) == 10 and sum(bool(t.get("is_padding")) for t in batch.tags) == 3
 
     expected_adv, expected_ret, where = _expected_advantages(

@@ -17,6 +17,7 @@ result with verl's own checks and runs verl's ``run_ppo`` with ``VerlogTaskRunne
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -159,6 +160,23 @@ def wire_verlog(config: Any, keep: set[str] = frozenset()) -> AgentSpec:
     return spec
 
 
+def check_graph(spec: AgentSpec) -> None:
+    """Fail in the driver, not in every agent-loop worker, when the graph file cannot be used:
+    it must import, take its ``graph_kwargs`` and make episode inputs from seeds."""
+    from verlog.graph_file import load_graph_file
+
+    graph_file = load_graph_file(spec.multi_turn.langgraph.path)
+    graph_file.episode_input(spec.settings.seed)
+    build = graph_file.build_graph
+    try:
+        inspect.signature(build).bind(None, **spec.multi_turn.langgraph.graph_kwargs)
+    except TypeError as exc:
+        raise ConfigError(
+            f"{MULTI_TURN_KEY}.langgraph.graph_kwargs {sorted(spec.multi_turn.langgraph.graph_kwargs)} do not fit "
+            f"build_graph{inspect.signature(build)} of {graph_file.path}: {exc}"
+        ) from None
+
+
 def launch(path: str | Path, overrides: Sequence[str] = (), *, dry_run: bool = False, echo: Any = print) -> int:
     """Compose, validate and (unless ``dry_run``) run verl's PPO with verlog's agent and trainer."""
     from hydra.errors import InstantiationException
@@ -171,6 +189,7 @@ def launch(path: str | Path, overrides: Sequence[str] = (), *, dry_run: bool = F
 
     config = compose_verl_config(path, overrides)
     spec = check_verl_config(config)
+    check_graph(spec)
     auto_set_device(config)
     try:
         validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
