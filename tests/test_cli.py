@@ -51,6 +51,15 @@ def test_play_by_hand_and_by_bot():
     assert bot.returncode == 0 and "success True" in bot.stdout
 
 
+def test_play_random_agent_and_clear_errors():
+    random_play = verlog("play", "babyai:goto", "--seed", "2", "--agent", "random", "--max-steps", "3")
+    assert random_play.returncode == 0, random_play.stderr
+    assert random_play.stdout.count("> ACTION: ") == 3
+    no_bot = verlog("play", "guess", "--agent", "bot")
+    assert no_bot.returncode == 2 and "unknown environment 'guess'" in no_bot.stdout and "babyai:goto" in no_bot.stdout
+    assert "Traceback" not in no_bot.stdout + no_bot.stderr
+
+
 def test_examples_run():
     for script in ("examples/programmatic_rollout.py", "examples/sglang_protocol.py"):
         result = subprocess.run([sys.executable, script, *(["--episodes", "2"] if "programmatic" in script else [])],

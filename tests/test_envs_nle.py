@@ -457,3 +457,12 @@ async def test_nethack_graph_runs_and_reports_progression() -> None:
     assert episode.turns[-1].truncated
     assert all("progression" in t.info and "max_depth" in t.info for t in episode.turns)
     assert episode.turns[2].reward == pytest.approx(-0.1) and episode.turns[2].info["action"] == "esc"
+
+
+def test_play_nethack_has_no_bot_but_random_play() -> None:
+    from verlog.envs.play import play
+
+    with pytest.raises(ValueError, match="no bot is available for 'nethack'.*--agent random"):
+        play("nethack", seed=0, agent="bot", print_fn=lambda _: None)
+    summary = play("nethack", seed=0, agent="random", max_steps=5, print_fn=lambda _: None)
+    assert summary["steps"] == 5

@@ -3,7 +3,7 @@
     verlog rollout CONFIG [key=value ...] [--episodes N] [--seed S] [--show-messages] [--json FILE]
     verlog train CONFIG [key=value ...] [--resume] [--engine embedded|verl] [--dry-run]
     verlog eval CONFIG [CONFIG ...] [key=value ...] [--suite balrog] [--checkpoint DIR | --base-url URL --model NAME]
-    verlog play ENV [--seed S] [--agent human|bot]
+    verlog play ENV [--seed S] [--agent human|bot|random]
     verlog serve-model CHECKPOINT [--port P] [--api-key K]
     verlog serve GRAPH --base-url URL --model NAME
     verlog models build {tiny,toy,smollm2}
@@ -144,7 +144,11 @@ def _models(args: argparse.Namespace) -> int:
 def _play(args: argparse.Namespace) -> int:
     from verlog.envs.play import play
 
-    play(args.env, seed=args.seed, agent=args.agent, max_steps=args.max_steps)
+    try:
+        play(args.env, seed=args.seed, agent=args.agent, max_steps=args.max_steps)
+    except ValueError as exc:  # an unknown game or task, no bot for it
+        console.print(f"[red]error:[/] {exc}")
+        return 2
     return 0
 
 
@@ -177,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("play", help="play a text environment in the terminal, seeing what the model sees")
     p.add_argument("env", help="an environment name, e.g. babyai:goto, babaisai:two_room-goto_win, crafter")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--agent", choices=["human", "bot"], default="human", help="bot: an oracle plays")
+    p.add_argument("--agent", choices=["human", "bot", "random"], default="human",
+                   help="bot: an oracle or scripted player; random: random valid actions")
     p.add_argument("--max-steps", type=int, default=None)
     p.set_defaults(func=_play)
 

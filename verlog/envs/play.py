@@ -59,6 +59,10 @@ def _babaisai_bot(env: TextEnv) -> TextAgent | None:
     return None
 
 
+#: who answers in ``verlog play``
+PLAY_AGENTS = ("human", "bot", "random")
+
+
 def make_bot(env: TextEnv, name: str | None = None) -> TextAgent | None:
     """The oracle or scripted agent for ``env`` (registry ``name``, default ``env.name``), or
     ``None`` when the game has none."""
@@ -98,17 +102,26 @@ def play(
 ) -> dict[str, Any]:
     """Play one episode of ``name``; returns a summary (steps, return, success, last info).
 
-    ``agent``: ``"human"`` reads answers with ``input_fn``; ``"bot"`` uses ``make_bot``.
-    ``max_steps`` overrides the game's step cap.
+    ``agent``: ``"human"`` reads answers with ``input_fn``; ``"bot"`` uses ``make_bot``;
+    ``"random"`` answers with random valid actions. ``max_steps`` overrides the game's step cap.
     """
-    if agent not in ("human", "bot"):
-        raise ValueError(f"agent must be 'human' or 'bot', not {agent!r}")
+    if agent not in PLAY_AGENTS:
+        raise ValueError(f"agent must be one of {', '.join(PLAY_AGENTS)}, not {agent!r}")
     env = make_env(name, seed=seed, max_steps=max_steps)
     observation = env.reset()
-    bot = make_bot(env, name) if agent == "bot" else None
+    bot: TextAgent | None = None
     if agent == "bot":
+        bot = make_bot(env, name)
         if bot is None:
-            raise ValueError(f"no bot is available for {name!r}")
+            raise ValueError(
+                f"no bot is available for {name!r}: play it yourself (--agent human) or watch random "
+                "valid actions (--agent random)"
+            )
+    elif agent == "random":
+        from verlog.envs.nle_agents import RandomTextAgent
+
+        bot = RandomTextAgent(env.valid_actions, seed=seed or 0)
+    if bot is not None:
         bot.reset()
 
     print_fn(f"{RULE}\nINSTRUCTION\n{RULE}\n{env.instruction}")
