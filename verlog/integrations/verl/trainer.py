@@ -117,15 +117,7 @@ class VerlogPPOTrainer(PPOTrainerSync):
         infos = row_infos(extra, batch.tags, nested_mask.offsets().diff().tolist())
         data = DataProto(batch=data.to_padded_tensor())
 
-        written = ["advantages", "returns", "token_level_rewards", "rm_scores"]
-        if correction is not None:
-            from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
-
-            data, corr_metrics = compute_rollout_correction_and_add_to_batch(data, correction)
-            metrics.update(corr_metrics)
-            written.append("response_mask")
-            if "rollout_is_weights" in data.batch:
-                written.append("rollout_is_weights")
+        # GAE on the turns as sampled (each response mask a prefix) ...
         data, adv_metrics = compute_turn_advantages(
             data, infos, self.spec.settings.gae,
             kl_ctrl=self.kl_ctrl_in_reward if use_kl else None, kl_penalty=algorithm.kl_penalty,
@@ -133,6 +125,15 @@ class VerlogPPOTrainer(PPOTrainerSync):
         metrics.update(adv_metrics)
         # each turn's own reward (verl copied the call's last reward onto all of its rows)
         data.batch["rm_scores"] = data.batch["token_level_scores"]
+        written = ["advantages", "returns", "token_level_rewards", "rm_scores"]
+        if correction is not None:  # ... then verl's rollout correction may mask tokens out of the losses
+            from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+            data, corr_metrics = compute_rollout_correction_and_add_to_batch(data, correction)
+            metrics.update(corr_metrics)
+            written.append("response_mask")
+            if "rollout_is_weights" in data.batch:
+                written.append("rollout_is_weights")
         output = TensorDict(
             {name: response_to_nested(data.batch[name], nested_mask) for name in written}, batch_size=len(batch)
         )
