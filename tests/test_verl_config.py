@@ -87,6 +87,18 @@ def test_bad_keys_are_named(override, named, capsys):
     assert named in capsys.readouterr().out.replace("\n", "")
 
 
+def test_the_agent_loop_registry_file_names_verlogs_agent_loop():
+    """What every verl agent-loop worker loads (``agent_loop_config_path``) to know the agent loop."""
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+
+    from verlog.integrations.verl.agent_loop import LangGraphAgentLoop
+    from verlog.integrations.verl.launch import AGENT_LOOPS_FILE
+
+    (entry,) = OmegaConf.load(AGENT_LOOPS_FILE)
+    assert entry.name == "verlog_langgraph" and get_class(entry._target_) is LangGraphAgentLoop
+
+
 def test_a_config_without_a_graph_is_refused(tmp_path):
     from verlog.config import ConfigError
     from verlog.integrations.verl.launch import compose_verl_config
