@@ -327,10 +327,31 @@ def config_from_dict(data: dict[str, Any], *, source: str = "<config>") -> Verlo
     """Validate a mapping as a ``VerlogConfig``; raise ``ConfigError`` naming every bad key."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
+    if "actor_rollout_ref" in data:
+        raise ConfigError(
+            f"{source} is a verl config (it has actor_rollout_ref): train it with "
+            f"`verlog train --engine verl {source}` (see docs/verl.md); verlog's other commands "
+            "take verlog configs such as configs/babyai.yaml"
+        )
     try:
         return VerlogConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"invalid config {source}:\n{_describe(exc, VerlogConfig)}") from None
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds (an empty file is ``{}``); a clear ``ConfigError`` for
+    a missing file, invalid YAML or a top level that is not a mapping."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    return data
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> VerlogConfig:
@@ -340,13 +361,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> VerlogConfig
     then against the config file's folder and its parent (so configs/x.yaml may say graphs/x.py).
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    config = config_from_dict(apply_overrides(data, overrides), source=str(path))
+    config = config_from_dict(apply_overrides(read_yaml_mapping(path), overrides), source=str(path))
     graph_path = Path(config.multi_turn.langgraph.path)
     if not graph_path.is_absolute() and not graph_path.exists():
         for base in (path.parent, path.parent.parent):

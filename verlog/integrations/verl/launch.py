@@ -22,9 +22,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
 
-from verlog.config import ConfigError, apply_overrides
+from verlog.config import ConfigError, apply_overrides, read_yaml_mapping
 from verlog.models import MODEL_SPECS
 from verlog.integrations.verl.settings import (
     AGENT_NAME,
@@ -41,18 +40,6 @@ __all__ = ["AGENT_LOOPS_FILE", "compose_verl_config", "launch", "wire_verlog"]
 AGENT_LOOPS_FILE = Path(__file__).with_name("agent_loops.yaml")
 #: verl's packaged configs a verlog config may start from
 VERL_DEFAULTS = ("ppo_trainer", "ppo_megatron_trainer")
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
-    return data
 
 
 def _verl_defaults(name: str) -> Any:
@@ -75,7 +62,7 @@ def compose_verl_config(path: str | Path, overrides: Sequence[str] = ()) -> Any:
     from verlog.integrations.verl.multi_turn import TARGET
 
     path = Path(path)
-    data = apply_overrides(_read_yaml(path), overrides)
+    data = apply_overrides(read_yaml_mapping(path), overrides)
     verlog_block = data.get("verlog") or {}
     defaults_name = verlog_block.pop("verl_defaults", "ppo_trainer") if isinstance(verlog_block, dict) else "ppo_trainer"
     base = _verl_defaults(str(defaults_name))
