@@ -36,6 +36,12 @@ def test_bad_config_key_is_a_clear_error(tmp_path):
     assert "sampling.temprature: unknown key" in result.stdout and "temperature" in result.stdout
 
 
+def test_error_messages_keep_their_brackets():
+    # rich would read "[0.5]" or "pip install 'verlog[verl]'" as markup and drop it
+    result = verlog("rollout", "configs/calculator.yaml", "sampling.temperature=[0.5]")
+    assert result.returncode == 2 and "(got [0.5])" in result.stdout
+
+
 def test_graph_file_without_factory_is_a_clear_error(tmp_path):
     graph = tmp_path / "empty.py"
     graph.write_text("x = 1\n")

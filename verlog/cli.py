@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from verlog.backends.base import EngineError
@@ -147,7 +148,7 @@ def _play(args: argparse.Namespace) -> int:
     try:
         play(args.env, seed=args.seed, agent=args.agent, max_steps=args.max_steps)
     except ValueError as exc:  # an unknown game or task, no bot for it
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         return 2
     return 0
 
@@ -203,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ConfigError, GraphFileError, EngineError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")

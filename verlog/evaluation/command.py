@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 
 from verlog.evaluation.models import EndpointModel, EngineModel
 from verlog.evaluation.progress import EvalProgress
@@ -71,7 +72,7 @@ def _command(args: argparse.Namespace) -> int:
     try:
         run_eval(args, console)
     except EvalError as exc:
-        console.print(f"[red]error:[/] {exc}", soft_wrap=True)
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         return 2
     return 0
 
