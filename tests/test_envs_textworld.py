@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("textworld")
 
+from verlog.envs.base import play_steps  # noqa: E402
 from verlog.envs import textworld_env as TW  # noqa: E402
 from verlog.envs.registry import list_envs, make_env  # noqa: E402
 from verlog.envs.textworld_env import (  # noqa: E402
@@ -27,16 +28,7 @@ from verlog.envs.textworld_env import (  # noqa: E402
 
 
 def play_walkthrough(env: TextWorldTextEnv, seed: int):
-    observation = env.reset(seed)
-    agent = TextWorldWalkthroughAgent(env)
-    agent.reset()
-    results = []
-    while True:
-        result = env.step(agent.act(observation))
-        results.append(result)
-        observation = result.observation
-        if result.done:
-            return results
+    return play_steps(env, TextWorldWalkthroughAgent(env), seed)
 
 
 @pytest.mark.parametrize("family,seeds", [("coin_collector", [0, 1]), ("cooking", [0]), ("treasure_hunter", [0])])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Protocol
 
 
 @dataclass
@@ -73,3 +73,25 @@ class TextEnv(abc.ABC):
 
     def close(self) -> None:
         """Release resources."""
+
+
+class TextAgent(Protocol):
+    """Anything that answers observations with text (oracles, scripted and random players):
+    ``reset`` after each ``env.reset``."""
+
+    def reset(self) -> None: ...
+
+    def act(self, observation: str) -> str: ...
+
+
+def play_steps(env: TextEnv, agent: TextAgent, seed: int | None = None) -> list[StepResult]:
+    """Play one episode of ``env`` (reset with ``seed``) with ``agent``; every step's result, in order."""
+    observation = env.reset(seed)
+    agent.reset()
+    results: list[StepResult] = []
+    while True:
+        result = env.step(agent.act(observation))
+        results.append(result)
+        observation = result.observation
+        if result.done:
+            return results

@@ -29,7 +29,7 @@ import numpy as np
 from crafter import constants
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
-from verlog.envs.base import StepResult, TextEnv
+from verlog.envs.base import StepResult, TextEnv, play_steps
 from verlog.envs.progression import crafter_value
 from verlog.envs.text import offset_phrase
 
@@ -488,13 +488,5 @@ def run_scripted_episode(
     env: CrafterTextEnv, seed: int | None = None, agent_seed: int = 0
 ) -> tuple[list[StepResult], list[str]]:
     """Play one episode with ``CrafterScriptedAgent``; returns the steps and the achievements."""
-    observation = env.reset(seed)
-    agent = CrafterScriptedAgent(seed=agent_seed)
-    agent.reset()
-    results = []
-    while True:
-        result = env.step(agent.act(observation))
-        results.append(result)
-        observation = result.observation
-        if result.done:
-            return results, list(result.info["achievements"])
+    results = play_steps(env, CrafterScriptedAgent(seed=agent_seed), seed)
+    return results, list(results[-1].info["achievements"])

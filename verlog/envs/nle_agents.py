@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from verlog.envs.base import play_steps
 from verlog.envs.nle_text import DIRECTION_OF_OFFSET, DIRECTIONS
 
 _POSITION = re.compile(r"^Position: column (\d+), row (\d+)\.$")
@@ -298,14 +299,7 @@ class RandomTextAgent:
 
 def play_episode(env: Any, agent: Any, seed: int | None = None) -> dict[str, Any]:
     """Play one episode of ``env`` with ``agent``; returns steps, return, success and last info."""
-    observation = env.reset(seed)
-    agent.reset()
-    steps, total = 0, 0.0
-    while True:
-        result = env.step(agent.act(observation))
-        steps += 1
-        total += result.reward
-        observation = result.observation
-        if result.done:
-            return {"steps": steps, "return": total, "success": bool(result.info.get("success")),
-                    "info": result.info}
+    results = play_steps(env, agent, seed)
+    last = results[-1]
+    return {"steps": len(results), "return": sum(r.reward for r in results), "success": bool(last.info.get("success")),
+            "info": last.info}

@@ -12,20 +12,12 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
-from verlog.envs.base import TextEnv
+from verlog.envs.base import TextAgent, TextEnv
 from verlog.envs.registry import make_env
 
 RULE = "-" * 72
-
-
-class TextAgent(Protocol):
-    """Anything that answers observations with text: ``reset`` after each ``env.reset``."""
-
-    def reset(self) -> None: ...
-
-    def act(self, observation: str) -> str: ...
 
 
 class _AnswerFnAgent:
