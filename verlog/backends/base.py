@@ -97,8 +97,28 @@ class Engine(abc.ABC):
         the prefix cache is reused); engines without routing ignore it.
         """
 
+    def stop_token_ids(self, sampling: SamplingParams) -> list[int]:
+        """The token ids that end this generation: the request's and the model's end of sequence."""
+        return sorted(set(sampling.stop_token_ids) | set(self.eos_token_ids))
+
     async def aclose(self) -> None:
         """Release resources (threads, HTTP sessions)."""
+
+
+def ends_with_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> bool:
+    """Whether the text of the last tokens of ``ids`` contains a stop string (only a tail short
+    enough to hold the longest stop is decoded, so checking after every token stays cheap)."""
+    longest = max(len(s) for s in stops)
+    tail = tokenizer.decode(ids[-(2 * longest + 4):], skip_special_tokens=False)
+    return any(s in tail for s in stops)
+
+
+def cut_at_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> int | None:
+    """The length of the shortest prefix of ``ids`` whose text contains a stop string (``None``
+    if none does): for servers that return tokens past a stop string."""
+    if not stops or not ids or not any(s in tokenizer.decode(ids, skip_special_tokens=False) for s in stops):
+        return None
+    return next((n for n in range(1, len(ids) + 1) if ends_with_stop(tokenizer, ids[:n], stops)), None)
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:

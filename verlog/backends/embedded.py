@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from verlog.backends.base import Engine, EngineError, Generation, SamplingParams
+from verlog.backends.base import Engine, EngineError, Generation, SamplingParams, ends_with_stop
 
 
 @dataclass
@@ -350,7 +350,7 @@ class EmbeddedEngine(Engine):
             r.finish_reason = "abort"
         elif token in self.eos_token_ids or token in s.stop_token_ids:
             r.finish_reason = "stop"
-        elif s.stop and _ends_with_stop(self.tokenizer, r.out_ids, s.stop):
+        elif s.stop and ends_with_stop(self.tokenizer, r.out_ids, s.stop):
             r.finish_reason = "stop"
         elif len(r.out_ids) >= s.max_new_tokens or len(r.prompt_ids) + len(r.out_ids) >= self.max_context:
             r.finish_reason = "length"
@@ -485,13 +485,6 @@ def _common_prefix_len(prompts: list[list[int]]) -> int:
     while n < limit and all(p[n] == first[n] for p in prompts):
         n += 1
     return n
-
-
-def _ends_with_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> bool:
-    """Whether the decoded tail of ``ids`` contains a stop string (decoded incrementally)."""
-    longest = max(len(s) for s in stops)
-    tail = tokenizer.decode(ids[-(2 * longest + 4):], skip_special_tokens=False)
-    return any(s in tail for s in stops)
 
 
 def _as_id_set(value: Any) -> set[int]:

@@ -153,7 +153,7 @@ class SGLangEngine(Engine):
         }
         if sampling.stop:
             params["stop"] = list(sampling.stop)
-        stop_ids = sorted(set(sampling.stop_token_ids) | set(self.eos_token_ids))
+        stop_ids = self.stop_token_ids(sampling)
         if stop_ids:
             params["stop_token_ids"] = stop_ids
         if sampling.seed is not None:

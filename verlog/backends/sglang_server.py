@@ -240,7 +240,7 @@ class SGLangCompatServer(LocalServer):
         elif generation.finish_reason == "abort":
             finish = {"type": "abort", "message": str(generation.info.get("message", "aborted"))}
         else:
-            stop_ids = set(sampling.stop_token_ids) | set(self.engine.eos_token_ids)
+            stop_ids = self.engine.stop_token_ids(sampling)
             matched = ids[-1] if ids and ids[-1] in stop_ids else None
             finish = {"type": "stop", "matched": matched}
         meta: dict[str, Any] = {

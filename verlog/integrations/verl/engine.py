@@ -23,9 +23,9 @@ from __future__ import annotations
 import uuid
 from typing import Any, Callable
 
-from verlog.backends.base import Engine, EngineError, FinishReason, Generation, SamplingParams
+from verlog.backends.base import Engine, EngineError, FinishReason, Generation, SamplingParams, cut_at_stop
 
-__all__ = ["LLMServerEngine", "cut_at_stop", "finish_reason"]
+__all__ = ["LLMServerEngine", "finish_reason"]
 
 #: stop reasons of verl's servers (SGLang's finish_reason types, vLLM's "completed"/"aborted")
 _ABORTED = frozenset({"abort", "aborted"})
@@ -40,20 +40,6 @@ def finish_reason(stop_reason: str | None) -> FinishReason:
     if stop_reason in _ABORTED:
         return "abort"
     return "stop"
-
-
-def cut_at_stop(tokenizer: Any, token_ids: list[int], stops: tuple[str, ...]) -> int | None:
-    """The length of the shortest prefix of ``token_ids`` whose text contains a stop string
-    (``None`` if none does)."""
-    if not stops or not token_ids:
-        return None
-    if not any(s in tokenizer.decode(token_ids, skip_special_tokens=False) for s in stops):
-        return None
-    for n in range(1, len(token_ids) + 1):
-        head = tokenizer.decode(token_ids[:n], skip_special_tokens=False)
-        if any(s in head for s in stops):
-            return n
-    return None  # pragma: no cover - the full text contains a stop
 
 
 class LLMServerEngine(Engine):
@@ -102,7 +88,7 @@ class LLMServerEngine(Engine):
         }
         if sampling.stop:
             params["stop"] = list(sampling.stop)
-        stop_ids = sorted(set(sampling.stop_token_ids) | set(self.eos_token_ids))
+        stop_ids = self.stop_token_ids(sampling)
         if stop_ids:
             params["stop_token_ids"] = stop_ids
         if sampling.seed is not None:
