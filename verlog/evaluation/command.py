@@ -209,7 +209,6 @@ def _report(args: argparse.Namespace, about: dict[str, Any], tasks: list[EvalTas
     console.print(f"results written to {', '.join(str(p) for p in written)}")
     errors = [r for r in records if r.status == "error"]
     if errors:
-        first_line = (errors[0].error or "").strip().splitlines()[0] if errors[0].error else "?"
         console.print(f"[yellow]{len(errors)} episode(s) ended with an error and count as lost[/] (first: "
-                      f"{first_line}); run the same command again to play them again")
+                      f"{escape(errors[0].error_line)}); run the same command again to play them again")
     return summary.tasks

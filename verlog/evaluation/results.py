@@ -75,6 +75,12 @@ class EpisodeRecord:
         return self.status != "ok"
 
     @property
+    def error_line(self) -> str:
+        """The first line of the error (for one-line reports), or ``"an error"`` when there is none."""
+        lines = (self.error or "").strip().splitlines()
+        return lines[0] if lines else "an error"
+
+    @property
     def label(self) -> str:
         """``env/task`` (just ``env`` when the task is the environment itself)."""
         return self.env if self.task == self.env else f"{self.env}/{self.task}"

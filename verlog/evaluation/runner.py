@@ -154,7 +154,7 @@ class EpisodeLog:
         """Write one record and flush it to the operating system."""
         if self._file is None:
             self.folder.mkdir(parents=True, exist_ok=True)
-            cut = self.path.is_file() and self.path.stat().st_size > 0 and not self.path.read_bytes().endswith(b"\n")
+            cut = self.path.is_file() and self.path.stat().st_size > 0 and not _ends_with_newline(self.path)
             self._file = self.path.open("a", encoding="utf-8")
             if cut:  # the previous run was killed mid-line: start on a fresh one
                 self._file.write("\n")
@@ -167,12 +167,20 @@ class EpisodeLog:
             self._file = None
 
 
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) == b"\n"
+
+
 def _graphs(tasks: Sequence[EvalTask], chat_model_for: Callable[[EvalTask], Any]) -> dict[tuple[str, str], tuple[Any, GraphFile]]:
     files: dict[str, GraphFile] = {}
     built = {}
     for task in tasks:
         path = task.config.multi_turn.langgraph.path
-        graph_file = files.get(path) or files.setdefault(path, load_graph_file(path))
+        if path not in files:
+            files[path] = load_graph_file(path)
+        graph_file = files[path]
         built[task.key] = (graph_file.build(chat_model_for(task), **task.graph_kwargs), graph_file)
     return built
 
@@ -213,8 +221,7 @@ async def play_tasks(
             on_record(record)
         errors_in_a_row = errors_in_a_row + 1 if record.status == "error" else 0
         if max_consecutive_errors and errors_in_a_row >= max_consecutive_errors:
-            first_line = (record.error or "").strip().splitlines()[0] if record.error else "an error"
-            raise EvalError(f"{errors_in_a_row} episodes in a row failed with an error, the last one: {first_line}")
+            raise EvalError(f"{errors_in_a_row} episodes in a row failed with an error, the last one: {record.error_line}")
 
     running = [asyncio.ensure_future(one(t, s)) for t, s in pending]
     try:
