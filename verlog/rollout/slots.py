@@ -37,7 +37,13 @@ from verlog.rollout.recorder import TurnRecorder
 from verlog.rollout.runner import run_episode
 from verlog.rollout.turn import Episode, Turn
 
-__all__ = ["SlotBatch", "SlotRunner", "TurnGate"]
+__all__ = ["SlotBatch", "SlotFailureError", "SlotRunner", "TurnGate"]
+
+
+class SlotFailureError(RuntimeError):
+    """The rollout cannot go on: a slot's episodes failed ``max_consecutive_failures`` times in a
+    row (a graph that always fails would otherwise loop forever). The message names the last
+    failure."""
 
 
 @dataclass

@@ -13,10 +13,13 @@ class Turn:
     """One model call, exactly as the engine saw and produced it: one training sample.
 
     ``prompt_ids`` are the ids the engine received, ``response_ids`` the ids it returned (never
-    re-encoded from text), ``logprobs`` one per response id. ``reward`` is the sum of the rewards
+    re-encoded from text), ``logprobs`` one per response id, drawn with ``temperature``,
+    ``top_p`` and ``top_k`` (each node may sample its own way: every recomputation of a logprob,
+    ratio, KL or entropy uses the turn's own temperature). ``reward`` is the sum of the rewards
     the environment reported after this call and before the next one; ``terminated`` means the
-    task ended here (no bootstrap), ``truncated`` that a limit cut it (the next state still has a
-    value).
+    task ended here (no bootstrap), ``truncated`` that a limit cut it: the state after the cut
+    still has a value, read from ``next_prompt_ids`` (the prompt the model would have been given
+    next) when the rollout could render it.
     """
 
     episode_id: str
@@ -28,6 +31,12 @@ class Turn:
     terminated: bool = False
     truncated: bool = False
     finish_reason: str = ""
+    #: the sampling the response was drawn with (a greedy call, temperature 0, is scored at 1)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    #: truncated turns: the prompt ids of the state after the cut (``None``: not known)
+    next_prompt_ids: list[int] | None = None
     #: the LangGraph node that made the call (``langgraph_node`` metadata), if any
     node: str | None = None
     #: environment info reported with the rewards (e.g. ``success``, ``valid_action``)
@@ -45,6 +54,11 @@ class Turn:
     @property
     def done(self) -> bool:
         return self.terminated or self.truncated
+
+    @property
+    def scoring_temperature(self) -> float:
+        """The temperature to recompute this turn's logprobs at (greedy calls were scored at 1)."""
+        return self.temperature if self.temperature > 0 else 1.0
 
 
 @dataclass
