@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Protocol
+from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 
 @dataclass
@@ -95,3 +95,17 @@ def play_steps(env: TextEnv, agent: TextAgent, seed: int | None = None) -> list[
         observation = result.observation
         if result.done:
             return results
+
+
+class AnswerFnAgent:
+    """An oracle that reads the game's state: asks ``answer_fn(env)`` for each answer."""
+
+    def __init__(self, env: TextEnv, answer_fn: Callable[[TextEnv], str]) -> None:
+        self.env = env
+        self.answer_fn = answer_fn
+
+    def reset(self) -> None:
+        pass
+
+    def act(self, observation: str) -> str:
+        return self.answer_fn(self.env)

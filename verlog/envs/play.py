@@ -10,45 +10,14 @@ Bots act only through ``env.step(text)``, like a model.
 
 from __future__ import annotations
 
-import importlib
 import re
 from typing import Any, Callable
 
 from verlog.envs.base import TextAgent, TextEnv
+from verlog.envs.family import get_family
 from verlog.envs.registry import make_env
 
 RULE = "-" * 72
-
-
-class _AnswerFnAgent:
-    """Asks ``answer_fn(env)`` for each answer (an oracle that reads the env's state)."""
-
-    def __init__(self, env: TextEnv, answer_fn: Callable[[TextEnv], str]) -> None:
-        self.env = env
-        self.answer_fn = answer_fn
-
-    def reset(self) -> None:
-        pass
-
-    def act(self, observation: str) -> str:
-        return self.answer_fn(self.env)
-
-
-def _babaisai_bot(env: TextEnv) -> TextAgent | None:
-    """The BabaIsAI solver as an agent, if ``verlog.envs.babaisai.solver`` offers one.
-
-    Accepted solver APIs: ``bot_answer(env)`` returning the next answer text, or
-    ``make_agent(env)`` returning a ``TextAgent``.
-    """
-    try:
-        solver = importlib.import_module("verlog.envs.babaisai.solver")
-    except ModuleNotFoundError:
-        return None
-    if hasattr(solver, "bot_answer"):
-        return _AnswerFnAgent(env, solver.bot_answer)
-    if hasattr(solver, "make_agent"):
-        return solver.make_agent(env)  # type: ignore[no-any-return]
-    return None
 
 
 #: who answers in ``verlog play``
@@ -57,31 +26,9 @@ PLAY_AGENTS = ("human", "bot", "random")
 
 def make_bot(env: TextEnv, name: str | None = None) -> TextAgent | None:
     """The oracle or scripted agent for ``env`` (registry ``name``, default ``env.name``), or
-    ``None`` when the game has none."""
-    family = re.split(r"[:/]", name or env.name, maxsplit=1)[0]
-    if family == "babyai":
-        from verlog.envs.babyai import BabyAIBotAgent, BabyAITextEnv
-
-        assert isinstance(env, BabyAITextEnv)
-        return BabyAIBotAgent(env)
-    if family == "crafter":
-        from verlog.envs.crafter_env import CrafterScriptedAgent
-
-        return CrafterScriptedAgent()
-    if family == "babaisai":
-        return _babaisai_bot(env)
-    if family == "textworld":
-        from verlog.envs.textworld_env import TextWorldTextEnv, TextWorldWalkthroughAgent
-
-        assert isinstance(env, TextWorldTextEnv)
-        return TextWorldWalkthroughAgent(env)
-    if family == "minihack":
-        from verlog.envs.nle_agents import MiniHackSearchAgent
-        from verlog.envs.nle_env import MiniHackTextEnv
-
-        assert isinstance(env, MiniHackTextEnv)
-        return MiniHackSearchAgent(can_open="open <direction>" in env.base_actions())
-    return None
+    ``None`` when the game has none (its family declares it: :mod:`verlog.envs.family`)."""
+    family = get_family(re.split(r"[:/]", name or env.name, maxsplit=1)[0])
+    return family.bot(env) if family.bot is not None else None
 
 
 def play(

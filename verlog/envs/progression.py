@@ -16,8 +16,9 @@ that results can be averaged across games. Its definitions, reproduced here:
   deepest level and highest experience level reached.
 
 Each family has a function ``<family>_progression(episode_info) -> float`` reading the ``info``
-dict of the episode's last step (the keys each one reads are in its docstring);
-:func:`progression` picks the function from an environment name. The environments also put the
+dict of the episode's last step (the keys each one reads are in its docstring); each environment
+family declares its function (:mod:`verlog.envs.family`) and :func:`progression` picks it from an
+environment name. The environments also put the
 running value in ``info["progression"]`` at every step.
 """
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 #: Crafter's achievement count (BALROG divides by it)
 CRAFTER_ACHIEVEMENTS = 22
@@ -133,14 +134,27 @@ def nethack_progression(episode_info: Mapping[str, Any]) -> float:
     return nethack_value(int(depth), int(level))
 
 
-PROGRESSION_FUNCTIONS: Mapping[str, Callable[[Mapping[str, Any]], float]] = {
-    "babyai": babyai_progression,
-    "babaisai": babaisai_progression,
-    "minihack": minihack_progression,
-    "crafter": crafter_progression,
-    "textworld": textworld_progression,
-    "nethack": nethack_progression,
-}
+class _FamilyProgressions(Mapping[str, Callable[[Mapping[str, Any]], float]]):
+    """The progression function of every registered environment family, by family name (read
+    from :mod:`verlog.envs.family` on each access, so families registered later are included)."""
+
+    def _table(self) -> dict[str, Callable[[Mapping[str, Any]], float]]:
+        from verlog.envs.family import families  # the declarations import this module
+
+        return {name: family.progression for name, family in families().items()}
+
+    def __getitem__(self, name: str) -> Callable[[Mapping[str, Any]], float]:
+        return self._table()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+#: family name -> its progression function (``"babyai"`` -> :func:`babyai_progression`)
+PROGRESSION_FUNCTIONS: Mapping[str, Callable[[Mapping[str, Any]], float]] = _FamilyProgressions()
 
 
 def family_of(env_name: str) -> str:

@@ -1,0 +1,189 @@
+"""Environment families: every text game verlog knows, declared in one place.
+
+A *family* is one game with its tasks (``babyai`` with ``goto``, ``pickup`` ...; ``crafter`` with
+no task). Its :class:`EnvFamily` says everything the rest of verlog needs to know about it:
+
+* ``name`` and ``tasks``: the environment names are ``"<name>:<task>"`` (or just ``"<name>"`` for
+  a family without tasks);
+* ``make(task, seed, **kwargs) -> TextEnv``: builds one game (``task`` is ``""`` for a family
+  without tasks); it should import the game's heavy packages *inside* the function, so listing
+  names stays cheap;
+* ``bot(env) -> TextAgent | None``: the oracle or scripted player (``verlog play --agent bot``,
+  the oracle tests and benchmarks), or ``None`` when the game has none;
+* ``progression(episode_info) -> float``: BALROG's 0-1 progression of an episode from its last
+  step's ``info`` (see :mod:`verlog.envs.progression`);
+* ``balrog``: the :class:`BalrogSettings` of BALROG's evaluation protocol for this game (its task
+  list, step caps, history length, answer budget, the action run on an invalid answer, and the
+  constructor settings that switch the game to BALROG's levels and wording), or ``None``.
+
+Who reads it: :func:`verlog.envs.registry.make_env` and ``list_envs``, ``verlog play``'s bots,
+:data:`verlog.envs.progression.PROGRESSION_FUNCTIONS`, the game graphs (task lists, BALROG's
+settings) and the benchmarks. Adding a game is one :func:`register_family` call; nothing else
+branches on game names.
+
+verlog's own families are declared in :mod:`verlog.envs.families` (a light module: it imports no
+game package) and registered on the first lookup. Another package registers its own::
+
+    from verlog.envs.family import EnvFamily, register_family
+    register_family(EnvFamily(name="mygame", tasks=("easy", "hard"), make=make_mygame,
+                              progression=goal_progression))
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from verlog.envs.base import TextAgent, TextEnv
+
+#: the evaluation protocols a game graph can play under: verlog's training variant or BALROG's
+PROTOCOLS: tuple[str, ...] = ("verlog", "balrog")
+#: the module holding verlog's own family declarations (imported on the first lookup)
+BUILTIN_FAMILIES_MODULE = "verlog.envs.families"
+
+MakeFn = Callable[..., TextEnv]
+BotFn = Callable[[TextEnv], "TextAgent | None"]
+ProgressionFn = Callable[[Mapping[str, Any]], float]
+
+
+@dataclass(frozen=True)
+class BalrogSettings:
+    """BALROG's evaluation protocol for one family (from balrog-ai/BALROG's ``config.yaml`` and
+    the environment wrappers it installs).
+
+    Attributes:
+        tasks: BALROG's task list, in its order, as ``(BALROG's name, verlog task)`` pairs (the
+            verlog task is ``""`` for a family without tasks).
+        max_steps: the step cap of each verlog task under BALROG's protocol (a task missing here
+            keeps its game's own default under ``env_kwargs``).
+        episodes_per_task: BALROG's ``eval.num_episodes`` for the family.
+        history_length: past observations kept in the prompt (BALROG's ``max_text_history``).
+        max_tokens: the answer budget of each model call (BALROG's ``generate_kwargs.max_tokens``).
+        invalid_action: the action BALROG runs when an answer names no valid action.
+        env_kwargs: constructor settings that switch the game to BALROG's levels and wording.
+        left_out: BALROG tasks verlog cannot run, each with the reason.
+    """
+
+    tasks: tuple[tuple[str, str], ...]
+    max_steps: Mapping[str, int] = field(default_factory=dict)
+    episodes_per_task: int = 10
+    history_length: int = 16
+    max_tokens: int = 8192
+    invalid_action: str | None = None
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    left_out: Mapping[str, str] = field(default_factory=dict)
+
+    def task_names(self) -> tuple[str, ...]:
+        """BALROG's task names, in its order."""
+        return tuple(name for name, _ in self.tasks)
+
+    def verlog_tasks(self) -> tuple[str, ...]:
+        """The verlog tasks BALROG plays, in BALROG's order."""
+        return tuple(task for _, task in self.tasks)
+
+
+@dataclass(frozen=True)
+class EnvFamily:
+    """One game and its tasks (see the module docstring for what each field is for)."""
+
+    name: str
+    tasks: tuple[str, ...]
+    make: MakeFn
+    progression: ProgressionFn
+    bot: BotFn | None = None
+    balrog: BalrogSettings | None = None
+    #: tasks that exist in the original benchmark but not here, each with the reason
+    left_out: Mapping[str, str] = field(default_factory=dict)
+    #: one line saying what the game is (``verlog play`` and docs)
+    summary: str = ""
+
+    def env_names(self) -> list[str]:
+        """The registry names of the family's games."""
+        return [f"{self.name}:{task}" for task in self.tasks] if self.tasks else [self.name]
+
+    def make_env(self, task: str, seed: int | None = None, protocol: str = "verlog", **kwargs: Any) -> TextEnv:
+        """Build the game of ``task``; ``protocol="balrog"`` applies :attr:`balrog`'s settings
+        (levels, wording, invalid action, step cap), which explicit ``kwargs`` still override."""
+        check_protocol(protocol)
+        if self.tasks and task not in self.tasks:
+            note = f" ({self.left_out[task]})" if task in self.left_out else ""
+            raise ValueError(f"unknown {self.name} task {task!r}{note}; valid tasks: {', '.join(self.tasks)}")
+        if not self.tasks and task:
+            raise ValueError(f"{self.name!r} has no tasks (got {task!r}): use the name {self.name!r} alone")
+        if protocol == "balrog":
+            kwargs = {**self.balrog_kwargs(task), **kwargs}
+        return self.make(task, seed, **kwargs)
+
+    def balrog_kwargs(self, task: str) -> dict[str, Any]:
+        """The constructor settings of ``task`` under BALROG's protocol."""
+        if self.balrog is None:
+            raise ValueError(f"{self.name!r} has no BALROG protocol")
+        kwargs = dict(self.balrog.env_kwargs)
+        if task in self.balrog.max_steps:
+            kwargs["max_steps"] = self.balrog.max_steps[task]
+        return kwargs
+
+
+def check_protocol(protocol: str) -> str:
+    """``protocol`` itself, or a ``ValueError`` naming the valid ones."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+    return protocol
+
+
+_FAMILIES: dict[str, EnvFamily] = {}
+_LOCK = threading.Lock()
+_builtins_loaded = False
+
+
+def register_family(family: EnvFamily, *, replace: bool = False) -> EnvFamily:
+    """Add ``family`` to the registry (``replace=True`` to redeclare a name); returns it."""
+    if not family.name or ":" in family.name:
+        raise ValueError(f"a family name must be non-empty and have no ':' (got {family.name!r})")
+    with _LOCK:
+        if family.name in _FAMILIES and not replace:
+            raise ValueError(f"the environment family {family.name!r} is already registered")
+        _FAMILIES[family.name] = family
+    return family
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        importlib.import_module(BUILTIN_FAMILIES_MODULE)
+
+
+def families() -> dict[str, EnvFamily]:
+    """Every registered family by name, in registration order."""
+    _load_builtins()
+    return dict(_FAMILIES)
+
+
+def get_family(name: str) -> EnvFamily:
+    """The family called ``name`` (``"babyai"``; an environment name ``"babyai:goto"`` works too)."""
+    family_name = family_name_of(name)
+    found = families().get(family_name)
+    if found is None:
+        raise ValueError(f"unknown environment family {family_name!r}; valid: {', '.join(families())}")
+    return found
+
+
+def family_name_of(env_name: str) -> str:
+    """``"minihack:MazeWalk-9x9"`` -> ``"minihack"`` (``"nethack"`` -> ``"nethack"``)."""
+    return env_name.partition(":")[0]
+
+
+def split_env_name(env_name: str) -> tuple[EnvFamily, str]:
+    """The family and task of an environment name; a ``ValueError`` lists every valid name."""
+    family_name, _, task = env_name.partition(":")
+    family = families().get(family_name)
+    if family is None or (family.tasks and task not in family.tasks) or (not family.tasks and task):
+        note = ""
+        if family is not None and task in family.left_out:
+            note = f" ({task} is left out: {family.left_out[task]})"
+        valid = ", ".join(name for f in families().values() for name in f.env_names())
+        raise ValueError(f"unknown environment {env_name!r}{note}; valid names: {valid}")
+    return family, task
