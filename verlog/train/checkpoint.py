@@ -6,9 +6,14 @@ Layout of ``<run_dir>/checkpoints/update_000010/``::
                            anywhere a model path is taken (``model.path=...``, ``verlog eval``)
     actor_adapter/         with LoRA: the adapters (``actor/`` is then absent; base = model.path)
     critic.safetensors     the critic (backbone + value head)
-    optimizers.pt          actor and critic optimizer states
-    rng.pt                 torch / python / numpy RNG states and the engine's sampling generator
+    optimizers.json        actor and critic optimizer states: hyper-parameters and structure ...
+    optimizers.safetensors ... and their tensors (Adam moments, step counts)
+    rng.json               torch / python / numpy RNG states and named generators (the engine's
+    rng.safetensors        sampling generator, the mini-batch shuffle)
     state.json             update number, slot and episode counters, wandb run id
+
+Nothing in a checkpoint is a pickle: loading one never runs code. A folder holding pickled
+``optimizers.pt`` / ``rng.pt`` (older verlog, other tools) is refused with ``CheckpointError``.
 
 A checkpoint is built in a temporary folder and renamed into place, then ``checkpoints/latest``
 names it; a run killed at any moment keeps every checkpoint it had completed.
@@ -29,10 +34,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 __all__ = [
+    "CheckpointError",
     "checkpoint_dirs",
     "get_rng_state",
     "latest_checkpoint",
     "load_critic_weights",
+    "load_optimizers",
+    "load_rng",
     "read_state",
     "resolve_checkpoint",
     "save_checkpoint",
@@ -40,6 +48,17 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"^update_(\d+)$")
+#: written in every ``*.json`` part beside its tensors; a file without it is not ours
+_FORMAT = "verlog-checkpoint"
+_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be loaded: written by another tool or an older verlog, incomplete, or
+    not matching the models of this run. The message is one line naming the folder."""
+
+
+# ---------------------------------------------------------------------- finding checkpoints
 
 
 def checkpoints_root(run_dir: Path) -> Path:
@@ -79,7 +98,18 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def read_state(checkpoint: Path) -> dict[str, Any]:
-    return json.loads((Path(checkpoint) / "state.json").read_text())
+    """The counters saved with a checkpoint (``state.json``)."""
+    path = Path(checkpoint) / "state.json"
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: not a verlog checkpoint state (a JSON object was expected)")
+    return state
+
+
+# ---------------------------------------------------------------------- RNG states
 
 
 def get_rng_state(extra: dict[str, torch.Generator] | None = None) -> dict[str, Any]:
@@ -96,6 +126,7 @@ def get_rng_state(extra: dict[str, torch.Generator] | None = None) -> dict[str, 
 
 
 def set_rng_state(state: dict[str, Any], extra: dict[str, torch.Generator] | None = None) -> None:
+    """Put back the RNG states ``get_rng_state`` returned (named generators matched by name)."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
@@ -104,6 +135,9 @@ def set_rng_state(state: dict[str, Any], extra: dict[str, torch.Generator] | Non
     for name, generator in (extra or {}).items():
         if name in state["generators"]:
             generator.set_state(state["generators"][name])
+
+
+# ---------------------------------------------------------------------- saving
 
 
 def save_checkpoint(
@@ -129,8 +163,8 @@ def save_checkpoint(
     save_actor(tmp)
     if critic is not None:
         save_file({k: v.detach().contiguous().cpu() for k, v in critic.state_dict().items()}, tmp / "critic.safetensors")
-    torch.save({k: o.state_dict() for k, o in optimizers.items() if o is not None}, tmp / "optimizers.pt")
-    torch.save(rng, tmp / "rng.pt")
+    _save_tree({k: o.state_dict() for k, o in optimizers.items() if o is not None}, tmp, "optimizers")
+    _save_tree(rng, tmp, "rng")
     (tmp / "state.json").write_text(json.dumps({**state, "update": update}, indent=1))
     if final.exists():  # re-saving the same update (a resumed run): replace it
         shutil.rmtree(final)
@@ -143,16 +177,143 @@ def save_checkpoint(
     return final
 
 
+# ---------------------------------------------------------------------- loading
+
+
 def load_critic_weights(critic: torch.nn.Module, checkpoint: Path) -> None:
-    critic.load_state_dict(load_file(Path(checkpoint) / "critic.safetensors"))
+    """Load ``critic.safetensors`` into ``critic`` (a mismatch is a ``CheckpointError``)."""
+    path = Path(checkpoint) / "critic.safetensors"
+    if not path.is_file():
+        raise CheckpointError(f"{checkpoint} has no critic.safetensors: it was saved without a critic "
+                              "(algorithm.estimator grpo?); resume with the estimator it was trained with")
+    try:
+        critic.load_state_dict(load_file(path))
+    except Exception as exc:  # a corrupt file, or another model's shapes
+        raise CheckpointError(f"{path} does not fit this run's critic (was model.path changed?): "
+                              f"{_first_line(exc)}") from None
 
 
 def load_optimizers(checkpoint: Path, optimizers: dict[str, torch.optim.Optimizer | None]) -> None:
-    states = torch.load(Path(checkpoint) / "optimizers.pt", weights_only=False)
+    """Restore each named optimizer saved in ``checkpoint`` (names absent there are left as they are)."""
+    states = _load_tree(Path(checkpoint), "optimizers")
+    if not isinstance(states, dict):
+        raise CheckpointError(f"{checkpoint}/optimizers.json: not a mapping of optimizer states")
     for name, optimizer in optimizers.items():
         if optimizer is not None and name in states:
-            optimizer.load_state_dict(states[name])
+            try:
+                optimizer.load_state_dict(states[name])
+                _check_shapes(optimizer)
+            except Exception as exc:  # other parameter groups or sizes: another model or LoRA setting
+                raise CheckpointError(f"{checkpoint}: the saved {name} optimizer does not fit this run's "
+                                      f"{name} (was model.path or actor.lora changed?): {_first_line(exc)}") from None
+
+
+def _check_shapes(optimizer: torch.optim.Optimizer) -> None:
+    """Per-parameter state (Adam moments) must have its parameter's shape; torch checks only counts."""
+    for group in optimizer.param_groups:
+        for i, param in enumerate(group["params"]):
+            for key, value in optimizer.state.get(param, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                    raise ValueError(f"state {key!r} of parameter {i} has shape {tuple(value.shape)}, "
+                                     f"the parameter {tuple(param.shape)}")
 
 
 def load_rng(checkpoint: Path) -> dict[str, Any]:
-    return torch.load(Path(checkpoint) / "rng.pt", weights_only=False)
+    """The RNG states saved in ``checkpoint``, as ``get_rng_state`` returned them."""
+    rng = _load_tree(Path(checkpoint), "rng")
+    if not isinstance(rng, dict) or not {"torch", "python", "numpy", "generators"} <= set(rng):
+        raise CheckpointError(f"{checkpoint}/rng.json: not verlog RNG states")
+    return rng
+
+
+# ---------------------------------------------------------------------- pickle-free trees
+# A tree of dicts, lists, tuples, scalars, numpy arrays and tensors is stored as JSON (its shape
+# and scalars) plus one safetensors file (its tensors, referenced by key from the JSON).
+
+
+def _save_tree(tree: Any, folder: Path, part: str) -> None:
+    tensors: dict[str, torch.Tensor] = {}
+    doc = {"format": _FORMAT, "version": _VERSION, "part": part, "tree": _encode(tree, tensors, part)}
+    save_file(tensors, folder / f"{part}.safetensors")
+    (folder / f"{part}.json").write_text(json.dumps(doc))
+
+
+def _load_tree(folder: Path, part: str) -> Any:
+    doc_path, tensor_path = folder / f"{part}.json", folder / f"{part}.safetensors"
+    if not doc_path.is_file():
+        if (folder / f"{part}.pt").exists():
+            raise CheckpointError(
+                f"{folder}: {part}.pt is a pickle file (written by an older verlog or another tool) and "
+                "verlog does not load pickles, which can run code; start a new trainer.run_dir "
+                f"(its weights can seed it: model.path={folder / 'actor'})"
+            )
+        raise CheckpointError(f"{folder} is not a complete verlog checkpoint: {part}.json is missing")
+    try:
+        doc = json.loads(doc_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{doc_path}: unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != _FORMAT or doc.get("part") != part:
+        raise CheckpointError(f"{doc_path} is not a verlog checkpoint file (written by another tool?)")
+    if not isinstance(doc.get("version"), int) or doc["version"] > _VERSION:
+        raise CheckpointError(f"{doc_path}: checkpoint format version {doc.get('version')!r} is newer than "
+                              f"this verlog reads ({_VERSION}); upgrade verlog")
+    try:
+        tensors = load_file(tensor_path)
+    except Exception as exc:  # missing, truncated or not safetensors
+        raise CheckpointError(f"{tensor_path}: unreadable ({_first_line(exc)})") from None
+    return _decode(doc.get("tree"), tensors, doc_path)
+
+
+def _encode(obj: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        key = str(len(tensors))
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {"__tensor__": key}
+    if isinstance(obj, np.ndarray) and obj.dtype.kind in "biuf":
+        return {"__ndarray__": obj.tolist(), "dtype": obj.dtype.str}
+    if isinstance(obj, np.generic):
+        return _encode(obj.item(), tensors, where)
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, tensors, where) for v in obj]}
+    if isinstance(obj, list):
+        return [_encode(v, tensors, where) for v in obj]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _encode(v, tensors, where) for k, v in obj.items()}
+        return {"__items__": [[_encode(k, tensors, where), _encode(v, tensors, where)] for k, v in obj.items()]}
+    raise TypeError(f"{where}: cannot save a {type(obj).__name__} in a checkpoint (tensors, arrays, "
+                    "numbers, strings, lists, tuples and dicts only)")
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor], path: Path) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors, path) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__tensor__" in obj:
+        if obj["__tensor__"] not in tensors:
+            raise CheckpointError(f"{path}: tensor {obj['__tensor__']!r} is missing from its .safetensors file")
+        return tensors[obj["__tensor__"]]
+    if "__ndarray__" in obj:
+        dtype = np.dtype(str(obj.get("dtype")))
+        if dtype.kind not in "biuf":
+            raise CheckpointError(f"{path}: array dtype {obj.get('dtype')!r} is not numeric")
+        return np.asarray(obj["__ndarray__"], dtype=dtype)
+    if "__tuple__" in obj:
+        return tuple(_decode(v, tensors, path) for v in obj["__tuple__"])
+    if "__items__" in obj:
+        return {_hashable(_decode(k, tensors, path), path): _decode(v, tensors, path) for k, v in obj["__items__"]}
+    return {k: _decode(v, tensors, path) for k, v in obj.items()}
+
+
+def _hashable(key: Any, path: Path) -> Any:
+    if isinstance(key, (list, dict, torch.Tensor, np.ndarray)):
+        raise CheckpointError(f"{path}: a mapping key is not a scalar")
+    return key
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
