@@ -25,7 +25,7 @@ from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
 from verlog.backends.base import SamplingParams
-from verlog.backends.scripted import ScriptedEngine
+from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.llm import VerlogChatModel
 from verlog.llm.prompt import PromptRenderer
 from verlog.models import load_tokenizer

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from verlog.config import AlgorithmConfig, LoRAConfig  # noqa: E402
 from verlog.rollout.slots import SlotBatch  # noqa: E402
 from verlog.rollout.turn import Turn  # noqa: E402
-from verlog.train.models import load_actor, load_critic, load_reference  # noqa: E402
+from verlog.train.actor_critic import load_actor, load_critic, load_reference  # noqa: E402
 from verlog.train.ppo import Learner, ppo_update, score_batch  # noqa: E402
 from verlog.train.storage import RolloutStorage  # noqa: E402
 from verlog.train.trainer import _adamw  # noqa: E402

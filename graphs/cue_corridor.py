@@ -51,14 +51,17 @@ def cue_at(seed: int, turn: int) -> str:
     return random.Random(seed * 1009 + turn).choice(CUES)
 
 
+def prompt_at(seed: int, pos: int, turn: int, length: int) -> list:
+    """What the model is shown at ``pos`` on ``turn`` of episode ``seed``."""
+    return [SystemMessage(RULES), HumanMessage(f"pos {pos} of {length} cue {cue_at(seed, turn)}")]
+
+
 def build_graph(model, length: int = 4, max_turns: int = 10, max_tokens: int = 1, invalid_penalty: float = 0.1):
     """The corridor loop: ``policy`` answers one word, ``environment`` moves and rewards."""
     policy_model = model.bind(max_tokens=max_tokens)
 
     async def policy(state: State) -> dict:
-        cue = cue_at(state["seed"], state["turn"])
-        prompt = [SystemMessage(RULES), HumanMessage(f"pos {state['pos']} of {length} cue {cue}")]
-        answer = await policy_model.ainvoke(prompt)
+        answer = await policy_model.ainvoke(prompt_at(state["seed"], state["pos"], state["turn"], length))
         return {"answer": str(answer.content)}
 
     async def environment(state: State) -> dict:
@@ -74,7 +77,9 @@ def build_graph(model, length: int = 4, max_turns: int = 10, max_tokens: int = 1
             await areport_reward(1.0 + penalty, terminated=True, info={**info, "success": True})
             return {"pos": pos, "turn": turn, "done": True}
         cut = turn >= max_turns
-        await areport_reward(penalty, truncated=cut, info={**info, "success": False})
+        # a cut episode's next state still has a value: show the trainer the prompt it would be
+        next_messages = prompt_at(state["seed"], pos, turn, length) if cut else None
+        await areport_reward(penalty, truncated=cut, info={**info, "success": False}, next_messages=next_messages)
         return {"pos": pos, "turn": turn, "done": cut}
 
     graph = StateGraph(State)

@@ -51,10 +51,12 @@ def build_graph(model, history_turns: int = 2, max_guesses: int = 10, max_tokens
     """The game loop. ``history_turns``: how many past (guess, feedback) exchanges the model sees."""
     policy_model = model.bind(max_tokens=max_tokens)
 
+    def prompt_for(history: list[BaseMessage]) -> list[BaseMessage]:
+        window = history[-2 * history_turns:] if history_turns else []  # (guess, feedback) pairs
+        return [SystemMessage(RULES), HumanMessage("Your first guess?"), *window]
+
     async def policy(state: State) -> dict:
-        window = state["history"][-2 * history_turns:] if history_turns else []  # (guess, feedback) pairs
-        prompt = [SystemMessage(RULES), HumanMessage("Your first guess?"), *window]
-        answer = await policy_model.ainvoke(prompt)
+        answer = await policy_model.ainvoke(prompt_for(state["history"]))
         return {"history": [*state["history"], answer]}
 
     async def environment(state: State) -> dict:
@@ -65,12 +67,15 @@ def build_graph(model, history_turns: int = 2, max_guesses: int = 10, max_tokens
             await areport_reward(1.0, terminated=True, info={"success": True, "guesses": guesses})
             return {"guesses": guesses, "done": True}
         cut = guesses >= max_guesses
-        await areport_reward(0.0, truncated=cut, info={"success": False, "guesses": guesses})
         if guess is None:
             feedback = "That is not a number. Answer GUESS: <number>."
         else:
             feedback = f"{guess} is wrong: my number is {'higher' if state['secret'] > guess else 'lower'}."
-        return {"guesses": guesses, "done": cut, "history": [*state["history"], HumanMessage(feedback)]}
+        history = [*state["history"], HumanMessage(feedback)]
+        # when the cap cuts the game, the prompt the next guess would get is the state to value
+        await areport_reward(0.0, truncated=cut, info={"success": False, "guesses": guesses},
+                             next_messages=prompt_for(history) if cut else None)
+        return {"guesses": guesses, "done": cut, "history": history}
 
     graph = StateGraph(State)
     graph.add_node("policy", policy)

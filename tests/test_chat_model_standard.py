@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from verlog.backends.scripted import ScriptedEngine
+from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.llm import VerlogChatModel
 from verlog.models import load_tokenizer
 

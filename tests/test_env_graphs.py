@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from verlog.backends.scripted import ScriptedEngine
+from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.envs.agent_graph import recursion_limit_for
 from verlog.envs.babaisai import make as make_baba
 from verlog.envs.babaisai.solver import bot_actions

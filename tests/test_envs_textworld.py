@@ -176,7 +176,7 @@ def test_cache_root_follows_verlog_cache(monkeypatch, tmp_path: Path) -> None:
 async def test_walkthrough_wins_through_the_agent_graph() -> None:
     """graphs/textworld.py with a scripted engine answering the walkthrough: the graph, the
     recorder and the environment agree turn by turn."""
-    from verlog.backends.scripted import ScriptedEngine
+    from verlog.testing.scripted_engine import ScriptedEngine
     from verlog.envs.agent_graph import recursion_limit_for
     from verlog.graph_file import load_graph_file
     from verlog.llm import VerlogChatModel

@@ -16,10 +16,11 @@ from langchain_core.messages import HumanMessage
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
-from verlog.backends.scripted import ScriptedEngine
+from verlog.graph_file import GraphFileError
 from verlog.llm import VerlogChatModel
-from verlog.rollout import areport_reward
-from verlog.rollout.slots import SlotRunner, TurnGate
+from verlog.rollout import SlotFailureError, areport_reward, report_reward
+from verlog.rollout.slots import SlotRunner
+from verlog.testing import ScriptedEngine
 
 
 class State(TypedDict):
@@ -36,20 +37,62 @@ def make_input(seed: int) -> dict:
     return {"seed": seed, "t": 0, "done": False}
 
 
-def build_graph(model, fail_seeds=(), hang_seeds=()):
-    async def policy(state: State) -> dict:
-        await model.ainvoke([HumanMessage(f"seed {state['seed']} turn {state['t']}")])
-        return {}
+def slot_of(seed: int, groups: int = 3) -> int:
+    """The slot (of ``groups``) that plays ``seed``: its j-th episode plays j*G + (slot + j) % G."""
+    return (seed % groups - seed // groups) % groups
 
-    async def environment(state: State) -> dict:
+
+def next_seed(seed: int, groups: int = 3) -> int:
+    """The seed the same slot plays after ``seed``."""
+    j = seed // groups + 1
+    return j * groups + (slot_of(seed, groups) + j) % groups
+
+
+def prompt(seed: int, t: int) -> list:
+    return [HumanMessage(f"seed {seed} turn {t}")]
+
+
+def build_graph(model, fail_seeds=(), hang_seeds=(), sync=False, cap=None):
+    """The scripted game; ``sync``: ``def`` nodes calling ``model.invoke`` (the style of most
+    LangGraph examples); ``cap``: a step cap after which the episode is truncated."""
+
+    def outcome(state: State) -> tuple[int, bool, bool]:
         seed, t = state["seed"], state["t"] + 1
         if seed in fail_seeds and t == 2:
             raise RuntimeError("the environment crashed")
-        if seed in hang_seeds and t == 2:
+        terminated = t >= episode_length(seed)
+        return t, terminated, not terminated and cap is not None and t >= cap
+
+    async def policy(state: State) -> dict:
+        await model.ainvoke(prompt(state["seed"], state["t"]))
+        return {}
+
+    async def environment(state: State) -> dict:
+        t, terminated, truncated = outcome(state)
+        if state["seed"] in hang_seeds and t == 2:
             await asyncio.sleep(3600)
-        done = t >= episode_length(seed)
-        await areport_reward(float(t), terminated=done, info={"success": done, "valid_action": True})
-        return {"t": t, "done": done}
+        await areport_reward(float(t), terminated=terminated, truncated=truncated,
+                             info={"success": terminated, "valid_action": True},
+                             next_messages=prompt(state["seed"], t) if truncated else None)
+        return {"t": t, "done": terminated or truncated}
+
+    def sync_policy(state: State) -> dict:
+        model.invoke(prompt(state["seed"], state["t"]))
+        return {}
+
+    def sync_environment(state: State) -> dict:
+        t, terminated, truncated = outcome(state)
+        if state["seed"] in hang_seeds and t == 2:
+            import time
+
+            time.sleep(3)
+        report_reward(float(t), terminated=terminated, truncated=truncated,
+                      info={"success": terminated, "valid_action": True},
+                      next_messages=prompt(state["seed"], t) if truncated else None)
+        return {"t": t, "done": terminated or truncated}
+
+    if sync:
+        policy, environment = sync_policy, sync_environment
 
     g = StateGraph(State)
     g.add_node("policy", policy)
@@ -60,14 +103,20 @@ def build_graph(model, fail_seeds=(), hang_seeds=()):
     return g.compile()
 
 
-def make_runner(tokenizer, *, num_envs=3, turns_per_env=4, timeout_s=None, **graph_kwargs):
+def make_runner(tokenizer, *, num_envs=3, turns_per_env=4, timeout_s=None, max_consecutive_failures=20,
+                **graph_kwargs):
     engine = ScriptedEngine(tokenizer, ["go"])
-    gate = TurnGate(engine, turns_per_env)
-    model = VerlogChatModel(engine=gate, tokenizer=tokenizer, max_tokens=4)
-    graph = build_graph(model, **graph_kwargs)
+    models = []
+
+    def build(gated):
+        models.append(VerlogChatModel(engine=gated, tokenizer=tokenizer, max_tokens=4))
+        return build_graph(models[-1], **graph_kwargs)
+
     runner = SlotRunner(
-        graph, make_input, gate, num_envs=num_envs, graph_config={"recursion_limit": 100},
-        timeout_s=timeout_s, seed=0,
+        engine, build, make_input, num_envs=num_envs, turns_per_env=turns_per_env,
+        graph_config={"recursion_limit": 100}, timeout_s=timeout_s, seed=0,
+        max_consecutive_failures=max_consecutive_failures,
+        render_prompt=lambda messages, tools: models[0].render_prompt_ids(messages, tools),
     )
     return runner, engine
 
@@ -89,15 +138,16 @@ async def collect_batches(runner, n, pause_s=0.0):
     return batches
 
 
-async def test_quota_continuation_bootstrap_and_new_episodes(tiny_tokenizer):
-    runner, engine = make_runner(tiny_tokenizer)
+@pytest.mark.parametrize("sync", [False, True], ids=["async-nodes", "sync-nodes"])
+async def test_quota_continuation_bootstrap_and_new_episodes(tiny_tokenizer, sync):
+    runner, engine = make_runner(tiny_tokenizer, sync=sync)
     batches = await collect_batches(runner, 4)
     for b, batch in enumerate(batches):
         assert batch.num_envs == 3 and batch.turns_per_env == 4  # exactly the quota, every slot
         for i, turns in enumerate(batch.turns):
             for turn in turns:
                 seed, t = state_of(tiny_tokenizer, turn.prompt_ids)
-                assert seed % 3 == i  # slot i plays seeds i, i + 3, i + 6, ...
+                assert slot_of(seed) == i  # slot i's j-th episode plays seed 3j + (i + j) % 3
                 assert turn.turn_index == t
                 assert turn.reward == t + 1  # the env's reward reached every turn, the last included
                 assert turn.terminated == (t + 1 == episode_length(seed))
@@ -105,7 +155,7 @@ async def test_quota_continuation_bootstrap_and_new_episodes(tiny_tokenizer):
             for prev, nxt in zip(turns, turns[1:]):
                 if prev.done:
                     assert nxt.turn_index == 0
-                    assert state_of(tiny_tokenizer, nxt.prompt_ids)[0] == state_of(tiny_tokenizer, prev.prompt_ids)[0] + 3
+                    assert state_of(tiny_tokenizer, nxt.prompt_ids)[0] == next_seed(state_of(tiny_tokenizer, prev.prompt_ids)[0])
                 else:
                     assert (nxt.episode_id, nxt.turn_index) == (prev.episode_id, prev.turn_index + 1)
             # the held call at the boundary is the slot's next prompt
@@ -144,10 +194,11 @@ async def test_nothing_runs_while_the_batch_is_held(tiny_tokenizer):
         await runner.aclose()
 
 
-async def test_failed_episodes_are_dropped_and_counted(tiny_tokenizer):
-    # seeds 4 and 7 crash at their second env step; seed 5 hangs there until its timeout
+@pytest.mark.parametrize("sync", [False, True], ids=["async-nodes", "sync-nodes"])
+async def test_failed_episodes_are_dropped_and_counted(tiny_tokenizer, sync):
+    # seeds 4 and 7 crash at their second env step; seed 5 hangs there past its timeout
     fail, hang = {4, 7}, {5}
-    runner, _ = make_runner(tiny_tokenizer, fail_seeds=fail, hang_seeds=hang, timeout_s=1.0)
+    runner, _ = make_runner(tiny_tokenizer, fail_seeds=fail, hang_seeds=hang, timeout_s=1.0, sync=sync)
     batches = await collect_batches(runner, 4)
     failed_so_far: set[str] = set()
     for batch in batches:
@@ -166,8 +217,9 @@ async def test_failed_episodes_are_dropped_and_counted(tiny_tokenizer):
     assert len(failed_so_far) == 3
 
 
-async def test_timeout_does_not_run_while_held(tiny_tokenizer):
-    runner, _ = make_runner(tiny_tokenizer, num_envs=2, turns_per_env=2, timeout_s=0.5)
+@pytest.mark.parametrize("sync", [False, True], ids=["async-nodes", "sync-nodes"])
+async def test_timeout_does_not_run_while_held(tiny_tokenizer, sync):
+    runner, _ = make_runner(tiny_tokenizer, num_envs=2, turns_per_env=2, timeout_s=0.5, sync=sync)
     batches = await collect_batches(runner, 3, pause_s=0.8)  # "updates" longer than the timeout
     assert not any(batch.failed for batch in batches)
     assert runner.counters["failed"] == {}
@@ -182,15 +234,50 @@ async def test_resume_counters_continue_seeds(tiny_tokenizer):
     [batch] = await collect_batches(again, 1)
     for i, turns in enumerate(batch.turns):
         seed, t = state_of(tiny_tokenizer, turns[0].prompt_ids)
-        assert t == 0 and seed == i + 2 * state["episodes_started"][i]  # the slot's next seed
+        j = state["episodes_started"][i]
+        assert t == 0 and seed == 2 * j + (i + j) % 2  # the slot's next seed
     assert again.counters["turns"] == state["counters"]["turns"] + 6
 
 
 async def test_a_graph_that_always_fails_stops_the_run(tiny_tokenizer):
-    engine = ScriptedEngine(tiny_tokenizer, ["go"])
-    gate = TurnGate(engine, 2)
-    model = VerlogChatModel(engine=gate, tokenizer=tiny_tokenizer, max_tokens=4)
-    runner = SlotRunner(build_graph(model, fail_seeds=set(range(1000))), make_input, gate, num_envs=2,
-                        max_consecutive_failures=3)
-    with pytest.raises(RuntimeError, match="in a row"):
+    runner, _ = make_runner(tiny_tokenizer, num_envs=2, turns_per_env=2, max_consecutive_failures=3,
+                            fail_seeds=set(range(1000)))
+    with pytest.raises(SlotFailureError, match="3 episodes in a row"):
         await collect_batches(runner, 1)
+
+
+async def test_seed_dependent_failures_are_spread_over_the_slots(tiny_tokenizer):
+    # every seed divisible by 3 fails: with seeds pinned to slots (slot i: seeds = i mod 3) slot 0
+    # would fail every episode and stop the run; rotated, no slot fails twice in a row
+    runner, _ = make_runner(tiny_tokenizer, num_envs=3, turns_per_env=4, max_consecutive_failures=2,
+                            fail_seeds={s for s in range(1000) if s % 3 == 0})
+    batches = await collect_batches(runner, 6)
+    failed = [e for batch in batches for e in batch.failed]
+    assert failed and runner.counters["failed"] == {"error": len(failed)}
+
+
+async def test_make_input_missing_stops_at_once(tiny_tokenizer):
+    runner, _ = make_runner(tiny_tokenizer)
+
+    def no_input(seed):
+        raise GraphFileError("graphs/x.py defines no make_input(seed)")
+
+    runner.make_input = no_input
+    with pytest.raises(GraphFileError, match="make_input"):
+        await asyncio.wait_for(collect_batches(runner, 1), 10)
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async-nodes", "sync-nodes"])
+async def test_truncated_turns_carry_the_next_prompt(tiny_tokenizer, sync):
+    # episodes are cut after 2 steps (those that would last longer): the env reports the prompt
+    # the next call would have had, rendered exactly as the chat model renders a call
+    runner, _ = make_runner(tiny_tokenizer, sync=sync, cap=2)
+    batches = await collect_batches(runner, 2)
+    truncated = [t for batch in batches for slot in batch.turns for t in slot if t.truncated]
+    assert truncated
+    model = VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, ["go"]), tokenizer=tiny_tokenizer)
+    for turn in truncated:
+        seed, t = state_of(tiny_tokenizer, turn.prompt_ids)
+        assert t == 1 and not turn.terminated
+        assert turn.next_prompt_ids == model.render_prompt_ids(prompt(seed, t + 1))
+    assert all(t.next_prompt_ids is None for b in batches for s in b.turns for t in s if not t.truncated)

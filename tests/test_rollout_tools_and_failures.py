@@ -14,7 +14,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from verlog.backends.base import SamplingParams
-from verlog.backends.scripted import ScriptedEngine
+from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.backends.sglang import SGLangEngine
 from verlog.backends.sglang_server import SGLangCompatServer
 from verlog.graph_file import load_graph_file

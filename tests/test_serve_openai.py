@@ -18,7 +18,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from verlog.backends.base import Engine, Generation, SamplingParams
 from verlog.backends.embedded import EmbeddedEngine
-from verlog.backends.scripted import ScriptedEngine
+from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.graph_file import load_graph_file
 from verlog.llm import VerlogChatModel
 from verlog.serve import OpenAIServer, ServerLimits, serve_in_thread

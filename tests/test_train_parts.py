@@ -15,7 +15,7 @@ from verlog.rollout.slots import SlotBatch
 from verlog.rollout.turn import Turn
 from verlog.train import checkpoint as ckpt
 from verlog.train.forward import micro_batches, pad_rows, policy_logprobs, values_at_positions
-from verlog.train.models import ValueModel
+from verlog.train.actor_critic import ValueModel
 from verlog.train.ppo import Learner, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
 

@@ -121,27 +121,57 @@ def cut_at_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> int |
     return next((n for n in range(1, len(ids) + 1) if ends_with_stop(tokenizer, ids[:n], stops)), None)
 
 
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to completion from synchronous code, even inside a running event loop.
+class _SyncBridge:
+    """One event loop in a daemon thread that runs the coroutines of sync calls.
 
-    LangChain's sync ``invoke`` may be called from a thread that already runs a loop (Jupyter, a
-    sync node inside an async graph); there the coroutine runs on a fresh loop in a helper thread.
+    A sync LangChain call (``model.invoke`` in a ``def`` node) blocks its own thread on a
+    thread-safe future while its coroutine runs here, instead of paying a fresh event loop per
+    call (``asyncio.run`` costs about 1.5 ms) and without creating loop-bound objects (events,
+    HTTP sessions) that nothing else could ever wake or reuse.
     """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def serve() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                threading.Thread(target=serve, name="verlog-sync-bridge", daemon=True).start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+
+_BRIDGE = _SyncBridge()
+
+
+def run_sync(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | None = None) -> T:
+    """Run ``coro`` to completion from synchronous code and return its result.
+
+    The coroutine runs on ``loop`` if given (e.g. the loop that owns an engine's state), else on
+    verlog's sync-bridge loop; the calling thread parks on a thread-safe future meanwhile. Calling
+    this on the thread of the loop that would run ``coro`` would block that loop forever: it is
+    refused with an error saying what to do instead.
+    """
+    target = loop or _BRIDGE.loop()
     try:
-        asyncio.get_running_loop()
+        running = asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
-    result: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            result["value"] = asyncio.run(coro)
-        except BaseException as exc:  # re-raised in the caller's thread
-            result["error"] = exc
-
-    thread = threading.Thread(target=target, name="verlog-run-sync", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
+        running = None
+    if running is target:
+        coro.close()
+        raise RuntimeError(
+            "a sync model call (invoke) was made on the event loop that serves it, which would block "
+            "it forever: call `await model.ainvoke(...)` from async code, or run the sync code in a "
+            "thread (LangGraph runs `def` nodes in threads under `graph.ainvoke`)"
+        )
+    return asyncio.run_coroutine_threadsafe(coro, target).result()

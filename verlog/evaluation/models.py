@@ -57,7 +57,7 @@ class EngineModel:
         """Load the policy's weights and start the engine."""
         from verlog.agent import build_engine, pick_device
         from verlog.models import load_tokenizer
-        from verlog.train.models import load_actor
+        from verlog.train.actor_critic import load_actor
 
         config, folder = self.config, self.folder
         device = pick_device(config.model.device)

@@ -5,7 +5,8 @@ It is the one place where text becomes token ids and back:
 * messages (+ bound tools) are rendered with the tokenizer's chat template and encoded once;
 * the engine returns response ids and one logprob per id;
 * the ``AIMessage`` carries them in ``response_metadata`` (``prompt_ids``, ``response_ids``,
-  ``logprobs``, ``finish_reason``), where verlog's recorder picks them up as a training turn.
+  ``logprobs``, ``finish_reason`` and the ``sampling`` they were drawn with), where verlog's
+  recorder picks them up as a training turn.
 
 Graphs use it like any LangChain chat model: ``invoke``/``ainvoke``, ``bind_tools``, and
 ``bind(temperature=..., max_tokens=..., stop=[...])`` for per-node sampling settings.
@@ -251,6 +252,8 @@ class VerlogChatModel(BaseChatModel):
             "response_ids": list(ids),
             "logprobs": list(gen.logprobs),
             "finish_reason": gen.finish_reason,
+            # what the logprobs were drawn with: training recomputes them at this temperature
+            "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k},
         }
         usage = {
             "input_tokens": len(prompt_ids),

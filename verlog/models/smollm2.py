@@ -26,7 +26,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from .tiny import build_cached, chatml_tool_template, quiet_progress_bars
+from .quiet import quiet_progress_bars
+from .tiny import build_cached, chatml_tool_template
 
 __all__ = [
     "SMOLLM2_NAME",

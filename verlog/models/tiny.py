@@ -29,7 +29,7 @@ import random
 import shutil
 import tempfile
 import uuid
-from contextlib import contextmanager
+from verlog.models.quiet import quiet_progress_bars
 from pathlib import Path
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
     "build_tiny_model",
     "tiny_model_dir",
     "build_cached",
-    "quiet_progress_bars",
 ]
 
 #: name of the cached folder; bump the suffix whenever the build below changes its output
@@ -472,20 +471,6 @@ def _patch_tokenizer_config(out_dir: Path) -> None:
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg["clean_up_tokenization_spaces"] = False
     path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-@contextmanager
-def quiet_progress_bars():
-    """Silence transformers' progress bars (e.g. "Writing model shards") inside the block."""
-    from transformers.utils import logging as hf_logging
-
-    were_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if were_on:
-            hf_logging.enable_progress_bar()
 
 
 def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:

@@ -71,7 +71,7 @@ def build_toy_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from verlog.models.tiny import quiet_progress_bars
+    from verlog.models.quiet import quiet_progress_bars
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 from verlog.rollout.events import REWARD_EVENT, areport_reward, report_reward
 from verlog.rollout.recorder import TurnRecorder
 from verlog.rollout.runner import episode_config, run_episode, run_episodes
-from verlog.rollout.slots import SlotBatch, SlotFailureError, SlotRunner, TurnGate
+from verlog.rollout.slots import SlotBatch, SlotFailureError, SlotRunner
 from verlog.rollout.turn import Episode, EpisodeStatus, Turn
 
 __all__ = [
@@ -14,7 +14,6 @@ __all__ = [
     "SlotFailureError",
     "SlotRunner",
     "Turn",
-    "TurnGate",
     "TurnRecorder",
     "areport_reward",
     "episode_config",

@@ -8,17 +8,24 @@ is no such handler and the event costs nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from langchain_core.callbacks import adispatch_custom_event, dispatch_custom_event
+from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 
 #: the custom-event name the recorder listens for
 REWARD_EVENT = "verlog.reward"
 
 
-def _payload(reward: float, terminated: bool, truncated: bool, info: dict[str, Any] | None) -> dict[str, Any]:
-    return {"reward": float(reward), "terminated": bool(terminated), "truncated": bool(truncated), "info": dict(info or {})}
+def _payload(
+    reward: float, terminated: bool, truncated: bool, info: dict[str, Any] | None,
+    next_messages: Sequence[BaseMessage] | None,
+) -> dict[str, Any]:
+    payload = {"reward": float(reward), "terminated": bool(terminated), "truncated": bool(truncated), "info": dict(info or {})}
+    if next_messages is not None:
+        payload["next_messages"] = list(next_messages)
+    return payload
 
 
 async def areport_reward(
@@ -27,15 +34,21 @@ async def areport_reward(
     terminated: bool = False,
     truncated: bool = False,
     info: dict[str, Any] | None = None,
+    next_messages: Sequence[BaseMessage] | None = None,
     config: RunnableConfig | None = None,
 ) -> None:
     """Report the environment's reward for the latest model call (from an async node).
 
-    ``terminated``: the task ended (win or loss). ``truncated``: a step limit cut the episode.
+    ``terminated``: the task ended (win or loss): nothing follows, no value to bootstrap from.
+    ``truncated``: a step limit cut the episode; the state after the cut still has a value.
+    ``next_messages``: with ``truncated``, the prompt the model would have been given next (what
+    the policy node would send): under training the critic's value of it is the cut turn's
+    bootstrap. Without it a truncated turn bootstraps from 0, like a terminated one.
     ``info``: environment facts to keep with the turn (``success``, ``valid_action``, ...).
     Pass the node's ``config`` on Python 3.10, where it does not propagate by itself.
     """
-    await adispatch_custom_event(REWARD_EVENT, _payload(reward, terminated, truncated, info), config=config)
+    payload = _payload(reward, terminated, truncated, info, next_messages)
+    await adispatch_custom_event(REWARD_EVENT, payload, config=config)
 
 
 def report_reward(
@@ -44,7 +57,9 @@ def report_reward(
     terminated: bool = False,
     truncated: bool = False,
     info: dict[str, Any] | None = None,
+    next_messages: Sequence[BaseMessage] | None = None,
     config: RunnableConfig | None = None,
 ) -> None:
-    """Report the environment's reward for the latest model call (from a sync node)."""
-    dispatch_custom_event(REWARD_EVENT, _payload(reward, terminated, truncated, info), config=config)
+    """Report the environment's reward for the latest model call (from a sync node); the
+    arguments are those of ``areport_reward``."""
+    dispatch_custom_event(REWARD_EVENT, _payload(reward, terminated, truncated, info, next_messages), config=config)

@@ -10,12 +10,17 @@ it is being recorded.
   ``response_ids``, ``logprobs``); calls of other chat models are counted as uncaptured.
 * A reward is added to the most recently *finished* turn: the environment reacts to the answer
   it was given.
+* Each turn keeps the sampling its call was made with (``temperature``, ``top_p``, ``top_k``,
+  as the chat model reports them), so a node bound to its own temperature is trained at it.
+* A reward event that truncates the episode may carry ``next_messages``, the prompt the model
+  would be given next: with a ``render_prompt`` the recorder renders it, with the tools of the
+  turn's own call, into the turn's ``next_prompt_ids`` (the state the critic bootstraps from).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable, Sequence
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
@@ -25,6 +30,9 @@ from langchain_core.outputs import LLMResult
 from verlog.rollout.events import REWARD_EVENT
 from verlog.rollout.turn import Episode, EpisodeStatus, Turn
 
+#: ``render_prompt(messages, tools) -> prompt ids``: how the chat model renders a call
+PromptRenderer = Callable[[Sequence[BaseMessage], "list[dict] | None"], list[int]]
+
 
 class TurnRecorder(BaseCallbackHandler):
     """Records the turns of one episode.
@@ -33,6 +41,8 @@ class TurnRecorder(BaseCallbackHandler):
         episode_id: stamped on every turn.
         keep_messages: also keep each call's input messages on its turn (for tests, debugging
             and ``verlog rollout --show-messages``; costs memory on long episodes).
+        render_prompt: renders a truncated turn's ``next_messages`` to ``next_prompt_ids``
+            (``VerlogChatModel.render_prompt_ids``); without it they are ignored.
     """
 
     run_inline = True  # called in the event loop's thread, no executor hop
@@ -42,15 +52,18 @@ class TurnRecorder(BaseCallbackHandler):
     ignore_retriever = True
     ignore_retry = True
 
-    def __init__(self, episode_id: str, *, keep_messages: bool = False):
+    def __init__(self, episode_id: str, *, keep_messages: bool = False, render_prompt: PromptRenderer | None = None):
         self.episode_id = episode_id
         self.keep_messages = keep_messages
+        self.render_prompt = render_prompt
         self.turns: list[Turn] = []
         self.uncaptured_calls = 0
         self.unassigned_reward = 0.0
         self._started = 0
-        self._pending: dict[UUID, tuple[int, str | None, list[BaseMessage] | None]] = {}
+        #: calls under way: (start order, node, kept messages, offered tools)
+        self._pending: dict[UUID, tuple[int, str | None, list[BaseMessage] | None, list[dict] | None]] = {}
         self._last_finished: Turn | None = None
+        self._tools: dict[int, list[dict] | None] = {}  # id(turn) -> tools of its call
         self._lock = threading.Lock()  # sync nodes may call models from executor threads
 
     # ------------------------------------------------------------------ callbacks
@@ -66,7 +79,8 @@ class TurnRecorder(BaseCallbackHandler):
         with self._lock:
             node = (metadata or {}).get("langgraph_node")
             kept = list(messages[0]) if self.keep_messages and messages else None
-            self._pending[run_id] = (self._started, node, kept)
+            tools = (kwargs.get("invocation_params") or {}).get("tools")
+            self._pending[run_id] = (self._started, node, kept, tools)
             self._started += 1
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
@@ -74,13 +88,14 @@ class TurnRecorder(BaseCallbackHandler):
             started = self._pending.pop(run_id, None)
             if started is None:  # a plain (non-chat) LLM: not ours
                 return
-            index, node, messages = started
+            index, node, messages, tools = started
             generation = response.generations[0][0] if response.generations and response.generations[0] else None
             message = getattr(generation, "message", None)
             meta = getattr(message, "response_metadata", None) or {}
             if "response_ids" not in meta or "prompt_ids" not in meta:
                 self.uncaptured_calls += 1
                 return
+            sampling = meta.get("sampling") or {}
             turn = Turn(
                 episode_id=self.episode_id,
                 turn_index=index,
@@ -88,11 +103,16 @@ class TurnRecorder(BaseCallbackHandler):
                 response_ids=meta["response_ids"],
                 logprobs=meta["logprobs"],
                 finish_reason=meta.get("finish_reason", ""),
+                temperature=float(sampling.get("temperature", 1.0)),
+                top_p=float(sampling.get("top_p", 1.0)),
+                top_k=int(sampling.get("top_k", -1)),
                 node=node,
                 messages=messages,
             )
             self.turns.append(turn)
             self._last_finished = turn
+            if self.render_prompt is not None:
+                self._tools = {id(turn): tools}  # only the latest call's tools can be needed
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         with self._lock:
@@ -113,6 +133,21 @@ class TurnRecorder(BaseCallbackHandler):
             turn.truncated = turn.truncated or bool(data.get("truncated", False))
             if data.get("info"):
                 turn.info.update(data["info"])
+            next_messages = data.get("next_messages")
+            if turn.truncated and next_messages and self.render_prompt is not None:
+                turn.next_prompt_ids = list(self.render_prompt(next_messages, self._tools.get(id(turn))))
+
+    # ------------------------------------------------------------------ progress
+    @property
+    def calls_running(self) -> int:
+        """Model calls started and not yet finished."""
+        with self._lock:
+            return len(self._pending)
+
+    def sorted_turns(self) -> list[Turn]:
+        """The turns recorded so far, in call order."""
+        with self._lock:
+            return sorted(self.turns, key=lambda t: t.turn_index)
 
     # ------------------------------------------------------------------ result
     def episode(self, status: EpisodeStatus = "ok", *, error: str | None = None, output: Any = None) -> Episode:

@@ -60,20 +60,23 @@ def policy_logprobs(
     prompt_lengths: torch.Tensor,
     response_ids: torch.Tensor,
     *,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities ``[B, T]`` of ``response_ids`` (``[B, T]``, padded) under ``lm``, and
     optionally the policy's entropy at the same positions.
 
-    Only the response positions go through the LM head (``logits / temperature``, as sampled).
+    Only the response positions go through the LM head (``logits / temperature``, as sampled);
+    ``temperature`` is one number or one per row (``[B]``: each turn at its own).
     """
     hidden = lm.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     width = response_ids.shape[1]
     index = positions(prompt_lengths.to(hidden.device), width, hidden.shape[1])
     picked = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
     logits = lm.get_output_embeddings()(picked).float()
-    if temperature != 1.0:
+    if isinstance(temperature, torch.Tensor):
+        logits = logits / temperature.to(logits).view(-1, 1, 1)
+    elif temperature != 1.0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1).gather(-1, response_ids.to(hidden.device).unsqueeze(-1)).squeeze(-1)
     entropy = entropy_from_logits(logits) if with_entropy else None

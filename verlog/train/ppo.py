@@ -34,7 +34,6 @@ class Learner:
     reference: nn.Module | None
     algo: AlgorithmConfig
     pad_id: int
-    temperature: float
     device: torch.device
     actor_max_grad_norm: float | None = None
     critic_max_grad_norm: float | None = None
@@ -48,7 +47,7 @@ def _policy_logprobs(lm: nn.Module, s: RolloutStorage, learner: Learner) -> torc
     for group in micro_batches(range(s.size), lengths, learner.algo.micro_batch_tokens):
         ids, mask = pad_rows([s.sequences[r] for r in group], learner.pad_id, learner.device)
         logp, _ = policy_logprobs(
-            lm, ids, mask, s.prompt_lengths[group], s.response_ids[group], temperature=learner.temperature
+            lm, ids, mask, s.prompt_lengths[group], s.response_ids[group], temperature=s.temperatures[group]
         )
         out[group] = logp.cpu()
     return out * s.response_mask
@@ -56,7 +55,8 @@ def _policy_logprobs(lm: nn.Module, s: RolloutStorage, learner: Learner) -> torc
 
 @torch.no_grad()
 def compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> None:
-    """The critic's values at every value position ``[B, T + 1]`` and of each slot's held prompt."""
+    """The critic's values at every value position ``[B, T + 1]``, of each slot's held prompt, and
+    of the state after each truncated turn whose next prompt is known (``NaN`` elsewhere)."""
     values = torch.zeros(s.size, s.response_ids.shape[1] + 1)
     lengths = [len(seq) for seq in s.sequences]
     for group in micro_batches(range(s.size), lengths, learner.algo.micro_batch_tokens):
@@ -66,6 +66,13 @@ def compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> No
     s.bootstrap_values = last_token_values(
         critic, s.bootstrap_prompts, learner.pad_id, learner.algo.micro_batch_tokens, learner.device
     )
+    s.truncation_values = torch.full((s.size,), float("nan"))
+    known = [row for row, prompt in enumerate(s.truncation_prompts) if prompt]
+    if known:
+        s.truncation_values[known] = last_token_values(
+            critic, [s.truncation_prompts[r] for r in known], learner.pad_id, learner.algo.micro_batch_tokens,
+            learner.device,
+        )
 
 
 def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True) -> dict[str, float]:
@@ -172,7 +179,7 @@ def _actor_step(s: RolloutStorage, micro: list[int], learner: Learner, share: fl
     token_mask = s.policy_mask[micro].to(dev)
     logp, entropy = policy_logprobs(
         learner.actor, ids, mask, s.prompt_lengths[micro], s.response_ids[micro],
-        temperature=learner.temperature, with_entropy=algo.entropy_coef > 0,
+        temperature=s.temperatures[micro], with_entropy=algo.entropy_coef > 0,
     )
     policy_loss, metrics = ppo_policy_loss(
         logp, s.old_logprobs[micro].to(dev), s.advantages[micro].to(dev), token_mask,

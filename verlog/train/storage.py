@@ -32,6 +32,9 @@ class RolloutStorage:
     response_ids: Tensor  # [B, T] long
     response_mask: Tensor  # [B, T] bool
     rollout_logprobs: Tensor  # [B, T] the engine's logprobs
+    #: [B] the temperature each turn was sampled at (greedy turns: 1): every logprob, ratio,
+    #: KL and entropy of a turn is recomputed at its own temperature
+    temperatures: Tensor
     rewards: Tensor  # [B] the environment's reward of each turn
     terminated: Tensor  # [B] bool
     truncated: Tensor  # [B] bool
@@ -39,10 +42,13 @@ class RolloutStorage:
     #: the prompt held at the boundary in each slot (``[N]`` lists of ids)
     bootstrap_prompts: list[list[int]]
     starts_episode: Tensor  # [N] bool
+    #: per turn, the prompt of the state after a truncation (``None``: not truncated, or unknown)
+    truncation_prompts: list[list[int] | None]
     # computed before the update
     old_logprobs: Tensor | None = None  # [B, T]
     values: Tensor | None = None  # [B, T + 1]
     bootstrap_values: Tensor | None = None  # [N]
+    truncation_values: Tensor | None = None  # [B], NaN where no truncation prompt is known
     token_rewards: Tensor | None = None  # [B, T]
     advantages: Tensor | None = None  # [B, T]
     returns: Tensor | None = None  # [B, T + 1]
@@ -69,12 +75,17 @@ class RolloutStorage:
             response_ids=response_ids,
             response_mask=torch.arange(width) < lengths.unsqueeze(1),
             rollout_logprobs=logprobs,
+            temperatures=torch.as_tensor([t.scoring_temperature for t in turns], dtype=torch.float32),
             rewards=rewards,
             terminated=torch.as_tensor([t.terminated for t in turns]),
             truncated=torch.as_tensor([t.truncated and not t.terminated for t in turns]),
             seeds=torch.as_tensor([s for slot in batch.seeds for s in slot]),
             bootstrap_prompts=[list(p) for p in batch.bootstrap_prompt_ids],
             starts_episode=torch.as_tensor(batch.starts_episode),
+            truncation_prompts=[
+                list(t.next_prompt_ids) if t.truncated and not t.terminated and t.next_prompt_ids else None
+                for t in turns
+            ],
         )
         storage.token_rewards = storage.env_token_rewards()
         return storage
@@ -111,6 +122,7 @@ class RolloutStorage:
             truncated=self.truncated.view(n, k),
             values=None if self.values is None else self.values.view(n, k, -1),
             bootstrap_values=self.bootstrap_values,
+            truncation_values=None if self.truncation_values is None else self.truncation_values.view(n, k),
         )
 
     # ------------------------------------------------------------------ advantages
@@ -150,7 +162,7 @@ class RolloutStorage:
             values = [getattr(s, f.name) for s in storages]
             if f.name in ("num_envs", "turns_per_env", "bootstrap_prompts", "starts_episode", "bootstrap_values"):
                 continue
-            if f.name == "sequences":
+            if f.name in ("sequences", "truncation_prompts"):
                 joined[f.name] = [seq for v in values for seq in v]
             elif values[0] is None:
                 joined[f.name] = None

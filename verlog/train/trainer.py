@@ -40,10 +40,10 @@ from verlog.backends.embedded import EmbeddedEngine
 from verlog.config import ConfigError, VerlogConfig
 from verlog.evaluation import TaskResult, evaluate, print_results
 from verlog.models import load_tokenizer
-from verlog.rollout.slots import SlotRunner, TurnGate
+from verlog.rollout.slots import SlotRunner
 from verlog.train import checkpoint as ckpt
 from verlog.train.metrics import RunLogger, memory_metrics, rollout_metrics
-from verlog.train.models import load_actor, load_critic, load_reference, trainable_parameters
+from verlog.train.actor_critic import load_actor, load_critic, load_reference, trainable_parameters
 from verlog.train.ppo import Learner, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
 
@@ -185,7 +185,7 @@ class _Run:
                 model.gradient_checkpointing_enable()
         learner = Learner(
             actor, critic, _adamw(actor, config.actor), _adamw(critic, config.critic) if critic else None,
-            reference, algo, pad_id=_pad_id(tokenizer), temperature=config.sampling.temperature, device=device,
+            reference, algo, pad_id=_pad_id(tokenizer), device=device,
             actor_max_grad_norm=config.actor.max_grad_norm, critic_max_grad_norm=config.critic.max_grad_norm,
         )
 
@@ -194,12 +194,12 @@ class _Run:
             actor, tokenizer, max_batch_size=config.engine.max_batch_size,
             batch_wait_ms=config.engine.batch_wait_ms, seed=config.rollout.seed,
         )
-        gate = TurnGate(engine, t.turns_per_env)
-        agent = load_agent(config, engine=gate)
+        slots_agent = _SlotsAgent(config)
         runner = SlotRunner(
-            agent.graph, agent.graph_file.episode_input, gate, num_envs=t.num_envs,
+            engine, slots_agent.build, slots_agent.episode_input, num_envs=t.num_envs, turns_per_env=t.turns_per_env,
             graph_config=config.multi_turn.langgraph.graph_config, timeout_s=config.rollout.episode_timeout_s,
             seed=config.rollout.seed, group_size=t.group_size, max_consecutive_failures=t.max_consecutive_failures,
+            render_prompt=slots_agent.render_prompt,
         )
         run = cls(config, Path(t.run_dir), tokenizer, learner, peft_actor, engine, runner,
                   torch.Generator().manual_seed(t.seed), {"update": 0, "warmup_done": False})
@@ -227,7 +227,7 @@ class _Run:
             )
 
     def _save_actor(self, folder: Path) -> None:
-        from verlog.models.tiny import quiet_progress_bars
+        from verlog.models.quiet import quiet_progress_bars
 
         with quiet_progress_bars():
             if self.peft_actor is not None:
@@ -272,6 +272,25 @@ class _Run:
 # ---------------------------------------------------------------------- helpers
 
 
+class _SlotsAgent:
+    """The configured graph file, built by the slot runner around its gated engine; its chat
+    model renders truncated turns' next prompts exactly as it renders calls."""
+
+    def __init__(self, config: VerlogConfig):
+        self.config = config
+        self.agent: Any = None
+
+    def build(self, engine: Any) -> Any:
+        self.agent = load_agent(self.config, engine=engine)
+        return self.agent.graph
+
+    def episode_input(self, seed: int) -> Any:
+        return self.agent.graph_file.episode_input(seed)
+
+    def render_prompt(self, messages: Any, tools: Any) -> list[int]:
+        return self.agent.chat_model.render_prompt_ids(messages, tools)
+
+
 def _check_trainable(config: VerlogConfig) -> None:
     if config.engine.kind != "embedded":
         raise ConfigError(
@@ -280,8 +299,6 @@ def _check_trainable(config: VerlogConfig) -> None:
         )
     if config.sampling.temperature <= 0:
         raise ConfigError("sampling.temperature: training samples from the policy; use a temperature > 0")
-    if not config.algorithm.recompute_logprobs and config.sampling.temperature != 1.0:
-        raise ConfigError("algorithm.recompute_logprobs: the engine's logprobs are usable only at temperature 1")
 
 
 def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path | None:

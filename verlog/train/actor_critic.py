@@ -11,7 +11,7 @@ from torch import nn
 
 from verlog.config import LoRAConfig
 from verlog.models import load_causal_lm as _load_causal_lm
-from verlog.models.tiny import quiet_progress_bars
+from verlog.models.quiet import quiet_progress_bars
 
 __all__ = ["ValueModel", "apply_lora", "load_actor", "load_critic", "load_reference", "trainable_parameters"]
 
