@@ -64,7 +64,7 @@ def main() -> None:
     learner = Learner(
         actor, critic, _adamw(actor, SimpleNamespace(lr=1e-5, **vars(opts))),
         _adamw(critic, SimpleNamespace(lr=1e-4, **vars(opts))), reference, algo,
-        pad_id=0, temperature=1.0, device=torch.device("cpu"),
+        pad_id=0, device=torch.device("cpu"),
     )
     g = torch.Generator().manual_seed(0)
     turns = [

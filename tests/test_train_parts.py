@@ -111,7 +111,7 @@ def test_micro_batching_does_not_change_the_update(toy):
         critic = ValueModel.from_causal_lm(copy.deepcopy(lm))
         learner = Learner(
             actor, critic, torch.optim.SGD(actor.parameters(), lr=0.1), torch.optim.SGD(critic.parameters(), lr=0.1),
-            None, algo.model_copy(update={"micro_batch_tokens": token_budget}), pad_id=0, temperature=1.0,
+            None, algo.model_copy(update={"micro_batch_tokens": token_budget}), pad_id=0,
             device=torch.device("cpu"),
         )
         s = RolloutStorage.from_batch(random_batch())
