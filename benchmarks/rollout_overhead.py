@@ -1,14 +1,17 @@
-"""P1: what verlog adds per turn over a plain LangGraph loop (TARGETS.md).
+"""P1: what verlog adds per turn over a plain LangGraph loop, for async and sync nodes alike.
 
-The same two-node loop (policy <-> environment, N turns per episode) runs three ways with a
-zero-latency engine:
+The same two-node loop (policy <-> environment, N turns per episode) runs with a zero-latency
+engine, in two node styles: ``async def`` nodes (``ainvoke``, ``graph.ainvoke``) and ``def``
+nodes (``invoke``, ``graph.invoke``, the shape of most LangGraph examples), each two ways:
 
 * plain:   LangChain's ``GenericFakeChatModel``, no recorder (LangGraph's own cost);
-* verlog:  ``VerlogChatModel`` on a ``ScriptedEngine`` + ``TurnRecorder`` through ``run_episode``;
-* bare:    a Python loop rendering the chat template and calling the engine (no LangGraph).
+* verlog:  ``VerlogChatModel`` on a ``ScriptedEngine`` + ``TurnRecorder`` in the run's callbacks;
 
-Prints ms per turn for each and the added cost (goal: verlog - plain <= 0.3 ms/turn).
-Usage: python benchmarks/rollout_overhead.py [--turns 200] [--repeats 5]
+and, for scale, a bare Python loop rendering the chat template and calling the engine.
+
+Prints ms per turn for each and the added cost per style (goal: verlog - plain <= 0.3 ms/turn;
+plain LangGraph itself costs about 1 ms a turn on a 2-core machine).
+Usage: python benchmarks/rollout_overhead.py [--turns 200] [--repeats 9]
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.llm import VerlogChatModel
 from verlog.llm.prompt import PromptRenderer
 from verlog.models import load_tokenizer
-from verlog.rollout import areport_reward, run_episode
+from verlog.rollout import TurnRecorder, areport_reward, episode_config, report_reward, run_episode
 
 ANSWER = "I go forward.\nACTION: go forward"
 OBSERVATION = "You see a red ball 2 steps forward and a wall 3 steps to the left."
@@ -41,28 +44,45 @@ class State(TypedDict):
     step: int
 
 
-def build_loop(model, turns: int, report: bool):
-    """policy (one model call) -> environment (one reward) -> policy ... for ``turns`` turns."""
+def build_loop(model, turns: int, report: bool, sync: bool = False):
+    """policy (one model call) -> environment (one reward) -> policy ... for ``turns`` turns;
+    ``sync``: ``def`` nodes and router (run with ``graph.invoke``)."""
 
-    async def policy(state: State) -> dict:
-        answer = await model.ainvoke([SystemMessage("Play the game."), HumanMessage(state["observation"])])
-        return {"last_answer": answer.content}
+    def prompt(state: State) -> list:
+        return [SystemMessage("Play the game."), HumanMessage(state["observation"])]
 
-    async def environment(state: State) -> dict:
+    def advance(state: State) -> dict:
         step = state["step"] + 1
-        if report:
-            await areport_reward(0.0, terminated=step >= turns)
         return {"step": step, "observation": f"{OBSERVATION} (step {step})"}
 
-    g = StateGraph(State)
-    g.add_node("policy", policy)
-    g.add_node("environment", environment)
-    g.add_edge(START, "policy")
-    g.add_edge("policy", "environment")
+    async def policy(state: State) -> dict:
+        return {"last_answer": (await model.ainvoke(prompt(state))).content}
+
+    async def environment(state: State) -> dict:
+        if report:
+            await areport_reward(0.0, terminated=state["step"] + 1 >= turns)
+        return advance(state)
+
     async def next_step(state: State) -> str:  # async: LangGraph runs sync routers in threads
         return END if state["step"] >= turns else "policy"
 
-    g.add_conditional_edges("environment", next_step, ["policy", END])
+    def sync_policy(state: State) -> dict:
+        return {"last_answer": model.invoke(prompt(state)).content}
+
+    def sync_environment(state: State) -> dict:
+        if report:
+            report_reward(0.0, terminated=state["step"] + 1 >= turns)
+        return advance(state)
+
+    def sync_next_step(state: State) -> str:
+        return END if state["step"] >= turns else "policy"
+
+    g = StateGraph(State)
+    g.add_node("policy", sync_policy if sync else policy)
+    g.add_node("environment", sync_environment if sync else environment)
+    g.add_edge(START, "policy")
+    g.add_edge("policy", "environment")
+    g.add_conditional_edges("environment", sync_next_step if sync else next_step, ["policy", END])
     return g.compile()
 
 
@@ -88,6 +108,26 @@ async def time_verlog(turns: int, tokenizer) -> float:
     return elapsed / turns
 
 
+def time_plain_sync(turns: int) -> float:
+    fake = GenericFakeChatModel(messages=itertools.repeat(AIMessage(ANSWER)))
+    graph = build_loop(fake, turns, report=False, sync=True)
+    t0 = time.perf_counter()
+    graph.invoke(start(turns), {"recursion_limit": 10 * turns})
+    return (time.perf_counter() - t0) / turns
+
+
+def time_verlog_sync(turns: int, tokenizer) -> float:
+    model = VerlogChatModel(engine=ScriptedEngine(tokenizer, [ANSWER]), tokenizer=tokenizer)
+    graph = build_loop(model, turns, report=True, sync=True)
+    recorder = TurnRecorder("sync")
+    t0 = time.perf_counter()
+    graph.invoke(start(turns), episode_config({"recursion_limit": 10 * turns}, "sync", recorder))
+    elapsed = time.perf_counter() - t0
+    episode = recorder.episode("ok")
+    assert len(episode.turns) == turns and episode.turns[-1].terminated
+    return elapsed / turns
+
+
 async def time_bare(turns: int, tokenizer) -> float:
     engine = ScriptedEngine(tokenizer, [ANSWER])
     renderer = PromptRenderer(tokenizer)
@@ -104,22 +144,29 @@ async def time_bare(turns: int, tokenizer) -> float:
 
 async def main(turns: int, repeats: int) -> None:
     tokenizer = load_tokenizer("tiny")
-    await time_verlog(10, tokenizer)  # warm-up: template compilation, imports
+    # warm-up: template compilation, imports, the sync bridge's thread
+    await time_verlog(10, tokenizer)
     await time_plain(10)
-    results: dict[str, list[float]] = {"plain": [], "verlog": [], "bare": []}
-    for _ in range(repeats):  # interleaved, so machine noise hits all three alike
+    await asyncio.to_thread(time_verlog_sync, 10, tokenizer)
+    await asyncio.to_thread(time_plain_sync, 10)
+    results: dict[str, list[float]] = {k: [] for k in ("plain", "verlog", "plain_sync", "verlog_sync", "bare")}
+    for _ in range(repeats):  # interleaved, so machine noise hits all of them alike
         results["plain"].append(await time_plain(turns))
         results["verlog"].append(await time_verlog(turns, tokenizer))
+        # a sync graph is run from sync code (no running loop), as a user's script would
+        results["plain_sync"].append(await asyncio.to_thread(time_plain_sync, turns))
+        results["verlog_sync"].append(await asyncio.to_thread(time_verlog_sync, turns, tokenizer))
         results["bare"].append(await time_bare(turns, tokenizer))
     med = {k: statistics.median(v) * 1000 for k, v in results.items()}
     print(f"turns per episode: {turns}, repeats: {repeats} (median ms per turn)")
-    print(f"  plain LangGraph + GenericFakeChatModel : {med['plain']:.3f} ms/turn")
-    print(f"  verlog chat model + recorder           : {med['verlog']:.3f} ms/turn")
-    print(f"  bare loop (template + engine call)     : {med['bare']:.3f} ms/turn")
-    added = med["verlog"] - med["plain"]
-    print(f"added by verlog over plain LangGraph     : {added:.3f} ms/turn (target <= 0.3) "
-          f"{'OK' if added <= 0.3 else 'MISSED'}")
-    print(f"ratio verlog / plain                     : {med['verlog'] / med['plain']:.2f}x")
+    for style, plain, ours in (("async nodes", "plain", "verlog"), ("sync nodes", "plain_sync", "verlog_sync")):
+        added = med[ours] - med[plain]
+        print(f"{style}:")
+        print(f"  plain LangGraph + GenericFakeChatModel : {med[plain]:.3f} ms/turn")
+        print(f"  verlog chat model + recorder           : {med[ours]:.3f} ms/turn")
+        print(f"  added by verlog                        : {added:.3f} ms/turn (target <= 0.3) "
+              f"{'OK' if added <= 0.3 else 'MISSED'}; ratio {med[ours] / med[plain]:.2f}x")
+    print(f"bare loop (template + engine call)       : {med['bare']:.3f} ms/turn")
 
 
 if __name__ == "__main__":
