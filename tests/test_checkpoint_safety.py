@@ -8,6 +8,7 @@ import os
 import pickle
 import random
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ import torch
 
 from verlog.train import checkpoint as ckpt
 from verlog.train.checkpoint import CheckpointError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class _Payload:
@@ -179,3 +182,28 @@ def test_an_optimizer_of_another_model_is_a_clear_error(tmp_path):
     other = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(9))])
     with pytest.raises(CheckpointError, match="the saved actor optimizer does not fit"):
         ckpt.load_optimizers(saved, {"actor": other})
+
+
+def test_resuming_from_a_pickled_checkpoint_is_one_error_line(tmp_path, capsys):
+    """Through ``verlog train --resume``: exit 2, one ``error:`` line, and the payload never ran."""
+    from verlog.cli import main
+    from verlog.models import toy_model_dir
+
+    run_dir, marker = tmp_path / "run", tmp_path / "marker"
+    args = ["train", str(ROOT / "configs" / "cue_corridor.yaml"), f"model.path={toy_model_dir()}",
+            f"trainer.run_dir={run_dir}", "wandb.mode=disabled", "trainer.total_updates=1", "trainer.num_envs=2",
+            "trainer.turns_per_env=2", "critic_warmup.buffer_multiplier=0", "eval.at_start=false",
+            "eval.at_end=false", "algorithm.mini_batch_turns=4"]
+    assert main(args) == 0
+    saved = ckpt.latest_checkpoint(run_dir)
+    for name in ("optimizers.json", "optimizers.safetensors"):
+        (saved / name).unlink()
+    torch.save({"actor": _Payload(marker)}, saved / "optimizers.pt")  # what an older verlog wrote
+    capsys.readouterr()
+
+    assert main([*args, "trainer.total_updates=2", "--resume"]) == 2
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert f"{saved}: optimizers.pt is a pickle file" in line
+    assert not marker.exists()

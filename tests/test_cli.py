@@ -33,20 +33,20 @@ def test_rollout_prints_turns_and_writes_json(tmp_path):
 def test_bad_config_key_is_a_clear_error(tmp_path):
     result = verlog("rollout", "configs/calculator.yaml", "sampling.temprature=0")
     assert result.returncode == 2
-    assert "sampling.temprature: unknown key" in result.stdout and "temperature" in result.stdout
+    assert "sampling.temprature: unknown key" in result.stderr and "temperature" in result.stderr
 
 
 def test_error_messages_keep_their_brackets():
     # rich would read "[0.5]" or "pip install 'verlog[verl]'" as markup and drop it
     result = verlog("rollout", "configs/calculator.yaml", "sampling.temperature=[0.5]")
-    assert result.returncode == 2 and "(got [0.5])" in result.stdout
+    assert result.returncode == 2 and "(got [0.5])" in result.stderr
 
 
 def test_graph_file_without_factory_is_a_clear_error(tmp_path):
     graph = tmp_path / "empty.py"
     graph.write_text("x = 1\n")
     result = verlog("rollout", "configs/calculator.yaml", f"multi_turn.langgraph.path={graph}")
-    assert result.returncode == 2 and "has no build_graph(model, **kwargs) function" in result.stdout
+    assert result.returncode == 2 and "has no build_graph(model, **kwargs) function" in result.stderr
 
 
 def test_play_by_hand_and_by_bot():
@@ -62,7 +62,7 @@ def test_play_random_agent_and_clear_errors():
     assert random_play.returncode == 0, random_play.stderr
     assert random_play.stdout.count("> ACTION: ") == 3
     no_bot = verlog("play", "guess", "--agent", "bot")
-    assert no_bot.returncode == 2 and "unknown environment 'guess'" in no_bot.stdout and "babyai:goto" in no_bot.stdout
+    assert no_bot.returncode == 2 and "unknown environment 'guess'" in no_bot.stderr and "babyai:goto" in no_bot.stderr
     assert "Traceback" not in no_bot.stdout + no_bot.stderr
 
 

@@ -1,5 +1,6 @@
 """Resume: a training process killed (SIGKILL) after update k continues at update k + 1 with the
-same counters, and no checkpoint it had completed is lost."""
+same counters, and no checkpoint or complete metrics record it had written is lost (a record cut
+by the kill is dropped with a warning)."""
 
 from __future__ import annotations
 
@@ -54,9 +55,13 @@ def test_killed_run_resumes_at_the_next_update(tmp_path):
     saved = {p.name: ckpt.read_state(p) for p in completed}
     state_k = saved[completed[-1].name]
 
+    with (run_dir / "metrics.jsonl").open("a") as f:  # as if killed while writing a record
+        f.write('{"update": 999, "kind": "upd')
+
     done = subprocess.run(command(run_dir, k + 2, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"(update {k})" in done.stdout
+    assert "dropped a cut last line" in done.stdout  # said, and mended: every record below parses
 
     updates = records(run_dir, "update")
     assert [r["update"] for r in updates] == list(range(1, k + 3))  # each update once, none lost or redone twice

@@ -98,10 +98,14 @@ class Agent:
 
 
 def load_agent(config: VerlogConfig, *, engine: Engine | None = None, model: Any = None) -> Agent:
-    """Load tokenizer and engine, build the chat model and the configured graph."""
+    """Load tokenizer and engine, build the chat model and the configured graph.
+
+    A graph file that fails to import, lacks ``make_input`` or whose ``build_graph`` raises is a
+    ``GraphFileError`` (checked before the model's weights are loaded where possible)."""
     from verlog.models import load_tokenizer
 
     graph_file = load_graph_file(config.multi_turn.langgraph.path)  # fail fast, before loading weights
+    graph_file.require_make_input()  # an agent runs episodes: a file without make_input stops here
     tokenizer = load_tokenizer(config.model.path)
     engine = engine or build_engine(config, tokenizer, model)
     chat_model = build_chat_model(config, engine, tokenizer)

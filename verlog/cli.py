@@ -8,7 +8,9 @@
     verlog serve GRAPH --base-url URL --model NAME
     verlog models build {tiny,toy,smollm2}
 
-Configuration errors, graph-file errors and engine errors print one clear message and exit 2.
+A user's mistake (a bad config key, a graph file that fails to import or build or lacks
+``make_input``, a graph whose episodes keep failing, an unreachable engine, a checkpoint verlog
+will not load) prints one ``error: ...`` line on stderr and exits 2, without a traceback.
 """
 
 from __future__ import annotations
@@ -29,9 +31,28 @@ from verlog.backends.base import EngineError
 from verlog.config import ConfigError, load_config
 from verlog.graph_file import GraphFileError
 from verlog.models import MODEL_SPECS
-from verlog.rollout import Episode
+from verlog.rollout import Episode, SlotFailureError
 
 console = Console(highlight=False)
+#: where ``error:`` lines go; soft_wrap keeps a long message on one line
+error_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean the user must change something (a config, a graph file, a run
+    folder): reported as one ``error:`` line and exit status 2. Anything else is a bug and keeps
+    its traceback. (A module's error joins once the module is loaded: no torch import for it.)"""
+    errors: list[type[BaseException]] = [ConfigError, GraphFileError, EngineError, SlotFailureError]
+    for module, name in (("verlog.train.checkpoint", "CheckpointError"), ("verlog.evaluation.runner", "EvalError")):
+        loaded = sys.modules.get(module)
+        if loaded is not None and hasattr(loaded, name):
+            errors.append(getattr(loaded, name))
+    return tuple(errors)
+
+
+def print_error(message: str) -> None:
+    """Report a user's mistake: ``error: <message>`` on stderr (brackets in it are kept)."""
+    error_console.print(f"[red]error:[/] {escape(message)}")
 
 
 def _rollout(args: argparse.Namespace) -> int:
@@ -148,7 +169,7 @@ def _play(args: argparse.Namespace) -> int:
     try:
         play(args.env, seed=args.seed, agent=args.agent, max_steps=args.max_steps)
     except ValueError as exc:  # an unknown game or task, no bot for it
-        console.print(f"[red]error:[/] {escape(str(exc))}")
+        print_error(str(exc))
         return 2
     return 0
 
@@ -199,12 +220,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``, taking ``key=value`` overrides after options too
+    (``verlog rollout CONFIG --episodes 2 sampling.temperature=0``)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        dest = next((d for d in ("overrides", "targets") if isinstance(getattr(args, d, None), list)), None)
+        if dest is None or any(a.startswith("-") or "=" not in a for a in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        getattr(args, dest).extend(extra)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(build_parser(), argv)
     try:
         return args.func(args)
-    except (ConfigError, GraphFileError, EngineError) as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
+    except user_errors() as exc:
+        message = str(exc).strip()
+        if isinstance(exc, SlotFailureError):  # the episode's error may carry LangGraph's multi-line context
+            message = message.splitlines()[0]
+        print_error(message)
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")

@@ -30,6 +30,18 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def _keyword_mapping(value: Any, what: str, example: str) -> dict[str, Any]:
+    """``value`` as keyword arguments: a mapping whose keys are Python identifiers."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a mapping of {what}, e.g. {example}")
+    bad = [k for k in value if not isinstance(k, str) or not k.isidentifier()]
+    if bad:
+        raise ValueError(f"keys must be argument names ({what}); not {', '.join(repr(k) for k in bad)}")
+    return value
+
+
 #: keys of LangChain's RunnableConfig that a graph run accepts
 RUN_CONFIG_KEYS = ("recursion_limit", "configurable", "tags", "metadata", "max_concurrency", "run_name")
 
@@ -43,6 +55,20 @@ class LangGraphConfig(_Section):
         description=f"the run config of each episode; keys: {', '.join(RUN_CONFIG_KEYS)}",
     )
     graph_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of build_graph")
+
+    @field_validator("graph_kwargs", mode="before")
+    @classmethod
+    def _check_graph_kwargs(cls, value: Any) -> dict[str, Any]:
+        return _keyword_mapping(value, "keyword arguments of build_graph", "{max_steps: 64}")
+
+    @field_validator("graph_config", mode="before")
+    @classmethod
+    def _check_run_config_type(cls, value: Any) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ValueError(f"must be a mapping (a run config), e.g. {{recursion_limit: 50}}")
+        return value
 
     @field_validator("graph_config")
     @classmethod
@@ -61,6 +87,11 @@ class MultiTurnConfig(_Section):
 
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     langgraph: LangGraphConfig
+
+    @field_validator("chat_template_kwargs", mode="before")
+    @classmethod
+    def _check_template_kwargs(cls, value: Any) -> dict[str, Any]:
+        return _keyword_mapping(value, "keyword arguments of the chat template", "{enable_thinking: false}")
 
 
 class ModelConfig(_Section):
@@ -191,6 +222,10 @@ class AlgorithmConfig(_Section):
     ppo_epochs: int = Field(1, ge=1)
     mini_batch_turns: int = Field(256, ge=1, description="turns per optimizer step")
     micro_batch_tokens: int = Field(16384, ge=1, description="token budget of one forward/backward pass")
+    shared_prefix_min_tokens: int = Field(
+        32, ge=0, description="rows of a forward pass whose sequences share at least this many leading "
+        "tokens compute them once (0: off)"
+    )
     clip_eps: float = Field(0.2, gt=0, lt=1)
     dual_clip: float | None = Field(3.0, gt=1, description="dual-clip constant c (null: plain PPO)")
     value_clip: float | None = Field(0.5, gt=0, description="value-loss clip (null: off)")
@@ -199,7 +234,7 @@ class AlgorithmConfig(_Section):
     entropy_coef: float = Field(0.001, ge=0)
     kl_coef: float = Field(0.001, ge=0, description="KL-in-reward to the frozen reference policy (0: no reference)")
     recompute_logprobs: bool = Field(
-        True, description="old logprobs from a training forward pass (else the engine's, at temperature 1 only)"
+        True, description="old logprobs from a training forward pass (else the engine's own, drawn at each turn's temperature)"
     )
 
 
@@ -217,6 +252,11 @@ class EvalTaskConfig(_Section):
 
     name: str
     graph_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("graph_kwargs", mode="before")
+    @classmethod
+    def _check_graph_kwargs(cls, value: Any) -> dict[str, Any]:
+        return _keyword_mapping(value, "keyword arguments of build_graph", "{task: goto}")
 
 
 class EvalConfig(_Section):
@@ -336,7 +376,10 @@ def config_from_dict(data: dict[str, Any], *, source: str = "<config>") -> Verlo
     try:
         return VerlogConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"invalid config {source}:\n{_describe(exc, VerlogConfig)}") from None
+        lines = _describe(exc, VerlogConfig).splitlines()
+        if len(lines) == 1:  # one bad key: one line
+            raise ConfigError(f"invalid config {source}: {lines[0].strip()}") from None
+        raise ConfigError(f"invalid config {source}:\n" + "\n".join(lines)) from None
 
 
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:

@@ -43,13 +43,29 @@ class GraphFile:
     make_input: Callable[[int], Any] | None
 
     def build(self, model: BaseChatModel, **graph_kwargs: Any) -> Any:
-        """Call the file's ``build_graph`` and check it returned something runnable."""
+        """Call the file's ``build_graph`` and check it returned something runnable.
+
+        Whatever goes wrong (kwargs the signature does not take, an exception inside
+        ``build_graph``, a result that is not a compiled graph) is a ``GraphFileError`` naming
+        the file: a user's mistake, reported in one line rather than a traceback."""
+        try:
+            signature = inspect.signature(self.build_graph)
+        except (TypeError, ValueError):  # a builtin or C callable: let the call itself check
+            signature = None
+        if signature is not None:
+            try:
+                signature.bind(model, **graph_kwargs)
+            except TypeError as exc:
+                params = ", ".join(signature.parameters)
+                raise GraphFileError(
+                    f"{self.path}: build_graph({params}) rejected graph_kwargs {sorted(graph_kwargs)}: {exc}"
+                ) from exc
         try:
             graph = self.build_graph(model, **graph_kwargs)
-        except TypeError as exc:
-            params = ", ".join(inspect.signature(self.build_graph).parameters)
+        except Exception as exc:
             raise GraphFileError(
-                f"{self.path}: build_graph({params}) rejected graph_kwargs {sorted(graph_kwargs)}: {exc}"
+                f"{self.path}: build_graph({_short_kwargs(graph_kwargs)}) raised {type(exc).__name__}: "
+                f"{_one_line(exc)}"
             ) from exc
         if not hasattr(graph, "ainvoke"):
             raise GraphFileError(
@@ -58,14 +74,38 @@ class GraphFile:
             )
         return graph
 
-    def episode_input(self, seed: int) -> Any:
-        """The graph input for the episode with ``seed``."""
+    def require_make_input(self) -> Callable[[int], Any]:
+        """The file's ``make_input``; a ``GraphFileError`` saying what to define when it has none.
+
+        Call it before starting episodes, so that a missing ``make_input`` stops a run at once
+        instead of failing every episode."""
         if self.make_input is None:
             raise GraphFileError(
-                f"{self.path} defines no make_input(seed); verlog needs it to start episodes "
-                "(return the graph's input state for that seed)"
+                f"{self.path} defines no make_input(seed); verlog needs it to start episodes: add "
+                "`def make_input(seed: int) -> dict` returning the graph's input state for that seed"
             )
-        return self.make_input(seed)
+        return self.make_input
+
+    @property
+    def episode_input(self) -> Callable[[int], Any]:
+        """``episode_input(seed)``: the graph input of the episode with ``seed``.
+
+        Reading the attribute already checks the file has ``make_input`` (``require_make_input``),
+        so code that hands ``graph_file.episode_input`` to a runner fails before any episode."""
+        return self.require_make_input()
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (its first line, with a count of the rest)."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return "(no message)"
+    return lines[0] + (f" (+{len(lines) - 1} more lines)" if len(lines) > 1 else "")
+
+
+def _short_kwargs(graph_kwargs: dict[str, Any]) -> str:
+    text = ", ".join(f"{k}={v!r}" for k, v in graph_kwargs.items())
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def load_graph_file(path: str | Path) -> GraphFile:

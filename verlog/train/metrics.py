@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from verlog.config import VerlogConfig
 from verlog.rollout.slots import SlotBatch
 
-__all__ = ["RunLogger", "memory_metrics", "rollout_metrics"]
+__all__ = ["RunLogger", "memory_metrics", "rollout_metrics", "truncate_after"]
 
 
 def _mean(xs: list[float]) -> float:
@@ -84,8 +84,9 @@ class RunLogger:
         self.console = console
         self.started = time.perf_counter()
         self.total = config.trainer.total_updates
-        if resume:
-            _truncate_after(self.path, start_update)  # drop records of updates that will be redone
+        if resume:  # drop records of updates that will be redone, and a line cut by a kill
+            for warning in truncate_after(self.path, start_update):
+                console.print(f"[yellow]warning:[/] {warning}", highlight=False)
         self.wandb = _start_wandb(config, run_dir, wandb_id, resume)
         self.wandb_id = getattr(self.wandb, "id", wandb_id)
         self.progress = Progress(
@@ -145,11 +146,46 @@ def _finite(x: Any) -> Any:
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
-def _truncate_after(path: Path, update: int) -> None:
+def truncate_after(path: Path, update: int) -> list[str]:
+    """Keep the records of ``metrics.jsonl`` up to ``update`` (those of a resumed run's checkpoint).
+
+    A run killed while writing leaves a cut last line: it is dropped. Every complete record is
+    kept; a complete line that is not a JSON record is kept as it is. The file is replaced
+    atomically. Returns warnings to show (what was dropped)."""
     if not path.is_file():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["update"] <= update]
-    path.write_text("".join(line + "\n" for line in kept))
+        return []
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    cut = lines.pop()  # the text after the last newline: '' unless the last write was cut
+    warnings = []
+    if cut.strip() and _is_record(cut):  # complete but for its newline
+        lines.append(cut)
+    elif cut.strip():
+        warnings.append(f"{path}: dropped a cut last line ({len(cut)} characters) left by a run that was stopped "
+                        "while writing it")
+    kept = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            kept.append(line)
+            continue
+        step = record.get("update") if isinstance(record, dict) else None
+        if not isinstance(step, (int, float)) or step <= update:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+    return warnings
+
+
+def _is_record(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def _start_wandb(config: VerlogConfig, run_dir: Path, run_id: str | None, resume: bool) -> Any:
