@@ -14,7 +14,7 @@ from verlog.config import AlgorithmConfig
 from verlog.rollout.slots import SlotBatch
 from verlog.rollout.turn import Turn
 from verlog.train import checkpoint as ckpt
-from verlog.train.forward import micro_batches, pad_rows, policy_logprobs, values_at_positions
+from verlog.train.forward import micro_batches, pack_rows, policy_logprobs, values_at_positions
 from verlog.train.actor_critic import ValueModel
 from verlog.train.ppo import Learner, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
@@ -85,12 +85,12 @@ def test_forward_reads_the_right_positions(toy):
     lm, _ = toy
     batch = random_batch()
     s = RolloutStorage.from_batch(batch)
-    ids, mask = pad_rows(s.sequences, 0, "cpu")
+    rows = pack_rows(s.sequences, 0, "cpu")
     with torch.no_grad():
-        logp, entropy = policy_logprobs(lm, ids, mask, s.prompt_lengths, s.response_ids, with_entropy=True)
+        logp, entropy = policy_logprobs(lm, rows, s.prompt_lengths, s.response_ids, with_entropy=True)
         critic = ValueModel.from_causal_lm(copy.deepcopy(lm))
         torch.nn.init.normal_(critic.value_head.weight)
-        values = values_at_positions(critic, ids, mask, s.prompt_lengths, s.response_ids.shape[1] + 1)
+        values = values_at_positions(critic, rows, s.prompt_lengths, s.response_ids.shape[1] + 1)
         for row, seq in enumerate(s.sequences):  # each sequence alone, unpadded
             p, n = int(s.prompt_lengths[row]), int(s.response_mask[row].sum())
             full = torch.log_softmax(lm(torch.tensor([seq])).logits[0], -1)
@@ -154,3 +154,72 @@ def test_checkpoints_are_atomic_rotated_and_found(tmp_path):
     ckpt.set_rng_state(ckpt.load_rng(latest), {"g": g})
     assert torch.equal(torch.rand(3, generator=g), before)  # the generator replays from the save
     assert json.loads((latest / "state.json").read_text())["update"] == 3
+
+
+def shared_prompt_batch(num_envs=3, turns_per_env=4, prefix_len=40, seed=1) -> SlotBatch:
+    """Turns whose prompts all start with the same ``prefix_len`` tokens (a game's instruction)."""
+    batch = random_batch(num_envs, turns_per_env, seed=seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    prefix = torch.randint(4, 40, (prefix_len,), generator=g).tolist()
+    for turn in batch.flat_turns():
+        turn.prompt_ids = prefix + turn.prompt_ids
+    return batch
+
+
+def test_shared_prefix_pass_equals_the_unshared_one(toy):
+    """Logprobs, values and parameter gradients with the instruction computed once per
+    micro-batch equal those of the plain pass (1e-5 relative)."""
+    lm, _ = toy
+    s = RolloutStorage.from_batch(shared_prompt_batch())
+    rows = pack_rows(s.sequences, 0, "cpu", first_read=s.prompt_lengths - 1, min_shared=8)
+    plain = pack_rows(s.sequences, 0, "cpu")
+    assert rows.offset >= 40 and plain.offset == 0
+    torch.manual_seed(0)
+    critic = ValueModel.from_causal_lm(copy.deepcopy(lm))
+    torch.nn.init.normal_(critic.value_head.weight)
+    width = s.response_ids.shape[1]
+
+    def run(packed):
+        lm.zero_grad(set_to_none=True)
+        critic.zero_grad(set_to_none=True)
+        logp, entropy = policy_logprobs(lm, packed, s.prompt_lengths, s.response_ids, temperature=torch.full((s.size,), 0.8),
+                                        with_entropy=True)
+        values = values_at_positions(critic, packed, s.prompt_lengths, width + 1)
+        loss = (logp * s.response_mask).sum() + (entropy * s.response_mask).sum() + (values * s.value_mask).sum()
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in [*lm.named_parameters(), *critic.named_parameters()] if p.grad is not None}
+        return logp.detach() * s.response_mask, values.detach() * s.value_mask, grads
+
+    logp_a, values_a, grads_a = run(plain)
+    logp_b, values_b, grads_b = run(rows)
+    assert torch.allclose(logp_a, logp_b, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(values_a, values_b, rtol=1e-5, atol=1e-6)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        rel = (grads_a[name] - grads_b[name]).norm() / grads_a[name].norm().clamp(min=1e-12)
+        assert rel < 1e-5, (name, float(rel))
+
+
+def test_score_and_update_are_the_same_with_shared_prefixes(toy):
+    """The trainer's passes (old logprobs, values, bootstrap values, PPO step) do not depend on
+    prefix sharing."""
+    lm, _ = toy
+    results = []
+    for share in (0, 8):
+        torch.manual_seed(0)
+        actor = copy.deepcopy(lm)
+        critic = ValueModel.from_causal_lm(copy.deepcopy(lm))
+        torch.nn.init.normal_(critic.value_head.weight, std=0.1)
+        algo = AlgorithmConfig(shared_prefix_min_tokens=share, kl_coef=0.0, mini_batch_turns=12)
+        learner = Learner(actor, critic, torch.optim.SGD(actor.parameters(), lr=0.1),
+                          torch.optim.SGD(critic.parameters(), lr=0.1), None, algo, pad_id=0,
+                          device=torch.device("cpu"))
+        s = RolloutStorage.from_batch(shared_prompt_batch())
+        score_batch(s, learner)
+        metrics = ppo_update(s, learner, generator=torch.Generator().manual_seed(0))
+        results.append((s, metrics, [p.detach().clone() for p in actor.parameters()]))
+    (a, ma, pa), (b, mb, pb) = results
+    for name in ("old_logprobs", "values", "bootstrap_values", "advantages", "returns"):
+        assert torch.allclose(getattr(a, name), getattr(b, name), rtol=1e-5, atol=1e-5), name
+    assert ma["policy_loss"] == pytest.approx(mb["policy_loss"], rel=1e-4, abs=1e-6)
+    assert all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(pa, pb))

@@ -41,6 +41,10 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return self.values(hidden)
+
+    def values(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Values ``[B, S]`` from the backbone's last hidden states ``[B, S, H]``."""
         return self.value_head(hidden).squeeze(-1).float()
 
     def gradient_checkpointing_enable(self) -> None:

@@ -4,10 +4,20 @@ A turn is the sequence ``prompt_ids + response_ids`` (``P`` + ``L`` tokens). Res
 is predicted at position ``P - 1 + j``; the value ``V_{k,j}`` is read at the same position, so
 ``j = 0..L`` spans the last prompt token to the last response token. Rows are right-padded: with
 a causal mask real tokens never see the padding, and default position ids are right.
+
+**Shared prefixes.** Game prompts repeat a long instruction every turn. When the rows of a
+micro-batch share their first ``S`` tokens (and every position read lies after them), those
+tokens run once: their keys and values (computed with gradients in a training pass) are
+repeated over the rows, and only each row's rest goes through the model. Autograd sums the
+rows' gradients into the one prefix computation, so logprobs, values and parameter gradients
+equal the unshared pass up to float rounding. A model training with gradient checkpointing
+recomputes layers during backward, which a cache filled in the forward pass cannot follow: its
+gradient passes run unshared.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -15,7 +25,17 @@ from torch import nn
 
 from verlog.algo import entropy_from_logits
 
-__all__ = ["micro_batches", "pad_rows", "policy_logprobs", "positions", "values_at_positions", "last_token_values"]
+__all__ = [
+    "PackedRows",
+    "backbone_hidden",
+    "last_token_values",
+    "micro_batches",
+    "pack_rows",
+    "pad_rows",
+    "policy_logprobs",
+    "positions",
+    "values_at_positions",
+]
 
 
 def micro_batches(rows: Sequence[int], lengths: Sequence[int], token_budget: int) -> list[list[int]]:
@@ -47,6 +67,79 @@ def pad_rows(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | 
     return ids.to(device), mask.to(device)
 
 
+@dataclass
+class PackedRows:
+    """A micro-batch laid out for one forward pass: the rows' shared leading tokens
+    (``prefix_ids``, ``[1, S]``, or ``None``) and the rest of each row (``input_ids``,
+    right-padded, ``[B, W]``) with its ``attention_mask`` over prefix and rest (``[B, S + W]``)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    prefix_ids: torch.Tensor | None = None
+
+    @property
+    def offset(self) -> int:
+        """Sequence position of ``input_ids[:, 0]`` (the shared prefix's length)."""
+        return 0 if self.prefix_ids is None else self.prefix_ids.shape[1]
+
+
+def _common_prefix_len(seqs: Sequence[Sequence[int]], limit: int) -> int:
+    first = seqs[0]
+    n = 0
+    while n < limit and all(s[n] == first[n] for s in seqs[1:]):
+        n += 1
+    return n
+
+
+def pack_rows(
+    seqs: Sequence[Sequence[int]],
+    pad_id: int,
+    device: torch.device | str,
+    *,
+    first_read: Sequence[int] | torch.Tensor | None = None,
+    min_shared: int = 0,
+) -> PackedRows:
+    """Lay out ``seqs`` for one pass, their common leading tokens apart when they share at least
+    ``min_shared`` of them (0: never). ``first_read[i]``: the first position of row ``i`` whose
+    output is read; the shared part ends before every row's, so every read position is computed
+    per row."""
+    shared = 0
+    if min_shared > 0 and len(seqs) > 1 and first_read is not None:
+        limit = min(int(x) for x in first_read)
+        shared = _common_prefix_len(seqs, max(0, limit))
+        shared = shared if shared >= min_shared else 0
+    if shared == 0:
+        ids, mask = pad_rows(seqs, pad_id, device)
+        return PackedRows(ids, mask)
+    rest, rest_mask = pad_rows([s[shared:] for s in seqs], pad_id, device)
+    mask = torch.cat([rest_mask.new_ones((len(seqs), shared)), rest_mask], dim=1)
+    prefix = torch.as_tensor([list(seqs[0][:shared])], dtype=torch.long, device=rest.device)
+    return PackedRows(rest, mask, prefix)
+
+
+def backbone_hidden(backbone: nn.Module, rows: PackedRows) -> torch.Tensor:
+    """Last hidden states ``[B, W, H]`` of a transformer backbone at positions ``offset ..``."""
+    if rows.prefix_ids is None:
+        return backbone(input_ids=rows.input_ids, attention_mask=rows.attention_mask, use_cache=False).last_hidden_state
+    cache = backbone(input_ids=rows.prefix_ids, use_cache=True).past_key_values
+    cache.batch_repeat_interleave(rows.input_ids.shape[0])  # differentiable: gradients sum back
+    width = rows.input_ids.shape[1]
+    position_ids = (rows.offset + torch.arange(width, device=rows.input_ids.device)).expand(rows.input_ids.shape[0], -1)
+    return backbone(
+        input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=position_ids,
+        past_key_values=cache, use_cache=True,
+    ).last_hidden_state
+
+
+def can_share_prefix(model: nn.Module) -> bool:
+    """Whether ``model``'s current pass may share a prefix cache: not while it trains with
+    gradient checkpointing (recomputed layers would write the cache again)."""
+    checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    backbone = getattr(model, "backbone", None)  # the critic
+    checkpointing = checkpointing or getattr(backbone, "is_gradient_checkpointing", False)
+    return not (checkpointing and model.training and torch.is_grad_enabled())
+
+
 def positions(prompt_lengths: torch.Tensor, width: int, seq_len: int) -> torch.Tensor:
     """``[B, width]`` indices ``P - 1 + j`` (clamped into the sequence) for ``j = 0..width-1``."""
     j = torch.arange(width, device=prompt_lengths.device)
@@ -55,8 +148,7 @@ def positions(prompt_lengths: torch.Tensor, width: int, seq_len: int) -> torch.T
 
 def policy_logprobs(
     lm: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
+    rows: PackedRows,
     prompt_lengths: torch.Tensor,
     response_ids: torch.Tensor,
     *,
@@ -69,9 +161,9 @@ def policy_logprobs(
     Only the response positions go through the LM head (``logits / temperature``, as sampled);
     ``temperature`` is one number or one per row (``[B]``: each turn at its own).
     """
-    hidden = lm.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    hidden = backbone_hidden(lm.base_model, rows)
     width = response_ids.shape[1]
-    index = positions(prompt_lengths.to(hidden.device), width, hidden.shape[1])
+    index = positions(prompt_lengths.to(hidden.device) - rows.offset, width, hidden.shape[1])
     picked = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
     logits = lm.get_output_embeddings()(picked).float()
     if isinstance(temperature, torch.Tensor):
@@ -83,25 +175,25 @@ def policy_logprobs(
     return logp, entropy
 
 
-def values_at_positions(
-    critic: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_lengths: torch.Tensor, width: int
-) -> torch.Tensor:
+def values_at_positions(critic: nn.Module, rows: PackedRows, prompt_lengths: torch.Tensor, width: int) -> torch.Tensor:
     """The critic's values ``[B, width]`` at positions ``P - 1 + j`` (``width = T + 1``)."""
-    values = critic(input_ids, attention_mask)
-    index = positions(prompt_lengths.to(values.device), width, values.shape[1])
+    values = critic.values(backbone_hidden(critic.backbone, rows))
+    index = positions(prompt_lengths.to(values.device) - rows.offset, width, values.shape[1])
     return values.gather(1, index)
 
 
 @torch.no_grad()
 def last_token_values(
-    critic: nn.Module, prompts: Sequence[Sequence[int]], pad_id: int, token_budget: int, device: torch.device | str
+    critic: nn.Module, prompts: Sequence[Sequence[int]], pad_id: int, token_budget: int, device: torch.device | str,
+    min_shared: int = 0,
 ) -> torch.Tensor:
     """``V(s)`` of whole prompts (the value at each prompt's last token), ``[len(prompts)]``."""
     out = torch.zeros(len(prompts))
     lengths = [len(p) for p in prompts]
     for group in micro_batches(range(len(prompts)), lengths, token_budget):
-        ids, mask = pad_rows([prompts[r] for r in group], pad_id, device)
-        values = critic(ids, mask)
-        last = torch.as_tensor([lengths[r] - 1 for r in group], device=values.device)
-        out[group] = values.gather(1, last.unsqueeze(1)).squeeze(1).float().cpu()
+        last = [lengths[r] - 1 for r in group]
+        rows = pack_rows([prompts[r] for r in group], pad_id, device, first_read=last, min_shared=min_shared)
+        values = critic.values(backbone_hidden(critic.backbone, rows))
+        index = torch.as_tensor(last, device=values.device) - rows.offset
+        out[group] = values.gather(1, index.unsqueeze(1)).squeeze(1).float().cpu()
     return out

@@ -17,7 +17,15 @@ from torch import nn
 
 from verlog.algo import clipped_value_loss, kl_in_reward, masked_mean, ppo_policy_loss
 from verlog.config import AlgorithmConfig
-from verlog.train.forward import last_token_values, micro_batches, pad_rows, policy_logprobs, values_at_positions
+from verlog.train.forward import (
+    PackedRows,
+    can_share_prefix,
+    last_token_values,
+    micro_batches,
+    pack_rows,
+    policy_logprobs,
+    values_at_positions,
+)
 from verlog.train.storage import RolloutStorage
 
 __all__ = ["Learner", "ppo_update", "score_batch"]
@@ -39,15 +47,22 @@ class Learner:
     critic_max_grad_norm: float | None = None
 
 
+def _rows(s: RolloutStorage, group: list[int], learner: Learner, model: nn.Module) -> PackedRows:
+    """The turns ``group`` laid out for ``model``'s pass, their shared leading tokens computed once."""
+    share = learner.algo.shared_prefix_min_tokens if can_share_prefix(model) else 0
+    return pack_rows([s.sequences[r] for r in group], learner.pad_id, learner.device,
+                     first_read=s.prompt_lengths[group] - 1, min_shared=share)
+
+
 @torch.no_grad()
 def _policy_logprobs(lm: nn.Module, s: RolloutStorage, learner: Learner) -> torch.Tensor:
     """Teacher-forced logprobs ``[B, T]`` of every turn's response under ``lm``."""
     out = torch.zeros(s.response_ids.shape)
     lengths = [len(seq) for seq in s.sequences]
     for group in micro_batches(range(s.size), lengths, learner.algo.micro_batch_tokens):
-        ids, mask = pad_rows([s.sequences[r] for r in group], learner.pad_id, learner.device)
         logp, _ = policy_logprobs(
-            lm, ids, mask, s.prompt_lengths[group], s.response_ids[group], temperature=s.temperatures[group]
+            lm, _rows(s, group, learner, lm), s.prompt_lengths[group], s.response_ids[group],
+            temperature=s.temperatures[group],
         )
         out[group] = logp.cpu()
     return out * s.response_mask
@@ -60,18 +75,19 @@ def compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> No
     values = torch.zeros(s.size, s.response_ids.shape[1] + 1)
     lengths = [len(seq) for seq in s.sequences]
     for group in micro_batches(range(s.size), lengths, learner.algo.micro_batch_tokens):
-        ids, mask = pad_rows([s.sequences[r] for r in group], learner.pad_id, learner.device)
-        values[group] = values_at_positions(critic, ids, mask, s.prompt_lengths[group], values.shape[1]).cpu()
+        rows = _rows(s, group, learner, critic)
+        values[group] = values_at_positions(critic, rows, s.prompt_lengths[group], values.shape[1]).cpu()
     s.values = values * s.value_mask
+    share = learner.algo.shared_prefix_min_tokens
     s.bootstrap_values = last_token_values(
-        critic, s.bootstrap_prompts, learner.pad_id, learner.algo.micro_batch_tokens, learner.device
+        critic, s.bootstrap_prompts, learner.pad_id, learner.algo.micro_batch_tokens, learner.device, share
     )
     s.truncation_values = torch.full((s.size,), float("nan"))
     known = [row for row, prompt in enumerate(s.truncation_prompts) if prompt]
     if known:
         s.truncation_values[known] = last_token_values(
             critic, [s.truncation_prompts[r] for r in known], learner.pad_id, learner.algo.micro_batch_tokens,
-            learner.device,
+            learner.device, share,
         )
 
 
@@ -175,10 +191,9 @@ def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int
 def _actor_step(s: RolloutStorage, micro: list[int], learner: Learner, share: float) -> dict[str, float]:
     """Policy loss (clipped, dual-clip) minus the entropy bonus on one micro-batch; backward."""
     algo, dev = learner.algo, learner.device
-    ids, mask = pad_rows([s.sequences[r] for r in micro], learner.pad_id, dev)
     token_mask = s.policy_mask[micro].to(dev)
     logp, entropy = policy_logprobs(
-        learner.actor, ids, mask, s.prompt_lengths[micro], s.response_ids[micro],
+        learner.actor, _rows(s, micro, learner, learner.actor), s.prompt_lengths[micro], s.response_ids[micro],
         temperature=s.temperatures[micro], with_entropy=algo.entropy_coef > 0,
     )
     policy_loss, metrics = ppo_policy_loss(
@@ -197,9 +212,8 @@ def _actor_step(s: RolloutStorage, micro: list[int], learner: Learner, share: fl
 def _critic_step(s: RolloutStorage, micro: list[int], learner: Learner, share: float) -> dict[str, float]:
     """Clipped value loss on one micro-batch; backward."""
     algo, dev = learner.algo, learner.device
-    ids, mask = pad_rows([s.sequences[r] for r in micro], learner.pad_id, dev)
     width = s.values.shape[1]
-    values = values_at_positions(learner.critic, ids, mask, s.prompt_lengths[micro], width)
+    values = values_at_positions(learner.critic, _rows(s, micro, learner, learner.critic), s.prompt_lengths[micro], width)
     loss, metrics = clipped_value_loss(
         values, s.values[micro].to(dev), s.returns[micro].to(dev), s.value_mask[micro].to(dev),
         clip=algo.value_clip, first_value_weight=algo.first_value_weight,
