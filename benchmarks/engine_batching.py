@@ -1,4 +1,4 @@
-"""P2: the embedded engine's request batching (TARGETS.md).
+"""P2: the embedded engine's request batching (target: >= 8x the turns/s of one episode at a time).
 
 Runs the same total number of turns of a two-node policy <-> environment loop on the tiny
 random-init model, once with 32 episodes running concurrently (their calls batched together by

@@ -1,4 +1,4 @@
-"""P3: constant context — prompt tokens over a 400-turn Crafter episode (TARGETS.md).
+"""P3: constant context — prompt tokens over a 400-turn Crafter episode (target: >= 50x fewer).
 
 Plays one Crafter episode through ``graphs/crafter.py`` with the same scripted player answering
 (a zero-latency engine that reads the current observation from the prompt, so every run takes
