@@ -50,3 +50,24 @@ def test_bad_graph_kwargs_and_missing_make_input(tmp_path):
         graph_file.build(model=None, width=3)
     with pytest.raises(GraphFileError, match=r"defines no make_input\(seed\)"):
         graph_file.episode_input(0)
+
+
+def test_build_graph_that_raises_is_a_graph_file_error(tmp_path):
+    path = tmp_path / "raising.py"
+    path.write_text("def build_graph(model, task='goto'):\n"
+                    "    raise ValueError(f'unknown task {task!r}\\nvalid: goto, pickup')\n")
+    with pytest.raises(GraphFileError) as info:
+        load_graph_file(path).build(model=None, task="fly")
+    message = str(info.value)
+    assert message == f"{path}: build_graph(task='fly') raised ValueError: unknown task 'fly'; valid: goto, pickup"
+    assert isinstance(info.value.__cause__, ValueError)  # the original stays reachable
+
+
+def test_a_missing_make_input_is_caught_before_any_episode(tmp_path):
+    path = tmp_path / "noinput.py"
+    path.write_text("def build_graph(model):\n    return None\n")
+    graph_file = load_graph_file(path)
+    with pytest.raises(GraphFileError, match=r"defines no make_input\(seed\).*def make_input\(seed: int\)"):
+        graph_file.require_make_input()
+    with pytest.raises(GraphFileError):  # handing the method to a runner already fails
+        runner_gets = graph_file.episode_input  # noqa: F841

@@ -95,12 +95,10 @@ class GraphFile:
         return self.require_make_input()
 
 
-def _one_line(exc: BaseException) -> str:
-    """An exception's message on one line (its first line, with a count of the rest)."""
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    if not lines:
-        return "(no message)"
-    return lines[0] + (f" (+{len(lines) - 1} more lines)" if len(lines) > 1 else "")
+def _one_line(exc: BaseException, limit: int = 400) -> str:
+    """An exception's message on one line: its lines joined with ``; ``, cut at ``limit``."""
+    text = "; ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip()) or "(no message)"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _short_kwargs(graph_kwargs: dict[str, Any]) -> str:
