@@ -221,12 +221,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """Parse ``argv``, taking ``key=value`` overrides after options too
-    (``verlog rollout CONFIG --episodes 2 sampling.temperature=0``)."""
+    """Parse ``argv``, taking ``key=value`` overrides (and ``verlog eval``'s config files) after
+    options too: ``verlog rollout CONFIG --episodes 2 sampling.temperature=0``."""
     args, extra = parser.parse_known_args(argv)
     if extra:
         dest = next((d for d in ("overrides", "targets") if isinstance(getattr(args, d, None), list)), None)
-        if dest is None or any(a.startswith("-") or "=" not in a for a in extra):
+
+        def positional(arg: str) -> bool:
+            return not arg.startswith("-") and ("=" in arg or (dest == "targets" and Path(arg).is_file()))
+
+        if dest is None or not all(positional(a) for a in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         getattr(args, dest).extend(extra)
     return args
