@@ -121,7 +121,7 @@ def test_games_are_cached_atomically_and_failed_seeds_move_on(tmp_path: Path) ->
 
 def test_games_built_from_several_threads_at_once(tmp_path: Path) -> None:
     """Evaluation and training build games from worker threads: TextWorld's generator is not
-    thread-safe, so verlog builds one at a time (without the lock most of these fail)."""
+    thread-safe, so verlog builds each game in a child process of its own."""
     from concurrent.futures import ThreadPoolExecutor
 
     settings = settings_for("treasure_hunter", level=1)

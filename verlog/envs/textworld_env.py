@@ -8,66 +8,97 @@
 ``textworld:cooking``
     The cooking game: find the cookbook, gather its ingredients from the house, cut and cook
     them as it says, prepare the meal and eat it. A point per required step (17 with the
-    defaults); burning or wrongly preparing an ingredient loses.
+    settings below); burning or wrongly preparing an ingredient loses.
 
-Games are generated offline, at ``reset``, from (family, settings, seed) with TextWorld's own
-generators (``textworld.challenges``, what ``tw-make`` runs) and compiled with the Inform 7
-compiler shipped in the wheel; each is cached under
-``verlog.models.verlog_cache_dir()/textworld/<family>-<settings>/seed-<seed>/`` (built in a
-temporary folder, then renamed into place, so concurrent processes never see half a game). A
-seed whose settings admit no game (TextWorld raises ``QuestGenerationError`` for a few) moves on
-to the next candidate seed, deterministically; ``info["game_seed"]`` says which one was used.
+Games are generated offline from (family, settings, seed) and cached on disk
+(:mod:`verlog.envs.textworld_games`). Two protocols:
 
-Settings (keyword arguments) and their defaults:
+**verlog** (the training variant, the default). Settings: treasure hunter ``level=26``, coin
+collector ``level=220``, cooking ``recipe=5, take=5, go=12, open, cook, cut, split="train"`` with
+the recipe drawn from the game seed; every seed is its own game. The model reads the game's text
+for each command (banner, goal and status bar removed), then ``Location``, ``Inventory``, the
+score and the valid actions (TextWorld's admissible commands, the only commands accepted); the
+game's goal text is in the instruction. An answer naming no valid action runs ``look`` and pays
+the invalid-action penalty. Why level 26: a level-30 game takes from about a minute to several
+minutes to generate here (TextWorld's backward quest search backtracks); level 26 keeps the
+20-room house with its locks, with a 12-step quest.
 
-* treasure hunter: ``level=26``. BALROG plays level 30 (20 rooms, locked doors and containers,
-  a 20-step quest); generating one level-30 game takes from 10 seconds to several minutes on
-  these machines (TextWorld's quest search backtracks), so the default is level 26: the same
-  house and locks, a 12-step quest, about 5 seconds to generate. ``level=30`` works, slowly.
-* coin collector: ``level=220`` (BALROG's).
-* cooking: ``recipe=5, take=5, go=12, open=True, cook=True, cut=True, drop=False,
-  split="train"`` (BALROG's recipe size, 12 locations, maximum score 17); the recipe seed is
-  the game seed.
+**balrog** (``protocol="balrog"``: BALROG's evaluation). The games are made as BALROG's were
+(its scripts in ``conglu1997/intelligent-go-explore``, ``textworld/misc/make_*.py``):
 
-The model reads the game's own text for each command (the banner and the status bar removed),
-then ``Location``, ``Inventory``, the score and the valid actions: TextWorld's admissible
-commands, which are the actions :meth:`TextWorldTextEnv.valid_actions` accepts. The game's goal
-text goes in the instruction. Reward is the score gained by the step; the episode ends when the
-game is won or lost, or after ``max_steps`` commands (80, BALROG's). An answer that names no
-admissible command runs ``look`` and pays the invalid-action penalty. Progression is BALROG's
-``max(score / max_score, won)``.
+* treasure hunter: level 30 (20 rooms, locked doors and containers, a 20-step quest), the goal
+  text stating only the last step, and only games whose walkthrough is exactly 20 commands kept;
+* coin collector: level 220, the goal text stating only the last step;
+* cooking: ``tw-make tw-cooking --recipe 5 --take 5 --go 12 --open --cook --cut --split test``
+  (the challenge's default recipe draw, ``recipe_seed=0``);
+* a pool of 25 games per family (BALROG ships 25): episode seed ``s`` plays game ``s % 25``
+  (``pool_size=None`` gives every seed its own game).
+
+The model reads only the game's own text: the goal paragraph is removed from every observation
+(BALROG splits the text on the goal and keeps what follows it) and nothing is added. Commands are
+free text: the answer is cleaned as BALROG's naive agent cleans it (stripped, then only letters,
+white space and colons kept) and typed into the game as it is, so every answer is a valid action
+and no penalty is ever paid. The instruction gives BALROG's facts for
+each game (the commands, its hints, the step budget its prompt states). BALROG's games are Glulx
+files; TextWorld 1.7 plays only Z-machine files, so ours are ``.z8`` (same Inform 7 source; the
+Z-machine's status line, which Glulx does not print, is removed from the text).
+
+Both protocols: reward is the score gained by the step; the episode ends (terminated) when the
+game is won or lost and is truncated after ``max_steps`` commands (80, BALROG's). Progression is
+BALROG's ``max(score / max_score, won)``.
+
+Every call into TextWorld's engine (loading a game, reset, step, close) holds
+:data:`verlog.envs.textworld_games.ENGINE_LOCK`: TextWorld parses game files with one
+module-level parser, so two games loaded at once in one process corrupt each other. Games are
+generated in child processes, never in this one.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
-import tempfile
-import threading
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
+from verlog.envs.family import check_protocol
 from verlog.envs.progression import textworld_value
+from verlog.envs.textworld_games import (
+    ENGINE_LOCK,
+    SEED_STRIDE,
+    build_game,
+    cache_root,
+    game_dir,
+)
 
-#: family -> (TextWorld challenge name, default settings)
-FAMILIES: Mapping[str, tuple[str, Mapping[str, Any]]] = {
-    "treasure_hunter": ("tw-treasure_hunter", {"level": 26}),
-    "coin_collector": ("tw-coin_collector", {"level": 220}),
-    "cooking": (
-        "tw-cooking",
-        {"recipe": 5, "take": 5, "go": 12, "open": True, "cook": True, "cut": True, "drop": False, "split": "train"},
-    ),
+_COOKING_VERLOG = {"recipe": 5, "take": 5, "go": 12, "open": True, "cook": True, "cut": True, "drop": False, "split": "train"}
+#: protocol -> family -> default generator settings (see the module docstring)
+SETTINGS: Mapping[str, Mapping[str, Mapping[str, Any]]] = {
+    "verlog": {
+        "treasure_hunter": {"level": 26},
+        "coin_collector": {"level": 220},
+        "cooking": _COOKING_VERLOG,
+    },
+    "balrog": {
+        "treasure_hunter": {"level": 30, "only_last_action": True, "walkthrough_length": 20},
+        "coin_collector": {"level": 220, "only_last_action": True},
+        "cooking": {**_COOKING_VERLOG, "split": "test", "recipe_seed": 0},
+    },
 }
-DEFAULT_MAX_STEPS = 80  # BALROG
-DEFAULT_ACTION = "look"
-#: candidate seeds tried per requested seed before giving up
-MAX_GENERATION_TRIES = 20
-_SEED_STRIDE = 1_000_003  # candidate k of seed s is s + k * stride
+FAMILIES: tuple[str, ...] = ("treasure_hunter", "coin_collector", "cooking")
+#: BALROG's names of the families (its task list), in its order
+BALROG_TASK_NAMES: Mapping[str, str] = {
+    "treasure_hunter": "treasure_hunter",
+    "cooking": "the_cooking_game",
+    "coin_collector": "coin_collector",
+}
+#: BALROG's number of games per family: episode seed s plays game s % 25
+BALROG_POOL_SIZE = 25
+DEFAULT_MAX_STEPS = 80  # BALROG's textworld_kwargs.max_episode_steps
+DEFAULT_ACTION = "look"  # verlog's protocol only: under BALROG's every answer is a command
+_SEED_STRIDE = SEED_STRIDE  # kept for callers of the old name
 
 _DIRECTIONS = ("north", "south", "east", "west")
 SYNONYMS: Mapping[str, str] = {
@@ -83,8 +114,11 @@ SYNONYMS: Mapping[str, str] = {
     "look around": "look",
 }
 
+#: the Z-machine status line TextWorld's games print after each command: ">  -= Room =-0/3"
 _STATUS_BAR = re.compile(r"\n\s*>\s*[^\n]*$")
 _ROOM = re.compile(r"-=\s*(.+?)\s*=-")
+_QUOTES = "'\"\u2018\u2019\u201c\u201d"
+_NOT_COMMAND_CHARS = re.compile(r"[^a-zA-Z\s:]")
 
 
 def _unknown_family(family: str) -> ValueError:
@@ -92,130 +126,29 @@ def _unknown_family(family: str) -> ValueError:
     return ValueError(f"unknown TextWorld game {family!r}; valid names: {valid}")
 
 
-def settings_for(family: str, **overrides: Any) -> dict[str, Any]:
-    """The generator settings of ``family`` with ``overrides`` applied (unknown keys rejected)."""
+def settings_for(family: str, protocol: str = "verlog", **overrides: Any) -> dict[str, Any]:
+    """The generator settings of ``family`` under ``protocol`` with ``overrides`` applied
+    (unknown keys rejected)."""
+    check_protocol(protocol)
     if family not in FAMILIES:
         raise _unknown_family(family)
-    settings = dict(FAMILIES[family][1])
+    settings = dict(SETTINGS[protocol][family])
+    allowed = set(settings) | {"only_last_action", "walkthrough_length"} | ({"recipe_seed"} if family == "cooking" else set())
     for key, value in overrides.items():
-        if key not in settings:
-            raise ValueError(
-                f"unknown setting {key!r} for textworld:{family}; valid: {', '.join(settings)}"
-            )
+        if key not in allowed:
+            raise ValueError(f"unknown setting {key!r} for textworld:{family}; valid: {', '.join(sorted(allowed))}")
         settings[key] = value
     return settings
 
 
-def _settings_tag(settings: Mapping[str, Any]) -> str:
-    parts = []
-    for key, value in sorted(settings.items()):
-        if isinstance(value, bool):
-            parts.append(key if value else f"no{key}")
-        else:
-            parts.append(f"{key}{value}")
-    return "-".join(parts)
-
-
-def cache_root() -> Path:
-    """Where generated games are cached: ``verlog_cache_dir()/textworld``."""
-    from verlog.models import verlog_cache_dir
-
-    return verlog_cache_dir() / "textworld"
-
-
-def game_dir(family: str, settings: Mapping[str, Any], seed: int, root: Path | None = None) -> Path:
-    """The cache folder of one game (it holds ``game.z8`` and ``game.json`` once built)."""
-    return (root or cache_root()) / f"{family}-{_settings_tag(settings)}" / f"seed-{seed}"
-
-
-def _generate_game(family: str, settings: Mapping[str, Any], seed: int) -> Any:
-    """A ``textworld.Game`` of ``family`` for ``seed`` (may raise ``QuestGenerationError``)."""
-    from textworld.challenges import CHALLENGES
-    from textworld.generator.game import GameOptions
-
-    challenge = FAMILIES[family][0]
-    options = GameOptions()
-    options.seeds = seed
-    settings = dict(settings)
-    if family == "cooking":
-        settings["recipe_seed"] = seed
-    make = CHALLENGES[challenge][1]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return make(settings, options)
-
-
-#: one game generated at a time per process: TextWorld's generator is not thread-safe (games built
-#: concurrently in worker threads fail with ``IndexError: pop from empty list`` or parse errors)
-_GENERATION_LOCK = threading.Lock()
-
-
-def build_game(family: str, settings: Mapping[str, Any], seed: int, root: Path | None = None) -> tuple[Path, int]:
-    """The compiled game file of (family, settings, seed), generated on first use.
-
-    Returns the ``.z8`` path and the seed actually used (a later candidate when ``seed`` admits
-    no game). Building happens in a temporary folder renamed into place.
-    """
-    from textworld.generator import QuestGenerationError, compile_game
-    from textworld.generator.game import GameOptions
-
-    for k in range(MAX_GENERATION_TRIES):
-        candidate = seed + k * _SEED_STRIDE
-        final = game_dir(family, settings, candidate, root)
-        if (final / "game.z8").is_file():
-            return final / "game.z8", candidate
-        failed = final.with_name(final.name + ".failed")
-        if failed.is_file():  # this candidate is known to admit no game
-            continue
-        final.parent.mkdir(parents=True, exist_ok=True)
-        with _GENERATION_LOCK:  # TextWorld's generator and compiler share global state
-            if (final / "game.z8").is_file():  # another thread built it meanwhile
-                return final / "game.z8", candidate
-            try:
-                game = _generate_game(family, settings, candidate)
-            except QuestGenerationError:
-                _write_atomic(failed, "QuestGenerationError\n")
-                continue
-            tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-            try:
-                options = GameOptions()
-                options.path = str(tmp / "game.z8")
-                options.force_recompile = True
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    compile_game(game, options)
-                (tmp / "game.ni").unlink(missing_ok=True)
-                (tmp / "meta.json").write_text(
-                    json.dumps({"family": family, "settings": dict(settings), "seed": candidate}, indent=1)
-                )
-                try:
-                    os.rename(tmp, final)
-                except OSError:  # another process finished the same game first
-                    if not (final / "game.z8").is_file():
-                        raise
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
-        return final / "game.z8", candidate
-    raise RuntimeError(
-        f"TextWorld could not generate a {family} game for seed {seed} "
-        f"({MAX_GENERATION_TRIES} candidate seeds tried) with settings {dict(settings)}"
-    )
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def clean_feedback(text: str, objective: str = "") -> str:
-    """The game's text without the banner, the goal paragraph and the trailing status bar."""
+    """The game's text without the banner, the goal paragraph and the trailing status bar
+    (verlog's protocol)."""
     text = _STATUS_BAR.sub("", text.rstrip())
     text = text.split("*** The End ***", 1)[0]  # the end-of-game screen (score, RESTART ...)
-    if objective and objective in text:
-        text = text.split(objective, 1)[1]
+    after = _after_objective(text, objective)
+    if after is not None:
+        text = after
     else:
         # the start-of-game banner is ASCII art made of $, \ | _ and spaces
         lines = text.splitlines()
@@ -224,6 +157,44 @@ def clean_feedback(text: str, objective: str = "") -> str:
         text = "\n".join(lines)
     text = re.sub(r"\n{3,}", "\n\n", text)
     return text.strip()
+
+
+def balrog_feedback(text: str, objective: str) -> str:
+    """The game's text as BALROG's model reads it: what follows the goal paragraph (the whole
+    text when the goal is not in it), stripped; the Z-machine's status line removed."""
+    text = _STATUS_BAR.sub("", text.rstrip())
+    after = _after_objective(text, objective)
+    return (after if after is not None else text).strip()
+
+
+def _after_objective(text: str, objective: str) -> str | None:
+    """The text after the last copy of ``objective`` in ``text``, or ``None`` without one.
+
+    Matching ignores the kind of quote and of white space: the game prints the goal with
+    ``That's it!`` where TextWorld's ``objective`` may say ``That"s it!``.
+    """
+    objective = objective.strip()
+    if not objective:
+        return None
+    if objective in text:
+        return text.split(objective)[-1]
+    pattern = ""
+    for char in objective:
+        if char in _QUOTES:
+            pattern += f"[{_QUOTES}]"
+        elif char.isspace():
+            if not pattern.endswith(r"\s+"):
+                pattern += r"\s+"
+        else:
+            pattern += re.escape(char)
+    matches = list(re.finditer(pattern, text))
+    return text[matches[-1].end():] if matches else None
+
+
+def balrog_command(answer: str) -> str:
+    """The command BALROG's naive agent types for an answer: the answer stripped, then only its
+    letters, white space and colons kept ("take non-euclidean key!" -> "take noneuclidean key")."""
+    return _NOT_COMMAND_CHARS.sub("", answer.strip())
 
 
 class TextWorldTextEnv(TextEnv):
@@ -238,17 +209,25 @@ class TextWorldTextEnv(TextEnv):
         family: str,
         seed: int | None = None,
         *,
+        protocol: str = "verlog",
         max_steps: int = DEFAULT_MAX_STEPS,
         invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
         cache_dir: str | os.PathLike | None = None,
+        pool_size: int | None | str = "default",
         **settings: Any,
     ) -> None:
+        self.protocol = check_protocol(protocol)
         self.family = family
-        self.settings = settings_for(family, **settings)
+        self.settings = settings_for(family, protocol, **settings)
         self.name = f"textworld:{family}"
         self.max_steps = max_steps
         self.invalid_action_penalty = invalid_action_penalty
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        if pool_size == "default":
+            pool_size = BALROG_POOL_SIZE if protocol == "balrog" else None
+        if pool_size is not None and (not isinstance(pool_size, int) or pool_size < 1):
+            raise ValueError(f"pool_size must be a positive integer or None (got {pool_size!r})")
+        self.pool_size: int | None = pool_size
         self._next_seed = seed if seed is not None else 0
         self._game_env: Any = None
         self._game_path: Path | None = None
@@ -259,6 +238,10 @@ class TextWorldTextEnv(TextEnv):
         self._observation = ""
         self.game_seed: int | None = None
         self.seed: int | None = None
+
+    @property
+    def balrog(self) -> bool:
+        return self.protocol == "balrog"
 
     # -- game files ------------------------------------------------------------------------------
 
@@ -272,10 +255,14 @@ class TextWorldTextEnv(TextEnv):
             admissible_commands=True, won=True, lost=True, score=True, max_score=True,
             objective=True, description=True, inventory=True, moves=True, extras=["walkthrough"],
         )
-        with warnings.catch_warnings():
+        with ENGINE_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._game_env = textworld.start(str(path), request_infos=infos)
         self._game_path = path
+
+    def game_index(self, seed: int) -> int:
+        """The game an episode seed plays (``seed % pool_size`` with a pool)."""
+        return seed % self.pool_size if self.pool_size is not None else seed
 
     # -- views --------------------------------------------------------------------------------------
 
@@ -302,6 +289,8 @@ class TextWorldTextEnv(TextEnv):
         return m.group(1) if m else ""
 
     def _render(self, feedback: str) -> str:
+        if self.balrog:
+            return feedback
         state = self._state
         inventory = re.sub(r"\s+", " ", str(state["inventory"] or "").strip())
         parts = [feedback or "(nothing happens)"]
@@ -312,33 +301,36 @@ class TextWorldTextEnv(TextEnv):
         parts.append(f"Valid actions: {', '.join(self.valid_actions())}")
         return "\n".join(parts)
 
+    def _feedback(self, text: str) -> str:
+        return balrog_feedback(text, self.objective) if self.balrog else clean_feedback(text, self.objective)
+
     # -- TextEnv ------------------------------------------------------------------------------------
 
     def reset(self, seed: int | None = None) -> str:
         if seed is None:
             seed = self._next_seed
         self._next_seed = seed + 1
-        path, used = build_game(self.family, self.settings, seed, self._root())
+        path, used = build_game(self.family, self.settings, self.game_index(seed), self.cache_dir)
         self._start(path)
-        with warnings.catch_warnings():
+        with ENGINE_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._state = self._game_env.reset()
         self.seed, self.game_seed = seed, used
         self._steps = 0
         self._score = float(self._state["score"] or 0)
         self._done = False
-        self._observation = self._render(clean_feedback(self._state.feedback, self.objective))
+        self._observation = self._render(self._feedback(self._state.feedback))
         return self._observation
-
-    def _root(self) -> Path | None:
-        return self.cache_dir
 
     def step(self, action_text: str) -> StepResult:
         if self._done or self._state is None:
             raise RuntimeError("the episode is over: call reset() first")
-        parsed = parse_action(action_text, self.valid_actions(), SYNONYMS)
-        command = parsed.action if parsed.action is not None else DEFAULT_ACTION
-        with warnings.catch_warnings():
+        if self.balrog:
+            command, valid = balrog_command(action_text), True
+        else:
+            parsed = parse_action(action_text, self.valid_actions(), SYNONYMS)
+            command, valid = (parsed.action if parsed.action is not None else DEFAULT_ACTION), parsed.valid
+        with ENGINE_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._state, _, game_done = self._game_env.step(command)
         self._steps += 1
@@ -348,12 +340,12 @@ class TextWorldTextEnv(TextEnv):
         won, lost = bool(self._state["won"]), bool(self._state["lost"])
         terminated = won or lost or bool(game_done)
         truncated = not terminated and self._steps >= self.max_steps
-        if not parsed.valid:
+        if not valid:
             reward -= self.invalid_action_penalty
         self._done = terminated or truncated
         info: dict[str, Any] = {
             "action": command,
-            "valid_action": parsed.valid,
+            "valid_action": valid,
             "step": self._steps,
             "score": score,
             "max_score": self.max_score,
@@ -364,21 +356,27 @@ class TextWorldTextEnv(TextEnv):
         }
         if self._done:
             info["success"] = won
-        feedback = clean_feedback(self._state.feedback)
-        if won:
-            feedback += "\n(You won the game.)"
-        elif lost:
-            feedback += "\n(You lost the game.)"
+        feedback = self._feedback(self._state.feedback)
+        if not self.balrog:
+            feedback = feedback.split("*** The End ***", 1)[0].strip()
+            if won:
+                feedback += "\n(You won the game.)"
+            elif lost:
+                feedback += "\n(You lost the game.)"
         self._observation = self._render(feedback)
         return StepResult(self._observation, reward, terminated, truncated, info)
 
     def valid_actions(self) -> list[str]:
+        """TextWorld's admissible commands now (under BALROG's protocol any text is accepted:
+        these are the commands the game would understand, never shown to the model)."""
         if self._state is None:
             return []
         return list(self._state["admissible_commands"] or [])
 
     @property
     def instruction(self) -> str:
+        if self.balrog:
+            return balrog_instruction(self.family)
         what = {
             "treasure_hunter": "find the object the goal names and pick it up (picking up the wrong one loses the game)",
             "coin_collector": "find the coin and pick it up",
@@ -401,19 +399,97 @@ class TextWorldTextEnv(TextEnv):
     def close(self) -> None:
         if self._game_env is not None:
             try:
-                self._game_env.close()
+                with ENGINE_LOCK:
+                    self._game_env.close()
             except Exception:  # pragma: no cover
                 pass
         self._game_env = None
         self._game_path = None
 
 
+# -- BALROG's instructions ------------------------------------------------------------------------
+# The facts of BALROG's per-game prompts (balrog/environments/textworld/__init__.py), in verlog's
+# words: the game, its commands, its hints and the step budget the prompt states (BALROG's
+# prompts say 40 steps for treasure hunter and 25 for coin collector although the cap is 80 for
+# every game; we keep the numbers its model reads).
+
+_BALROG_COMMANDS_TREASURE = (
+    "look (describe the room you are in), goal (print the goal of the game), inventory (list "
+    "what you carry), go <dir> (move north, east, south or west; only where the room shows an "
+    "exit or a door), open ... (open a door or a container; a closed door must be opened before "
+    "you can go through it), drop ... (put an object down on the floor), take ... (pick up an "
+    "object you can see), put ... on ... (place an object on a supporter), take ... from ... "
+    "(take an object out of a container or off a supporter), insert ... into ... (place an "
+    "object into a container), unlock ... with ... (unlock a door or a container with a key you "
+    "carry; a locked door must be unlocked before it can be opened)"
+)
+_BALROG_COMMANDS_COOKING = (
+    "look (describe the room you are in), goal (print the goal of the game), inventory (list "
+    "what you carry), go <dir> (move north, east, south or west; only where the room shows an "
+    "exit or a door), examine ... (look closely at something), eat ... (eat something edible), "
+    "open ... (open a door or a container; a closed door must be opened before you can go "
+    "through it), drop ... (put an object down on the floor), take ... (pick up an object you "
+    "can see), put ... on ... (place an object on a supporter), take ... from ... (take an "
+    "object out of a container or off a supporter), insert ... into ... (place an object into a "
+    "container), lock ... with ... and unlock ... with ... (lock or unlock a door or a container "
+    "with a key), cook ... with ... (cook food with something that gives heat), slice ... with "
+    "..., chop ... with ... and dice ... with ... (cut food with something sharp), prepare meal "
+    "(combine the ingredients you carry into a meal; only in the kitchen)"
+)
+
+
+def balrog_instruction(family: str) -> str:
+    """The instruction of ``family`` under BALROG's protocol (BALROG's facts, verlog's words)."""
+    if family == "treasure_hunter":
+        return (
+            "You are an agent in TextWorld, a text adventure. You are in a randomly generated "
+            "maze of rooms and must find one particular object, exploring the rooms to find it.\n"
+            f"Commands: {_BALROG_COMMANDS_TREASURE}.\n"
+            "Hints: the object may be inside a closed or locked container. A key fits the lock "
+            "whose adjective it shares (a non-euclidean keycard opens the non-euclidean safe): "
+            "check the match before unlocking. The key for a door may lie in another room or be "
+            "locked in a container. Take every key you can. Something you unlock stays closed "
+            "until you open it.\n"
+            "You have 40 steps to complete the task. You cannot restart."
+        )
+    if family == "cooking":
+        return (
+            "You are an agent in TextWorld, a text adventure: you move through rooms, use objects "
+            "and solve puzzles. First find the recipe, then find and prepare the food as the "
+            "recipe says, and finally prepare the meal and eat it.\n"
+            f"Commands: {_BALROG_COMMANDS_COOKING}.\n"
+            "Hints: examine the cookbook to read the recipe once you see it. The BBQ grills, the "
+            "stove fries and the oven roasts; cooking an ingredient the wrong way loses the game. "
+            "To cook (grill, fry or roast) something it must be in your inventory and a suitable "
+            "cooking appliance must be in the room: then use 'cook ... with ...'. To slice, chop "
+            "or dice, carry both the knife and the ingredient and use 'slice/chop/dice ... with "
+            "knife'. Cut the food before cooking it. With every ingredient processed as the "
+            "recipe says, 'prepare meal' in the kitchen, then 'eat meal' to win. Ingredients "
+            "must match the recipe's colour exactly when it gives one (any colour otherwise); "
+            "write objects with the exact names you see. A container or supporter described as "
+            "having nothing on it needs no examining.\n"
+            "You have 80 steps to complete the task. You cannot restart."
+        )
+    if family == "coin_collector":
+        return (
+            "You are an agent in TextWorld, a text adventure. You are in a randomly generated "
+            "maze of rooms and must find the coin, exploring the rooms to find it.\n"
+            "Commands: goal (print the goal of the game), go <dir> (move north, east, south or "
+            "west; only where the room shows an exit or a door), take coin (win the game when "
+            "you see the coin in the room). Going in a direction to explore and 'take coin' once "
+            "you see the coin are the only actions you need.\n"
+            "You have 25 steps to complete the task. You cannot restart."
+        )
+    raise _unknown_family(family)
+
+
 class TextWorldWalkthroughAgent:
-    """Plays the game's own walkthrough, one command per turn, through the text interface.
+    """Plays the game's own walkthrough, one command per turn.
 
     TextWorld's walkthroughs sometimes repeat a step that is already done (``open fridge`` when
-    the fridge stands open): a command missing from the observation's ``Valid actions:`` line is
-    such a no-op, so the agent skips it.
+    the fridge stands open): a command the game does not list among its admissible commands now
+    is such a no-op, so the agent skips it. It reads the admissible commands from the game (the
+    model never sees them under BALROG's protocol).
     """
 
     def __init__(self, env: TextWorldTextEnv) -> None:
@@ -424,15 +500,65 @@ class TextWorldWalkthroughAgent:
         self._plan = list(self.env.walkthrough)
 
     def act(self, observation: str) -> str:
-        valid = _valid_actions_in(observation)
-        while len(self._plan) > 1 and valid is not None and self._plan[0] not in valid:
+        valid = set(self.env.valid_actions())
+        while len(self._plan) > 1 and valid and self._plan[0] not in valid:
             self._plan.pop(0)
         command = self._plan.pop(0) if self._plan else "look"
-        return f"ACTION: {command}"
+        return command if self.env.balrog else f"ACTION: {command}"
 
 
-def _valid_actions_in(observation: str) -> set[str] | None:
-    for line in reversed(observation.splitlines()):
-        if line.startswith("Valid actions: "):
-            return set(line[len("Valid actions: "):].split(", "))
-    return None
+def pregenerate(
+    family: str, protocol: str = "balrog", games: int | None = None, jobs: int = 1,
+    cache_dir: str | os.PathLike | None = None, **settings: Any,
+) -> list[tuple[Path, int]]:
+    """Build (or find in the cache) the games a protocol plays, ``jobs`` child processes at a time:
+    BALROG's pool of 25 games by default. Returns each game's path and generation seed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    resolved = settings_for(family, protocol, **settings)
+    count = games if games is not None else (BALROG_POOL_SIZE if protocol == "balrog" else 10)
+    root = Path(cache_dir) if cache_dir is not None else None
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        return list(pool.map(lambda index: build_game(family, resolved, index, root), range(count)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m verlog.envs.textworld_env FAMILY [--protocol balrog] [--games N] [--jobs J]``:
+    generate a protocol's games ahead of time (BALROG's level-30 treasure hunter games take
+    minutes each)."""
+    import argparse
+    import time
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("family", choices=FAMILIES)
+    parser.add_argument("--protocol", default="balrog", choices=("verlog", "balrog"))
+    parser.add_argument("--games", type=int, default=None, help="games 0..N-1 (default: BALROG's 25 / 10)")
+    parser.add_argument("--jobs", type=int, default=1, help="child processes building games at once")
+    args = parser.parse_args(argv)
+    start = time.time()
+    built = pregenerate(args.family, args.protocol, args.games, args.jobs)
+    for index, (path, used) in enumerate(built):
+        print(f"game {index}: seed {used} {path}")
+    print(f"{len(built)} games in {time.time() - start:.0f} s")
+
+
+__all__ = [
+    "BALROG_POOL_SIZE",
+    "DEFAULT_MAX_STEPS",
+    "FAMILIES",
+    "SETTINGS",
+    "TextWorldTextEnv",
+    "TextWorldWalkthroughAgent",
+    "balrog_command",
+    "balrog_feedback",
+    "balrog_instruction",
+    "build_game",
+    "cache_root",
+    "clean_feedback",
+    "game_dir",
+    "settings_for",
+]
+
+
+if __name__ == "__main__":
+    main()
