@@ -51,16 +51,16 @@ def test_train_then_eval_a_checkpoint(tmp_path, capsys):
 
     # the run folder is not overwritten by accident
     assert main(["train", *short_run(run_dir)]) == 2
-    assert "--resume" in capsys.readouterr().out
+    assert "--resume" in capsys.readouterr().err
 
 
 def test_bad_training_settings_are_named(tmp_path, capsys):
     assert main(["train", *short_run(tmp_path / "r", "algorithm.estimator=ppo")]) == 2
-    assert "algorithm.estimator" in capsys.readouterr().out
+    assert "algorithm.estimator" in capsys.readouterr().err
     assert main(["train", *short_run(tmp_path / "r", "sampling.temperature=0")]) == 2
-    assert "sampling.temperature" in capsys.readouterr().out
+    assert "sampling.temperature" in capsys.readouterr().err
     assert main(["train", *short_run(tmp_path / "r", "trainer.num_envs=6", "trainer.group_size=4")]) == 2
-    assert "group_size" in capsys.readouterr().out
+    assert "group_size" in capsys.readouterr().err
 
 
 def test_gpu_configs_load_with_verlog_settings():

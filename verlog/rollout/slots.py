@@ -464,9 +464,11 @@ class SlotRunner:
                 self.counters["failed"][status] = self.counters["failed"].get(status, 0) + 1
                 slot.consecutive_failures += 1
                 if slot.consecutive_failures >= self.max_consecutive_failures:
+                    last = (episode.error or "").strip().splitlines()
                     self._stop(SlotFailureError(
                         f"slot {slot.index} failed {slot.consecutive_failures} episodes in a row "
-                        f"(rollout.max_consecutive_failures); last (seed {seed}): {episode.status}: {episode.error}"
+                        f"(max_consecutive_failures); last (seed {seed}): {episode.status}: "
+                        f"{last[0] if last else 'no error message'}"
                     ))
                     return
             else:
