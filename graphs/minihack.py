@@ -1,11 +1,15 @@
 """MiniHack played as text (verlog/envs/nle_env.py): BALROG's MiniHack tasks that run offline.
 
 Tasks: ``MazeWalk-9x9``, ``MazeWalk-15x15``, ``Corridor-R3``, ``CorridorBattle-Dark``,
-``Quest-Easy``, ``Quest-Medium`` (Boxoban needs a download and is left out). The agent reads the
-game's messages, status, what lies in each compass direction and what else is on the map with
-direction and distance, and its inventory; it answers with reasoning and ``ACTION: <action>``
-(``north``, ``open east``, ``zap f east`` ...). Reward 1 for reaching the goal (episode cap 100
-steps, BALROG's); an answer without a valid action runs ``north`` and costs 0.1.
+``Quest-Easy``, ``Quest-Medium`` (Boxoban needs a download and is left out). Reward 1 for
+reaching the goal; episodes last at most 100 steps (BALROG's).
+
+``protocol="verlog"`` (training): the agent reads the game's messages, status, what lies in each
+compass direction and what else is on the map with direction and distance, and its inventory
+(the ASCII map too with ``show_map``); it answers with reasoning and ``ACTION: <action>``
+(``north``, ``open east``, ``zap f east`` ...); an answer without a valid action runs ``north``
+and costs 0.1. ``protocol="balrog"``: BALROG's text (message, language observation, cursor, the
+full ASCII map, inventory), its one-key actions, 16 past observations and 8,192-token answers.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from verlog.envs.agent_graph import build_env_graph
+from verlog.envs.family import check_protocol, get_family
 
 TASKS = ("MazeWalk-9x9", "MazeWalk-15x15", "Corridor-R3", "CorridorBattle-Dark", "Quest-Easy", "Quest-Medium")
 
@@ -25,19 +30,28 @@ def make_input(seed: int) -> dict[str, Any]:
 def build_graph(
     model,
     task: str = "MazeWalk-9x9",
-    history_turns: int | None = 1,
+    protocol: str = "verlog",
+    history_turns: int | None = None,
     max_tokens: int | None = None,
     max_steps: int | None = None,
     invalid_action_penalty: float = 0.1,
     show_map: bool = False,
 ):
-    """The MiniHack agent for ``task``; ``show_map`` adds the ASCII map to each observation."""
+    """The MiniHack agent for ``task``; ``show_map`` adds the ASCII map to verlog's observation
+    (BALROG's always has it). ``history_turns`` and ``max_tokens`` default to the protocol's."""
     if task not in TASKS:
         raise ValueError(
             f"unknown MiniHack task {task!r}; valid: {', '.join(TASKS)} "
             "(Boxoban-Hard and Boxoban-Medium are left out: their levels are downloaded at run time)"
         )
+    env_kwargs: dict[str, Any] = {"max_steps": max_steps, "invalid_action_penalty": invalid_action_penalty}
+    if check_protocol(protocol) == "balrog":
+        balrog = get_family("minihack").balrog
+        history_turns = balrog.history_length if history_turns is None and balrog else history_turns
+        max_tokens = balrog.max_tokens if max_tokens is None and balrog else max_tokens
+    else:
+        env_kwargs["show_map"] = show_map
     return build_env_graph(
-        model, f"minihack:{task}", history_turns=history_turns, max_tokens=max_tokens,
-        env_kwargs={"max_steps": max_steps, "invalid_action_penalty": invalid_action_penalty, "show_map": show_map},
+        model, f"minihack:{task}", history_turns=1 if history_turns is None else history_turns,
+        max_tokens=max_tokens, protocol=protocol, env_kwargs=env_kwargs,
     )

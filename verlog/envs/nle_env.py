@@ -42,7 +42,7 @@ import random
 import re
 import warnings
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 from nle import nethack
@@ -139,6 +139,11 @@ def _unknown_task(task: str) -> ValueError:
     return ValueError(
         f"unknown MiniHack task {task!r}; valid names: {valid} (left out: {left_out})"
     )
+
+
+def _verlog_only(protocol: str, use: str) -> None:
+    if protocol != "verlog":
+        raise ValueError(f"this class plays verlog's protocol only (got protocol={protocol!r}); BALROG's: {use}")
 
 
 def _import_minihack() -> None:
@@ -538,7 +543,9 @@ class MiniHackTextEnv(NLETextEnv):
         character: str = "@",
         autopickup: bool = False,
         max_per_name: int = 3,
+        protocol: str = "verlog",
     ) -> None:
+        _verlog_only(protocol, "make_minihack(task, seed, protocol='balrog')")
         if task not in MINIHACK_TASKS:
             raise _unknown_task(task)
         self.task = task
@@ -597,7 +604,9 @@ class NetHackTextEnv(NLETextEnv):
         character: str = "@",
         no_progress_timeout: int | None = DEFAULT_NO_PROGRESS_TIMEOUT,
         max_per_name: int = 3,
+        protocol: str = "verlog",
     ) -> None:
+        _verlog_only(protocol, "make_nethack(seed, protocol='balrog')")
         super().__init__(
             NETHACK_ID,
             seed,
@@ -656,3 +665,385 @@ class NetHackTextEnv(NLETextEnv):
             "down' while standing on a staircase down, >). Stay alive: eat when hungry, pray when "
             "weak or low on hit points (rarely), flee or fight monsters wisely."
         )
+
+
+# ------------------------------------------------------------------------------------------------
+# BALROG's protocol: keystroke actions, the model answers the game's questions, the hybrid text
+
+
+#: observation keys BALROG's MiniHack environments are made with (``minihack_env.py``)
+BALROG_MINIHACK_OBSERVATION_KEYS = ("glyphs", "blstats", "tty_chars", "inv_letters", "inv_strs", "tty_cursor", "tty_colors")
+#: BALROG's ``minihack_kwargs`` (config.yaml), less the ones that only save files
+BALROG_MINIHACK_KWARGS: Mapping[str, Any] = {
+    "character": "@", "max_episode_steps": 100, "penalty_step": -0.01, "penalty_time": 0.0,
+    "penalty_mode": "constant", "autopickup": False,
+}
+#: BALROG's ``nle_kwargs`` (config.yaml), less the ones that only save files
+BALROG_NETHACK_KWARGS: Mapping[str, Any] = {"character": "@", "max_episode_steps": 100_000, "no_progress_timeout": 150}
+_NOT_ANSWER_CHARS = re.compile(r"[^a-zA-Z\s:]")
+
+
+def balrog_answer(answer: str) -> str:
+    """An answer as BALROG checks it: stripped, then only letters, white space and colons kept."""
+    return _NOT_ANSWER_CHARS.sub("", answer.strip())
+
+
+class BalrogNLETextEnv(TextEnv):
+    """A NetHack-based game under BALROG's protocol (:func:`make_minihack` / :func:`make_nethack`
+    with ``protocol="balrog"``).
+
+    * **Observation**: BALROG's hybrid text (:func:`verlog.envs.nle_language.balrog_texts`): the
+      inventory, then the message, the language observation, the cursor and the full terminal map.
+      :attr:`history_observation` (also ``info["history_observation"]``) is the part BALROG keeps
+      of it in the history: everything but the inventory.
+    * **Actions**: one keystroke per answer, named as the NLE language wrapper names it
+      (:meth:`valid_actions`). The answer is stripped and reduced to letters, white space and
+      colons; anything that is then not exactly a valid action runs :attr:`default_action` and
+      pays the invalid-action penalty (``info["valid_action"]`` is False).
+    * **Questions and menus reach the model** (``What do you want to eat? [fg or ?*]``): it answers
+      with the item's letter, a direction, ``esc``. Only ``--More--`` is continued automatically
+      (BALROG's ``skip_more``), its texts joined into the message.
+    """
+
+    default_action = "esc"
+
+    def __init__(
+        self,
+        gym_id: str,
+        seed: int | None,
+        *,
+        max_steps: int,
+        invalid_action_penalty: float,
+        gym_kwargs: Mapping[str, Any],
+    ) -> None:
+        self.gym_id = gym_id
+        self.max_steps = max_steps
+        self.invalid_action_penalty = invalid_action_penalty
+        self.game = _make_gym(gym_id, **gym_kwargs)
+        if "max_episode_steps" in gym_kwargs:  # gymnasium's make keeps this one for its TimeLimit
+            self.game._max_episode_steps = gym_kwargs["max_episode_steps"]
+        self._key_index = {int(a): i for i, a in enumerate(self.game.actions)}
+        self._rng = random.Random(seed)
+        self._seed = seed
+        self._obs: Mapping[str, np.ndarray] | None = None
+        self._steps = 0
+        self._done = True
+        self._observation = ""
+        self._history_observation = ""
+        self.last_seed: int | None = None
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    def _seed_game(self, seed: int) -> None:
+        nh = self.game.nethack
+        type(nh).set_initial_seeds(nh, seed, seed, False)
+
+    def _begin_episode(self, obs: Mapping[str, np.ndarray]) -> None:
+        """Reset per-episode bookkeeping."""
+
+    def _score_step(self, obs, reward: float, done: bool, info: dict[str, Any]) -> tuple[float, bool, dict[str, Any]]:
+        return reward, False, {}
+
+    # -- the game ---------------------------------------------------------------------------------
+
+    def reset(self, seed: int | None = None) -> str:
+        from verlog.envs.nle_language import text_message
+
+        if seed is None:
+            seed = self._seed if self._seed is not None else self._rng.randrange(2**31)
+        self._seed = None
+        self.last_seed = seed
+        self._seed_game(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            obs, _ = self.game.reset()
+        self._obs = obs
+        self._steps = 0
+        self._done = False
+        self._begin_episode(obs)
+        self._render(text_message(obs["tty_chars"]))
+        return self._observation
+
+    def _render(self, message: str) -> None:
+        from verlog.envs.nle_language import balrog_texts
+
+        assert self._obs is not None
+        self._observation, self._history_observation = balrog_texts(self._obs, message)
+
+    @property
+    def observation(self) -> str:
+        return self._observation
+
+    @property
+    def history_observation(self) -> str:
+        """The current observation as BALROG keeps it in the history (no inventory)."""
+        return self._history_observation
+
+    @property
+    def raw_observation(self) -> Mapping[str, np.ndarray]:
+        if self._obs is None:
+            raise RuntimeError("call reset() first")
+        return self._obs
+
+    def _press(self, key: int) -> tuple[Mapping[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.game.step(self._key_index[key])
+        self._obs = obs
+        return obs, float(reward), bool(terminated), bool(truncated), info
+
+    def step(self, action_text: str) -> StepResult:
+        from verlog.envs.nle_language import key_of, text_message
+
+        if self._done or self._obs is None:
+            raise RuntimeError("the episode is over: call reset() first")
+        cleaned = balrog_answer(action_text)
+        valid = cleaned in self.valid_actions()
+        executed = cleaned if valid else self.default_action
+        obs, reward, terminated, truncated, info = self._press(key_of(executed))
+        message = text_message(obs["tty_chars"])
+        more = key_of("more")
+        while "--More--" in message and not (terminated or truncated) and more in self._key_index:
+            message = message.replace("--More--", "\n")
+            obs, r, terminated, truncated, info = self._press(more)
+            reward += r
+            message += text_message(obs["tty_chars"])
+        self._steps += 1
+        score, success, extra = self._score_step(obs, reward, terminated or truncated, info)
+        if truncated:  # the game's own limit ended it (NLE also reports it as terminated)
+            terminated = False
+        truncated = not terminated and (truncated or self._steps >= self.max_steps)
+        if not valid:
+            score -= self.invalid_action_penalty
+        self._done = terminated or truncated
+        end_status = getattr(info.get("end_status"), "name", str(info.get("end_status", "")))
+        self._render(message)
+        step_info: dict[str, Any] = {
+            "action": executed,
+            "valid_action": valid,
+            "step": self._steps,
+            "history_observation": self._history_observation,
+            **extra,
+        }
+        if end_status == "ABORTED":
+            step_info["aborted"] = "the game's own limit (steps, or turns without progress)"
+        if self._done:
+            step_info["success"] = success
+            step_info["end_status"] = end_status
+        return StepResult(self._observation, float(score), terminated, truncated, step_info)
+
+    def close(self) -> None:
+        try:
+            self.game.close()
+        except Exception:  # pragma: no cover - closing twice
+            pass
+
+
+def _action_lines(names: Iterable[str]) -> str:
+    return ",\n".join(f"{name}: {ACTION_HELP.get(name, name)}" for name in names)
+
+
+#: one line of help per BALROG action name (verlog's words)
+ACTION_HELP: Mapping[str, str] = {
+    **{d: f"step one square {d}" for d in ("north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest")},
+    **{f"far {d}": f"run {d} until something interesting" for d in ("north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest")},
+    "up": "climb the staircase up you stand on",
+    "down": "go down the staircase you stand on (only works on stairs down)",
+    "wait": "do nothing for one turn",
+    "more": "show the rest of a message (only when the message ends with --More--)",
+    "annotate": "write a note about the current level",
+    "apply": "use a tool",
+    "call": "give a name to a monster or an object type",
+    "cast": "cast a spell",
+    "close": "close a door next to you",
+    "open": "open a door next to you",
+    "dip": "dip an object into something",
+    "drop": "drop an item",
+    "droptype": "drop items of chosen kinds (say which next)",
+    "eat": "eat something (do so when hungry)",
+    "esc": "leave a menu or a question",
+    "engrave": "write on the floor (Elbereth scares most monsters)",
+    "enhance": "see or improve your weapon skills",
+    "fire": "fire what your quiver holds",
+    "fight": "attack in a direction, even if you see no monster there",
+    "force": "force a lock open",
+    "inventory": "show what you carry",
+    "invoke": "invoke an object's special power",
+    "jump": "jump to another square",
+    "kick": "kick a monster, a locked door or a box",
+    "look": "look at what is on your square",
+    "loot": "open a box on the floor and take things out",
+    "monster": "use a special ability of the monster you have become",
+    "offer": "sacrifice to the gods (on an altar of your alignment)",
+    "overview": "show what you know of the dungeon",
+    "pay": "pay a shopkeeper",
+    "pickup": "pick up what lies on your square",
+    "pray": "ask the gods for help",
+    "puton": "put on a ring or an amulet",
+    "quaff": "drink something",
+    "quiver": "choose what to fire",
+    "read": "read a scroll or a spellbook",
+    "remove": "remove a ring or an amulet",
+    "rub": "rub a lamp or a stone",
+    "search": "look for hidden doors and passages around you",
+    "swap": "swap your weapon and your second weapon",
+    "takeoff": "take off one piece of armour",
+    "takeoffall": "take off all your armour",
+    "teleport": "teleport (when you can)",
+    "throw": "throw something, like a dagger or a dart",
+    "travel": "travel to a place on the map (then type < or > for stairs, { for a fountain, _ for an altar)",
+    "twoweapon": "fight with two weapons, or stop",
+    "untrap": "disarm a trap",
+    "wear": "put on a piece of armour",
+    "wield": "hold a weapon",
+    "wipe": "wipe your face",
+    "zap": "zap a wand",
+    "minus": "the key -",
+    "space": "the space key",
+    "apos": "the key '",
+    **{str(d): f"the key {d}" for d in range(10)},
+}
+
+
+class BalrogMiniHackTextEnv(BalrogNLETextEnv):
+    """A MiniHack task under BALROG's protocol: the task's own action set (the BALROG MiniHack
+    actions in it), default action ``north``, 100 steps (MiniHack's own limit), BALROG's goal."""
+
+    default_action = "north"
+
+    def __init__(
+        self, task: str, seed: int | None = None, *, max_steps: int = DEFAULT_MINIHACK_MAX_STEPS,
+        invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
+    ) -> None:
+        from verlog.envs.nle_language import minihack_action_names
+
+        if task not in MINIHACK_TASKS:
+            raise _unknown_task(task)
+        self.task = task
+        self.name = f"minihack:{task}"
+        kwargs = {**BALROG_MINIHACK_KWARGS, "max_episode_steps": max_steps,
+                  "observation_keys": BALROG_MINIHACK_OBSERVATION_KEYS}
+        super().__init__(MINIHACK_TASKS[task], seed, max_steps=max_steps,
+                         invalid_action_penalty=invalid_action_penalty, gym_kwargs=kwargs)
+        self._actions = minihack_action_names(self.game.actions)
+
+    def _seed_game(self, seed: int) -> None:
+        self.game.seed(seed, seed, reseed=False)
+
+    def valid_actions(self) -> list[str]:
+        return list(self._actions)
+
+    def _score_step(self, obs, reward, done, info):
+        from minihack import MiniHack
+
+        success = bool(done and info.get("end_status") == MiniHack.StepStatus.TASK_SUCCESSFUL)
+        return (1.0 if success else 0.0), success, {"progression": goal_value(success)}
+
+    @property
+    def goal(self) -> str:
+        """BALROG's goal line for the task (its facts, verlog's words)."""
+        lowered = self.task.lower()
+        if "corridor" in lowered:
+            return "Your goal is to explore the level and reach the staircase down."
+        if "quest" in lowered:
+            return ("Your goal is to explore the level, fight the monsters and find your way through "
+                    "rooms and mazes to the staircase down.")
+        return "Your goal is to get as far as you can in the game."
+
+    @property
+    def instruction(self) -> str:
+        return (
+            "You are an agent playing MiniHack. These are the actions you can take, each with a "
+            f"short description:\n\n{_action_lines(self._actions)}.\n\n"
+            "Next you will see the history of actions and observations of the game.\n\n"
+            "Tip: repeating the same action is pointless when nothing changes.\n\n"
+            f"{self.goal}\n\nPLAY!"
+        )
+
+
+class BalrogNetHackTextEnv(BalrogNLETextEnv):
+    """The NetHack Challenge under BALROG's protocol: every useful NetHack command, letters and
+    digits as answers to the game's questions, default action ``esc``, 100,000 steps and the
+    game's own abort after 150 steps without its turn counter moving; BALROG's progression."""
+
+    name = "nethack"
+    default_action = "esc"
+
+    def __init__(
+        self, seed: int | None = None, *, max_steps: int = DEFAULT_NETHACK_MAX_STEPS,
+        invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
+        no_progress_timeout: int = DEFAULT_NO_PROGRESS_TIMEOUT,
+    ) -> None:
+        from verlog.envs.nle_language import nethack_action_names
+
+        kwargs = {**BALROG_NETHACK_KWARGS, "max_episode_steps": max_steps, "no_progress_timeout": no_progress_timeout}
+        super().__init__(NETHACK_ID, seed, max_steps=max_steps,
+                         invalid_action_penalty=invalid_action_penalty, gym_kwargs=kwargs)
+        self._actions = nethack_action_names()
+        self.progress = NetHackProgress()
+        self._last_stats: Stats | None = None
+
+    def valid_actions(self) -> list[str]:
+        return list(self._actions)
+
+    def _begin_episode(self, obs) -> None:
+        self.progress = NetHackProgress()
+        stats = Stats.from_blstats(obs["blstats"])
+        self.progress.update(stats.depth, stats.experience_level)
+        self._last_stats = stats
+
+    def _score_step(self, obs, reward, done, info):
+        stats = Stats.from_blstats(obs["blstats"])
+        if stats.depth > 0:
+            self.progress.update(stats.depth, stats.experience_level)
+            self._last_stats = stats
+        stats = self._last_stats or stats
+        extra = {
+            "progression": self.progress.value, "depth": stats.depth,
+            "experience_level": stats.experience_level, "max_depth": self.progress.max_depth,
+            "max_experience_level": self.progress.max_experience_level, "score": stats.score, "turn": stats.turn,
+        }
+        return reward, bool(info.get("is_ascended", False)), extra
+
+    @property
+    def instruction(self) -> str:
+        from verlog.envs.nle_language import NETHACK_PROMPT_ACTIONS
+
+        return (
+            "You are an agent playing NetHack. These are the actions you can take, each with a "
+            f"short description:\n\n{_action_lines(NETHACK_PROMPT_ACTIONS)}.\n\n"
+            "Tips:\n"
+            "- When the message asks you to complete something, such as \"What do you want to eat? "
+            "[d or ?*]\", answer with the single letter of the item you mean.\n"
+            "    - For example, for \"What do you want to eat? [dgh or ?*]\" the answers are \"d\", "
+            "\"g\" or \"h\", to eat that food.\n"
+            "- When the message asks \"In what direction?\", answer with a direction.\n"
+            "- When the message ends with --More--, answer \"more\" to see the rest of it.\n"
+            "- Explore to find the staircase down to the next level.\n"
+            "- Always read the last message carefully to understand the state of the game before "
+            "you choose.\n"
+            "- Moving on in one direction ends at a wall, with a message such as \"It's solid "
+            "stone\" or \"It's a wall\": then move another way to keep exploring.\n"
+            "- Read the language observation and look at the ASCII map to decide where to go.\n"
+            "- Moving into a monster attacks it.\n\n"
+            "Next you will see the history of actions and observations of the game.\n"
+            "Your goal is to get as far as you can in the game.\n\nPLAY!"
+        )
+
+
+def make_minihack(task: str, seed: int | None = None, protocol: str = "verlog", **kwargs: Any) -> TextEnv:
+    """The MiniHack task ``task`` under ``protocol``: verlog's :class:`MiniHackTextEnv` or
+    BALROG's :class:`BalrogMiniHackTextEnv`."""
+    from verlog.envs.family import check_protocol
+
+    if check_protocol(protocol) == "balrog":
+        return BalrogMiniHackTextEnv(task, seed, **kwargs)
+    return MiniHackTextEnv(task, seed, **kwargs)
+
+
+def make_nethack(seed: int | None = None, protocol: str = "verlog", **kwargs: Any) -> TextEnv:
+    """NetHack under ``protocol``: verlog's :class:`NetHackTextEnv` or BALROG's
+    :class:`BalrogNetHackTextEnv`."""
+    from verlog.envs.family import check_protocol
+
+    if check_protocol(protocol) == "balrog":
+        return BalrogNetHackTextEnv(seed, **kwargs)
+    return NetHackTextEnv(seed, **kwargs)
