@@ -72,7 +72,8 @@ def build_graph(model, length: int = 4, max_turns: int = 10, max_tokens: int = 1
         turn = state["turn"] + 1
         valid = move in MOVES
         penalty = 0.0 if valid else -invalid_penalty
-        info = {"valid_action": valid, "position": pos}
+        # "anchor": the state this turn acted in (what the model saw: position and cue), for GiGPO
+        info = {"valid_action": valid, "position": pos, "anchor": f"{state['pos']}:{cue}"}
         if pos >= length:
             await areport_reward(1.0 + penalty, terminated=True, info={**info, "success": True})
             return {"pos": pos, "turn": turn, "done": True}

@@ -1,4 +1,4 @@
-"""PPO losses against values worked out by hand on tiny tensors."""
+"""PPO, DAPO and GSPO losses against values worked out by hand on tiny tensors."""
 
 from __future__ import annotations
 
@@ -8,13 +8,17 @@ import pytest
 import torch
 
 from verlog.algo import (
+    aggregate,
+    aggregation_weight,
     clipped_value_loss,
+    gspo_policy_loss,
     entropy_bonus,
     entropy_from_logits,
     kl_in_reward,
     kl_k1,
     kl_k3,
     masked_mean,
+    policy_loss_fn,
     ppo_policy_loss,
 )
 
@@ -162,3 +166,60 @@ def test_masked_mean_ignores_nan_padding():
     x = torch.tensor([1.0, 3.0, float("nan")])
     assert masked_mean(x, torch.tensor([True, True, False])).item() == 2.0
     assert masked_mean(x, torch.zeros(3, dtype=torch.bool)).item() == 0.0
+
+
+def test_clip_higher_leaves_more_room_above_one():
+    """DAPO's clip-higher: ``clip(rho, 1 - eps_low, 1 + eps_high)`` with eps_low 0.2, eps_high 0.28."""
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]], dtype=torch.float64)
+    ratio = torch.tensor([[1.25, 1.5, 0.7, 1.25]], dtype=torch.float64)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    old_logp = torch.zeros_like(ratio)
+    logp = ratio.log().requires_grad_(True)
+    loss, metrics = ppo_policy_loss(logp, old_logp, adv, mask, clip_eps=0.2, clip_eps_high=0.28, dual_clip=None)
+    # 1.25 < 1.28: not clipped (-1.25); 1.5 clipped to 1.28 (-1.28); A < 0 at 0.7: clip to 0.8 (0.8);
+    # A < 0 at 1.25: the unclipped -A * rho = 1.25 is the max
+    assert loss.item() == pytest.approx((-1.25 - 1.28 + 0.8 + 1.25) / 4)
+    assert metrics["clip_frac"] == pytest.approx(2 / 4)
+    symmetric, _ = ppo_policy_loss(logp, old_logp, adv, mask, clip_eps=0.2, dual_clip=None)
+    assert symmetric.item() == pytest.approx((-1.2 - 1.2 + 0.8 + 1.25) / 4)
+
+
+def test_token_mean_and_sequence_mean_aggregation():
+    x = torch.tensor([[4.0, 99.0, 99.0], [1.0, 2.0, 3.0], [7.0, 7.0, 7.0]])
+    mask = torch.tensor([[True, False, False], [True, True, True], [False, False, False]])
+    assert aggregate(x, mask, "token_mean").item() == pytest.approx(10 / 4)  # every token alike (DAPO)
+    assert aggregate(x, mask, "sequence_mean").item() == pytest.approx((4 + 2) / 2)  # turns alike
+    assert aggregation_weight(mask, "token_mean") == 4 and aggregation_weight(mask, "sequence_mean") == 2
+    with pytest.raises(ValueError, match="token_mean, sequence_mean"):
+        aggregate(x, mask, "seq")
+    # a mini-batch split into micro-batches and weighed by aggregation_weight gives the same loss
+    for how in ("token_mean", "sequence_mean"):
+        parts = [(slice(0, 1), ), (slice(1, 3), )]
+        total = aggregation_weight(mask, how)
+        joined = sum(aggregate(x[p], mask[p], how) * aggregation_weight(mask[p], how) / total for (p,) in parts)
+        assert joined.item() == pytest.approx(aggregate(x, mask, how).item())
+
+
+def test_gspo_sequence_ratio_and_clip_by_hand():
+    """GSPO: ``s_i = exp(mean_t log rho_{i,t})`` per turn, clipped as a whole; its gradient is that
+    of ``-A * s_i``: ``d/d logp_{i,t} = -A * s_i / |y_i|`` inside the clip range, 0 outside."""
+    old_logp = torch.zeros(3, 2, dtype=torch.float64)
+    log_rho = torch.tensor([[0.1, 0.3], [0.01, -0.01], [-0.5, 9.0]], dtype=torch.float64)
+    logp = (old_logp + log_rho).requires_grad_(True)
+    adv = torch.tensor([[1.0, 1.0], [2.0, 2.0], [-1.0, -1.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True], [True, True], [True, False]])
+    loss, metrics = gspo_policy_loss(logp, old_logp, adv, mask, clip_eps=0.2, clip_eps_high=0.2,
+                                     aggregation="sequence_mean")
+    s = [math.exp(0.2), math.exp(0.0), math.exp(-0.5)]  # turn 2's second token is padding
+    # turn 0: s = 1.221 > 1.2, A > 0: clipped, -1.2;  turn 1: s = 1, -2;  turn 2: s = 0.607 < 0.8, A < 0: 0.8
+    assert loss.item() == pytest.approx((-1.2 - 2.0 + 0.8) / 3)
+    assert metrics["clip_frac"] == pytest.approx(3 / 5)  # tokens of the clipped turns 0 and 2
+    loss.backward()
+    expected = torch.tensor([[0.0, 0.0], [-2.0 * s[1] / 2 / 3] * 2, [0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(logp.grad, expected)
+    # one ratio per turn: tokens of a turn cannot be clipped apart (PPO would clip token 0.3 alone)
+    ppo, _ = ppo_policy_loss(logp.detach(), old_logp, adv, mask, clip_eps=0.2, dual_clip=None)
+    assert ppo.item() != pytest.approx(loss.item())
+    assert policy_loss_fn("gspo") is gspo_policy_loss and policy_loss_fn("ppo") is ppo_policy_loss
+    with pytest.raises(ValueError, match="ppo, gspo"):
+        policy_loss_fn("grpo")

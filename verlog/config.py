@@ -214,9 +214,10 @@ class AlgorithmConfig(_Section):
     clip 0.2, dual-clip 3.0, value clip 0.5, a turn's first value weighted x3, entropy 0.001,
     KL-in-reward 0.001, one PPO epoch."""
 
-    estimator: Literal["gae", "grpo", "zero"] = Field(
-        "gae", description="gae: dual-discount GAE with the critic; grpo: group-normalized returns; "
-        "zero: advantages replaced by zeros (a control that must not learn)",
+    estimator: str = Field(
+        "gae", description="advantage estimator, one of verlog.algo.estimators' registry: gae (dual-discount "
+        "GAE with the critic), grpo, gigpo, rloo, reinforce_pp (no critic), zero (advantages zeroed: a control "
+        "that must not learn); see docs/algorithms.md",
     )
     gamma_step: float = Field(0.99, ge=0, le=1)
     lam_step: float = Field(0.95, ge=0, le=1)
@@ -230,8 +231,26 @@ class AlgorithmConfig(_Section):
         32, ge=0, description="rows of a forward pass whose sequences share at least this many leading "
         "tokens compute them once (0: off)"
     )
-    clip_eps: float = Field(0.2, gt=0, lt=1)
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="ratio clip below 1 (eps_low; also above 1 unless clip_eps_high)")
+    clip_eps_high: float | None = Field(
+        None, gt=0, description="ratio clip above 1 (DAPO's clip-higher, e.g. 0.28; null: clip_eps)"
+    )
     dual_clip: float | None = Field(3.0, gt=1, description="dual-clip constant c (null: plain PPO)")
+    policy_loss: Literal["ppo", "gspo"] = Field(
+        "ppo", description="ppo: per-token ratio; gspo: one ratio per turn (GSPO; clip ranges ~3e-4/4e-4)"
+    )
+    loss_aggregation: Literal["token_mean", "sequence_mean"] = Field(
+        "token_mean", description="token_mean: every token weighs the same (DAPO); sequence_mean: per turn first (GRPO, GSPO)"
+    )
+    group_norm: Literal["mean_std", "mean"] = Field(
+        "mean_std", description="grpo/gigpo: divide group-centred returns by the group's std (mean_std) or not (mean)"
+    )
+    gigpo_step_weight: float = Field(1.0, ge=0, description="gigpo: weight omega of the step-level advantage")
+    gigpo_gamma: float = Field(0.95, ge=0, le=1, description="gigpo: discount of the step returns")
+    drop_uniform_groups: bool = Field(
+        False, description="DAPO's dynamic sampling: groups whose episodes all have the same return leave the "
+        "policy loss (group estimators; dropped, not refilled: fixed-turn batches)"
+    )
     value_clip: float | None = Field(0.5, gt=0, description="value-loss clip (null: off)")
     first_value_weight: float = Field(3.0, gt=0, description="weight of a turn's V(s_k) in the value loss")
     value_loss_coef: float = Field(1.0, gt=0)
@@ -240,6 +259,15 @@ class AlgorithmConfig(_Section):
     recompute_logprobs: bool = Field(
         True, description="old logprobs from a training forward pass (else the engine's own, drawn at each turn's temperature)"
     )
+
+    @field_validator("estimator")
+    @classmethod
+    def _check_estimator(cls, value: str) -> str:
+        from verlog.algo.estimators.registry import estimator_names  # torch-free: lists the registry's files
+
+        if value not in estimator_names():
+            raise ValueError(f"must be one of {', '.join(estimator_names())}")
+        return value
 
 
 class CriticWarmupConfig(_Section):

@@ -1,13 +1,21 @@
-"""Advantage post-processing and critic-free advantages: whitening and GRPO, in ``TurnBatch`` format."""
+"""What the advantage estimators share: whitening, and the episodes and groups of a ``TurnBatch``.
+
+A ``TurnBatch`` holds ``N`` slots x ``K`` consecutive turns; a slot's turns may span several
+episodes (a done turn closes one). The group estimators (GRPO, RLOO, GiGPO) compare episodes of
+the same task: ``episodes_of`` numbers the episodes, sums their rewards and tells which are
+complete in the batch; ``group_moments`` gives per-group counts, means and variances.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from verlog.algo.gae import TurnBatch
 
-__all__ = ["episode_index", "grpo_advantages", "whiten"]
+__all__ = ["Episodes", "episode_index", "episodes_of", "group_moments", "whiten"]
 
 
 @torch.no_grad()
@@ -35,70 +43,74 @@ def episode_index(dones: Tensor) -> Tensor:
     return done_count - dones.long()
 
 
+@dataclass
+class Episodes:
+    """The episodes of a ``TurnBatch``, numbered ``e = slot * K + episode_index`` (``E = N * K``
+    ids; ids no turn uses are neither ended nor complete).
+
+    * ``of_turn`` ``[N, K]`` long: the episode of each turn.
+    * ``turn_rewards`` ``[N, K]``: each turn's reward, summed over its response tokens.
+    * ``returns`` ``[E]``: ``R = sum of the turn rewards`` of the episode's turns in the batch.
+    * ``ended`` ``[E]`` bool: the episode's last turn in the batch is done.
+    * ``complete`` ``[E]`` bool: it began and ended in the batch (its ``R`` is its whole return).
+    * ``group`` ``[E]`` long: dense group index (``0..n_groups-1``) of each episode.
+    """
+
+    of_turn: Tensor
+    turn_rewards: Tensor
+    returns: Tensor
+    ended: Tensor
+    complete: Tensor
+    group: Tensor
+    n_groups: int
+
+    def per_turn(self, x: Tensor) -> Tensor:
+        """A per-episode ``[E]`` tensor read at each turn, ``[N, K]``."""
+        return x[self.of_turn]
+
+
 @torch.no_grad()
-def grpo_advantages(
-    batch: TurnBatch,
-    group_ids: Tensor,
-    starts_episode: Tensor | None = None,
-    scale_by_std: bool = True,
-    eps: float = 1e-6,
-) -> tuple[Tensor, Tensor]:
-    """GRPO: group-normalized episode returns, broadcast to every token of every turn of the episode.
+def episodes_of(batch: TurnBatch, group_ids: Tensor | None = None, starts_episode: Tensor | None = None) -> Episodes:
+    """Number the episodes of ``batch`` and sum their rewards.
 
-    Episodes are the runs of turns of one slot closed by ``done``. An episode's return is
-    ``R = sum of its token rewards`` (all turns, all tokens). ``group_ids`` ``[N, K]`` (int) gives
-    each turn the task/group of its episode (episodes of the same task share it; it must be
-    constant inside an episode). Within each group of complete episodes::
-
-        A = (R - mean_group(R)) / (std_group(R) + eps)      (std: unbiased; no division
-                                                            when scale_by_std=False, Dr. GRPO)
-
-    Only complete episodes take part: an episode still running at the batch boundary (its last
-    turn in the batch is not done) has no return yet, and one that began in an earlier batch
-    lacks its earlier rewards: ``starts_episode`` ``[N]`` bool says whether each slot's first
-    turn opens an episode (default: all do; a turn after a done always does). A group with a
-    single complete episode has no baseline: its advantage is ``0``.
-
-    Returns ``(advantages [N, K, T], included [N, K] bool)``: ``included`` marks the turns of the
-    episodes that took part (multiply it into the loss mask; excluded turns have advantage 0).
+    ``group_ids`` ``[N, K]`` (int, constant inside an episode, e.g. the episode's seed) puts
+    episodes of the same task in one group (default: one group each). ``starts_episode`` ``[N]``
+    bool says whether each slot's first turn opens an episode (default: all do); an episode that
+    began in an earlier batch lacks its earlier rewards and is not ``complete``.
     """
     n, k_turns, _ = batch.token_rewards.shape
     device = batch.token_rewards.device
     zero = torch.zeros((), dtype=batch.token_rewards.dtype, device=device)
-    turn_reward = torch.where(batch.response_mask, batch.token_rewards, zero).sum(-1)  # [N, K]
+    turn_rewards = torch.where(batch.response_mask, batch.token_rewards, zero).sum(-1)  # [N, K]
     dones = batch.dones
 
-    # One id per (slot, episode-in-slot); a slot holds at most K episodes.
     slot = torch.arange(n, device=device).unsqueeze(1)
-    episode = (slot * k_turns + episode_index(dones)).reshape(-1)
+    of_turn = slot * k_turns + episode_index(dones)  # [N, K]
+    flat = of_turn.reshape(-1)
     n_ids = n * k_turns
-
-    episode_return = torch.zeros(n_ids, dtype=turn_reward.dtype, device=device)
-    episode_return.index_add_(0, episode, turn_reward.reshape(-1))
+    returns = torch.zeros(n_ids, dtype=turn_rewards.dtype, device=device).index_add_(0, flat, turn_rewards.reshape(-1))
     ended = torch.zeros(n_ids, dtype=torch.bool, device=device)
-    ended[episode[dones.reshape(-1)]] = True
+    ended[flat[dones.reshape(-1)]] = True
     began = torch.ones(n_ids, dtype=torch.bool, device=device)
     if starts_episode is not None:  # the first episode of a slot may have begun in an earlier batch
-        began[slot.squeeze(1) * k_turns] = starts_episode.bool()
-    complete = ended & began
+        began[slot.squeeze(1) * k_turns] = starts_episode.to(device).bool()
 
-    # Group statistics over complete episodes.
-    episode_group = torch.zeros(n_ids, dtype=torch.long, device=device)
-    episode_group[episode] = group_ids.reshape(-1).long()
-    _, group = torch.unique(episode_group, return_inverse=True)
-    n_groups = int(group.max()) + 1
-    weight = complete.to(turn_reward.dtype)
-    count = torch.zeros(n_groups, dtype=turn_reward.dtype, device=device).index_add_(0, group, weight)
-    total = torch.zeros_like(count).index_add_(0, group, weight * episode_return)
-    mean = total / count.clamp(min=1)
-    squares = weight * (episode_return - mean[group]) ** 2
+    if group_ids is None:
+        raw_group = torch.arange(n_ids, device=device)
+    else:
+        raw_group = torch.full((n_ids,), -1, dtype=torch.long, device=device)
+        raw_group[flat] = group_ids.reshape(-1).to(device).long()
+    _, group = torch.unique(raw_group, return_inverse=True)
+    return Episodes(of_turn, turn_rewards, returns, ended, ended & began, group, int(group.max()) + 1)
+
+
+@torch.no_grad()
+def group_moments(x: Tensor, member: Tensor, group: Tensor, n_groups: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(count, mean, var)`` per group ``[n_groups]`` of the ``member`` entries of ``x``; ``var``
+    is the unbiased variance (``0`` for groups of fewer than two)."""
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    count = torch.zeros(n_groups, dtype=x.dtype, device=x.device).index_add_(0, group, member.to(x.dtype))
+    mean = torch.zeros_like(count).index_add_(0, group, torch.where(member, x, zero)) / count.clamp(min=1)
+    squares = torch.where(member, (x - mean[group]) ** 2, zero)
     var = torch.zeros_like(count).index_add_(0, group, squares) / (count - 1).clamp(min=1)
-    advantage = episode_return - mean[group]
-    if scale_by_std:
-        advantage = advantage / (var.sqrt()[group] + eps)
-    advantage = torch.where(complete & (count[group] >= 2), advantage, zero)
-
-    included = complete[episode].reshape(n, k_turns)
-    turn_advantage = advantage[episode].reshape(n, k_turns, 1)
-    advantages = torch.where(batch.response_mask, turn_advantage, zero)
-    return advantages, included
+    return count, mean, var

@@ -1,7 +1,8 @@
-"""PPO losses, one small function each, the maths in plain sight.
+"""Policy and value losses, one small function each, the maths in plain sight.
 
-Every loss is a token mean over a mask: ``sum(loss * mask) / sum(mask)`` over the whole batch
-(every valid token weighs the same, whatever the length of its response). Each returns the
+By default every loss is a token mean over a mask: ``sum(loss * mask) / sum(mask)`` over the
+whole batch (every valid token weighs the same, whatever the length of its response: DAPO's
+token-level loss); the policy losses can average per turn first (``aggregate``). Each returns the
 loss (a differentiable scalar tensor) and a dict of float metrics.
 
 Shapes are free as long as they broadcast: per-token tensors are typically ``[N, K, T]``
@@ -10,18 +11,26 @@ Shapes are free as long as they broadcast: per-token tensors are typically ``[N,
 
 from __future__ import annotations
 
+from typing import Callable, Literal
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
+    "POLICY_LOSSES",
+    "LossAggregation",
+    "aggregate",
+    "aggregation_weight",
     "clipped_value_loss",
     "entropy_bonus",
     "entropy_from_logits",
     "kl_in_reward",
     "kl_k1",
     "kl_k3",
+    "gspo_policy_loss",
     "masked_mean",
+    "policy_loss_fn",
     "ppo_policy_loss",
 ]
 
@@ -33,41 +42,61 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, x, zero).sum() / mask.sum().clamp(min=1)
 
 
-def ppo_policy_loss(
-    logp: Tensor,
+#: how a loss is averaged: ``token_mean`` — every valid token of the (mini-)batch weighs the
+#: same (DAPO's token-level loss; verlog's default); ``sequence_mean`` — each turn's tokens are
+#: averaged first, then the turns (GRPO's and GSPO's original sample-level loss)
+LossAggregation = Literal["token_mean", "sequence_mean"]
+
+
+def aggregate(x: Tensor, mask: Tensor, aggregation: LossAggregation = "token_mean") -> Tensor:
+    """``x`` averaged over ``mask`` the ``aggregation`` way (rows = all dims but the last).
+
+    ``token_mean``: ``sum(x * mask) / sum(mask)``; ``sequence_mean``: the mean over the rows that
+    have a valid entry of each row's own masked mean.
+    """
+    if aggregation == "token_mean":
+        return masked_mean(x, mask)
+    if aggregation != "sequence_mean":
+        raise ValueError(f"unknown loss aggregation {aggregation!r}; allowed: token_mean, sequence_mean")
+    mask = mask.bool()
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    per_row = torch.where(mask, x, zero).sum(-1) / mask.sum(-1).clamp(min=1)
+    rows = mask.any(-1)
+    return torch.where(rows, per_row, zero).sum() / rows.sum().clamp(min=1)
+
+
+def aggregation_weight(mask: Tensor, aggregation: LossAggregation = "token_mean") -> float:
+    """What ``aggregate`` divides by: valid tokens (``token_mean``) or rows with one
+    (``sequence_mean``). A micro-batch's loss weighs ``weight(micro) / weight(mini-batch)``."""
+    mask = mask.bool()
+    return float(mask.sum() if aggregation == "token_mean" else mask.any(-1).sum())
+
+
+def _clipped_surrogate(
+    ratio: Tensor,
+    log_ratio: Tensor,
     old_logp: Tensor,
+    logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    clip_eps: float = 0.2,
-    dual_clip: float | None = 3.0,
+    clip_eps: float,
+    clip_eps_high: float | None,
+    dual_clip: float | None,
+    aggregation: LossAggregation,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Clipped PPO policy loss with dual clip, token mean over ``mask``.
-
-    With the ratio ``rho = exp(logp - old_logp)``::
-
-        loss_ppo  = max(-A * rho, -A * clip(rho, 1 - eps, 1 + eps))
-        loss      = min(loss_ppo, -c * A)   where A < 0   (dual clip, c = dual_clip > 1)
-                  = loss_ppo                where A >= 0
-
-    The dual clip bounds the loss of a token whose advantage is negative but whose ratio has
-    grown large (``rho > c``), where plain PPO's loss ``-A * rho`` grows without limit.
-    ``dual_clip=None`` gives plain PPO. Metrics: ``clip_frac`` (tokens whose clipped term is the
-    larger one, i.e. whose gradient is cut), ``dual_clip_frac``, ``approx_kl`` (k3 estimate of
-    KL(old || new)), ``approx_kl_k1``, ``ratio_max``.
-    """
+    """The clipped objective both PPO and GSPO use, given their ratio (see ``ppo_policy_loss``)."""
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-    log_ratio = logp - old_logp
-    ratio = torch.exp(log_ratio)
+    eps_low, eps_high = clip_eps, clip_eps if clip_eps_high is None else clip_eps_high
     loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
     if dual_clip is not None:
         loss_dual = torch.minimum(loss_ppo, -dual_clip * advantages)
         token_loss = torch.where(advantages < 0, loss_dual, loss_ppo)
     else:
         token_loss = loss_ppo
-    loss = masked_mean(token_loss, mask)
+    loss = aggregate(token_loss, mask, aggregation)
 
     with torch.no_grad():
         valid = mask.bool()
@@ -85,6 +114,89 @@ def ppo_policy_loss(
             "ratio_max": ratio[valid].max().item() if bool(valid.any()) else 1.0,
         }
     return loss, metrics
+
+
+def ppo_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float = 0.2,
+    dual_clip: float | None = 3.0,
+    clip_eps_high: float | None = None,
+    aggregation: LossAggregation = "token_mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped PPO policy loss with dual clip and DAPO's clip-higher, averaged over ``mask``.
+
+    With the token ratio ``rho = exp(logp - old_logp)``, ``eps_low = clip_eps`` and
+    ``eps_high = clip_eps_high`` (default ``clip_eps``)::
+
+        loss_ppo  = max(-A * rho, -A * clip(rho, 1 - eps_low, 1 + eps_high))
+        loss      = min(loss_ppo, -c * A)   where A < 0   (dual clip, c = dual_clip > 1)
+                  = loss_ppo                where A >= 0
+
+    The dual clip bounds the loss of a token whose advantage is negative but whose ratio has
+    grown large (``rho > c``), where plain PPO's loss ``-A * rho`` grows without limit.
+    ``dual_clip=None`` gives plain PPO. DAPO's clip-higher (``eps_high > eps_low``, e.g. 0.28 vs
+    0.2) leaves unlikely tokens with a positive advantage more room to grow (against entropy
+    collapse). ``aggregation``: see ``aggregate`` (DAPO: ``token_mean``). Metrics: ``clip_frac``
+    (tokens whose clipped term is the larger one, i.e. whose gradient is cut), ``dual_clip_frac``,
+    ``approx_kl`` (k3 estimate of KL(old || new)), ``approx_kl_k1``, ``ratio_max``.
+    """
+    log_ratio = logp - old_logp
+    return _clipped_surrogate(
+        torch.exp(log_ratio), log_ratio, old_logp, logp, advantages, mask, clip_eps, clip_eps_high, dual_clip,
+        aggregation,
+    )
+
+
+def gspo_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float = 3e-4,
+    dual_clip: float | None = None,
+    clip_eps_high: float | None = 4e-4,
+    aggregation: LossAggregation = "sequence_mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """GSPO's policy loss (Zheng et al., 2025): the ratio and its clip are per sequence (per turn).
+
+    For turn ``i`` with ``|y_i|`` response tokens, the sequence ratio is the geometric mean of its
+    token ratios, ``s_i = exp(1/|y_i| * sum_t (logp_{i,t} - old_logp_{i,t}))``. Every token uses
+    ``s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)]`` — equal to ``s_i`` in value, its gradient that of
+    ``s_i`` (GSPO-token form, which takes per-token advantages)::
+
+        loss = max(-A * s, -A * clip(s, 1 - eps_low, 1 + eps_high))     (+ dual clip if set)
+
+    averaged ``aggregation``-wise (the paper: ``sequence_mean``). Clip ranges are far smaller
+    than PPO's (the paper: 3e-4 / 4e-4), as a sequence ratio moves less than a token's.
+    ``clip_frac`` counts tokens of clipped sequences. ``log s_i`` is capped at 10 (as verl does).
+    """
+    valid = mask.bool()
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    log_ratio = torch.where(valid, logp - old_logp, zero)
+    seq_log_ratio = log_ratio.sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp(min=1)
+    token_log_ratio = seq_log_ratio.detach().clamp(max=10.0) + logp - logp.detach()
+    return _clipped_surrogate(
+        torch.exp(token_log_ratio), log_ratio, old_logp, logp, advantages, mask, clip_eps, clip_eps_high,
+        dual_clip, aggregation,
+    )
+
+
+#: the policy losses ``algorithm.policy_loss`` chooses from
+POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, float]]]] = {
+    "ppo": ppo_policy_loss,
+    "gspo": gspo_policy_loss,
+}
+
+
+def policy_loss_fn(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]]:
+    """The policy loss named ``name`` (``ppo`` | ``gspo``); both take the same arguments."""
+    try:
+        return POLICY_LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy loss {name!r}; allowed: {', '.join(POLICY_LOSSES)}") from None
 
 
 def clipped_value_loss(

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from verlog.algo import clipped_value_loss, kl_in_reward, masked_mean, ppo_policy_loss
+from verlog.algo import aggregation_weight, clipped_value_loss, kl_in_reward, masked_mean, policy_loss_fn
 from verlog.config import AlgorithmConfig
 from verlog.train.forward import (
     PackedRows,
@@ -114,9 +114,7 @@ def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True) -
             metrics.update({f"ref_{k}": v for k, v in kl.items() if k != "kl_beta"})
     if learner.critic is not None:
         compute_values(learner.critic, s, learner)
-    s.compute_advantages(algo)
-    if algo.estimator == "grpo":  # episodes still running at the boundary sit this update out
-        metrics["policy_token_frac"] = (s.policy_mask.sum() / s.response_mask.sum().clamp(min=1)).item()
+    metrics |= s.compute_advantages(algo)  # the estimator of verlog.algo.estimators' registry
     if s.returns is not None and s.values is not None:
         metrics["explained_variance"] = explained_variance(s.values, s.returns, s.value_mask)
     return metrics
@@ -172,9 +170,9 @@ def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int
             groups = micro_batches(mini, lengths, algo.micro_batch_tokens)
             # one model at a time, so only one model's gradients exist at once
             if update_actor:
-                tokens = s.policy_mask[mini].sum().clamp(min=1)
+                tokens = max(aggregation_weight(s.policy_mask[mini], algo.loss_aggregation), 1.0)
                 for micro in groups:
-                    share = (s.policy_mask[micro].sum() / tokens).item()
+                    share = aggregation_weight(s.policy_mask[micro], algo.loss_aggregation) / tokens
                     record(_actor_step(s, micro, learner, share), share)
                 norm = _step(learner.actor, learner.actor_optimizer, learner.actor_max_grad_norm)
                 record({"actor_grad_norm": norm}, 1.0)
@@ -196,9 +194,10 @@ def _actor_step(s: RolloutStorage, micro: list[int], learner: Learner, share: fl
         learner.actor, _rows(s, micro, learner, learner.actor), s.prompt_lengths[micro], s.response_ids[micro],
         temperature=s.temperatures[micro], with_entropy=algo.entropy_coef > 0,
     )
-    policy_loss, metrics = ppo_policy_loss(
+    policy_loss, metrics = policy_loss_fn(algo.policy_loss)(
         logp, s.old_logprobs[micro].to(dev), s.advantages[micro].to(dev), token_mask,
-        clip_eps=algo.clip_eps, dual_clip=algo.dual_clip,
+        clip_eps=algo.clip_eps, dual_clip=algo.dual_clip, clip_eps_high=algo.clip_eps_high,
+        aggregation=algo.loss_aggregation,
     )
     loss = policy_loss
     if entropy is not None:

@@ -2,7 +2,8 @@
 
 Rows are turns, slot-major (row ``i * K + k`` is turn ``k`` of slot ``i``), so ``view(N, K, ...)``
 gives the ``TurnBatch`` layout of ``verlog.algo``. Responses are right-padded to ``T`` tokens;
-value positions ``j = 0..L`` to ``T + 1``.
+value positions ``j = 0..L`` to ``T + 1``. The advantages come from the configured estimator of
+``verlog.algo.estimators`` (the storage holds data; the registry holds the maths).
 """
 
 from __future__ import annotations
@@ -13,11 +14,30 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from verlog.algo import TurnBatch, dual_gae, grpo_advantages, whiten
+from verlog.algo import TurnBatch
+from verlog.algo.estimators import Estimate, TurnData, estimate_advantages
 from verlog.config import AlgorithmConfig
 from verlog.rollout.slots import SlotBatch
 
-__all__ = ["RolloutStorage"]
+__all__ = ["ANCHOR_KEY", "RolloutStorage", "anchor_ids"]
+
+#: the ``Turn.info`` key under which an environment names the state a turn acted in (GiGPO's
+#: anchor state): any hashable value, e.g. the observation text before the step or a key of it
+ANCHOR_KEY = "anchor"
+
+
+def anchor_ids(infos: Sequence[dict]) -> Tensor:
+    """One id per distinct ``info["anchor"]`` of the batch, ``[B]`` long; ``-1`` where none."""
+    ids: dict = {}
+    out = []
+    for info in infos:
+        anchor = info.get(ANCHOR_KEY) if info else None
+        if anchor is None:
+            out.append(-1)
+            continue
+        key = anchor if isinstance(anchor, (str, int, float, bool)) else repr(anchor)
+        out.append(ids.setdefault(key, len(ids)))
+    return torch.as_tensor(out, dtype=torch.long)
 
 
 @dataclass
@@ -39,6 +59,7 @@ class RolloutStorage:
     terminated: Tensor  # [B] bool
     truncated: Tensor  # [B] bool
     seeds: Tensor  # [B] long, the seed of each turn's episode
+    anchors: Tensor  # [B] long, the id of the state each turn acted in (``info["anchor"]``), -1: none
     #: the prompt held at the boundary in each slot (``[N]`` lists of ids)
     bootstrap_prompts: list[list[int]]
     starts_episode: Tensor  # [N] bool
@@ -52,7 +73,7 @@ class RolloutStorage:
     token_rewards: Tensor | None = None  # [B, T]
     advantages: Tensor | None = None  # [B, T]
     returns: Tensor | None = None  # [B, T + 1]
-    #: the tokens the policy loss uses (``response_mask`` less GRPO's incomplete episodes)
+    #: the tokens the policy loss uses (``response_mask`` less the turns the estimator leaves out)
     policy_mask: Tensor | None = None  # [B, T]
 
     @classmethod
@@ -80,6 +101,7 @@ class RolloutStorage:
             terminated=torch.as_tensor([t.terminated for t in turns]),
             truncated=torch.as_tensor([t.truncated and not t.terminated for t in turns]),
             seeds=torch.as_tensor([s for slot in batch.seeds for s in slot]),
+            anchors=anchor_ids([t.info for t in turns]),
             bootstrap_prompts=[list(p) for p in batch.bootstrap_prompt_ids],
             starts_episode=torch.as_tensor(batch.starts_episode),
             truncation_prompts=[
@@ -125,27 +147,24 @@ class RolloutStorage:
             truncation_values=None if self.truncation_values is None else self.truncation_values.view(n, k),
         )
 
+    def turn_data(self) -> TurnData:
+        """The per-turn data estimators may need, ``[N, K]`` (``[N]`` for episode starts): each
+        turn's seed as its group, each slot's episode start, each turn's anchor state."""
+        n, k = self.num_envs, self.turns_per_env
+        return TurnData(groups=self.seeds.view(n, k), episode_starts=self.starts_episode, anchors=self.anchors.view(n, k))
+
     # ------------------------------------------------------------------ advantages
-    def compute_advantages(self, algo: AlgorithmConfig) -> None:
-        """Advantages ``[B, T]`` and critic targets ``[B, T + 1]`` with the configured estimator."""
-        batch = self.turn_batch()
-        if algo.estimator == "gae":
-            adv, ret = dual_gae(batch, algo.gamma_step, algo.lam_step, algo.gamma_token, algo.lam_token)
-            self.advantages, self.returns = adv.reshape(self.size, -1), ret.reshape(self.size, -1)
-        elif algo.estimator == "grpo":
-            adv, included = grpo_advantages(batch, self.seeds.view(batch.num_envs, -1), self.starts_episode)
-            self.advantages = adv.reshape(self.size, -1)
-            self.policy_mask = self.response_mask & included.reshape(-1, 1)  # incomplete episodes sit out
-            self.returns = None
-        else:  # "zero": the control experiment, nothing to learn from
-            self.advantages = torch.zeros(self.response_ids.shape)
-            if self.values is not None:
-                _, ret = dual_gae(batch, algo.gamma_step, algo.lam_step, algo.gamma_token, algo.lam_token)
-                self.returns = ret.reshape(self.size, -1)
-        if self.policy_mask is None:
-            self.policy_mask = self.response_mask
-        if algo.whiten_advantages and algo.estimator != "zero":
-            self.advantages = whiten(self.advantages, self.policy_mask)
+    def set_estimate(self, estimate: Estimate) -> dict[str, float]:
+        """Keep an estimator's advantages ``[B, T]``, critic targets ``[B, T + 1]`` and policy mask."""
+        self.advantages = estimate.advantages.reshape(self.size, -1)
+        self.returns = None if estimate.returns is None else estimate.returns.reshape(self.size, -1)
+        included = estimate.included
+        self.policy_mask = self.response_mask if included is None else self.response_mask & included.reshape(-1, 1)
+        return dict(estimate.metrics)
+
+    def compute_advantages(self, algo: AlgorithmConfig) -> dict[str, float]:
+        """Advantages and critic targets with ``algo.estimator`` (``verlog.algo.estimators``); its metrics."""
+        return self.set_estimate(estimate_advantages(algo, self.turn_batch(), self.turn_data()))
 
     # ------------------------------------------------------------------ batching
     @staticmethod

@@ -36,6 +36,7 @@ from rich.console import Console
 
 from verlog.agent import load_agent, pick_device
 from verlog.algo import CriticWarmup
+from verlog.algo.estimators import check_estimator_settings, get_estimator
 from verlog.backends.embedded import EmbeddedEngine
 from verlog.config import ConfigError, VerlogConfig
 from verlog.evaluation import TaskResult, evaluate, print_results
@@ -178,7 +179,7 @@ class _Run:
         full_actor_saved = checkpoint is not None and config.actor.lora.rank == 0
         actor, peft_actor = load_actor(checkpoint / "actor" if full_actor_saved else config.model.path,
                                        lora=config.actor.lora, **where)
-        critic = load_critic(config.model.path, **where) if algo.estimator != "grpo" else None
+        critic = load_critic(config.model.path, **where) if get_estimator(algo.estimator).needs_critic else None
         reference = load_reference(config.model.path, **where) if algo.kl_coef > 0 else None
         for model, opts in ((actor, config.actor), (critic, config.critic)):
             if model is not None and opts.gradient_checkpointing:
@@ -299,6 +300,10 @@ def _check_trainable(config: VerlogConfig) -> None:
         )
     if config.sampling.temperature <= 0:
         raise ConfigError("sampling.temperature: training samples from the policy; use a temperature > 0")
+    try:
+        check_estimator_settings(config.algorithm)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path | None:

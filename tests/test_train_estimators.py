@@ -1,0 +1,39 @@
+"""Every registered estimator and loss option trains through ``verlog train`` (one short update on
+the cue corridor): a critic exactly when the estimator needs one, their metrics logged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from verlog.algo.estimators import get_estimator
+from verlog.cli import main
+
+from test_train_cli import short_run
+
+CASES = {
+    "gigpo": ["algorithm.estimator=gigpo", "trainer.group_size=2", "algorithm.drop_uniform_groups=true"],
+    "rloo": ["algorithm.estimator=rloo", "trainer.group_size=2", "algorithm.policy_loss=gspo",
+             "algorithm.clip_eps=0.0003", "algorithm.clip_eps_high=0.0004", "algorithm.dual_clip=null",
+             "algorithm.loss_aggregation=sequence_mean"],
+    "reinforce_pp": ["algorithm.estimator=reinforce_pp", "algorithm.clip_eps_high=0.28", "algorithm.kl_coef=0.001"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_estimator_trains_through_the_trainer(tmp_path, name):
+    run_dir = tmp_path / name
+    assert main(["train", *short_run(run_dir, *CASES[name], "trainer.total_updates=1", "eval.at_start=false",
+                                     "eval.at_end=false", "multi_turn.langgraph.graph_kwargs.max_turns=2")]) == 0
+    critic = (run_dir / "checkpoints" / "update_000001" / "critic.safetensors").exists()
+    assert critic == get_estimator(name).needs_critic
+    [update] = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "update"]
+    assert "policy_loss" in update and "value_loss" not in update and 0 <= update["policy_token_frac"] <= 1
+    if name == "gigpo":
+        assert "step_group_frac" in update and "dropped_group_frac" in update
+
+
+def test_dynamic_sampling_needs_groups(tmp_path, capsys):
+    assert main(["train", *short_run(tmp_path / "r", "algorithm.drop_uniform_groups=true")]) == 2
+    assert "algorithm.drop_uniform_groups" in capsys.readouterr().err

@@ -1,0 +1,194 @@
+"""The registry of advantage estimators: what each needs, and one call that applies it.
+
+An estimator (``AdvantageEstimator``) maps a ``TurnBatch`` (``N`` slots x ``K`` turns, see
+``verlog.algo.gae``) plus the per-turn data it declares (``TurnData``) to advantages ``[N, K, T]``,
+critic targets ``[N, K, T + 1]`` when it trains a critic, and the turns the policy loss may use.
+Every module of this package but this one is an estimator named as its file and exposing
+``ESTIMATOR``; ``estimator_names`` lists them without importing them (the config reads it, and
+must not load torch), ``get_estimator`` imports one.
+
+``estimate_advantages`` is what a trainer calls: the estimator, then what every estimator shares
+— DAPO's dynamic sampling (``drop_uniform_groups``) and whitening over the batch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Literal, Protocol
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from verlog.algo.gae import TurnBatch
+
+__all__ = [
+    "AdvantageEstimator",
+    "AdvantageSettings",
+    "Estimate",
+    "TurnData",
+    "TurnNeed",
+    "check_estimator_settings",
+    "estimate_advantages",
+    "estimator_names",
+    "get_estimator",
+]
+
+#: per-turn data an estimator may need besides the ``TurnBatch``:
+#: ``groups`` — the task of each turn's episode (its seed): episodes of one group are compared;
+#: ``anchors`` — the environment state each turn acted in (GiGPO's anchor states);
+#: ``episode_starts`` — whether each slot's first turn opens an episode (else its return is partial)
+TurnNeed = Literal["groups", "anchors", "episode_starts"]
+
+
+class AdvantageSettings(Protocol):
+    """The settings estimators read (``verlog.config.AlgorithmConfig`` has them all)."""
+
+    estimator: str
+    gamma_step: float
+    lam_step: float
+    gamma_token: float
+    lam_token: float
+    whiten_advantages: bool
+    group_norm: str
+    gigpo_step_weight: float
+    gigpo_gamma: float
+    drop_uniform_groups: bool
+
+
+@dataclass
+class TurnData:
+    """Per-turn facts that are not rewards: ``groups`` ``[N, K]`` long (e.g. seeds),
+    ``episode_starts`` ``[N]`` bool, ``anchors`` ``[N, K]`` long (an id per distinct anchor
+    state of the batch, ``-1`` where the environment reported none)."""
+
+    groups: Tensor | None = None
+    episode_starts: Tensor | None = None
+    anchors: Tensor | None = None
+
+
+@dataclass
+class Estimate:
+    """What an estimator gives back.
+
+    * ``advantages`` ``[N, K, T]`` (``0`` on padding and on excluded turns);
+    * ``returns`` ``[N, K, T + 1]`` critic targets, or ``None`` (nothing for the critic);
+    * ``included`` ``[N, K]`` bool: turns the policy loss uses (``None``: all), e.g. GRPO leaves
+      out episodes still running at the batch boundary;
+    * ``metrics``: floats to log.
+    """
+
+    advantages: Tensor
+    returns: Tensor | None = None
+    included: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """One estimator: its name, what it needs, and its maths (``compute``).
+
+    ``needs_critic``: the trainer loads a critic and fills ``TurnBatch.values`` (and bootstrap
+    values) before ``compute``. ``needs``: the ``TurnData`` fields ``compute`` reads.
+    ``learns``: ``False`` only for the zero-advantage control (nothing to whiten).
+    """
+
+    name: str
+    summary: str
+    needs_critic: bool
+    needs: frozenset[TurnNeed]
+    compute: Callable[["TurnBatch", TurnData, AdvantageSettings], Estimate]
+    learns: bool = True
+
+    @property
+    def compares_groups(self) -> bool:
+        """Whether episodes of one group are compared (what dynamic sampling filters on)."""
+        return "groups" in self.needs
+
+
+@cache
+def estimator_names() -> tuple[str, ...]:
+    """The registered estimators: this package's modules (without importing them)."""
+    here = Path(__file__).parent
+    return tuple(sorted(
+        m.name for m in pkgutil.iter_modules([str(here)]) if m.name != "registry" and not m.name.startswith("_")
+    ))
+
+
+@cache
+def get_estimator(name: str) -> AdvantageEstimator:
+    """The estimator registered as ``name``; ``ValueError`` naming the allowed ones otherwise."""
+    if name not in estimator_names():
+        raise ValueError(f"unknown advantage estimator {name!r}; allowed: {', '.join(estimator_names())}")
+    estimator = getattr(importlib.import_module(f"{__package__}.{name}"), "ESTIMATOR", None)
+    if not isinstance(estimator, AdvantageEstimator) or estimator.name != name:
+        raise TypeError(f"{__package__}.{name} must define ESTIMATOR = AdvantageEstimator(name={name!r}, ...)")
+    return estimator
+
+
+def check_estimator_settings(settings: AdvantageSettings) -> None:
+    """Refuse settings that do not combine, naming the keys (``ValueError``)."""
+    estimator = get_estimator(settings.estimator)
+    if settings.drop_uniform_groups and not estimator.compares_groups:
+        groups = ", ".join(n for n in estimator_names() if get_estimator(n).compares_groups)
+        raise ValueError(
+            f"algorithm.drop_uniform_groups: dynamic sampling drops groups of episodes with equal returns; "
+            f"estimator {settings.estimator!r} has no groups (use one of: {groups})"
+        )
+
+
+def estimate_advantages(settings: AdvantageSettings, batch: "TurnBatch", data: TurnData) -> Estimate:
+    """Advantages of ``batch`` with ``settings.estimator``, then dynamic sampling and whitening.
+
+    * ``drop_uniform_groups`` (DAPO's dynamic sampling): groups whose complete episodes all have
+      the same return carry no learning signal; their turns leave the policy loss (so they do not
+      dilute its token mean). Fixed-turn batches cannot resample them: the fraction dropped is
+      reported (``dropped_group_frac``, ``dropped_turn_frac``).
+    * ``whiten_advantages``: ``(A - mean) / std`` over the tokens the policy loss uses.
+
+    Metrics: the estimator's own, plus ``policy_token_frac`` (share of response tokens the policy
+    loss uses) when some turns are left out.
+    """
+    import torch  # here, not at the top: the config imports this module without torch
+
+    from verlog.algo.advantages import episodes_of, whiten
+
+    estimator = get_estimator(settings.estimator)
+    check_estimator_settings(settings)
+    _check_inputs(estimator, batch, data)
+    out = estimator.compute(batch, data, settings)
+
+    if settings.drop_uniform_groups:
+        ep = episodes_of(batch, data.groups, data.episode_starts)
+        lo = torch.full((ep.n_groups,), float("inf"), dtype=ep.returns.dtype, device=ep.returns.device)
+        hi = torch.full_like(lo, float("-inf"))
+        lo.scatter_reduce_(0, ep.group[ep.complete], ep.returns[ep.complete], "amin")
+        hi.scatter_reduce_(0, ep.group[ep.complete], ep.returns[ep.complete], "amax")
+        scored = torch.zeros(ep.n_groups, dtype=torch.bool, device=lo.device)
+        scored[ep.group[ep.complete]] = True
+        uniform = scored & (hi - lo <= 1e-6)
+        dropped = ep.per_turn(uniform[ep.group] & ep.complete)  # [N, K]
+        included = ~dropped if out.included is None else out.included & ~dropped
+        out.advantages = torch.where(included.unsqueeze(-1), out.advantages, torch.zeros_like(out.advantages))
+        out.included = included
+        out.metrics["dropped_group_frac"] = (uniform.sum() / scored.sum().clamp(min=1)).item()
+        out.metrics["dropped_turn_frac"] = dropped.float().mean().item()
+
+    policy_mask = batch.response_mask if out.included is None else batch.response_mask & out.included.unsqueeze(-1)
+    if settings.whiten_advantages and estimator.learns:
+        out.advantages = whiten(out.advantages, policy_mask)
+    if out.included is not None:
+        out.metrics["policy_token_frac"] = (policy_mask.sum() / batch.response_mask.sum().clamp(min=1)).item()
+    return out
+
+
+def _check_inputs(estimator: AdvantageEstimator, batch: "TurnBatch", data: TurnData) -> None:
+    if estimator.needs_critic and batch.values is None:
+        raise ValueError(f"estimator {estimator.name!r} needs the critic's values (TurnBatch.values)")
+    fields = {"groups": data.groups, "anchors": data.anchors, "episode_starts": data.episode_starts}
+    missing = [need for need in sorted(estimator.needs) if fields[need] is None]
+    if missing:
+        raise ValueError(f"estimator {estimator.name!r} needs per-turn {', '.join(missing)} (TurnData)")
