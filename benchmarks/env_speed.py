@@ -8,6 +8,12 @@ numba). BabaIsAI tasks are included when ``verlog.envs.babaisai`` is present.
     python benchmarks/env_speed.py            # every environment, 3000 steps each
     python benchmarks/env_speed.py --quick    # fewer steps, Verlog's BabaIsAI tasks only
     python benchmarks/env_speed.py --envs babyai:goto crafter --steps 10000
+    python benchmarks/env_speed.py --envs minihack:Quest-Easy nethack --protocol balrog
+    python benchmarks/env_speed.py --envs textworld:coin_collector --concurrent-resets 16
+
+Under ``--protocol balrog`` answers are bare action names (BALROG's naive agent).
+``--concurrent-resets N`` instead starts N games at once from N threads (as the agent graph's
+worker threads do) and counts the resets that fail.
 """
 
 from __future__ import annotations
@@ -36,9 +42,10 @@ class Speed:
     episodes: int
 
 
-def measure(name: str, steps: int, resets: int, seed: int = 0) -> Speed:
+def measure(name: str, steps: int, resets: int, seed: int = 0, protocol: str = "verlog") -> Speed:
     """Time ``resets`` seeded resets, then ``steps`` random valid steps (resetting when done)."""
-    env = make_env(name, seed=seed)
+    env = make_env(name, seed=seed, protocol=protocol)
+    prefix = "" if protocol == "balrog" else "ACTION: "
     started = time.perf_counter()
     env.reset(seed)
     first = time.perf_counter() - started
@@ -52,7 +59,7 @@ def measure(name: str, steps: int, resets: int, seed: int = 0) -> Speed:
     env.reset(seed)
     episodes, stepping = 1, 0.0
     for _ in range(steps):
-        answer = f"ACTION: {rng.choice(env.valid_actions())}"
+        answer = prefix + rng.choice(env.valid_actions())
         t0 = time.perf_counter()
         result = env.step(answer)
         stepping += time.perf_counter() - t0
@@ -61,6 +68,29 @@ def measure(name: str, steps: int, resets: int, seed: int = 0) -> Speed:
             episodes += 1
     env.close()
     return Speed(name, first, reset_ms, steps / stepping, steps, episodes)
+
+
+def concurrent_resets(name: str, count: int, seed: int = 0, protocol: str = "verlog") -> tuple[int, float]:
+    """Reset ``count`` games of ``name`` at once from ``count`` threads (seeds ``seed`` ...,
+    four distinct games), each then taking three steps: (failures, seconds)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> bool:
+        try:
+            env = make_env(name, protocol=protocol)
+            env.reset(seed + i % 4)
+            for _ in range(3):
+                env.step(env.valid_actions()[0] if env.valid_actions() else "look")
+            env.close()
+            return True
+        except Exception as exc:  # noqa: BLE001 - counted and shown
+            print(f"  reset {i}: {type(exc).__name__}: {exc}"[:200], flush=True)
+            return False
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(count) as pool:
+        ok = list(pool.map(one, range(count)))
+    return ok.count(False), time.perf_counter() - started
 
 
 def default_envs(quick: bool) -> list[str]:
@@ -85,10 +115,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--envs", nargs="*", help="environment names (default: all)")
     parser.add_argument("--steps", type=int, default=None, help="random steps per env")
     parser.add_argument("--resets", type=int, default=None, help="timed resets per env")
+    parser.add_argument("--protocol", default="verlog", choices=("verlog", "balrog"))
+    parser.add_argument("--concurrent-resets", type=int, default=0, metavar="N",
+                        help="start N games at once from N threads and count failures")
     args = parser.parse_args(argv)
     steps = args.steps or (300 if args.quick else 3000)
     resets = args.resets or (5 if args.quick else 30)
     names = args.envs or default_envs(args.quick)
+    if args.concurrent_resets:
+        for name in names:
+            failures, seconds = concurrent_resets(name, args.concurrent_resets, protocol=args.protocol)
+            print(f"{name}: {args.concurrent_resets} concurrent resets, {failures} failed, {seconds:.1f} s", flush=True)
+        return
 
     width = max([len(n) for n in names] + [11])
     columns = f"{'steps/s':>9} {'reset ms':>9} {'1st reset s':>11} {'episodes':>8}"
@@ -96,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     print(header)
     print("-" * len(header))
     for name in names:
-        s = measure(name, steps, resets)
+        s = measure(name, steps, resets, protocol=args.protocol)
         print(
             f"{s.name:<{width}} {s.steps_per_s:>9.0f} {s.reset_ms:>9.2f} "
             f"{s.first_reset_s:>11.3f} {s.episodes:>8}",

@@ -223,3 +223,33 @@ def test_nethack_no_progress_abort_truncates() -> None:
             break
     assert result.done and result.truncated and not result.terminated and "aborted" in result.info
     assert step < 10
+
+
+def _random_play(env, seed: int, steps: int) -> int:
+    import random
+
+    rng = random.Random(seed)
+    env.reset(seed)
+    episodes = 1
+    # digits are valid actions, but BALROG's answer cleaning deletes them: no answer reaches them
+    answers = [a for a in env.valid_actions() if balrog_answer(a) == a]
+    for _ in range(steps):
+        result = env.step(rng.choice(answers))
+        assert "\nmap:\n" in result.observation and result.info["valid_action"]
+        if result.done:
+            env.reset()
+            episodes += 1
+    return episodes
+
+
+def test_random_answers_never_break_the_games() -> None:
+    """Any valid answer, in any state (menus, questions, death), keeps the game playable."""
+    assert _random_play(make_nethack(protocol="balrog"), 0, 300) >= 1
+    assert _random_play(make_minihack("Quest-Easy", protocol="balrog"), 0, 200) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("seed", range(5))
+def test_nethack_random_answers_2000_steps(seed: int) -> None:
+    assert _random_play(make_nethack(protocol="balrog"), seed, 2000) >= 1

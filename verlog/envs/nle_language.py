@@ -142,7 +142,9 @@ def key_of(action: str) -> int:
 def nethack_action_names() -> tuple[str, ...]:
     """The answers BALROG accepts in NetHack: the name of each of NLE's ``USEFUL_ACTIONS``, every
     single letter and every digit. (BALROG also lists the two-digit numbers ``00``-``99``, which
-    its action mapping then rejects with an error that ends the episode; they are left out.)"""
+    its action mapping then rejects with an error that ends the episode; they are left out. The
+    digits stay listed, though BALROG's answer cleaning, which keeps only letters, never lets an
+    answer reach them.)"""
     names = [NLE_ACTION_NAMES[int(a)][0] for a in nethack.USEFUL_ACTIONS if int(a) in NLE_ACTION_NAMES]
     return tuple(dict.fromkeys([*names, *_LETTERS, *_DIGITS]))
 
@@ -282,6 +284,11 @@ def screen_names() -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=1)
+def _has_screen_name() -> np.ndarray:
+    return np.array([bool(name) for name in screen_names()], dtype=bool)
+
+
+@lru_cache(maxsize=1)
 def visual_names() -> tuple[str, ...]:
     """Glyph -> name of the map symbols the wrapper reports only along its rays ("" else)."""
     names = [""] * nethack.MAX_GLYPH
@@ -372,11 +379,9 @@ def text_glyphs(glyphs: np.ndarray, blstats: np.ndarray) -> str:
     px, py = int(blstats[0]), int(blstats[1])
     flat = np.asarray(glyphs).reshape(-1)
     found: list[tuple[str, str, str]] = []
-    for index, glyph in enumerate(flat):
-        name = screen[int(glyph)]
-        if not name:
-            continue
-        x, y = index % DUNGEON_WIDTH, index // DUNGEON_WIDTH
+    for index in np.flatnonzero(_has_screen_name()[flat]):
+        name = screen[int(flat[index])]
+        x, y = int(index) % DUNGEON_WIDTH, int(index) // DUNGEON_WIDTH
         if x == px and y == py:
             continue
         found.append((name, *position_words(x - px, py - y)))
@@ -461,6 +466,11 @@ def text_inventory(inv_strs: np.ndarray, inv_letters: np.ndarray) -> str:
     return "\n".join(lines)
 
 
+def _rows(tty_chars: np.ndarray) -> list[str]:
+    """The terminal's rows as text (one character per byte)."""
+    return [bytes(row).decode("latin-1") for row in np.asarray(tty_chars, dtype=np.uint8)]
+
+
 def _trim(text: str) -> str:
     # the wrapper trims spaces and \x1a only; a line whose sole non-blank is its last character
     # comes out empty (its start index test)
@@ -479,8 +489,7 @@ def _multipage_end(row: str) -> bool:
 def text_message(tty_chars: np.ndarray) -> str:
     """The message: the top line, or every line of a window that ends in ``--More--``, ``(end)``
     or ``(n of m)`` (read from the top line's indentation)."""
-    chars = np.asarray(tty_chars)
-    rows = ["".join(chr(int(c)) for c in row) for row in chars]
+    rows = _rows(tty_chars)
     first, second = _trim(rows[0]), _trim(rows[1]) if len(rows) > 1 else ""
     if not first and not second:
         return first
@@ -509,8 +518,7 @@ def text_message(tty_chars: np.ndarray) -> str:
 
 def ascii_map(tty_chars: np.ndarray) -> str:
     """The terminal below the message line, every row in full, each ending with a newline."""
-    rows = ["".join(chr(int(c)) for c in row) for row in np.asarray(tty_chars)]
-    return "".join(row + "\n" for row in rows[1:])
+    return "".join(row + "\n" for row in _rows(tty_chars)[1:])
 
 
 def balrog_texts(obs: Mapping[str, np.ndarray], message: str) -> tuple[str, str]:
