@@ -195,3 +195,37 @@ def test_truncation_aware_critic_learns_the_value_of_a_capped_task(tiny_tokenize
     value = first_values.mean().item()
     print(f"\nlearned V(s) = {value:.3f} (analytic 10.0)")
     assert abs(value - 10.0) / 10.0 < 0.05
+
+
+def test_capped_game_graphs_report_the_state_after_the_cut(tiny_tokenizer):
+    """The shipped game loop (``verlog/envs/agent_graph.py``) ends a capped episode as truncated
+    and hands over the prompt its next step would have shown."""
+    from verlog.graph_file import load_graph_file
+    from verlog.llm import VerlogChatModel
+    from verlog.testing import ScriptedEngine
+
+    graph_file = load_graph_file(ROOT / "graphs" / "babyai.py")
+    chat = {}
+
+    def build(engine):
+        chat["model"] = VerlogChatModel(engine=engine, tokenizer=tiny_tokenizer, max_tokens=8)
+        return graph_file.build(chat["model"], task="goto", max_steps=3)
+
+    async def collect():
+        runner = SlotRunner(
+            ScriptedEngine(tiny_tokenizer, ["ACTION: turn left"]), build, graph_file.episode_input,
+            num_envs=2, turns_per_env=3, graph_config={"recursion_limit": 40},
+            render_prompt=lambda m, tools: chat["model"].render_prompt_ids(m, tools),
+        )
+        try:
+            return await runner.collect()
+        finally:
+            await runner.aclose()
+
+    batch = asyncio.run(collect())
+    for turns in batch.turns:  # turning left three times never reaches the goal: cut at step 3
+        last = turns[-1]
+        assert last.truncated and not last.terminated
+        assert last.next_prompt_ids and last.next_prompt_ids != last.prompt_ids
+        shown = tiny_tokenizer.decode(last.next_prompt_ids)
+        assert tiny_tokenizer.decode(last.prompt_ids).split("\n")[0] == shown.split("\n")[0]  # same instruction
