@@ -253,3 +253,19 @@ def test_random_answers_never_break_the_games() -> None:
 @pytest.mark.parametrize("seed", range(5))
 def test_nethack_random_answers_2000_steps(seed: int) -> None:
     assert _random_play(make_nethack(protocol="balrog"), seed, 2000) >= 1
+
+
+def test_minihack_goal_gives_balrogs_progression() -> None:
+    """The moves verlog's search agent finds win the same level under BALROG's protocol, with
+    BALROG's progression (the last step's game reward reaches 1)."""
+    from verlog.envs.base import play_steps
+    from verlog.envs.nle_agents import MiniHackSearchAgent
+
+    verlog_env = MiniHackTextEnv("MazeWalk-9x9")
+    moves = [r.info["action"] for r in play_steps(verlog_env, MiniHackSearchAgent(can_open=False), 1)]
+    env = make_minihack("MazeWalk-9x9", protocol="balrog")
+    env.reset(1)
+    results = [env.step(move) for move in moves]
+    assert results[-1].terminated and results[-1].info["success"]
+    assert results[-1].info["progression"] == 1.0 and results[-1].reward == 1.0
+    assert all(r.info["progression"] == 0.0 for r in results[:-1])

@@ -935,7 +935,9 @@ class BalrogMiniHackTextEnv(BalrogNLETextEnv):
         from minihack import MiniHack
 
         success = bool(done and info.get("end_status") == MiniHack.StepStatus.TASK_SUCCESSFUL)
-        return (1.0 if success else 0.0), success, {"progression": goal_value(success)}
+        # BALROG's progression: 1 when the last step's game reward (MiniHack's 1 for the goal plus
+        # its -0.01 penalty for a step on which the turn counter does not move) is at least 1
+        return (1.0 if success else 0.0), success, {"progression": goal_value(reward >= 1.0), "game_reward": reward}
 
     @property
     def goal(self) -> str:
