@@ -34,6 +34,14 @@ NetHack, as in BALROG) and pays the invalid-action penalty. Seeds fix NetHack's 
 generators (``core`` and ``disp``, no reseeding, moon phase derived from the seed), so a seed
 replays the same game given the same actions. ``NetHackChallenge-v0`` forbids changing its seeds
 through its API; the seeds are set on the underlying ``nle`` game object instead.
+
+**BALROG's protocol** (:func:`make_minihack` / :func:`make_nethack` with ``protocol="balrog"``;
+:class:`BalrogMiniHackTextEnv`, :class:`BalrogNetHackTextEnv`): the game made with BALROG's
+settings (``config.yaml``), the text BALROG's model reads (:mod:`verlog.envs.nle_language`: the
+NLE language wrapper's message, language observation and cursor, the full terminal as the map,
+the inventory), one key per answer named as the wrapper names it, the game's questions and menus
+left to the model (only ``--More--`` is continued), and BALROG's instructions and goals. What is
+above about named multi-key actions, answered prompts and the render is verlog's variant only.
 """
 
 from __future__ import annotations
