@@ -301,6 +301,12 @@ class TextWorldTextEnv(TextEnv):
         parts.append(f"Valid actions: {', '.join(self.valid_actions())}")
         return "\n".join(parts)
 
+    @property
+    def history_observation(self) -> str:
+        """The current observation as BALROG keeps it in the history (all of it: TextWorld has no
+        part shown only on the newest turn)."""
+        return self._observation
+
     def _feedback(self, text: str) -> str:
         return balrog_feedback(text, self.objective) if self.balrog else clean_feedback(text, self.objective)
 
