@@ -205,3 +205,11 @@ def test_balrog_treasure_hunter_pool_walkthrough_wins() -> None:
     results = [play_steps(env, TextWorldWalkthroughAgent(env), seed) for seed in range(BALROG_POOL_SIZE)]
     assert all(len(r) == 20 for r in results)  # BALROG's filter: 20-command walkthroughs
     assert sum(bool(r[-1].info.get("success")) for r in results) == BALROG_POOL_SIZE
+
+
+@pytest.mark.xfail(strict=False, reason="the family declaration (verlog/envs/families.py) must pass protocol='balrog' to the game")
+def test_registry_builds_balrogs_variant_under_its_protocol() -> None:
+    from verlog.envs.registry import make_env
+
+    env = make_env("textworld:cooking", protocol="balrog")
+    assert isinstance(env, TextWorldTextEnv) and env.protocol == "balrog" and env.settings["split"] == "test"
