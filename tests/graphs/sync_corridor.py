@@ -11,21 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from langgraph.graph import END, START, StateGraph
-from typing_extensions import TypedDict
 
-from graphs.cue_corridor import MOVES, RIGHT_MOVE, cue_at, make_input, prompt_at  # noqa: F401
+from graphs.cue_corridor import MOVES, RIGHT_MOVE, State, cue_at, make_input, prompt_at  # noqa: F401
 from verlog.rollout.events import report_reward
 
 SCOUT_TEMPERATURE = 0.7
 POLICY_TEMPERATURE = 1.3
-
-
-class State(TypedDict):
-    seed: int
-    pos: int
-    turn: int
-    answer: str
-    done: bool
 
 
 def build_graph(model, length: int = 4, max_turns: int = 10) -> Any:
