@@ -33,7 +33,9 @@ def teacher_forced(lm, prompt_ids, ids) -> torch.Tensor:
     return logp[p - 1 : p - 1 + len(ids)].gather(1, torch.tensor(ids)[:, None])[:, 0]
 
 
-async def test_greedy_is_the_same_alone_and_in_any_batch(engine, tiny_tokenizer, tiny_model):
+@pytest.mark.parametrize("cache_bytes", [0, 64 << 20], ids=["no-prefix-cache", "prefix-cache"])
+async def test_greedy_is_the_same_alone_and_in_any_batch(cache_bytes, tiny_tokenizer, tiny_model):
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, max_batch_size=8, prefix_cache_bytes=cache_bytes)
     prompts = [prompt(tiny_tokenizer, "hello " * i) for i in range(1, 11)]  # shared prefix, ragged tails
     greedy = SamplingParams(temperature=0, max_new_tokens=12)
     alone = [await engine.generate(p, greedy) for p in prompts[:3]]
@@ -43,11 +45,13 @@ async def test_greedy_is_the_same_alone_and_in_any_batch(engine, tiny_tokenizer,
         return await engine.generate(p, greedy)
 
     together = await asyncio.gather(*(late(p, 0.002 * i) for i, p in enumerate(prompts)))
-    assert engine.stats.shared_prefix_tokens > 0 and engine.stats.mean_batch_size > 1
+    reused = engine.stats.cached_prompt_tokens if cache_bytes else engine.stats.shared_prefix_tokens
+    assert reused > 0 and engine.stats.mean_batch_size > 1
     for a, b in zip(alone, together[:3]):
         assert a.token_ids == b.token_ids
     for p, gen in zip(prompts, together):  # more requests than max_batch_size: backlog path too
         assert torch.allclose(teacher_forced(tiny_model, p, gen.token_ids), torch.tensor(gen.logprobs), atol=1e-3)
+    engine.close()
 
 
 async def test_sampled_logprobs_match_a_teacher_forced_pass(engine, tiny_tokenizer, tiny_model):

@@ -5,6 +5,14 @@
 * ``SGLangEngine`` (``verlog.backends.sglang``): a client of a running SGLang server.
 """
 
-from verlog.backends.base import Engine, EngineError, EngineTimeoutError, Generation, SamplingParams, run_sync
+from verlog.backends.base import (
+    Engine,
+    EngineError,
+    EngineTimeoutError,
+    Generation,
+    SamplingParams,
+    TokenDelta,
+    run_sync,
+)
 
-__all__ = ["Engine", "EngineError", "EngineTimeoutError", "Generation", "SamplingParams", "run_sync"]
+__all__ = ["Engine", "EngineError", "EngineTimeoutError", "Generation", "SamplingParams", "TokenDelta", "run_sync"]

@@ -11,7 +11,7 @@ import abc
 import asyncio
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Coroutine, Literal, TypeVar
+from typing import Any, AsyncIterator, Coroutine, Literal, TypeVar
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -73,6 +73,14 @@ class Generation:
             )
 
 
+@dataclass(frozen=True)
+class TokenDelta:
+    """The tokens an engine chose since the previous item of a :meth:`Engine.stream`."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
 class Engine(abc.ABC):
     """An inference engine: ``await engine.generate(prompt_ids, sampling)``.
 
@@ -96,6 +104,25 @@ class Engine(abc.ABC):
         ``request_id`` groups the calls of one episode (servers route them to the same replica so
         the prefix cache is reused); engines without routing ignore it.
         """
+
+    async def stream(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+    ) -> AsyncIterator[TokenDelta | Generation]:
+        """Generate one response, yielding :class:`TokenDelta` items as tokens are chosen, then
+        the whole :class:`Generation` as the last item (the same one :meth:`generate` returns).
+
+        For token streaming (a chat server). Closing the iterator early stops the generation
+        where the engine can. This default, for engines that cannot stream, yields every token in
+        one delta once the generation is done.
+        """
+        generation = await self.generate(prompt_ids, sampling, request_id=request_id)
+        if generation.token_ids:
+            yield TokenDelta(list(generation.token_ids), list(generation.logprobs))
+        yield generation
 
     def stop_token_ids(self, sampling: SamplingParams) -> list[int]:
         """The token ids that end this generation: the request's and the model's end of sequence."""

@@ -5,6 +5,11 @@ gathers the calls that are waiting at the same moment into one batch, prefills t
 (left-padded, one forward pass), then decodes all rows step by step with a KV cache, dropping
 rows as they finish. Work runs on one worker thread so the event loop stays free to run graphs.
 
+A prefix cache (:mod:`verlog.backends.prefix_cache`) keeps the KV of earlier prompts across
+calls: a prefill computes only the tokens after the longest cached prefix of each prompt (a game's
+instruction repeated every turn, the previous turn of a chat). It is cleared whenever a trainer
+releases ``engine.weights_lock()``, so a generation never reads KV of other weights.
+
 Logprobs are ``log_softmax(logits / temperature)`` of the chosen token (plain ``log_softmax`` for
 greedy decoding), before any top-k / top-p truncation: the same quantity a trainer recomputes
 with a teacher-forced forward pass.
@@ -19,13 +24,17 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from verlog.backends.base import Engine, EngineError, Generation, SamplingParams, ends_with_stop
+from verlog.backends.base import Engine, EngineError, Generation, SamplingParams, TokenDelta, ends_with_stop
+from verlog.backends.prefix_cache import PrefixCache
+
+#: the prefix cache's default size: about 11,000 tokens of SmolLM2-135M's KV in float32
+DEFAULT_PREFIX_CACHE_BYTES = 512 * 2**20
 
 
 @dataclass
@@ -40,6 +49,8 @@ class _Request:
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    #: the prefix cache's epoch when this request's KV began (stale KV is never inserted)
+    cache_epoch: int = 0
 
     def resolve(self) -> None:
         gen = Generation(self.out_ids, self.out_logprobs, self.finish_reason or "length")
@@ -68,14 +79,26 @@ class EngineStats:
     steps: int = 0
     generated_tokens: int = 0
     prompt_tokens: int = 0
+    #: prompt tokens run through the model (the rest were cached or shared)
+    computed_prompt_tokens: int = 0
+    #: prompt tokens whose KV came from the prefix cache (kept from earlier calls)
+    cached_prompt_tokens: int = 0
     #: prompt tokens not recomputed because concurrent prompts shared them
     shared_prefix_tokens: int = 0
     busy_s: float = 0.0
+    #: of ``busy_s``: time in prefill passes (new prompts) and in decode steps
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
 
     @property
     def mean_batch_size(self) -> float:
         """Requests served per forward pass, on average."""
         return self.generated_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def computed_fraction(self) -> float:
+        """Prompt tokens computed / prompt tokens (1.0 without any cache or sharing)."""
+        return self.computed_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 class EmbeddedEngine(Engine):
@@ -96,6 +119,9 @@ class EmbeddedEngine(Engine):
             tokens compute them once.
         admit_wait_steps: a few requests arriving while a large batch decodes wait up to this
             many decode steps for others to join them (one prefill pass instead of several).
+        prefix_cache_bytes: the most bytes of KV the prefix cache keeps across calls (prompts
+            and generated tokens of finished requests, least recently used evicted first);
+            ``0`` turns it off. Generations are the same with and without it.
     """
 
     def __init__(
@@ -110,6 +136,7 @@ class EmbeddedEngine(Engine):
         cpu_threads: int | None = None,
         min_shared_prefix: int = 16,
         admit_wait_steps: int = 4,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ):
         self.model = model.eval()
         self.cpu_threads = cpu_threads or max(1, (os.cpu_count() or 2) - 1)
@@ -127,6 +154,10 @@ class EmbeddedEngine(Engine):
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = pad if isinstance(pad, int) else (self.eos_token_ids[0] if self.eos_token_ids else 0)
         self.stats = EngineStats()
+        if prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0 (0 turns the cache off), got {prefix_cache_bytes}")
+        #: KV of earlier prompts, reused by later prefills (cleared when the weights change)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._default_generator = torch.Generator(device="cpu").manual_seed(seed)
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._weights_lock = threading.Lock()
@@ -169,6 +200,34 @@ class EmbeddedEngine(Engine):
         self._queue.put(req)
         return await req.future
 
+    async def stream(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+    ) -> AsyncIterator[TokenDelta | Generation]:
+        """Tokens as they are chosen (see :meth:`Engine.stream`); tokens chosen while the
+        consumer was busy arrive together. Closing the iterator early stops the generation."""
+        chosen: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
+        task = asyncio.ensure_future(self.generate(
+            prompt_ids, sampling, request_id=request_id, on_token=lambda t, lp: chosen.put_nowait((t, lp))))
+        task.add_done_callback(lambda _: chosen.put_nowait(None))
+        try:
+            while (item := await chosen.get()) is not None:
+                ids, logprobs = [item[0]], [item[1]]
+                while not chosen.empty():
+                    nxt = chosen.get_nowait()
+                    if nxt is None:
+                        chosen.put_nowait(None)
+                        break
+                    ids.append(nxt[0])
+                    logprobs.append(nxt[1])
+                yield TokenDelta(ids, logprobs)
+            yield task.result()  # raises the engine's error, if any
+        finally:
+            task.cancel()  # the consumer stopped early: free the batch row
+
     @property
     def sampling_generator(self) -> torch.Generator:
         """The random stream of unseeded sampling (a trainer checkpoints it for exact resumes)."""
@@ -176,9 +235,16 @@ class EmbeddedEngine(Engine):
 
     @contextlib.contextmanager
     def weights_lock(self) -> Iterator[None]:
-        """Hold this while changing the model's weights: no batch runs meanwhile."""
+        """Hold this while changing the model's weights: no batch runs meanwhile.
+
+        The prefix cache is cleared on release (its KV belongs to the weights before), and KV of
+        requests that were decoding meanwhile is never put back into it.
+        """
         with self._weights_lock:
-            yield
+            try:
+                yield
+            finally:
+                self.prefix_cache.clear()
 
     async def aclose(self) -> None:
         self.close()
@@ -218,8 +284,11 @@ class EmbeddedEngine(Engine):
                         joined = self._prefill(admit)
                         if joined.requests:
                             running = joined if running is None else running.merge(joined)
+                    prefilled = time.perf_counter()
+                    self.stats.prefill_s += prefilled - started
                     if running is not None and running.requests:
                         self._decode_step(running)
+                        self.stats.decode_s += time.perf_counter() - prefilled
             except Exception as exc:  # report to every caller in flight, keep serving
                 err = exc if isinstance(exc, EngineError) else EngineError(f"embedded engine failed: {exc!r}")
                 for req in admit + (running.requests if running else []):
@@ -255,39 +324,94 @@ class EmbeddedEngine(Engine):
     def _prefill(self, batch: list[_Request]) -> "_Running":
         """One forward pass over new prompts; picks each one's first token.
 
-        Prompts of concurrent episodes often share a long start (the system prompt, the game's
-        instructions): that common prefix is run once and its KV cache shared by every row. The
-        rest of each prompt is left-padded within its own block; the attention mask and explicit
-        position ids make the padding in the middle invisible.
+        Each prompt starts from the longest prefix the prefix cache holds for it (at least one
+        token of its own is always computed, so its first logits exist). Prompts of concurrent
+        episodes often share a long start (the system prompt, the game's instructions): the part
+        of that common prefix nobody has cached is run once and its KV shared by every row. Each
+        row is laid out as ``[left pad | prefix KV] + [left pad | its own tokens]``; the attention
+        mask and explicit position ids make the padding in the middle invisible.
         """
-        device = self.device
+        device, cache_store = self.device, self.prefix_cache
         prompts = [r.prompt_ids for r in batch]
-        shared = _common_prefix_len(prompts) if len(batch) > 1 else 0
-        shared = shared if shared >= self.min_shared_prefix else 0
+        for r in batch:
+            r.cache_epoch = cache_store.epoch
+        hits = [cache_store.match(p, len(p) - 1) if cache_store.enabled else (0, None) for p in prompts]
+        prefix: list[tuple[int, torch.Tensor | None]] = list(hits)
+        computed_once = 0
+        # the rows not covered by a longer cached prefix share a common start: compute it once
+        rest = list(range(len(batch)))
+        if len(batch) > 1:
+            shared = _common_prefix_len(prompts)
+            rest = [i for i in rest if hits[i][0] < shared] or rest
+            shared = _common_prefix_len([prompts[i] for i in rest]) if len(rest) > 1 else 0
+            base, base_kv = hits[rest[0]]
+            if len(rest) > 1 and shared - base >= self.min_shared_prefix:
+                kv = self._extend(prompts[rest[0]][:shared], base, base_kv)
+                cache_store.insert(prompts[rest[0]][:shared], lambda a, b: kv[:, :, :, a:b].clone(),
+                                   epoch=batch[0].cache_epoch)
+                for i in rest:
+                    prefix[i] = (shared, kv)
+                computed_once = shared - base
+                self.stats.shared_prefix_tokens += computed_once * (len(rest) - 1)
+        lengths = [n for n, _ in prefix]
+        width_kv = max(lengths)
         cache = _new_cache(self.model.config)
-        if shared:
-            prefix = torch.tensor([prompts[0][:shared]], device=device)
-            self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache.batch_repeat_interleave(len(batch))
-        width = max(len(p) for p in prompts) - shared
+        if width_kv:
+            _load_prefixes(cache, prefix, width_kv)
+        width = max(len(p) - n for p, n in zip(prompts, lengths))
         input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(batch), shared + width), dtype=torch.long)
-        attention[:, :shared] = 1
-        for i, p in enumerate(prompts):
-            input_ids[i, shared + width - len(p):] = torch.tensor(p[shared:])
-            attention[i, shared + width - len(p) + shared:] = 1
+        attention = torch.zeros((len(batch), width_kv + width), dtype=torch.long)
+        for i, (p, n) in enumerate(zip(prompts, lengths)):
+            attention[i, width_kv - n : width_kv] = 1
+            input_ids[i, width - (len(p) - n):] = torch.tensor(p[n:])
+            attention[i, width_kv + width - (len(p) - n):] = 1
         self.stats.prompt_tokens += sum(len(p) for p in prompts)
-        self.stats.shared_prefix_tokens += shared * (len(batch) - 1)
+        self.stats.cached_prompt_tokens += sum(min(h, n) for (h, _), n in zip(hits, lengths))
+        self.stats.computed_prompt_tokens += computed_once + sum(len(p) - n for p, n in zip(prompts, lengths))
         input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, width_kv:]
         logits = self.model(
             input_ids=input_ids, attention_mask=attention, position_ids=positions,
             past_key_values=cache, use_cache=True, logits_to_keep=1,
         ).logits[:, -1, :]
         self.stats.requests += len(batch)
         running = _Running(list(batch), cache, attention, positions[:, -1] + 1, [])
+        if cache_store.enabled:
+            for row, req in enumerate(batch):
+                self._keep_prefix(running, row, req.prompt_ids, req.cache_epoch)
         self._advance(running, logits)
         return running
+
+    def _extend(self, tokens: list[int], start: int, start_kv: torch.Tensor | None) -> torch.Tensor:
+        """The KV of ``tokens`` (one row), computing those after the first ``start`` (whose KV
+        is ``start_kv``): ``[layers, 2, kv_heads, len(tokens), head_dim]``."""
+        cache = _new_cache(self.model.config)
+        if start:
+            _load_prefixes(cache, [(start, start_kv)], start)
+        self.model(
+            input_ids=torch.tensor([tokens[start:]], device=self.device),
+            position_ids=torch.arange(start, len(tokens), device=self.device)[None],
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        )
+        return torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])
+
+    def _keep_prefix(self, running: "_Running", row: int, tokens: list[int], epoch: int) -> None:
+        """Put the KV of ``tokens`` (the ids fed so far to batch row ``row``) in the prefix cache."""
+        if not tokens:
+            return
+        cache = running.cache
+
+        def kv_for(start: int, end: int) -> torch.Tensor:
+            columns = running.attention[row].nonzero()[:, 0]
+            if len(columns) != len(tokens):
+                raise EngineError(f"internal: row {row} holds {len(columns)} cached tokens, expected {len(tokens)}")
+            idx = columns[start:end]
+            return torch.stack([
+                torch.stack([layer.keys[row].index_select(1, idx), layer.values[row].index_select(1, idx)])
+                for layer in cache.layers
+            ])
+
+        self.prefix_cache.insert(tokens, kv_for, epoch=epoch)
 
     def _decode_step(self, running: "_Running") -> None:
         """Feed each running request its last chosen token; choose the next one."""
@@ -310,6 +434,9 @@ class EmbeddedEngine(Engine):
         for row, req in enumerate(running.requests):
             if req.finish_reason is not None:
                 req.resolve()
+                if self.prefix_cache.enabled and req.finish_reason != "abort":
+                    # the prompt and the answer's tokens fed so far: the next turn of a chat extends them
+                    self._keep_prefix(running, row, req.prompt_ids + req.out_ids[:-1], req.cache_epoch)
         running.pending = [tokens[row][0] for row in keep]
         if len(keep) < len(running.requests):
             running.select(keep)
@@ -404,6 +531,24 @@ def _new_cache(config: Any) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [_GrowingLayer() for _ in cache.layers]
     return cache
+
+
+def _load_prefixes(cache: DynamicCache, prefixes: list[tuple[int, torch.Tensor | None]], width: int) -> None:
+    """Fill an empty cache with one prefix KV per row (``(length, [layers, 2, heads, >= length,
+    dim])``), each right-aligned in ``width`` columns (zeros before it, masked by the caller)."""
+    kv = next(t for n, t in prefixes if n)
+    assert kv is not None
+    layers, _, heads, _, dim = kv.shape
+    stacked = kv.new_zeros((layers, 2, len(prefixes), heads, width, dim))
+    for row, (n, t) in enumerate(prefixes):
+        if n:
+            assert t is not None
+            stacked[:, :, row, :, width - n :] = t[:, :, :, :n]
+    if layers != len(cache.layers):
+        raise EngineError(f"internal: cached KV has {layers} layers, the model {len(cache.layers)}")
+    for i, layer in enumerate(cache.layers):
+        layer.dtype, layer.device, layer.is_initialized = kv.dtype, kv.device, True
+        layer.keys, layer.values = stacked[i, 0], stacked[i, 1]
 
 
 @dataclass
