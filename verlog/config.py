@@ -123,6 +123,8 @@ class EngineConfig(_Section):
     kind: Literal["embedded", "sglang"] = "embedded"
     max_batch_size: int = Field(64, ge=1, description="embedded: most requests decoded together")
     batch_wait_ms: float = Field(2.0, ge=0, description="embedded: wait for more requests to join a batch")
+    prefix_cache_mb: float = Field(
+        512.0, ge=0, le=1 << 20, description="embedded: MiB of prompt KV kept across calls (0: off)")
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
 
 

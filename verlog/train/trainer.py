@@ -194,6 +194,7 @@ class _Run:
         engine = EmbeddedEngine(
             actor, tokenizer, max_batch_size=config.engine.max_batch_size,
             batch_wait_ms=config.engine.batch_wait_ms, seed=config.rollout.seed,
+            prefix_cache_bytes=int(config.engine.prefix_cache_mb * 2**20),
         )
         slots_agent = _SlotsAgent(config)
         runner = SlotRunner(
