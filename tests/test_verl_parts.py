@@ -49,7 +49,45 @@ def test_engine_sends_verl_sampling_params_and_keeps_ids_and_logprobs(tiny_token
     request_id, prompt, params = client.seen[0]
     assert request_id == "w1-ep1" and prompt == [1, 2, 3]
     assert params == {"temperature": 0.7, "top_p": 1.0, "top_k": 5, "repetition_penalty": 1.0, "max_new_tokens": 64,
-                      "logprobs": True, "stop_token_ids": [tiny_tokenizer.eos_token_id], "seed": 4}
+                      "logprobs": True, "stop_token_ids": [tiny_tokenizer.eos_token_id], "sampling_seed": 4}
+    vllm = LLMServerEngine(client, tiny_tokenizer, server="vllm")
+    assert vllm.sampling_params(SamplingParams(seed=4, stop=("ACTION:",)))["seed"] == 4  # vLLM's own name
+
+
+def test_engine_sends_sglang_no_stop_strings_only_single_token_ids(tiny_tokenizer):
+    """verl's SGLang runs without a tokenizer: a stop string that is one token becomes a stop id,
+    a longer one is cut client-side; the fake server refuses ``stop`` and ``seed`` as SGLang would."""
+    from verlog.backends.base import SamplingParams
+    from verlog.backends.embedded import EmbeddedEngine
+    from verlog.integrations.verl.engine import LLMServerEngine, single_token_ids
+    from verlog.integrations.verl.local import EngineServerClient
+
+    newline = tiny_tokenizer.encode("\n", add_special_tokens=False)
+    assert len(newline) == 1
+    ids, longer = single_token_ids(tiny_tokenizer, ("\n", "ACTION:"))
+    assert ids == newline and longer == ("ACTION:",)
+    engine = LLMServerEngine(_Client(), tiny_tokenizer)
+    params = engine.sampling_params(SamplingParams(stop=("\n", "ACTION:"), seed=1))
+    assert "stop" not in params and "seed" not in params and params["sampling_seed"] == 1
+    assert params["stop_token_ids"] == sorted({newline[0], tiny_tokenizer.eos_token_id})
+
+    class _Plain:  # an engine that ignores stops: the server side of "generates on"
+        eos_token_ids = ()
+
+        async def generate(self, prompt_ids, sampling, *, request_id=None):
+            from verlog.backends.base import Generation
+
+            ids = tiny_tokenizer("one ACTION: two three", add_special_tokens=False)["input_ids"]
+            return Generation(ids, [-0.5] * len(ids), "length")
+
+    client = EngineServerClient(_Plain())
+    with pytest.raises(ValueError, match="no stop strings"):
+        asyncio.run(client.generate("r", prompt_ids=[1], sampling_params={"stop": ["x"]}))
+    with pytest.raises(ValueError, match="seed"):
+        asyncio.run(client.generate("r", prompt_ids=[1], sampling_params={"seed": 1}))
+    gen = _generate(LLMServerEngine(client, tiny_tokenizer), [1], SamplingParams(stop=("ACTION:",), seed=3))
+    assert tiny_tokenizer.decode(gen.token_ids).endswith("ACTION:") and gen.finish_reason == "stop"
+    del EmbeddedEngine
 
 
 def test_engine_applies_stop_strings_itself(tiny_tokenizer):
@@ -155,62 +193,196 @@ def test_dataset_rows_name_slots_and_validation_episodes():
 # ---------------------------------------------------------------------- critic pre-training
 
 
-def test_critic_pretraining_collects_once_then_fits_the_critic_on_random_subsets(monkeypatch):
-    """Verlog's schedule inside verl's trainer: W rollout batches, then S critic-only updates,
-    values and GAE recomputed over the whole buffer before each; the actor does not move."""
+def _warmup_rows(store, batch: int) -> list[str]:
+    """One rollout batch in the store, as verl's agent-loop worker writes it: two trajectories of
+    turns of unequal lengths (one ended, one cut with a bootstrap row)."""
+    from verlog.integrations.verl.samples import bootstrap_output, turn_output
+    from verlog.rollout.turn import Turn
+
+    keys = []
+    plan = {"a": [5, 2, 7], "b": [3, 6]}
+    for name, lengths in plan.items():
+        trajectory = f"w{batch}{name}"
+        outputs = []
+        for i, n in enumerate(lengths):
+            turn = Turn(f"ep-{trajectory}", i, list(range(1, 4 + i)), [9] * n, [-0.5] * n, reward=float(i),
+                        terminated=name == "a" and i == len(lengths) - 1)
+            outputs.append(turn_output(turn, trajectory=trajectory, position=i, episode_id=turn.episode_id, steps=(0, 0)))
+        if name == "b":
+            outputs.append(bootstrap_output([1, 2, 3, 4], 0, trajectory=trajectory, position=len(lengths),
+                                            episode_id=f"ep-{trajectory}", turn_index=len(lengths), steps=(0, 0)))
+        for i, out in enumerate(outputs):
+            key = f"{trajectory}_0_{i}"
+            prompt, response = torch.tensor(out.prompt_ids), torch.tensor(out.response_ids)
+            ids = torch.cat([prompt, response])
+            store.rows["train"][key] = {
+                "prompts": prompt, "responses": response, "input_ids": ids,
+                "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(len(ids)),
+                "response_mask": torch.tensor(out.response_mask), "rollout_log_probs": torch.tensor(out.response_logprobs),
+                "rm_scores": torch.zeros(len(response)), "extra_fields": out.extra_fields,
+            }
+            store.tags["train"][key] = {"status": "success", "seq_len": len(ids)}
+            keys.append(key)
+    return keys
+
+
+def _value_loss_as_verls_critic(store, keys):
+    """What verl's critic worker does with a mini-batch (``workers/utils/losses.value_loss``):
+    predictions at each row's own response length, the stored per-token fields padded, verl's
+    ``compute_value_loss``. Checked on every micro-batch of one or two rows."""
+    from itertools import combinations
+
+    from verl.trainer.ppo.core_algos import compute_value_loss
+
+    for group in [[k] for k in keys] + [list(pair) for pair in combinations(keys, 2)]:
+        data = store.kv_batch_get(group, "train", ["values", "returns", "response_mask", "responses"])
+        vpreds = torch.zeros(len(group), int(data["responses"].offsets().diff().max()))
+        padded = data.select("values", "returns", "response_mask").to_padded_tensor()
+        compute_value_loss(vpreds=vpreds, values=padded["values"], returns=padded["returns"],
+                           response_mask=padded["response_mask"].bool(), cliprange_value=0.5,
+                           loss_agg_mode="token-mean")
+
+
+def test_critic_pretraining_pads_with_verls_balance_batch_before_values_and_gae(monkeypatch):
+    """Verlog's schedule inside verl's trainer, with verl's real ``_balance_batch`` on rows of
+    unequal lengths: W rollout batches, then S critic-only updates, each on a random subset that
+    verl pads, values and GAE recomputed over the whole buffer before each; every row the critic
+    trains on has per-token fields of its own length (verl's value loss runs on each); the actor
+    does not move. Padding after values/GAE (the old order) breaks verl's value loss."""
+    from omegaconf import OmegaConf
     from transfer_queue import KVBatchMeta
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
     from verlog.algo import CriticWarmup
     from verlog.integrations.verl.local import MemoryTransferQueue
+    from verlog.integrations.verl.settings import VerlSettings
     from verlog.integrations.verl.trainer import VerlogPPOTrainer
 
+    store = MemoryTransferQueue()
+    batches = [_warmup_rows(store, w) for w in range(3)]  # 6 rows each (5 turns + 1 bootstrap row)
     events: list = []
     collected: list[KVBatchMeta] = []
 
     def sample(**kwargs):
-        w = len(collected)
-        meta = KVBatchMeta(keys=[f"b{w}_{i}" for i in range(4)], tags=[{}] * 4, partition_id="train")
+        keys = batches[len(collected)]
+        meta = KVBatchMeta(keys=list(keys), tags=[dict(store.tags["train"][k]) for k in keys], partition_id="train")
         collected.append(meta)
         return meta, {}
 
     trainer = object.__new__(VerlogPPOTrainer)
-    trainer.config = SimpleNamespace(data=SimpleNamespace(train_batch_size=4),
-                                     actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(temperature=1.0)))
-    trainer.critic_warmup = CriticWarmup(buffer_multiplier=3, iterations=2, subset_fraction=0.5, seed=0)
+    trainer.config = OmegaConf.create({
+        "data": {"train_batch_size": 2},
+        "actor_rollout_ref": {"rollout": {"temperature": 1.0, "n": 1}, "actor": {"ppo_mini_batch_size": 4}},
+        "critic": {"ppo_mini_batch_size": 4},
+        "trainer": {"critic_warmup": 0},
+        "algorithm": {"use_kl_in_reward": False, "kl_penalty": "kl"},
+    })
+    trainer.spec = SimpleNamespace(settings=VerlSettings())
+    trainer.slot_episodes = {}
+    trainer.use_critic = True
+    trainer.tokenizer = SimpleNamespace(eos_token_id=0)
+    trainer.actor_rollout_wg = SimpleNamespace(_dispatch_info={"actor": [0, 1]})  # 2 data-parallel ranks
+    trainer.critic_warmup = CriticWarmup(buffer_multiplier=3, iterations=2, subset_fraction=0.4, seed=0)
     trainer.global_steps = 1
     trainer.replay_buffer = SimpleNamespace(sample=sample)
     trainer.checkpoint_manager = SimpleNamespace(
         sleep_replicas=lambda: events.append("sleep"), update_weights=lambda step: events.append(("wake", step)))
     trainer.prepare_step = lambda: events.append("rollout")
-    trainer._balance_batch = lambda batch, metrics, logging_prefix: batch
-    trainer._compute_values = lambda batch, metrics: events.append(("values", tuple(batch.keys)))
-    trainer._compute_advantage = lambda batch, metrics, initial_policy: events.append(("gae", tuple(batch.keys)))
+    gen = torch.Generator().manual_seed(0)
+
+    def compute_values(batch, metrics):  # verl's critic: a value per response token of each row
+        events.append(("values", tuple(batch.keys)))
+        data = store.kv_batch_get(batch.keys, "train", ["response_mask"])
+        lengths = data["response_mask"].offsets().diff().tolist()
+        values = torch.nested.as_nested_tensor([torch.randn(n, generator=gen) for n in lengths], layout=torch.jagged)
+        from tensordict import TensorDict
+
+        store.kv_batch_put(batch.keys, "train", fields=TensorDict({"values": values}, batch_size=len(lengths)))
+
+    trained: list = []
 
     def update_critic(batch, metrics):
         events.append(("critic", tuple(batch.keys)))
+        assert len(batch) % 4 == 0  # verl's padding made it fit the critic's mini-batches
+        _value_loss_as_verls_critic(store, batch.keys)
+        trained.append(batch)
         metrics["critic/vf_loss"] = 0.5
 
+    trainer._compute_values = compute_values
     trainer._update_critic = update_critic
     trainer._update_actor = lambda *a, **k: pytest.fail("the actor moved during critic pre-training")
+    original_gae = VerlogPPOTrainer._compute_advantage
+
+    def gae(self, batch, metrics, initial_policy=False):
+        events.append(("gae", tuple(batch.keys)))
+        return original_gae(self, batch, metrics, initial_policy=initial_policy)
+
+    monkeypatch.setattr(VerlogPPOTrainer, "_compute_advantage", gae)
     monkeypatch.setattr(PPOTrainer, "step", lambda self, metrics, timing: "the usual step")
-    store = MemoryTransferQueue()
-    for key in [f"b{w}_{i}" for w in range(3) for i in range(4)]:
-        store.kv_put(key, "train", tag={"status": "success"})
     metrics: dict = {}
     with store.patch():
         assert trainer.step(metrics, {}) == "the usual step"
         assert trainer.step({}, {}) == "the usual step"  # pre-training happens once
 
-    assert events[:4] == ["rollout"] * 3 + ["sleep"]
-    buffer = [k for b in collected for k in b.keys]
-    updates = [keys for kind, *rest in events[4:] if kind == "critic" for keys in rest]
-    assert len(updates) == 2 and all(len(u) == 6 and set(u) <= set(buffer) for u in updates)
-    assert updates[0] != updates[1]  # a fresh random subset each iteration
-    per_iteration = events[4:-1]
-    for i in range(2):  # values then GAE over all 3 batches, then one critic update
-        chunk = per_iteration[i * 7:(i + 1) * 7]
-        assert [e[0] for e in chunk] == ["values", "gae"] * 3 + ["critic"]
-    assert events[-1] == ("wake", 0)
-    assert store.trajectory_keys() == [] and not store.tags["train"]  # the buffer is released
-    assert metrics["verlog/critic_warmup/batches"] == 3 and metrics["verlog/critic_warmup/vf_loss"] == 0.5
+        assert events[:4] == ["rollout"] * 3 + ["sleep"]
+        buffer = [k for b in batches for k in b]
+        updates = [[k for k in keys if k in buffer] for kind, *rest in events[4:] if kind == "critic" for keys in rest]
+        assert len(updates) == 2 and all(len(u) == 7 for u in updates)  # 40 % of 18 rows
+        assert updates[0] != updates[1]  # a fresh random subset each iteration
+        assert all(any(t.get("is_padding") for t in b.tags) for b in trained)  # verl padded every subset
+        for i in range(2):  # values over the 3 batches, then GAE over all of them, then the critic
+            chunk = [e[0] for e in events[4:-1] if e != "sleep"][i * 5:(i + 1) * 5]
+            assert chunk == ["values"] * 3 + ["gae", "critic"]
+        assert events[-1] == ("wake", 0)
+        assert store.trajectory_keys() == [] and not store.tags["train"]  # the buffer is released
+        assert metrics["verlog/critic_warmup/batches"] == 3 and metrics["verlog/critic_warmup/vf_loss"] == 0.5
+
+        # the old order: values and GAE first, then verl pads the subset -> verl's value loss fails
+        keys = _warmup_rows(store, 9)
+        part = KVBatchMeta(keys=keys, tags=[dict(store.tags["train"][k]) for k in keys], partition_id="train")
+        compute_values(part, {})
+        original_gae(trainer, part, {}, initial_policy=True)
+        length = {k: len(store.rows["train"][k]["responses"]) for k in keys}
+        longest, short = max(keys, key=length.get), next(k for k in keys if length[k] == 2)
+        chosen = [longest, short]  # verl's padding rows copy the first: 7 values, for a 1-token response
+        subset = KVBatchMeta(keys=chosen, tags=[dict(store.tags["train"][k]) for k in chosen], partition_id="train")
+        subset = trainer._balance_batch(subset, metrics={})
+        with pytest.raises(RuntimeError, match="size of tensor"):
+            _value_loss_as_verls_critic(store, subset.keys)
+
+
+# ---------------------------------------------------------------------- truncation
+
+
+def test_a_truncated_turn_bootstraps_from_its_next_state_row_and_a_terminated_one_does_not():
+    """The next-state row of a truncated turn gives ``truncation_values``; swapping the turn's
+    ``terminated`` and ``truncated`` flags changes the advantages verl trains with."""
+    from verl.protocol import DataProto
+
+    from verlog.integrations.verl.advantage import compute_turn_advantages
+    from verlog.integrations.verl.samples import RowInfo
+    from verlog.integrations.verl.settings import VerlGAEConfig
+
+    def infos(truncated: bool):
+        done = dict(terminated=not truncated, truncated=truncated)
+        return [
+            RowInfo("turn", "a", 0, "ep", 0, 0.0, False, False, None),
+            RowInfo("turn", "a", 1, "ep", 1, 1.0, **done, summary=None),
+            RowInfo("next_state", "a", 2, "ep", 1, 0.0, False, False, None),
+        ]
+
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [0, 0, 0]], dtype=torch.bool)
+    values = torch.tensor([[0.2, 0.3, 0.1], [0.5, 0.4, 0.0], [2.0, 0.0, 0.0]])
+    gae = VerlGAEConfig(whiten_advantages=False)
+    results = {}
+    for truncated in (True, False):
+        data = DataProto.from_dict({"response_mask": mask.float(), "values": values.clone()})
+        data, metrics = compute_turn_advantages(data, infos(truncated), gae)
+        results[truncated] = (data.batch["advantages"], data.batch["returns"], metrics)
+    (adv_trunc, ret_trunc, m_trunc), (adv_term, ret_term, m_term) = results[True], results[False]
+    assert not torch.allclose(adv_trunc, adv_term)
+    # the truncated last turn's return: its reward plus gamma_step times the next state's value
+    assert ret_trunc[1, 0].item() == pytest.approx(1.0 + 0.99 * 2.0)
+    assert ret_term[1, 0].item() == pytest.approx(1.0)
+    assert adv_trunc[2].abs().sum() == 0  # the next-state row trains nothing
+    assert m_trunc["verlog/truncated_turns_bootstrapped"] == 1 and m_term["verlog/truncated_turns_bootstrapped"] == 0

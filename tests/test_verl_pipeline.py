@@ -3,13 +3,14 @@
 a fake ``LLMServerClient`` is served by verlog's embedded engine on the tiny model, and verl's
 TransferQueue is an in-memory stand-in. The trainer's advantage step then runs on those rows.
 
-Slot schedule of the test graph (episode of seed s lasts 2 + s % 3 turns; seed 3 crashes at its
-second environment step; 2 slots x 3 turns; slot i plays seeds i, i + 2, i + 4, ...):
+Slot schedule of the test graph (episode of seed s lasts 2 + s % 3 turns, seed 3 four; seed 2
+crashes at its second environment step; 2 slots x 3 turns; slot i's j-th episode plays seed
+2 j + (i + j) % 2: slot 0 plays 0, 3, 4, ..., slot 1 plays 1, 2, 5, ...):
 
-    step 1  slot 0: seed 0 (2 turns, done), seed 2 turn 0 (cut)          -> bootstrap row
+    step 1  slot 0: seed 0 (2 turns, done), seed 3 turn 0 (cut)          -> bootstrap row
             slot 1: seed 1 (3 turns, done)                               -> no bootstrap row
-    step 2  slot 0: seed 2 turns 1-3 (done)                              -> no bootstrap row
-            slot 1: seed 3 (crashes: dropped), seed 5 turns 0-2 (cut)    -> bootstrap row
+    step 2  slot 0: seed 3 turns 1-3 (done)                              -> no bootstrap row
+            slot 1: seed 2 (crashes: dropped), seed 5 turns 0-2 (cut)    -> bootstrap row
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 import yaml
 
 GRAPH = '''
-"""Countdown: episode `seed` lasts 2 + seed % 3 turns; seeds in `fail_seeds` crash at step 2."""
+"""Countdown: episode `seed` lasts 2 + seed % 3 turns (seed 3: 4); seeds in `fail_seeds` crash at step 2."""
 from typing import Any
 from langchain_core.messages import HumanMessage
 from langgraph.graph import END, START, StateGraph
@@ -52,7 +53,7 @@ def build_graph(model, fail_seeds=()):
         step = state["step"] + 1
         if state["seed"] in fail_seeds and step == 2:
             raise RuntimeError("the environment crashed")
-        done = step >= 2 + state["seed"] % 3
+        done = step >= (4 if state["seed"] == 3 else 2 + state["seed"] % 3)
         await areport_reward(1.0 if done else 0.25, terminated=done, info={"success": done})
         return {"step": step, "done": done}
 
@@ -98,7 +99,7 @@ def world(tmp_path_factory, tiny_dir):
                 "name": "sglang", "prompt_length": 256, "response_length": 6,
                 "multi_turn": {"langgraph": {
                     "path": "countdown.py", "graph_config": {"recursion_limit": 60},
-                    "graph_kwargs": {"fail_seeds": [3, 1001]},
+                    "graph_kwargs": {"fail_seeds": [2, 1001]},
                 }},
             },
         },
@@ -224,7 +225,7 @@ def test_one_request_id_per_episode_and_failed_episodes_give_no_sample(world):
     rows = [world.store.rows["train"][k]["extra_fields"] for s in (1, 2) for k in world.keys[s]]
     sampled = {e["verlog_episode_id"] for e in rows}
     requested = set(world.client.request_ids)
-    # slot 0: seeds 0, 2; slot 1: seeds 1, 3 (crashed), 5 -> 5 training episodes, 5 request ids
+    # slot 0: seeds 0, 3; slot 1: seeds 1, 2 (crashed), 5 -> 5 training episodes, 5 request ids
     train_ids = {r for r in requested if "-slot" in r}
     assert len(train_ids) == 5
     crashed = train_ids - sampled
@@ -293,6 +294,7 @@ def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, mode):
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 
+    from verlog.integrations.verl.dataset import VerlogRows
     from verlog.integrations.verl.trainer import VerlogPPOTrainer, check_verl_config
 
     store = copy.deepcopy(world.store)
@@ -316,6 +318,8 @@ def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, mode):
     tags = [dict(store.tags["train"][k]) for k in keys]
     trainer = object.__new__(VerlogPPOTrainer)
     trainer.config, trainer.spec = config, check_verl_config(config)
+    trainer.slot_episodes = {}
+    trainer.train_dataset = VerlogRows(config.data.train_files)
     trainer.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
     metrics: dict = {}
     with store.patch():
@@ -345,3 +349,6 @@ def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, mode):
     assert metrics["verlog/episodes_ended"] == 1 and metrics["verlog/success_rate"] == 1.0
     assert metrics["verlog/failed_episodes"] == 1 and metrics["verlog/failed_episodes/error"] == 1
     assert ("actor/reward_kl_penalty" in metrics) == kl_in_reward
+    # each slot's episodes so far (slot 0: seeds 0, 3, 4; slot 1: 1, 2, 5), for checkpoints and the next rows
+    assert trainer.slot_episodes == {"0:0": 3, "1:0": 3}
+    assert trainer.train_dataset[1]["extra_info"]["verlog_episodes_started"] == {"0": 3}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 
 from verlog.algo import dual_gae, whiten
 from verlog.integrations.verl.layout import RowLayout, rows_to_turn_batch, token_scores
@@ -63,6 +64,8 @@ def compute_turn_advantages(
     data.batch["advantages"] = layout.scatter(advantages, width).to(float_mask.dtype) * float_mask
     data.batch["returns"] = layout.scatter(returns, width).to(float_mask.dtype) * float_mask
     metrics.update(rollout_metrics(infos, layout))
+    if batch.truncation_values is not None:
+        metrics["verlog/truncated_turns_bootstrapped"] = float(torch.isfinite(batch.truncation_values).sum())
     return data, metrics
 
 

@@ -38,11 +38,17 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, register
 
 from verlog.graph_file import GraphFile, load_graph_file
 from verlog.llm.chat_model import VerlogChatModel
+from verlog.rollout.recorder import TurnRecorder
 from verlog.rollout.runner import run_episode
-from verlog.rollout.slots import SlotRunner, TurnGate
-from verlog.rollout.turn import Episode
+from verlog.rollout.slots import SlotFailureError, SlotRunner
+from verlog.rollout.turn import Episode, Turn
 from verlog.integrations.verl.engine import LLMServerEngine
-from verlog.integrations.verl.samples import bootstrap_output, episode_summary, turn_output
+from verlog.integrations.verl.samples import (
+    bootstrap_output,
+    episode_summary,
+    next_state_output,
+    turn_output,
+)
 from verlog.integrations.verl.settings import AGENT_NAME, AgentSpec, agent_spec
 
 __all__ = ["AGENT_NAME", "LangGraphAgentLoop", "close_slots", "open_slots"]
@@ -74,6 +80,7 @@ class _Slot:
     """A persistent env slot of this worker process: its runner and what its engine saw."""
 
     runner: SlotRunner
+    engine: LLMServerEngine
     #: the weights' versions (verl ``global_steps``) of the generations since the last batch
     steps: list[int] = field(default_factory=list)
     batches: int = 0
@@ -83,6 +90,11 @@ class _Slot:
 _SLOTS: dict[str, _Slot] = {}
 #: episodes started by slots that were closed (after repeated failures), so seeds go on
 _EPISODES_STARTED: dict[str, int] = {}
+
+
+def slot_key(index: int, session: int) -> str:
+    """The name of the env slot of dataset row ``index``, ``rollout.n`` session ``session``."""
+    return f"{index}:{session}"
 
 
 def open_slots() -> list[str]:
@@ -96,6 +108,28 @@ async def close_slots() -> None:
     _SLOTS.clear()
     _EPISODES_STARTED.clear()
     await asyncio.gather(*(s.runner.aclose() for s in slots), return_exceptions=True)
+
+
+class TurnTemperatureError(ValueError):
+    """A turn was sampled at a temperature verl's trainer would not score it at."""
+
+
+def check_turn_temperature(turn: Turn, rollout_temperature: float) -> None:
+    """Refuse a training turn sampled at another temperature than verl scores every row at.
+
+    verl 0.9.1's trainer recomputes old logprobs, the ratio, KL and entropy of a batch at one
+    temperature (``actor_rollout_ref.rollout.temperature``, sent to its workers as a single
+    number), so a node bound with ``model.bind(temperature=...)`` to another value would be
+    trained with the wrong logprobs. Greedy calls (temperature 0) are scored at 1, as verl scores
+    a temperature-0 rollout.
+    """
+    scored = float(rollout_temperature) if rollout_temperature > 0 else 1.0
+    if abs(turn.scoring_temperature - scored) > 1e-6:
+        raise TurnTemperatureError(
+            f"node {turn.node or '?'!r} sampled at temperature {turn.temperature:g} but verl scores every turn at "
+            f"actor_rollout_ref.rollout.temperature={rollout_temperature:g}: under verl, bind the same temperature "
+            "in every node (or train with verlog's own trainer, which scores each turn at its own)"
+        )
 
 
 # ---------------------------------------------------------------------- the agent loop
@@ -119,7 +153,7 @@ class LangGraphAgentLoop(AgentLoopBase):
         session = int(row.get("session_id", 0))
         call_id = f"{row.get('uid') or uuid.uuid4().hex}_{session}"
         if info.get("verlog_role") == "slot" and self.spec.settings.turns_per_env:
-            return await self._run_slot(sampling_params, index, session, call_id, row)
+            return await self._run_slot(sampling_params, index, session, call_id, row, info)
         return await self._run_episode(sampling_params, index, session, call_id, row, info)
 
     # ------------------------------------------------------------------ pieces
@@ -130,7 +164,7 @@ class LangGraphAgentLoop(AgentLoopBase):
         return LLMServerEngine(
             self.server_manager, self.verlog_tokenizer, request_prefix=prefix,
             max_prompt_tokens=self.spec.prompt_length, max_response_tokens=self.spec.response_length,
-            on_output=on_output,
+            on_output=on_output, server=self.spec.rollout_name,
         )
 
     def _chat_model(self, engine: Any, sampling_params: dict[str, Any]) -> VerlogChatModel:
@@ -146,9 +180,9 @@ class LangGraphAgentLoop(AgentLoopBase):
             max_tokens=self.spec.response_length,
         )
 
-    def _graph(self, engine: Any, sampling_params: dict[str, Any]) -> Any:
+    def _graph(self, model: VerlogChatModel) -> Any:
         langgraph = self.spec.multi_turn.langgraph
-        return self.graph_file.build(self._chat_model(engine, sampling_params), **langgraph.graph_kwargs)
+        return self.graph_file.build(model, **langgraph.graph_kwargs)
 
     def _steps(self, seen: list[int], row: dict[str, Any]) -> tuple[int, int]:
         if seen:
@@ -156,29 +190,13 @@ class LangGraphAgentLoop(AgentLoopBase):
         fallback = int(row.get("global_steps", 1)) - 1  # the weights a sync step generates with
         return fallback, fallback
 
-    # ------------------------------------------------------------------ slots (fixed-turn batches)
-    async def _run_slot(
-        self, sampling_params: dict[str, Any], index: int, session: int, call_id: str, row: dict[str, Any]
+    def _training_outputs(
+        self, turns: list[Turn], *, call_id: str, prefix: str, steps: tuple[int, int], summary: dict[str, Any]
     ) -> list[Any]:
-        key = f"{index}:{session}"
-        slot = _SLOTS.get(key) or self._new_slot(key, index, session, sampling_params)
-        slot.steps.clear()
-        started = time.perf_counter()
-        try:
-            batch = await slot.runner.collect()
-        except RuntimeError:
-            # the slot failed too often in a row: drop it (a fresh one starts next step) and
-            # let verl mark this group as failed
-            _EPISODES_STARTED[key] = slot.runner.slots[0].episodes_started
-            _SLOTS.pop(key, None)
-            await slot.runner.aclose()
-            raise
-        slot.batches += 1
-        prefix = slot.runner.gate.engine.request_prefix
-        steps = self._steps(slot.steps, row)
-        summary = episode_summary(batch.episodes, batch.failed)
-        summary["seconds"] = time.perf_counter() - started
-        turns = batch.turns[0]
+        """The rows of a training sample: one per turn (time order), then one value-query row per
+        truncated turn whose next prompt is known (``next_state_output``)."""
+        for turn in turns:
+            check_turn_temperature(turn, self.spec.rollout_temperature)
         outputs = [
             turn_output(
                 t, trajectory=call_id, position=i, episode_id=prefix + t.episode_id, steps=steps,
@@ -186,37 +204,83 @@ class LangGraphAgentLoop(AgentLoopBase):
             )
             for i, t in enumerate(turns)
         ]
+        for turn in turns:
+            if turn.truncated and not turn.terminated and turn.next_prompt_ids:
+                outputs.append(
+                    next_state_output(
+                        turn.next_prompt_ids, self._pad_id(), trajectory=call_id, position=len(outputs),
+                        episode_id=prefix + turn.episode_id, turn_index=turn.turn_index, steps=steps,
+                    )
+                )
+        return outputs
+
+    # ------------------------------------------------------------------ slots (fixed-turn batches)
+    async def _run_slot(
+        self, sampling_params: dict[str, Any], index: int, session: int, call_id: str, row: dict[str, Any],
+        info: dict[str, Any],
+    ) -> list[Any]:
+        key = slot_key(index, session)
+        slot = _SLOTS.get(key) or self._new_slot(key, index, session, sampling_params, info)
+        slot.steps.clear()
+        started = time.perf_counter()
+        try:
+            batch = await slot.runner.collect()
+        except SlotFailureError:
+            # the slot failed too often in a row: drop it (a fresh one starts next step, its seeds
+            # going on) and let verl mark this group as failed
+            _EPISODES_STARTED[key] = slot.runner.episodes_started[0]
+            _SLOTS.pop(key, None)
+            await slot.runner.aclose()
+            raise
+        slot.batches += 1
+        prefix = slot.engine.request_prefix
+        steps = self._steps(slot.steps, row)
+        summary = episode_summary(batch.episodes, batch.failed)
+        summary["seconds"] = time.perf_counter() - started
+        summary["episodes_started"] = {key: slot.runner.episodes_started[0]}
+        turns = batch.turns[0]
+        outputs = self._training_outputs(turns, call_id=call_id, prefix=prefix, steps=steps, summary=summary)
         last = turns[-1]
         if not last.done:  # the boundary cut the episode: its next prompt is waiting at the gate
             outputs.append(
                 bootstrap_output(
-                    batch.bootstrap_prompt_ids[0], self._pad_id(), trajectory=call_id, position=len(turns),
+                    batch.bootstrap_prompt_ids[0], self._pad_id(), trajectory=call_id, position=len(outputs),
                     episode_id=prefix + last.episode_id, turn_index=last.turn_index + 1, steps=steps,
                 )
             )
         return outputs
 
-    def _new_slot(self, key: str, index: int, session: int, sampling_params: dict[str, Any]) -> _Slot:
+    def _new_slot(
+        self, key: str, index: int, session: int, sampling_params: dict[str, Any], info: dict[str, Any]
+    ) -> _Slot:
         settings = self.spec.settings
         slot_id = index * self._n() + session  # over all rows and sessions
         stride = settings.num_envs * self._n()
         seen: list[int] = []
         engine = self._engine(f"{uuid.uuid4().hex[:8]}-s{index}.{session}-", on_output=_note_steps(seen))
-        gate = TurnGate(engine, quota=settings.turns_per_env)
         graph_file = self.graph_file
+        models: list[VerlogChatModel] = []
+
+        def build(gated: Any) -> Any:  # the graph around the runner's gated view of the engine
+            models.append(self._chat_model(gated, sampling_params))
+            return self._graph(models[-1])
 
         def make_input(j: int) -> Any:  # the slot's j-th episode
-            return graph_file.episode_input(settings.seed + j * stride + slot_id)
+            return graph_file.episode_input(slot_seed(settings.seed, j, slot_id, stride))
 
         runner = SlotRunner(
-            self._graph(gate, sampling_params), make_input, gate, num_envs=1,
+            engine, build, make_input, num_envs=1, turns_per_env=int(settings.turns_per_env or 1),
             graph_config=self.spec.multi_turn.langgraph.graph_config, timeout_s=settings.episode_timeout_s,
             max_consecutive_failures=settings.max_consecutive_failures,
+            render_prompt=lambda messages, tools: models[-1].render_prompt_ids(messages, tools),
         )
-        started = _EPISODES_STARTED.pop(key, 0)
+        # episodes this slot started before: here before it was dropped, or (after a resume) in
+        # the checkpoint, which the trainer hands to the dataset's rows
+        restored = (info.get("verlog_episodes_started") or {}).get(str(session), 0)
+        started = max(_EPISODES_STARTED.pop(key, 0), int(restored or 0))
         if started:
-            runner.load_state_dict({"episodes_started": [started], "counters": runner.counters})
-        slot = _Slot(runner, steps=seen)
+            runner.load_state_dict({**runner.state_dict(), "episodes_started": [started]})
+        slot = _Slot(runner, engine, steps=seen)
         _SLOTS[key] = slot
         return slot
 
@@ -241,27 +305,46 @@ class LangGraphAgentLoop(AgentLoopBase):
             seed = settings.seed + ((step - 1) * settings.num_envs + index) * self._n() + session
         seen: list[int] = []
         engine = self._engine(f"{uuid.uuid4().hex[:8]}-", on_output=_note_steps(seen))
-        graph = self._graph(engine, sampling_params)
+        model = self._chat_model(engine, sampling_params)
+        episode_id = f"seed{seed}"
+        recorder = TurnRecorder(episode_id, render_prompt=model.render_prompt_ids)
         episode = await run_episode(
-            graph, self.graph_file.episode_input(seed), episode_id=f"seed{seed}",
+            self._graph(model), self.graph_file.episode_input(seed), episode_id=episode_id,
             graph_config=self.spec.multi_turn.langgraph.graph_config, timeout_s=settings.episode_timeout_s,
+            recorder=recorder,
         )
         if episode.failed or not episode.turns:
             logger.warning("verlog episode seed %s failed (%s): %s", seed, episode.status, episode.error)
             return []  # never a sample
         steps = self._steps(seen, row)
         summary = episode_summary([episode], [])
-        outputs = [
-            turn_output(
-                t, trajectory=call_id, position=i, episode_id=engine.request_prefix + episode.episode_id,
-                steps=steps, summary=summary if i == 0 else None,
+        if evaluation:  # validation trains nothing: every node may sample its own way
+            outputs = [
+                turn_output(
+                    t, trajectory=call_id, position=i, episode_id=engine.request_prefix + episode.episode_id,
+                    steps=steps, summary=summary if i == 0 else None,
+                )
+                for i, t in enumerate(episode.turns)
+            ]
+        else:
+            outputs = self._training_outputs(
+                episode.turns, call_id=call_id, prefix=engine.request_prefix, steps=steps, summary=summary
             )
-            for i, t in enumerate(episode.turns)
-        ]
-        final = outputs[-1]
+        final = outputs[len(episode.turns) - 1]
         final.reward_score = float(episode.total_reward) if evaluation else final.reward_score
         final.extra_fields["reward_extra_info"] = _episode_metrics(episode)
         return outputs
+
+
+def slot_seed(seed: int, j: int, slot_id: int, stride: int) -> int:
+    """The seed of slot ``slot_id``'s ``j``-th episode (``stride`` slots in all).
+
+    Every seed ``seed .. seed + (j + 1) * stride - 1`` is played exactly once by the first ``j + 1``
+    episodes of all slots, and slot ``i`` moves to another residue each episode
+    (``(i + j) % stride``), so seeds that make a game fail are spread over the slots instead of
+    pinning one slot to them.
+    """
+    return seed + j * stride + (slot_id + j) % stride
 
 
 def _row_extra(row: dict[str, Any]) -> dict[str, Any]:

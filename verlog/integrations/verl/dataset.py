@@ -11,6 +11,16 @@ play. The launcher points verl at this class (``data.custom_cls``) with
   episode ``i`` (seed ``verlog.eval_seed + i``).
 
 ``source`` becomes the rows' ``data_source``, the name verl's validation metrics are grouped by.
+
+A slot row also carries, in ``extra_info.verlog_episodes_started``, how many episodes each of
+its sessions had started by the last step the trainer saw (``VerlogRows.episodes_started``,
+restored from a checkpoint on resume): a slot created afresh (after a resume, or on another
+worker) goes on with the next seeds instead of replaying its first ones.
+
+Importing this module where verl is installed also registers verlog's agent loop
+(``verlog_langgraph``) with verl: verl's agent-loop workers load the dataset class
+(``data.custom_cls``) when they start, so every worker, on every node, knows the agent loop
+by its package name (no file path to share).
 """
 
 from __future__ import annotations
@@ -74,6 +84,8 @@ class VerlogRows(Dataset):
             raise ValueError(f"verlog's dataset takes one verlog:// data file, got {files}")
         self.spec = RowsSpec.parse(files[0])
         self.count = self.spec.count if max_samples is None or max_samples < 0 else min(self.spec.count, max_samples)
+        #: episodes started per env slot, by ``"{index}:{session}"`` (kept up to date by the trainer)
+        self.episodes_started: dict[str, int] = {}
 
     def __len__(self) -> int:
         return self.count
@@ -82,12 +94,30 @@ class VerlogRows(Dataset):
         if not 0 <= index < self.count:
             raise IndexError(index)
         role = _ROW_ROLE[self.spec.role]
+        extra: dict[str, Any] = {"index": index, "verlog_role": role}
+        if role == "slot":
+            extra["verlog_episodes_started"] = {
+                key.split(":", 1)[1]: int(n) for key, n in self.episodes_started.items()
+                if key.split(":", 1)[0] == str(index)
+            }
         return {
             # verl logs and counts ``raw_prompt``; the graph makes the real prompts
             "raw_prompt": [{"role": "user", "content": f"verlog {role} {index}"}],
             "data_source": self.spec.source,
             "agent_name": AGENT_NAME,
             "index": index,
-            "extra_info": {"index": index, "verlog_role": role},
+            "extra_info": extra,
             "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
         }
+
+
+def _register_agent_loop() -> None:
+    """Register verlog's agent loop with verl, when verl is installed (see the module docstring)."""
+    import importlib.util
+
+    if importlib.util.find_spec("verl") is None:
+        return
+    import verlog.integrations.verl.agent_loop  # noqa: F401  (``@register("verlog_langgraph")``)
+
+
+_register_agent_loop()

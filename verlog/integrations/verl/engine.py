@@ -13,24 +13,48 @@ nothing re-tokenized.
   tokens, is an ``EngineError`` (the episode fails and trains nothing).
 * A prompt longer than verl's ``rollout.prompt_length`` is refused rather than cut (verl would
   left-truncate it, so the trained prompt would differ from the one the engine saw).
-* Stop strings are sent to the server and also applied here, so they work when the server runs
-  without a tokenizer (verl's default ``skip_tokenizer_init``): the response ends with the token
-  that completes the stop string, as with verlog's other engines.
+* **Stop strings are applied here**, always: the response ends with the token that completes
+  the stop string, as with verlog's other engines. verl starts SGLang with
+  ``skip_tokenizer_init: True`` (its default), and SGLang's stop-string check then calls a
+  tokenizer it does not have (its scheduler dies), so SGLang is never sent ``stop`` strings: a
+  stop string that is exactly one token is sent as a stop token id (the server stops right
+  there); a longer one is cut here, and the server generates on until an end of sequence or
+  ``max_tokens`` (the extra tokens are dropped; the kept ones and their logprobs are exactly
+  what was sampled). vLLM, which verl starts with its tokenizer, is sent the strings as well.
+* The sampling seed goes under each server's own name: ``sampling_seed`` for SGLang, ``seed``
+  for vLLM (each rejects the other's key).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import uuid
 from typing import Any, Callable
 
 from verlog.backends.base import Engine, EngineError, FinishReason, Generation, SamplingParams, cut_at_stop
 
-__all__ = ["LLMServerEngine", "finish_reason"]
+__all__ = ["LLMServerEngine", "finish_reason", "single_token_ids"]
+
+logger = logging.getLogger(__name__)
 
 #: stop reasons of verl's servers (SGLang's finish_reason types, vLLM's "completed"/"aborted")
 _ABORTED = frozenset({"abort", "aborted"})
 #: the ``TokenOutput.extra_fields`` kept on a generation (the weights' version)
 _STEP_KEYS = ("global_steps", "min_global_steps", "max_global_steps")
+
+
+def single_token_ids(tokenizer: Any, stops: tuple[str, ...]) -> tuple[list[int], tuple[str, ...]]:
+    """Split stop strings into the ids of those that are exactly one token and the others."""
+    ids: list[int] = []
+    longer: list[str] = []
+    for stop in stops:
+        encoded = tokenizer.encode(stop, add_special_tokens=False)
+        if len(encoded) == 1 and tokenizer.decode(encoded, skip_special_tokens=False) == stop:
+            ids.append(int(encoded[0]))
+        else:
+            longer.append(stop)
+    return ids, tuple(longer)
 
 
 def finish_reason(stop_reason: str | None) -> FinishReason:
@@ -52,6 +76,8 @@ class LLMServerEngine(Engine):
         max_prompt_tokens: verl's ``rollout.prompt_length``; longer prompts raise ``EngineError``.
         max_response_tokens: verl's ``rollout.response_length``; ``max_new_tokens`` is capped at it.
         on_output: called with each ``TokenOutput`` (e.g. to note the weights' version).
+        server: verl's rollout engine (``actor_rollout_ref.rollout.name``): ``vllm`` gets vLLM's
+            keys, anything else SGLang's.
     """
 
     def __init__(
@@ -63,8 +89,10 @@ class LLMServerEngine(Engine):
         max_prompt_tokens: int | None = None,
         max_response_tokens: int | None = None,
         on_output: Callable[[Any], None] | None = None,
+        server: str = "sglang",
     ):
         self.client = client
+        self.server = server
         self.tokenizer = tokenizer
         self.request_prefix = request_prefix
         self.max_prompt_tokens = max_prompt_tokens
@@ -86,14 +114,26 @@ class LLMServerEngine(Engine):
             "max_new_tokens": max_tokens,
             "logprobs": True,
         }
+        stop_ids = set(self.stop_token_ids(sampling))
         if sampling.stop:
-            params["stop"] = list(sampling.stop)
-        stop_ids = self.stop_token_ids(sampling)
+            if self.server == "vllm":  # verl's vLLM has its tokenizer
+                params["stop"] = list(sampling.stop)
+            else:  # SGLang without a tokenizer: single-token stops as ids, the rest cut here
+                ids, longer = self._split_stops(tuple(sampling.stop))
+                stop_ids.update(ids)
+                if longer:
+                    _warn_generates_past(longer)
         if stop_ids:
-            params["stop_token_ids"] = stop_ids
+            params["stop_token_ids"] = sorted(stop_ids)
         if sampling.seed is not None:
-            params["seed"] = sampling.seed
+            params["seed" if self.server == "vllm" else "sampling_seed"] = sampling.seed
         return params
+
+    def _split_stops(self, stops: tuple[str, ...]) -> tuple[list[int], tuple[str, ...]]:
+        cache = self.__dict__.setdefault("_stop_cache", {})
+        if stops not in cache:
+            cache[stops] = single_token_ids(self.tokenizer, stops)
+        return cache[stops]
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
@@ -125,3 +165,13 @@ class LLMServerEngine(Engine):
             ids, logprobs, reason = ids[:cut], logprobs[:cut], "stop"
         info = {k: v for k, v in (out.extra_fields or {}).items() if k in _STEP_KEYS}
         return Generation(ids, logprobs, reason, info=info)
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_generates_past(stops: tuple[str, ...]) -> None:
+    """Say once per set of stop strings that the server will generate past them."""
+    logger.warning(
+        "stop strings %s are more than one token: verl's SGLang server runs without a tokenizer, so it "
+        "generates on until an end of sequence or max_tokens and verlog cuts the response at the stop "
+        "(exact, but slower; prefer single-token stops or a small max_tokens)", list(stops),
+    )

@@ -10,17 +10,22 @@ defaults: ``actor_rollout_ref``, ``critic``, ``algorithm``, ``trainer``, ...) pl
 
 ``compose_verl_config`` starts from verl's packaged defaults (hydra's compose API), merges the
 file and ``key.path=value`` overrides into them in struct mode, so a misspelt verl key is an
-error naming it, then sets what verlog's pieces need (``wire_verlog``): the agent loop and its
-registry file, the dataset of slot rows, the trainer, the batch shape. ``launch`` validates the
-result with verl's own checks and runs verl's ``run_ppo`` with ``VerlogTaskRunner``.
+error naming it, then sets what verlog's pieces need (``wire_verlog``): the agent loop, the
+dataset of slot rows (whose module registers the agent loop in verl's workers), the trainer,
+the batch shape, the Ray runtime environment. ``launch`` validates the result with verl's own
+checks and runs verl's ``run_ppo`` with ``VerlogTaskRunner``; ``launch(..., dry_run=True)``
+prints the composed config as YAML on stdout and everything else on stderr, and needs no model
+weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 
 from verlog.config import ConfigError, apply_overrides, read_yaml_mapping
@@ -34,10 +39,8 @@ from verlog.integrations.verl.settings import (
     resolve_graph_path,
 )
 
-__all__ = ["AGENT_LOOPS_FILE", "compose_verl_config", "launch", "wire_verlog"]
+__all__ = ["compose_verl_config", "launch", "ray_env_vars", "wire_verlog"]
 
-#: verl's agent-loop registry file naming verlog's agent loop (installed with the package)
-AGENT_LOOPS_FILE = Path(__file__).with_name("agent_loops.yaml")
 #: verl's packaged configs a verlog config may start from
 VERL_DEFAULTS = ("ppo_trainer", "ppo_megatron_trainer")
 
@@ -86,7 +89,33 @@ def compose_verl_config(path: str | Path, overrides: Sequence[str] = ()) -> Any:
         )
     user_set = {k for k in _flat_keys(data)}
     wire_verlog(config, keep=user_set)
+    env = ray_env_vars(config, os.environ)
+    if env:
+        with open_dict(config):
+            for name, value in env.items():
+                OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{name}", value, force_add=True)
     return config
+
+
+def ray_env_vars(config: Any, environ: Mapping[str, str]) -> dict[str, str]:
+    """Environment variables every Ray worker of the run needs (``ray_kwargs.ray_init.runtime_env.env_vars``).
+
+    verl logs from its trainer, a Ray actor that may run on another node and does not see the
+    launcher's environment. With the ``wandb`` logger: the launcher's ``WANDB_MODE`` when set,
+    else ``offline`` when no ``WANDB_API_KEY`` is set (as verlog's own trainer: no account
+    needed, ``wandb sync`` later). A value already in the config is kept.
+    """
+    from omegaconf import OmegaConf
+
+    backends = OmegaConf.select(config, "trainer.logger") or []
+    backends = [backends] if isinstance(backends, str) else list(backends)
+    env: dict[str, str] = {}
+    if "wandb" in backends:
+        mode = environ.get("WANDB_MODE") or ("" if environ.get("WANDB_API_KEY") else "offline")
+        if mode:
+            env["WANDB_MODE"] = mode
+    existing = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars") or {}
+    return {k: v for k, v in env.items() if k not in existing}
 
 
 def _flat_keys(data: Any, prefix: str = "") -> list[str]:
@@ -120,7 +149,8 @@ def wire_verlog(config: Any, keep: set[str] = frozenset()) -> AgentSpec:
 
     forced = {
         "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_NAME,
-        "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(AGENT_LOOPS_FILE.resolve()),
+        # the agent loop registers itself where the dataset class loads (verlog.integrations.verl.dataset)
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path": None,
         "data.custom_cls.path": "pkg://verlog.integrations.verl.dataset",
         "data.custom_cls.name": "VerlogRows",
         "data.train_files": rows_uri("slots", settings.num_envs, source),
@@ -128,12 +158,13 @@ def wire_verlog(config: Any, keep: set[str] = frozenset()) -> AgentSpec:
         "data.train_batch_size": settings.num_envs,
         "data.shuffle": False,
         "data.gen_batch_size": None,
+        # rows carry the slots' episode counters the trainer updates: read them in its process
+        "data.dataloader_num_workers": 0,
         "trainer.use_v1": True,
         "trainer.v1.trainer_mode": TRAINER_NAME,
     }
     preferred = {
         "actor_rollout_ref.rollout.calculate_log_probs": True,
-        "data.dataloader_num_workers": 0,
     }
     with open_dict(config):
         for key, value in forced.items():
@@ -165,32 +196,27 @@ def check_graph(spec: AgentSpec) -> None:
 
 
 def launch(path: str | Path, overrides: Sequence[str] = (), *, dry_run: bool = False, echo: Any = print) -> int:
-    """Compose, validate and (unless ``dry_run``) run verl's PPO with verlog's agent and trainer."""
-    from hydra.errors import InstantiationException
+    """Compose, validate and (unless ``dry_run``) run verl's PPO with verlog's agent and trainer.
+
+    ``dry_run``: validate, then ``echo`` the composed config as YAML and start nothing. Messages
+    (verl's included) go to stderr; a model folder that is not on this machine is replaced, for
+    verl's checks only, by verlog's offline ``tiny`` model (verl's checks read the model's
+    config), and a note on stderr says so.
+    """
     from omegaconf import OmegaConf
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
-    from verl.utils.device import auto_set_device
 
     from verlog.integrations.verl.trainer import check_verl_config
 
     config = compose_verl_config(path, overrides)
     spec = check_verl_config(config)
     check_graph(spec)
-    auto_set_device(config)
-    try:
-        validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    except (AssertionError, ValueError, InstantiationException) as exc:
-        raise ConfigError(f"{path}: verl rejects the composed config: {exc}") from None
     if dry_run:
-        echo(OmegaConf.to_yaml(config))
+        with contextlib.redirect_stdout(sys.stderr):  # verl prints its notices
+            _validate(config, path, stand_in=True)
+        echo(OmegaConf.to_yaml(config).rstrip("\n"))
         return 0
+    _validate(config, path, stand_in=False)
     from verl.trainer.main_ppo import run_ppo
-
-    backends = config.trainer.get("logger") or []
-    backends = [backends] if isinstance(backends, str) else list(backends)
-    if "wandb" in backends and not os.environ.get("WANDB_MODE") and not os.environ.get("WANDB_API_KEY"):
-        os.environ["WANDB_MODE"] = "offline"  # as verlog's own trainer: no account needed, sync later
 
     from verlog.integrations.verl.task_runner import VerlogTaskRunner
 
@@ -200,3 +226,46 @@ def launch(path: str | Path, overrides: Sequence[str] = (), *, dry_run: bool = F
     )
     run_ppo(config, task_runner_class=VerlogTaskRunner)
     return 0
+
+
+#: the config keys naming model folders that verl's checks load
+_MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "critic.model.tokenizer_path")
+
+
+def _validate(config: Any, path: str | Path, *, stand_in: bool) -> None:
+    """verl's own ``validate_config`` on the composed config (a ``ConfigError`` naming the file).
+
+    ``stand_in``: model folders that do not exist here are swapped, for the check only, for
+    verlog's offline ``tiny`` model; the config itself is left as it is.
+    """
+    import copy
+
+    from hydra.errors import InstantiationException
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(config)
+    checked = config
+    if stand_in:
+        missing = [
+            (key, value) for key in _MODEL_KEYS
+            if isinstance(value := OmegaConf.select(config, key), str) and value and not Path(value).exists()
+        ]
+        if missing:
+            from verlog.models import resolve_model_path
+
+            tiny = str(resolve_model_path("tiny"))
+            checked = copy.deepcopy(config)
+            for key, _ in missing:
+                OmegaConf.update(checked, key, tiny)
+            print(
+                f"note: {missing[0][1]} is not on this machine: verl's checks ran with verlog's tiny model in its "
+                "place (batch sizes and parallelism are checked, the model's own config is not)",
+                file=sys.stderr,
+            )
+    try:
+        validate_config(checked, use_reference_policy=need_reference_policy(checked), use_critic=need_critic(checked))
+    except (AssertionError, ValueError, InstantiationException) as exc:
+        raise ConfigError(f"{path}: verl rejects the composed config: {exc}") from None

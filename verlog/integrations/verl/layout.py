@@ -3,8 +3,9 @@
 verl hands the advantage step a flat, shuffled batch of rows (``[B, T]`` right-padded
 responses). verlog's GAE wants each slot's turns side by side in time order. The rows of one
 agent-loop call (``verlog_trajectory``) are one slot's consecutive turns, ordered by
-``verlog_position``, possibly followed by its bootstrap row; rows verlog did not make (verl's
-no-op padding) take no part.
+``verlog_position``, followed by its next-state rows (one per truncated turn whose next prompt
+is known) and possibly its bootstrap row; rows verlog did not make (verl's no-op padding) take
+no part.
 
 Layout, for ``N`` trajectories of at most ``K`` turns:
 
@@ -14,7 +15,10 @@ Layout, for ``N`` trajectories of at most ``K`` turns:
 * ``V_{k,j}`` for ``j < L_k`` is verl's critic value of response position ``j`` (read at the token
   before it, so ``V_{k,0}`` is the last prompt token's); ``V_{k,L_k}`` is not computed by verl and
   is set to 0: with ``lam_token == 1`` it cancels out of every advantage and return;
-* ``bootstrap_values[i]`` is the bootstrap row's ``V_{.,0}`` (0 when the last turn is done).
+* ``bootstrap_values[i]`` is the bootstrap row's ``V_{.,0}`` (0 when the last turn is done);
+* ``truncation_values[i, k]`` is the ``V_{.,0}`` of turn ``k``'s next-state row (the prompt that
+  would have followed a truncated turn), ``NaN`` where there is none (``dual_gae`` then
+  bootstraps that truncated turn from 0).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 from torch import Tensor
 
 from verlog.algo.gae import TurnBatch
-from verlog.integrations.verl.samples import BOOTSTRAP, TURN, RowInfo
+from verlog.integrations.verl.samples import BOOTSTRAP, NEXT_STATE, TURN, RowInfo
 
 __all__ = ["RowLayout", "rows_to_turn_batch", "token_scores"]
 
@@ -87,6 +91,7 @@ def rows_to_turn_batch(
     names = sorted(groups)
     turn_rows: list[list[int]] = []
     boot_rows: list[int | None] = []
+    next_rows: list[dict[tuple[str, int], int]] = []
     for name in names:
         rows = sorted(groups[name], key=lambda r: r[1].position)
         positions = [info.position for _, info in rows]
@@ -96,8 +101,17 @@ def rows_to_turn_batch(
         boots = [row for row, info in rows if info.kind == BOOTSTRAP]
         if len(boots) > 1 or (boots and rows[-1][1].kind != BOOTSTRAP):
             raise ValueError(f"trajectory {name!r}: a bootstrap row must be its single last row")
+        nexts: dict[tuple[str, int], int] = {}
+        for row, info in rows:
+            if info.kind == NEXT_STATE:
+                if (info.episode_id, info.turn_index) in nexts:
+                    raise ValueError(
+                        f"trajectory {name!r}: two next-state rows for turn {info.turn_index} of {info.episode_id!r}"
+                    )
+                nexts[(info.episode_id, info.turn_index)] = row
         turn_rows.append(turns)
         boot_rows.append(boots[0] if boots else None)
+        next_rows.append(nexts)
 
     n, k = len(names), max((len(r) for r in turn_rows), default=0)
     mask = torch.zeros((n, k, t), dtype=torch.bool)
@@ -106,11 +120,13 @@ def rows_to_turn_batch(
     terminated = torch.ones((n, k), dtype=torch.bool)  # the empty turns padding a short trajectory
     truncated = torch.zeros((n, k), dtype=torch.bool)
     bootstrap = torch.zeros(n, dtype=torch.float32)
+    truncation = torch.full((n, k), float("nan"), dtype=torch.float32)
     slot_of = torch.full((b,), -1, dtype=torch.long)
     turn_of = torch.full((b,), -1, dtype=torch.long)
     response_mask = response_mask.bool()
-    for i, (rows, boot) in enumerate(zip(turn_rows, boot_rows)):
+    for i, (rows, boot, nexts) in enumerate(zip(turn_rows, boot_rows, next_rows)):
         offset = k - len(rows)
+        matched = 0
         for j, row in enumerate(rows):
             kk = offset + j
             info = infos[row]
@@ -125,6 +141,13 @@ def rows_to_turn_batch(
             terminated[i, kk] = info.terminated
             truncated[i, kk] = info.truncated and not info.terminated
             slot_of[row], turn_of[row] = i, kk
+            next_row = nexts.get((info.episode_id, info.turn_index))
+            if next_row is not None:
+                matched += 1
+                if truncated[i, kk]:
+                    truncation[i, kk] = values[next_row, 0].float()
+        if matched != len(nexts):
+            raise ValueError(f"trajectory {names[i]!r}: a next-state row names no turn of it")
         if rows and not (terminated[i, -1] or truncated[i, -1]):
             if boot is None:
                 raise ValueError(
@@ -134,7 +157,7 @@ def rows_to_turn_batch(
             bootstrap[i] = values[boot, 0].float()
     batch = TurnBatch(
         token_rewards=rewards, response_mask=mask, terminated=terminated, truncated=truncated,
-        values=vals, bootstrap_values=bootstrap,
+        values=vals, bootstrap_values=bootstrap, truncation_values=truncation,
     )
     layout = RowLayout(
         slot=slot_of, turn=turn_of, trajectories=names, turn_counts=[len(r) for r in turn_rows],

@@ -2,7 +2,9 @@
 
 * ``EngineServerClient`` stands in for verl's ``LLMServerClient``: ``generate`` is served by any
   verlog ``Engine`` (e.g. the embedded engine on a small model) and answers verl's
-  ``TokenOutput``; it records the request ids it saw.
+  ``TokenOutput``; it records the request ids it saw. As verl's SGLang server (the default), it
+  refuses what that server cannot take: ``stop`` strings (SGLang runs without a tokenizer under
+  verl) and keys SGLang's sampling parameters do not have (``seed``: SGLang's is ``sampling_seed``).
 * ``MemoryTransferQueue`` stands in for verl's TransferQueue (the key-value store between verl's
   agent-loop workers and its trainer): ``patch()`` swaps its functions into the
   ``transfer_queue`` module, so verl's real ``AgentLoopWorkerTQ`` and trainer code write and read
@@ -23,6 +25,13 @@ from verlog.backends.base import Engine, SamplingParams
 __all__ = ["EngineServerClient", "MemoryTransferQueue"]
 
 _STOP_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+#: the ``sampling_params`` keys verl's SGLang server passes to SGLang that a tokenizer-less
+#: SGLang accepts (``logprobs`` is taken by verl itself)
+SGLANG_KEYS = frozenset({
+    "max_new_tokens", "stop_token_ids", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
+    "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "ignore_eos", "skip_special_tokens",
+    "spaces_between_special_tokens", "no_stop_trim", "custom_params", "logit_bias", "sampling_seed", "logprobs",
+})
 
 
 class EngineServerClient:
@@ -31,11 +40,13 @@ class EngineServerClient:
     Args:
         engine: the engine that generates.
         global_steps: reported as the weights' version (``TokenOutput.extra_fields``).
+        server: the server verl would run: ``sglang`` (checks the keys as above) or ``vllm``.
     """
 
-    def __init__(self, engine: Engine, *, global_steps: int = 0):
+    def __init__(self, engine: Engine, *, global_steps: int = 0, server: str = "sglang"):
         self.engine = engine
         self.global_steps = global_steps
+        self.server = server
         #: every ``generate`` call, in order: request id, prompt ids, token ids, logprobs
         self.calls: list[dict[str, Any]] = []
 
@@ -50,6 +61,13 @@ class EngineServerClient:
         from verl.workers.rollout.replica import TokenOutput
 
         params = dict(sampling_params)
+        if self.server == "sglang":
+            unknown = sorted(set(params) - SGLANG_KEYS)
+            if "stop" in params:
+                raise ValueError("SGLang under verl runs without a tokenizer (skip_tokenizer_init): no stop strings")
+            if unknown:
+                raise ValueError(f"SGLang's sampling parameters have no {unknown}")
+        seed = params.get("sampling_seed", params.get("seed"))
         top_k = int(params.get("top_k", -1))
         sampling = SamplingParams(
             temperature=float(params.get("temperature", 1.0)),
@@ -58,7 +76,7 @@ class EngineServerClient:
             max_new_tokens=int(params.get("max_new_tokens", params.get("max_tokens", 256))),
             stop=tuple(params.get("stop") or ()),
             stop_token_ids=tuple(params.get("stop_token_ids") or ()),
-            seed=params.get("seed"),
+            seed=None if seed is None else int(seed),
         )
         gen = await self.engine.generate(list(prompt_ids), sampling, request_id=request_id)
         self.calls.append({

@@ -6,10 +6,18 @@ output per turn (a model call): ``prompt_ids`` exactly as the engine saw them, `
 exactly as it produced them, one logprob per response id, ``response_mask`` all ones. What the
 advantage step needs rides in ``extra_fields`` under the ``verlog_*`` keys below.
 
-Besides turns, a fixed-turn sample may end with one *bootstrap row*: the prompt a slot's next
-model call is waiting with at the batch boundary, followed by one end-of-sequence token with
-``response_mask`` 0. It trains nothing (verl builds its own no-op padding rows the same way);
-it is there so that verl's critic computes ``V(s_{t+1})`` for the turn the boundary cut.
+Besides turns, a sample may carry *value-query rows*: a prompt followed by one end-of-sequence
+token with ``response_mask`` 0. They train nothing (verl builds its own no-op padding rows the
+same way); they are there so that verl's critic computes the value of a state no turn starts from:
+
+* a *next-state row* (``verlog_kind: next_state``) after each truncated turn whose environment
+  reported the prompt that would have come next (``Turn.next_prompt_ids``): its value bootstraps
+  the truncated turn (``TurnBatch.truncation_values``);
+* one *bootstrap row* (``verlog_kind: bootstrap``), always last: the prompt a slot's next model
+  call is waiting with at the batch boundary; its value ``V(s_{t+1})`` bootstraps the cut turn.
+
+The rows of a sample come in this order (``verlog_position``): its turns in time order, then
+its next-state rows, then the bootstrap row.
 
 verl copies the last output's ``reward_score`` onto the others of the same list (it assumes one
 reward per trajectory), so a turn's own reward is carried in ``verlog_reward`` and the trainer
@@ -25,20 +33,22 @@ from verlog.rollout.turn import Episode, Turn
 
 __all__ = [
     "BOOTSTRAP",
+    "NEXT_STATE",
     "TURN",
     "RowInfo",
     "bootstrap_output",
     "episode_summary",
+    "next_state_output",
     "row_info",
     "turn_output",
 ]
 
 # ``extra_fields`` keys of a verlog row
-KIND = "verlog_kind"  # "turn" or "bootstrap"
+KIND = "verlog_kind"  # "turn", "next_state" or "bootstrap"
 TRAJECTORY = "verlog_trajectory"  # the agent-loop call the row came from (one slot's batch part)
 POSITION = "verlog_position"  # the row's place in that call's list (time order; bootstrap last)
 EPISODE_ID = "verlog_episode_id"
-TURN_INDEX = "verlog_turn_index"  # the turn's index within its episode
+TURN_INDEX = "verlog_turn_index"  # the turn's index within its episode (a next-state row: its turn's)
 REWARD = "verlog_reward"
 TERMINATED = "verlog_terminated"
 TRUNCATED = "verlog_truncated"
@@ -46,6 +56,7 @@ SUMMARY = "verlog_summary"  # on the first row of a call: episodes ended / faile
 
 TURN: Literal["turn"] = "turn"
 BOOTSTRAP: Literal["bootstrap"] = "bootstrap"
+NEXT_STATE: Literal["next_state"] = "next_state"
 
 
 def _extra(
@@ -92,11 +103,10 @@ def turn_output(
     )
 
 
-def bootstrap_output(
-    prompt_ids: Sequence[int], pad_id: int, *, trajectory: str, position: int, episode_id: str,
+def _value_query(
+    kind: str, prompt_ids: Sequence[int], pad_id: int, *, trajectory: str, position: int, episode_id: str,
     turn_index: int, steps: tuple[int, int],
 ) -> Any:
-    """The value-query row of a slot's waiting prompt (``response_mask`` 0: it trains nothing)."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
     return AgentLoopOutput(
@@ -108,9 +118,32 @@ def bootstrap_output(
         num_turns=1,
         metrics=AgentLoopMetrics(),
         extra_fields=_extra(
-            kind=BOOTSTRAP, trajectory=trajectory, position=position, episode_id=episode_id,
+            kind=kind, trajectory=trajectory, position=position, episode_id=episode_id,
             turn_index=turn_index, reward=0.0, terminated=False, truncated=False, steps=steps, summary=None,
         ),
+    )
+
+
+def bootstrap_output(
+    prompt_ids: Sequence[int], pad_id: int, *, trajectory: str, position: int, episode_id: str,
+    turn_index: int, steps: tuple[int, int],
+) -> Any:
+    """The value-query row of a slot's waiting prompt (``response_mask`` 0: it trains nothing)."""
+    return _value_query(
+        BOOTSTRAP, prompt_ids, pad_id, trajectory=trajectory, position=position, episode_id=episode_id,
+        turn_index=turn_index, steps=steps,
+    )
+
+
+def next_state_output(
+    prompt_ids: Sequence[int], pad_id: int, *, trajectory: str, position: int, episode_id: str,
+    turn_index: int, steps: tuple[int, int],
+) -> Any:
+    """The value-query row of the state after truncated turn ``turn_index`` of ``episode_id``
+    (its ``next_prompt_ids``; ``response_mask`` 0: it trains nothing)."""
+    return _value_query(
+        NEXT_STATE, prompt_ids, pad_id, trajectory=trajectory, position=position, episode_id=episode_id,
+        turn_index=turn_index, steps=steps,
     )
 
 
@@ -146,7 +179,7 @@ class RowInfo:
 def row_info(extra_fields: Any) -> RowInfo | None:
     """Read a row's ``extra_fields`` (a dict, or tensordict's wrapper of one)."""
     fields = getattr(extra_fields, "data", extra_fields)
-    if not isinstance(fields, dict) or fields.get(KIND) not in (TURN, BOOTSTRAP):
+    if not isinstance(fields, dict) or fields.get(KIND) not in (TURN, BOOTSTRAP, NEXT_STATE):
         return None
     return RowInfo(
         kind=fields[KIND],

@@ -69,7 +69,9 @@ class VerlSettings(_Section):
     turns_per_env: int | None = Field(
         8, ge=1, description="turns each slot gives to every batch; null: one whole episode per sample"
     )
-    seed: int = Field(0, description="slot i's j-th episode plays seed + j * num_envs * rollout.n + i")
+    seed: int = Field(
+        0, description="slot i's j-th episode plays seed + j * S + (i + j) % S, S = num_envs * rollout.n"
+    )
     episode_timeout_s: float | None = Field(600.0, gt=0, description="per episode, not counting time held at a batch boundary")
     max_consecutive_failures: int = Field(20, ge=1, description="a slot failing this often in a row fails its verl sample")
     eval_episodes: int = Field(32, ge=1, description="validation episodes (verl's val set)")
@@ -90,6 +92,10 @@ class AgentSpec:
     #: verl's rollout.prompt_length / response_length: the longest prompt and response a turn may have
     prompt_length: int
     response_length: int
+    #: verl's rollout.temperature: the one temperature verl's trainer scores every row at
+    rollout_temperature: float = 1.0
+    #: verl's rollout.name: the inference server (``sglang``, ``vllm``...)
+    rollout_name: str = "sglang"
 
 
 def plain(node: Any) -> Any:
@@ -156,6 +162,8 @@ def agent_spec(config: Any) -> AgentSpec:
         rollout_n=int(_select(rollout, "n", 1)),
         prompt_length=int(_select(rollout, "prompt_length", 512)),
         response_length=int(_select(rollout, "response_length", 512)),
+        rollout_temperature=float(_select(rollout, "temperature", 1.0)),
+        rollout_name=str(_select(rollout, "name", "sglang")),
     )
 
 

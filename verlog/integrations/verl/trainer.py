@@ -13,9 +13,16 @@ FSDP/Megatron engines, SGLang/vLLM replicas, weight sync, checkpoints, validatio
    collected with the initial policy (``verlog.critic_warmup.buffer_multiplier``), then ``S``
    critic-only updates (``iterations``) each recompute values and GAE over the whole buffer and
    fit the critic on a random ``subset_fraction`` of its rows (``verlog.algo.CriticWarmup``).
+   Each subset is padded (verl's ``_balance_batch``) *before* that iteration's values and GAE:
+   verl's padding rows copy a real row's fields, so padding after them would hand the critic a
+   1-token row carrying another row's per-token values and returns.
 3. **Synchronous semantics under a new name**: verl chooses its replay buffer and dataloader
    granularity by ``trainer_mode == "sync"``; this trainer is synchronous (each step's rollout
    finishes before the update, then the weights are synced), so it keeps those code paths.
+4. **Slot episode counters in checkpoints**: each step's rows report how many episodes every
+   env slot has started; they are saved next to verl's checkpoint (``verlog_slots.json`` in
+   ``global_step_N/``) and, on resume, handed back to the slots through the dataset's rows, so
+   seeds go on where they stopped.
 
 Import this module (or run ``verlog train --engine verl``, whose Ray task runner imports it) before
 verl looks the trainer up: registration happens at import time, in the process that imports it.
@@ -23,9 +30,12 @@ verl looks the trainer up: registration happens at import time, in the process t
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from typing import Any
 
+import torch
 import transfer_queue as tq
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
@@ -40,9 +50,12 @@ from verlog.integrations.verl.advantage import compute_turn_advantages
 from verlog.integrations.verl.samples import TURN, RowInfo, row_info
 from verlog.integrations.verl.settings import TRAINER_NAME, AgentSpec, agent_spec
 
-__all__ = ["VerlogPPOTrainer", "check_verl_config", "row_infos"]
+__all__ = ["SLOTS_FILE", "VerlogPPOTrainer", "check_verl_config", "row_infos"]
 
 logger = logging.getLogger(__name__)
+
+#: the file next to verl's checkpoint holding the env slots' episode counters
+SLOTS_FILE = "verlog_slots.json"
 
 
 def check_verl_config(config: Any) -> AgentSpec:
@@ -79,6 +92,8 @@ class VerlogPPOTrainer(PPOTrainerSync):
         self.critic_warmup = CriticWarmup(
             warmup.buffer_multiplier, warmup.iterations, warmup.subset_fraction, seed=self.spec.settings.seed
         )
+        #: episodes started per env slot (``"{row}:{session}"``), as the latest rows reported
+        self.slot_episodes: dict[str, int] = {}
         super().__init__(config)
 
     # ------------------------------------------------------------------ verl hooks
@@ -123,6 +138,7 @@ class VerlogPPOTrainer(PPOTrainerSync):
             kl_ctrl=self.kl_ctrl_in_reward if use_kl else None, kl_penalty=algorithm.kl_penalty,
         )
         metrics.update(adv_metrics)
+        self._note_slot_episodes(infos)
         # each turn's own reward (verl copied the call's last reward onto all of its rows)
         data.batch["rm_scores"] = data.batch["token_level_scores"]
         written = ["advantages", "returns", "token_level_rewards", "rm_scores"]
@@ -165,14 +181,24 @@ class VerlogPPOTrainer(PPOTrainerSync):
         used = set(buffer.keys)
         for iteration, subset in enumerate(warmup.subsets(len(buffer))):
             step_metrics: dict = {}
-            for part in balanced:
-                self._compute_values(part, metrics=step_metrics)
-                self._compute_advantage(part, metrics=step_metrics, initial_policy=True)
             chosen = subset.tolist()
             sample = KVBatchMeta(
                 keys=[buffer.keys[i] for i in chosen], tags=[buffer.tags[i] for i in chosen], partition_id="train"
             )
+            # pad the subset first: verl's padding rows copy the subset's first row, whatever
+            # per-token fields it has; values and GAE below rewrite them at the padding row's length
             sample = self._balance_batch(sample, metrics=step_metrics, logging_prefix="verlog_warmup_seqlen")
+            pads = [(k, t) for k, t in zip(sample.keys, sample.tags) if k not in used]
+            for part in balanced:
+                self._compute_values(part, metrics=step_metrics)
+            if pads:
+                self._zero_padding_values([k for k, _ in pads])
+            everything = KVBatchMeta(
+                keys=[k for part in balanced for k in part.keys] + [k for k, _ in pads],
+                tags=[t for part in balanced for t in part.tags] + [t for _, t in pads],
+                partition_id="train",
+            )
+            self._compute_advantage(everything, metrics=step_metrics, initial_policy=True)
             sample.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
             self._update_critic(sample, metrics=step_metrics)
             used.update(sample.keys)
@@ -188,6 +214,14 @@ class VerlogPPOTrainer(PPOTrainerSync):
         # wake the replicas for the first training batch (the actor has not moved)
         self.checkpoint_manager.update_weights(self.global_steps - 1)
 
+    def _zero_padding_values(self, keys: list[str]) -> None:
+        """Give verl's padding rows a value at each of their own response tokens (one, masked
+        out of every loss), in place of the copy of another row's values they were made with."""
+        data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["response_mask"])
+        lengths = data["response_mask"].offsets().diff().tolist()
+        values = torch.nested.as_nested_tensor([torch.zeros(n) for n in lengths], layout=torch.jagged)
+        tq.kv_batch_put(keys=keys, partition_id="train", fields=TensorDict({"values": values}, batch_size=len(keys)))
+
     def _collect_batch(self) -> KVBatchMeta:
         """One rollout batch with the current weights (no update follows)."""
         self.prepare_step()
@@ -196,3 +230,38 @@ class VerlogPPOTrainer(PPOTrainerSync):
         )
         batch.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         return batch
+
+    # ------------------------------------------------------------------ slot counters
+    def _note_slot_episodes(self, infos: list[RowInfo | None]) -> None:
+        """Keep the slots' episode counters the rows report; the dataset's next rows carry them."""
+        for info in infos:
+            reported = (info.summary or {}).get("episodes_started") if info is not None else None
+            for key, count in (reported or {}).items():
+                self.slot_episodes[str(key)] = max(int(count), self.slot_episodes.get(str(key), 0))
+        dataset = getattr(self, "train_dataset", None)
+        if dataset is not None and hasattr(dataset, "episodes_started"):
+            dataset.episodes_started = dict(self.slot_episodes)
+
+    def _save_checkpoint(self) -> None:
+        super()._save_checkpoint()
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, SLOTS_FILE), "w") as f:
+            json.dump({"episodes_started": self.slot_episodes}, f)
+
+    def _load_checkpoint(self) -> None:
+        super()._load_checkpoint()
+        if not self.global_steps:
+            return
+        folder = self.config.trainer.get("resume_from_path") if self.config.trainer.resume_mode == "resume_path" else None
+        folder = folder or os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        if not os.path.isabs(folder):
+            folder = os.path.join(os.getcwd(), folder)
+        path = os.path.join(folder, SLOTS_FILE)
+        if not os.path.exists(path):
+            logger.warning("no %s in %s: env slots start their seeds from episode 0", SLOTS_FILE, folder)
+            return
+        with open(path) as f:
+            counters = json.load(f).get("episodes_started", {})
+        self.slot_episodes = {str(k): int(v) for k, v in counters.items()}
+        self._note_slot_episodes([])
