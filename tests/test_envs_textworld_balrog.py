@@ -213,3 +213,23 @@ def test_registry_builds_balrogs_variant_under_its_protocol() -> None:
 
     env = make_env("textworld:cooking", protocol="balrog")
     assert isinstance(env, TextWorldTextEnv) and env.protocol == "balrog" and env.settings["split"] == "test"
+
+
+def test_walkthrough_agent_types_what_balrogs_cleaning_lets_through() -> None:
+    """BALROG keeps only letters and spaces of an answer: the oracle leaves out words it could not
+    type (``frosted-glass``) and lets TextWorld's parser resolve the rest (cooking game 11 needs
+    ``open frosted-glass door``)."""
+
+    class Game:
+        balrog = True
+        walkthrough = ["open frosted-glass door", "go north"]
+
+        def valid_actions(self) -> list[str]:
+            return ["open frosted-glass door", "go north"]
+
+    agent = TextWorldWalkthroughAgent(Game())  # type: ignore[arg-type]
+    agent.reset()
+    assert [agent.act(""), agent.act("")] == ["open door", "go north"]
+    env = TextWorldTextEnv("cooking", protocol="balrog", pool_size=None)
+    results = play_steps(env, TextWorldWalkthroughAgent(env), 11)
+    assert any("frosted-glass" in step for step in env.walkthrough) and results[-1].info["success"]

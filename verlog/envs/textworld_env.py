@@ -496,6 +496,10 @@ class TextWorldWalkthroughAgent:
     the fridge stands open): a command the game does not list among its admissible commands now
     is such a no-op, so the agent skips it. It reads the admissible commands from the game (the
     model never sees them under BALROG's protocol).
+
+    Under BALROG's protocol an answer loses every character but letters and spaces, so a command
+    naming a ``frosted-glass door`` cannot be typed: the agent leaves such words out (``open
+    door``), which TextWorld's parser resolves when only one such thing is in sight.
     """
 
     def __init__(self, env: TextWorldTextEnv) -> None:
@@ -510,7 +514,11 @@ class TextWorldWalkthroughAgent:
         while len(self._plan) > 1 and valid and self._plan[0] not in valid:
             self._plan.pop(0)
         command = self._plan.pop(0) if self._plan else "look"
-        return command if self.env.balrog else f"ACTION: {command}"
+        if not self.env.balrog:
+            return f"ACTION: {command}"
+        if balrog_command(command) != command:
+            command = " ".join(word for word in command.split() if balrog_command(word) == word)
+        return command
 
 
 def pregenerate(
