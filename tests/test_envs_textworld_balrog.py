@@ -230,6 +230,10 @@ def test_walkthrough_agent_types_what_balrogs_cleaning_lets_through() -> None:
     agent = TextWorldWalkthroughAgent(Game())  # type: ignore[arg-type]
     agent.reset()
     assert [agent.act(""), agent.act("")] == ["open door", "go north"]
+
+
+@pytest.mark.slow
+def test_walkthrough_agent_wins_a_game_with_a_hyphenated_door() -> None:
     env = TextWorldTextEnv("cooking", protocol="balrog", pool_size=None)
     results = play_steps(env, TextWorldWalkthroughAgent(env), 11)
     assert any("frosted-glass" in step for step in env.walkthrough) and results[-1].info["success"]
