@@ -1,15 +1,18 @@
 """BabaIsAI played as text (verlog/envs/babaisai): push word blocks to make and break rules.
 
-The agent sees the active rules and every object and word block relative to itself; it answers
-with reasoning and ``ACTION: <idle|up|down|left|right>``. Reward 1 for reaching a WIN object
-(episode cap 100 steps); an answer without a valid action costs 0.1.
+``protocol: verlog`` (default, the training variant): the agent sees the active rules and every
+object and word block relative to itself; it answers with reasoning and
+``ACTION: <idle|up|down|left|right>``. Reward 1 for reaching a WIN object (cap 100 steps); an
+answer without a valid action costs 0.1. ``protocol: balrog``: BALROG's text, prompt (16 past
+observations), answer rule and win check (see docs/environments_balrog.md).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from verlog.envs.agent_graph import build_env_graph
+from verlog.envs.agent_graph import build_game_graph
+from verlog.envs.family import get_family
 
 
 def make_input(seed: int) -> dict[str, Any]:
@@ -17,20 +20,10 @@ def make_input(seed: int) -> dict[str, Any]:
     return {"seed": seed}
 
 
-def build_graph(
-    model,
-    task: str = "goto_win-distr_obj",
-    history_turns: int | None = 1,
-    max_tokens: int | None = None,
-    max_steps: int | None = None,
-    invalid_action_penalty: float = 0.1,
-):
-    """The BabaIsAI agent for ``task`` (see ``verlog.envs.babaisai.TASKS``)."""
-    from verlog.envs.babaisai import TASKS
-
-    if task not in TASKS:
-        raise ValueError(f"unknown BabaIsAI task {task!r}; valid: {', '.join(TASKS)}")
-    return build_env_graph(
-        model, f"babaisai:{task}", history_turns=history_turns, max_tokens=max_tokens,
-        env_kwargs={"max_steps": max_steps, "invalid_action_penalty": invalid_action_penalty},
-    )
+def build_graph(model, task: str = "goto_win-distr_obj", protocol: str = "verlog", **settings: Any):
+    """The BabaIsAI agent for ``task`` (one of BabaIsAI's 40 tasks); ``settings``: ``history_turns``,
+    ``max_tokens``, ``max_steps``, ``invalid_action_penalty``, ``show_border``, ``ensure_solvable``."""
+    tasks = get_family("babaisai").tasks
+    if task not in tasks:
+        raise ValueError(f"unknown BabaIsAI task {task!r}; valid: {', '.join(tasks)}")
+    return build_game_graph(model, f"babaisai:{task}", protocol=protocol, **settings)

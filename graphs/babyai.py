@@ -1,17 +1,20 @@
-"""BabyAI played as text (verlog/envs/babyai.py): go to, pick up, pick up then go to, open.
+"""BabyAI played as text (verlog/envs/babyai.py): go to, pick up, open, put next to, pick up then go to.
 
-The agent sees the game's instructions, its previous observation and answer, and the current
-observation; it answers with reasoning and ``ACTION: <action>``. Reward 1 for completing the
-mission (episode cap 128 steps); an answer without a valid action costs 0.1.
+``protocol: verlog`` (default, the training variant): the agent sees the game's instructions, its
+previous observation and answer, and the current observation; it answers with reasoning and
+``ACTION: <action>``. Reward 1 for completing the mission (cap 128 steps); an answer without a
+valid action costs 0.1. ``protocol: balrog``: BALROG's levels, text, prompt (16 past observations),
+answer rule and caps (see docs/environments_balrog.md).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from verlog.envs.agent_graph import build_env_graph
+from verlog.envs.agent_graph import build_game_graph
+from verlog.envs.family import get_family
 
-TASKS = ("goto", "pickup", "pick_up_seq_go_to", "open")
+TASKS = get_family("babyai").tasks
 
 
 def make_input(seed: int) -> dict[str, Any]:
@@ -19,18 +22,9 @@ def make_input(seed: int) -> dict[str, Any]:
     return {"seed": seed}
 
 
-def build_graph(
-    model,
-    task: str = "goto",
-    history_turns: int | None = 1,
-    max_tokens: int | None = None,
-    max_steps: int | None = None,
-    invalid_action_penalty: float = 0.1,
-):
-    """The BabyAI agent for ``task`` (one of goto, pickup, pick_up_seq_go_to, open)."""
+def build_graph(model, task: str = "goto", protocol: str = "verlog", **settings: Any):
+    """The BabyAI agent for ``task`` (see ``TASKS``); ``settings``: ``history_turns``,
+    ``max_tokens``, ``max_steps``, ``invalid_action_penalty``, ``layout``, ``default_action``."""
     if task not in TASKS:
         raise ValueError(f"unknown BabyAI task {task!r}; valid: {', '.join(TASKS)}")
-    return build_env_graph(
-        model, f"babyai:{task}", history_turns=history_turns, max_tokens=max_tokens,
-        env_kwargs={"max_steps": max_steps, "invalid_action_penalty": invalid_action_penalty},
-    )
+    return build_game_graph(model, f"babyai:{task}", protocol=protocol, **settings)

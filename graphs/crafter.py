@@ -3,13 +3,15 @@
 The agent sees what is around it with directions and distances, what it faces, its status and
 inventory; it answers with reasoning and ``ACTION: <one of 17 actions>``. Reward is Crafter's
 own (+1 per new achievement, health changes); episodes run for hundreds of turns (cap 400).
+``protocol: balrog`` keeps verlog's Crafter text and answer rule but takes BALROG's prompt (16
+past observations), answer budget and 2,000-step cap (see docs/environments_balrog.md).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from verlog.envs.agent_graph import build_env_graph
+from verlog.envs.agent_graph import build_game_graph
 
 
 def make_input(seed: int) -> dict[str, Any]:
@@ -17,15 +19,7 @@ def make_input(seed: int) -> dict[str, Any]:
     return {"seed": seed}
 
 
-def build_graph(
-    model,
-    history_turns: int | None = 1,
-    max_tokens: int | None = None,
-    max_steps: int | None = None,
-    invalid_action_penalty: float = 0.1,
-):
-    """The Crafter agent."""
-    return build_env_graph(
-        model, "crafter", history_turns=history_turns, max_tokens=max_tokens,
-        env_kwargs={"max_steps": max_steps, "invalid_action_penalty": invalid_action_penalty},
-    )
+def build_graph(model, protocol: str = "verlog", **settings: Any):
+    """The Crafter agent; ``settings``: ``history_turns``, ``max_tokens``, ``max_steps``,
+    ``invalid_action_penalty``, ``max_per_type``."""
+    return build_game_graph(model, "crafter", protocol=protocol, **settings)

@@ -329,16 +329,17 @@ def test_make_unknown_task_lists_valid_ones() -> None:
 
 @pytest.mark.parametrize("task", TASKS)
 def test_deterministic_under_seed(task: str) -> None:
-    a = make(task, seed=11)
-    b = make(task)
+    # raw levels (no solvability check): the two-room make-win levels take seconds to solve
+    a = make(task, seed=11, ensure_solvable=False)
+    b = make(task, ensure_solvable=False)
     first = a.reset()
     assert first == b.reset(seed=11)
     assert a.render() == b.render()
     for act in ["up", "left", "left", "down", "right"]:
         ra, rb = a.step(f"ACTION: {act}"), b.step(f"ACTION: {act}")
         assert (ra.observation, ra.reward) == (rb.observation, rb.reward)
-    assert make(task, seed=5).reset() == make(task, seed=5).reset()
-    layouts = {make(task, seed=s).reset() for s in range(8)}
+    assert make(task, seed=5, ensure_solvable=False).reset() == make(task, seed=5, ensure_solvable=False).reset()
+    layouts = {make(task, seed=s, ensure_solvable=False).reset() for s in range(8)}
     assert len(layouts) > 1
 
 
@@ -409,10 +410,18 @@ def test_solver_is_shortest_and_detects_unsolvable() -> None:
 # --------------------------------------------------------------------------- the bot proof
 
 
+#: tasks whose levels the solver wins in well under a second (the two-room make-win, make-you and
+#: make-wall-win levels take seconds each: their runs are marked slow)
+QUICK_TASKS = tuple(t for t in TASKS if not (t.startswith("two_room") and "make_" in t))
+#: tasks that can draw an unsolvable level (the extra WIN rule is written over the WIN noun, as in
+#: the benchmark): played with the solvability check
+REDRAWN_TASKS = ("two_room-goto_win-distr_win_rule", "two_room-make_win-distr_win_rule")
+
+
 def _bot_win_rate(task: str, seeds: range) -> tuple[float, float]:
     # ensure_solvable=False: the bot plays the raw generated levels, so the rate also checks that
     # the generators build solvable levels; every action goes through env.step(text)
-    env = make(task, ensure_solvable=False)
+    env = make(task, ensure_solvable=task in REDRAWN_TASKS)
     start = time.perf_counter()
     wins = 0
     for seed in seeds:
@@ -432,14 +441,21 @@ def test_bot_wins_200_seeds_verlog_tasks(task: str) -> None:
     assert rate >= 0.99
 
 
-@pytest.mark.parametrize("task", [t for t in TASKS if t not in VERLOG_TASKS])
+@pytest.mark.parametrize("task", [t for t in QUICK_TASKS if t not in VERLOG_TASKS])
 def test_bot_wins_other_tasks(task: str) -> None:
     rate, _ = _bot_win_rate(task, range(10))
     assert rate >= 0.99
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", [t for t in TASKS if t not in QUICK_TASKS])
+def test_bot_wins_slow_tasks(task: str) -> None:
+    rate, _ = _bot_win_rate(task, range(5))
+    assert rate >= 0.99
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", QUICK_TASKS)
 def test_bot_wins_200_more_seeds(task: str) -> None:
     rate, seconds = _bot_win_rate(task, range(1000, 1200))
     print(f"{task}: win rate {rate:.3f} over 200 seeds in {seconds:.1f}s")

@@ -1,8 +1,11 @@
 """The agent loop of every text game: reset → (memory → policy → environment)* → end.
 
-* ``memory`` builds the prompt: the game's instruction as the system message, the last
-  ``history_turns`` (observation, answer) exchanges, then ``Current Observation:`` — Verlog's
-  default is one previous exchange, so a prompt stays the same size however long the episode.
+* ``memory`` builds the prompt. Under verlog's protocol: the game's instruction as the system
+  message, the last ``history_turns`` (observation, answer) exchanges, then ``Current
+  Observation:`` — Verlog's default is one previous exchange, so a prompt stays the same size
+  however long the episode. Under ``protocol="balrog"``: BALROG's naive-agent prompt (the
+  instruction as the first user message, the last 16 observations, answers kept as BALROG cleans
+  them; see :mod:`verlog.envs.balrog_protocol`), with the game in BALROG's settings.
 * ``policy`` asks the model for an answer (free reasoning, then ``ACTION: <action>``).
 * ``environment`` steps the game with the answer text and reports the reward, the episode end
   and the step's info through LangChain's callback channel (``areport_reward``).
@@ -25,7 +28,9 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
+from verlog.envs import balrog_protocol
 from verlog.envs.base import TextEnv
+from verlog.envs.family import check_protocol
 from verlog.envs.registry import make_env
 from verlog.rollout.events import areport_reward
 
@@ -64,6 +69,11 @@ def build_prompt(
     return messages
 
 
+def invalid_answer_feedback(executed: str) -> str:
+    """The note verlog's protocol puts before the next observation after an invalid answer."""
+    return f"Your last answer named no valid action, so '{executed}' was done instead."
+
+
 def build_env_graph(
     model: Any,
     env_name: str,
@@ -71,14 +81,22 @@ def build_env_graph(
     history_turns: int | None = 1,
     max_tokens: int | None = None,
     env_kwargs: dict[str, Any] | None = None,
+    protocol: str = "verlog",
 ):
     """A compiled graph playing ``env_name`` with ``model``.
 
     Args:
-        history_turns: past exchanges shown to the model (``None``: all of them).
+        history_turns: past exchanges shown to the model (``None``: all of them); under
+            ``protocol="balrog"``, past observations (BALROG: 16).
         max_tokens: the policy call's response budget (default: the model's own).
         env_kwargs: passed to ``make_env`` (``max_steps``, ``invalid_action_penalty``, ...).
+        protocol: ``"verlog"`` (the training variant) or ``"balrog"`` (BALROG's game settings,
+            prompt and answer rule).
     """
+    check_protocol(protocol)
+    balrog = protocol == "balrog"
+    if balrog and history_turns is None:
+        raise ValueError("protocol='balrog' keeps a fixed number of past observations: give history_turns (BALROG: 16)")
     policy_model = model.bind(max_tokens=max_tokens) if max_tokens else model
     games: OrderedDict[str, TextEnv] = OrderedDict()
 
@@ -89,7 +107,7 @@ def build_env_graph(
             raise RuntimeError(f"game {state.get('game_id')!r} is not running (graph state from another process?)") from None
 
     def start_game(seed: int | None) -> tuple[TextEnv, str]:
-        env = make_env(env_name, **(env_kwargs or {}))
+        env = make_env(env_name, protocol=protocol, **(env_kwargs or {}))
         return env, env.reset(seed)
 
     async def reset(state: GameState) -> dict:
@@ -105,11 +123,18 @@ def build_env_graph(
             "history": [], "feedback": "", "steps": 0, "episode_return": 0.0, "done": False, "info": {},
         }
 
-    async def memory(state: GameState) -> dict:
-        prompt = build_prompt(
+    def prompt_of(state: GameState) -> list[BaseMessage]:
+        """What the policy is shown in ``state`` (under training, also the value of a cut episode's
+        next state)."""
+        if balrog:
+            assert history_turns is not None
+            return balrog_protocol.build_prompt(state["instruction"], state["history"], state["observation"], history_turns)
+        return build_prompt(
             state["instruction"], state["history"], state["observation"], history_turns, state.get("feedback", "")
         )
-        return {"prompt": prompt}
+
+    async def memory(state: GameState) -> dict:
+        return {"prompt": prompt_of(state)}
 
     async def policy(state: GameState) -> dict:
         answer = await policy_model.ainvoke(state["prompt"])
@@ -118,22 +143,32 @@ def build_env_graph(
     async def environment(state: GameState) -> dict:
         env = game_of(state)
         result = env.step(state["answer"])
-        await areport_reward(result.reward, terminated=result.terminated, truncated=result.truncated, info=result.info)
-        feedback = ""
-        if not result.info.get("valid_action", True):
-            feedback = f"Your last answer named no valid action, so '{result.info.get('action')}' was done instead."
+        feedback, observation, answer = "", result.observation, state["answer"]
+        invalid = not result.info.get("valid_action", True)
+        if balrog:  # BALROG puts its note into the observation and keeps the cleaned answer
+            answer = balrog_protocol.clean_answer(answer)
+            if invalid:
+                observation = balrog_protocol.invalid_answer_note(str(result.info.get("action"))) + observation
+        elif invalid:
+            feedback = invalid_answer_feedback(str(result.info.get("action")))
         if result.done:
             games.pop(state["game_id"], None)
             env.close()
-        return {
-            "history": [*state["history"], (state["observation"], state["answer"])],
-            "observation": result.observation,
+        update = {
+            "history": [*state["history"], (state["observation"], answer)],
+            "observation": observation,
             "feedback": feedback,
             "steps": state["steps"] + 1,
             "episode_return": state["episode_return"] + result.reward,
             "done": result.done,
             "info": result.info,
         }
+        # a step cap cut the game: the prompt the next step would show is the state to value
+        cut = result.truncated and not result.terminated
+        next_messages = prompt_of({**state, **update}) if cut else None
+        await areport_reward(result.reward, terminated=result.terminated, truncated=result.truncated,
+                             info=result.info, next_messages=next_messages)
+        return update
 
     graph = StateGraph(GameState)
     graph.add_node("reset", reset)
@@ -154,3 +189,34 @@ def build_env_graph(
 def recursion_limit_for(max_steps: int) -> int:
     """A recursion limit that lets an episode of ``max_steps`` steps finish (3 nodes per step)."""
     return 3 * max_steps + 10
+
+
+def build_game_graph(
+    model: Any,
+    env_name: str,
+    *,
+    protocol: str = "verlog",
+    history_turns: int | None | str = "default",
+    max_tokens: int | None | str = "default",
+    max_steps: int | None = None,
+    invalid_action_penalty: float | None = None,
+    **env_kwargs: Any,
+):
+    """:func:`build_env_graph` with the protocol's defaults: verlog's (one past exchange, the
+    model's own answer budget) or BALROG's for the game's family (``BalrogSettings``: 16 past
+    observations, 8192 tokens, its step cap). Explicit values override the defaults."""
+    from verlog.envs.family import get_family
+
+    check_protocol(protocol)
+    balrog = get_family(env_name).balrog if protocol == "balrog" else None
+    if protocol == "balrog" and balrog is None:
+        raise ValueError(f"{env_name!r} has no BALROG protocol")
+    if history_turns == "default":
+        history_turns = balrog.history_length if balrog else 1
+    if max_tokens == "default":
+        max_tokens = balrog.max_tokens if balrog else None
+    kwargs = {"max_steps": max_steps, "invalid_action_penalty": invalid_action_penalty, **env_kwargs}
+    return build_env_graph(
+        model, env_name, history_turns=history_turns, max_tokens=max_tokens,  # type: ignore[arg-type]
+        env_kwargs={k: v for k, v in kwargs.items() if v is not None}, protocol=protocol,
+    )

@@ -1,6 +1,6 @@
 """BabyAI (on ``minigrid``) played in text.
 
-Four task families, the BabyAI tasks of Verlog's results tables (which come from BALROG):
+Five task families, BALROG's BabyAI tasks (the first four are also in Verlog's results tables):
 
 ``goto``
     "go to the red ball": end facing the object, one step away.
@@ -10,23 +10,37 @@ Four task families, the BabyAI tasks of Verlog's results tables (which come from
     "pick up the grey box, then go to a red ball" (or "go to ... after you pick up ...").
 ``open``
     "open the yellow door": the door is locked, so the agent first fetches the key of its colour.
+``putnext``
+    "put the red ball next to the blue key".
 
-Two layouts:
+Two protocols (``protocol=``):
 
-``layout="local"`` (default)
-    BALROG's levels (minigrid's ``MixedTrainLocal`` families): one 8x8 room holding 9 objects
-    (10 for ``pick_up_seq_go_to``); for ``open`` two rooms joined by the locked door, the key and
-    8 other objects in the agent's room. The 128-step cap of BALROG and Verlog fits these levels.
-``layout="maze"``
-    The registered 3x3-room levels ``BabyAI-GoTo-v0``, ``BabyAI-Pickup-v0``, ``BabyAI-Open-v0``
-    (and the same maze for ``pick_up_seq_go_to``). They need far longer episodes (an oracle needs
-    more than 128 steps in about 1 episode in 10), so the default cap there is minigrid's own.
+``"verlog"`` (default): verlog's training variant
+    ``layout="local"``: one 8x8 room holding 9 objects (10 for ``pick_up_seq_go_to`` and
+    ``putnext``); for ``open`` two rooms joined by the locked door, the key and 8 other objects in
+    the agent's room; a 128-step cap. ``layout="maze"``: the registered 3x3-room levels
+    (``BabyAI-GoTo-v0`` ...), minigrid's own caps. The observation lists what the agent sees
+    ("a red ball 2 steps forward and 1 step left"), what is directly in front and what it carries,
+    under the mission; the instruction explains the actions and the answer format (reasoning, then
+    ``ACTION: <action>``, matched tolerantly). An answer naming no valid action runs a *no-op*
+    (``default_action`` can name a real action instead) and costs ``invalid_action_penalty``.
+``"balrog"``: BALROG's levels, text and rules (BabyAI-Text's ``BabyAI-MixedTrainLocal-v0``
+    restricted to one mission kind, with BALROG's ``num_dists: 0``)
+    ``goto`` and ``pickup``: one 8x8 room with one object; ``putnext`` and ``pick_up_seq_go_to``:
+    two objects; ``open``: two rooms, the locked door between them (yellow, green, blue or purple),
+    its key in the agent's room and nothing else. Missions naming a yellow box, a red key, a red
+    door, a green ball or a grey door are redrawn (BabyAI-Text keeps those for its test levels).
+    Caps are the level's own: 64 steps (one room, one navigation) per navigation the mission needs
+    times the rooms, so ``goto``/``pickup`` 64 and ``open``/``putnext``/``pick_up_seq_go_to`` 128.
+    The observation is BabyAI-Text's description list, one line each: "You carry a red ball" when
+    carrying, the nearest wall straight ahead, to the left and to the right when nothing stands in
+    between ("a wall 4 steps forward"), then every object in view column by column (left to right,
+    far to near) as "a red ball 1 step left and 2 steps forward" (doors as "a locked red door ...";
+    an open door reads "a open ..." as in BabyAI-Text). An answer is valid only if it *is* an action
+    name (:mod:`verlog.envs.balrog_protocol`); otherwise "go forward" runs. No penalty.
 
-The agent sees its 7x7 egocentric view (walls block sight), rendered as sentences with positions
-relative to the agent ("a red ball 2 steps forward and 1 step left"). Reward is binary: 1 when
-the mission is accomplished (not minigrid's time-discounted reward), minus the invalid-action
-penalty. An answer naming no valid action runs a *no-op* by default (the world does not change
-but the turn counts toward the step cap); ``default_action`` can name a real action instead.
+Reward is binary: 1 when the mission is accomplished (not minigrid's time-discounted reward), minus
+the invalid-action penalty.
 """
 
 from __future__ import annotations
@@ -47,15 +61,19 @@ from minigrid.envs.babyai.core.verifier import (
     ObjDesc,
     OpenInstr,
     PickupInstr,
+    PutNextInstr,
 )
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
+from verlog.envs import balrog_protocol
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.progression import goal_value
 from verlog.envs.text import offset_phrase
 
-TASKS: tuple[str, ...] = ("goto", "pickup", "pick_up_seq_go_to", "open")
+TASKS: tuple[str, ...] = ("goto", "pickup", "pick_up_seq_go_to", "open", "putnext")
+#: the protocols a game can be played under (see the module docstring)
+PROTOCOLS: tuple[str, ...] = ("verlog", "balrog")
 LAYOUTS: tuple[str, ...] = ("local", "maze")
 
 #: the text actions, in minigrid's numbering (index = minigrid action id); ``done`` is not offered
@@ -99,6 +117,16 @@ ACTION_HELP: Mapping[str, str] = {
         "open or close the door directly in front of you; a locked door opens only while you "
         "carry the key of its colour (toggling a box opens and removes it)"
     ),
+}
+
+#: what each action does, as the BALROG-protocol instruction lists it
+BALROG_ACTION_HELP: Mapping[str, str] = {
+    "turn left": "turn to your left",
+    "turn right": "turn to your right",
+    "go forward": "move one step forward",
+    "pick up": "pick up the object in front of you",
+    "drop": "drop the object you are carrying",
+    "toggle": "act on the object in front of you (open a door, a box)",
 }
 
 DEFAULT_MAX_STEPS = 128
@@ -166,7 +194,7 @@ class LocalTaskLevel(RoomGridLevel):
             return
         self.place_agent()
         self.connect_all()
-        extra = 2 if self.task == "pick_up_seq_go_to" else 1
+        extra = 2 if self.task in ("pick_up_seq_go_to", "putnext") else 1
         objs = self.add_distractors(num_distractors=self.num_dists + extra, all_unique=False)
         self.check_objs_reachable()
         target = self._rand_elem(objs)
@@ -175,18 +203,15 @@ class LocalTaskLevel(RoomGridLevel):
             self.instrs = GoToInstr(desc)
         elif self.task == "pickup":
             self.instrs = PickupInstr(desc)
+        elif self.task == "putnext":
+            self.instrs = PutNextInstr(desc, ObjDesc(*_other_kind(self, target, objs)))
         else:
             self.instrs = self._pick_up_then_go_to(target, objs)
 
     def _pick_up_then_go_to(self, first: Any, objs: list[Any]) -> BeforeInstr | AfterInstr:
         """Pick up ``first``, then go to another object; phrased with "then" or "after you"."""
-        same_kind = [o for o in objs if (o.type, o.color) == (first.type, first.color)]
-        second = self._rand_elem(objs)
-        if len(same_kind) == 1:  # the goal must not name the very object being carried
-            while (second.type, second.color) == (first.type, first.color):
-                second = self._rand_elem(objs)
         pick = PickupInstr(ObjDesc(first.type, first.color))
-        go = GoToInstr(ObjDesc(second.type, second.color))
+        go = GoToInstr(ObjDesc(*_other_kind(self, first, objs)))
         if self._rand_bool():
             return BeforeInstr(pick, go)
         return AfterInstr(go, pick)
@@ -200,6 +225,85 @@ class LocalTaskLevel(RoomGridLevel):
         self.add_distractors(free, 0, num_distractors=self.num_dists, all_unique=False)
         self.place_agent(free, 0)
         self.check_objs_reachable()
+        self.instrs = OpenInstr(ObjDesc("door", self._rand_elem([None, color])))
+
+
+def _other_kind(level: RoomGridLevel, first: Any, objs: list[Any]) -> tuple[str, str]:
+    """The (type, colour) of a random second object of ``objs``: it may describe the same kind as
+    ``first`` only when another object of that kind exists (the mission must not name the very
+    object being carried or moved as its goal)."""
+    same_kind = [o for o in objs if (o.type, o.color) == (first.type, first.color)]
+    second = level._rand_elem(objs)
+    if len(same_kind) == 1:
+        while (second.type, second.color) == (first.type, first.color):
+            second = level._rand_elem(objs)
+    return second.type, second.color
+
+
+#: BabyAI-Text keeps missions naming these for its test levels: BALROG's training levels redraw them
+BALROG_EXCLUDED_PAIRS: tuple[str, ...] = ("yellow box", "red key", "red door", "green ball", "grey door")
+#: the colours of BALROG's locked doors (red and grey are test-only)
+BALROG_DOOR_COLORS: tuple[str, ...] = ("yellow", "green", "blue", "purple")
+
+
+class BalrogTaskLevel(RoomGridLevel):
+    """BALROG's level for one BabyAI task: BabyAI-Text's ``MixedTrainLocal`` family restricted
+    to that mission kind, with no distractors (BALROG's ``num_dists: 0``).
+
+    One 8x8 room with one object (``goto``, ``pickup``) or two (``putnext``,
+    ``pick_up_seq_go_to``); ``open``: two rooms side by side, the door between them locked, its key
+    in the agent's room. A level is redrawn while an object is unreachable or the mission names an
+    excluded colour/object pair (:data:`BALROG_EXCLUDED_PAIRS`). The step cap is computed at each
+    reset from the mission, as minigrid does (``max_steps=None``).
+    """
+
+    def __init__(self, task: str, num_dists: int = 0, max_steps: int | None = None, **kwargs: Any) -> None:
+        if task not in TASKS:
+            raise ValueError(f"unknown BabyAI task {task!r}; expected one of {TASKS}")
+        self.task = task
+        self.num_dists = num_dists
+        num_cols = 2 if task == "open" else 1
+        super().__init__(room_size=8, num_rows=1, num_cols=num_cols, max_steps=max_steps, **kwargs)
+
+    _gen_grid = LocalTaskLevel._gen_grid  # the same silent rejection loop
+
+    def gen_mission(self) -> None:
+        if self.task == "open":
+            self._gen_open()
+        else:
+            self.place_agent()
+            extra = 1 if self.task in ("goto", "pickup") else 2
+            objs = self.add_distractors(num_distractors=self.num_dists + extra, all_unique=False)
+            if not self.check_objs_reachable(raise_exc=False):
+                raise RejectSampling("unreachable object")
+            first = self._rand_elem(objs)  # add_distractors makes keys, balls and boxes only
+            desc = ObjDesc(first.type, first.color)
+            if self.task == "goto":
+                self.instrs = GoToInstr(desc)
+            elif self.task == "pickup":
+                self.instrs = PickupInstr(desc)
+            elif self.task == "putnext":
+                self.instrs = PutNextInstr(desc, ObjDesc(*_other_kind(self, first, objs)))
+            else:
+                pick = PickupInstr(desc)
+                go = GoToInstr(ObjDesc(*_other_kind(self, first, objs)))
+                self.instrs = BeforeInstr(pick, go) if self._rand_bool() else AfterInstr(go, pick)
+        surface = self.instrs.surface(self)
+        if any(pair in surface for pair in BALROG_EXCLUDED_PAIRS):
+            raise RejectSampling("excluded colour/object pair")
+
+    def _gen_open(self) -> None:
+        color = self._rand_elem(BALROG_DOOR_COLORS)
+        locked = self._rand_int(0, 2)  # the room behind the locked door
+        free = 1 - locked
+        self.add_door(locked, 0, door_idx=0 if locked == 0 else 2, color=color, locked=True)
+        self.add_object(free, 0, "key", color)
+        self.connect_all()
+        if self.num_dists:
+            self.add_distractors(free, 0, num_distractors=self.num_dists, all_unique=False)
+        self.place_agent(free, 0)
+        if not self.check_objs_reachable(raise_exc=False):
+            raise RejectSampling("unreachable object")
         self.instrs = OpenInstr(ObjDesc("door", self._rand_elem([None, color])))
 
 
@@ -291,6 +395,49 @@ def describe_view(image: np.ndarray, mission: str, carrying: Any | None) -> str:
     )
 
 
+def _steps(n: int) -> str:
+    return f"{n} step{'s' if n > 1 else ''}"
+
+
+def describe_view_balrog(image: np.ndarray, carrying: Any | None) -> str:
+    """BabyAI-Text's description of the encoded egocentric view (``obs["image"]``), as BALROG
+    shows it (see the module docstring for the rules); lines are joined with newlines."""
+    ax, ay = _AGENT
+    lines: list[str] = []
+    if carrying is not None:
+        lines.append(f"You carry a {carrying.color} {carrying.type}")
+    rays = (
+        ([(ax, y) for y in range(ay - 1, -1, -1)], "forward"),
+        ([(x, ay) for x in range(ax - 1, -1, -1)], "left"),
+        ([(x, ay) for x in range(ax + 1, _VIEW)], "right"),
+    )
+    for cells, word in rays:
+        for distance, (x, y) in enumerate(cells, start=1):
+            kind = IDX_TO_OBJECT[int(image[x, y, 0])]
+            if kind in ("unseen", "empty"):
+                continue
+            if kind == "wall":
+                lines.append(f"a wall {_steps(distance)} {word}")
+            break  # anything else hides the wall behind it
+    for x in range(_VIEW):
+        for y in range(_VIEW):
+            kind = IDX_TO_OBJECT[int(image[x, y, 0])]
+            if (x, y) == _AGENT or kind in ("unseen", "empty", "wall"):
+                continue
+            color = IDX_TO_COLOR[int(image[x, y, 1])]
+            name = f"a {_DOOR_STATES[int(image[x, y, 2])]} {color} door" if kind == "door" else f"a {color} {kind}"
+            forward, right = ay - y, x - ax
+            side = f"{_steps(abs(right))} {'right' if right > 0 else 'left'}"
+            if right == 0:
+                where = f"{_steps(forward)} forward"
+            elif forward == 0:
+                where = side
+            else:
+                where = f"{side} and {_steps(forward)} forward"
+            lines.append(f"{name} {where}")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------
 # environment
 
@@ -311,21 +458,32 @@ class BabyAITextEnv(TextEnv):
         task: str,
         seed: int | None = None,
         *,
-        invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
+        invalid_action_penalty: float | None = None,
         max_steps: int | None = None,
         layout: str = "local",
         default_action: str | None = None,
+        protocol: str = "verlog",
     ) -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown BabyAI protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+        if protocol == "balrog":
+            if layout != "local":
+                raise ValueError("BALROG's BabyAI levels have one layout: leave layout unset with protocol='balrog'")
+            default_action = "go forward" if default_action is None else default_action
+            invalid_action_penalty = 0.0 if invalid_action_penalty is None else invalid_action_penalty
         if default_action is not None and default_action not in ACTIONS:
             raise ValueError(f"default_action must be one of {ACTIONS} or None (a no-op)")
-        if max_steps is None and layout == "local":
+        if max_steps is None and layout == "local" and protocol == "verlog":
             max_steps = DEFAULT_MAX_STEPS
         self.task = task
         self.layout = layout
+        self.protocol = protocol
         self.name = f"babyai:{task}"
-        self.invalid_action_penalty = invalid_action_penalty
+        self.invalid_action_penalty = (
+            DEFAULT_INVALID_ACTION_PENALTY if invalid_action_penalty is None else invalid_action_penalty
+        )
         self.default_action = default_action
-        self.level = make_level(task, layout, max_steps)
+        self.level = BalrogTaskLevel(task, max_steps=max_steps) if protocol == "balrog" else make_level(task, layout, max_steps)
         self._seed = seed
         self._observation = ""
         self._done = True
@@ -354,14 +512,22 @@ class BabyAITextEnv(TextEnv):
         return self._observation
 
     def _render(self, obs: Mapping[str, Any]) -> str:
+        if self.protocol == "balrog":
+            return describe_view_balrog(obs["image"], self.level.carrying)
         return describe_view(obs["image"], self.mission, self.level.carrying)
+
+    def _parse(self, action_text: str) -> str | None:
+        if self.protocol == "balrog":
+            return balrog_protocol.parse_answer(action_text, ACTIONS)
+        return parse_action(action_text, ACTIONS, SYNONYMS).action
 
     def step(self, action_text: str) -> StepResult:
         if self._done:
             raise RuntimeError("the episode is over: call reset() first")
-        parsed = parse_action(action_text, ACTIONS, SYNONYMS)
-        if parsed.action is not None:
-            executed, action_id = parsed.action, ACTIONS.index(parsed.action)
+        chosen = self._parse(action_text)
+        valid = chosen is not None
+        if chosen is not None:
+            executed, action_id = chosen, ACTIONS.index(chosen)
         elif self.default_action is not None:
             executed, action_id = self.default_action, ACTIONS.index(self.default_action)
         else:
@@ -370,10 +536,10 @@ class BabyAITextEnv(TextEnv):
         self._steps += 1
         success = bool(terminated and native_reward > 0)
         truncated = bool(truncated and not terminated)
-        reward = (1.0 if success else 0.0) - (0.0 if parsed.valid else self.invalid_action_penalty)
+        reward = (1.0 if success else 0.0) - (0.0 if valid else self.invalid_action_penalty)
         info: dict[str, Any] = {
             "action": executed,
-            "valid_action": parsed.valid,
+            "valid_action": valid,
             "step": self._steps,
             "progression": goal_value(success),  # BALROG's: 1 once the mission is accomplished
         }
@@ -385,6 +551,8 @@ class BabyAITextEnv(TextEnv):
 
     @property
     def instruction(self) -> str:
+        if self.protocol == "balrog":
+            return self._balrog_instruction()
         actions = self.actions_text()
         return (
             "You are an agent in BabyAI, a grid world of rooms with walls, doors, keys, balls "
@@ -400,6 +568,20 @@ class BabyAITextEnv(TextEnv):
             f"{ANSWER_FORMAT}"
         )
 
+    def _balrog_instruction(self) -> str:
+        """BALROG's instruction facts, in verlog's words: the goal, the six actions with what each
+        does, two tips; the answer rule comes with each observation (``balrog_protocol``)."""
+        actions = ",\n".join(f"{name}: {BALROG_ACTION_HELP[name]}" for name in ACTIONS)
+        return (
+            f"You are an agent in a small grid world. Your goal is to {self.mission}. These are the "
+            f"actions you can take, each followed by what it does:\n\n{actions}.\n\n"
+            "You will now be shown what you observe.\n\n"
+            "Tips:\n"
+            "- When the object you want to interact with is right in front of you, 'toggle' acts on it.\n"
+            "- Repeating one action is pointless while the observation stays the same.\n\n"
+            "PLAY!"
+        )
+
 
 # --------------------------------------------------------------------------------------------
 # oracle
@@ -409,7 +591,7 @@ class BabyAIBotAgent:
     """minigrid's ``BabyAIBot`` playing through the text interface.
 
     The bot plans on the true level state (it is an oracle); each of its moves is turned into an
-    answer ``"ACTION: <name>"`` that the caller passes to ``env.step``. Call ``reset`` after
+    answer, the bare action name, that the caller passes to ``env.step``. Call ``reset`` after
     every ``env.reset``.
     """
 
@@ -429,8 +611,8 @@ class BabyAIBotAgent:
         assert self._bot is not None
         action = int(self._bot.replan(self._last))
         self._last = action
-        name = ACTIONS[action] if action < len(ACTIONS) else "done"  # "done" is not valid here
-        return f"ACTION: {name}"
+        # the bare action name: a valid answer under both protocols ("done" is valid under neither)
+        return ACTIONS[action] if action < len(ACTIONS) else "done"
 
 
 def run_bot_episode(env: BabyAITextEnv, seed: int | None = None) -> tuple[bool, int]:

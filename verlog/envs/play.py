@@ -1,8 +1,10 @@
 """Play a text game in the terminal, seeing exactly what a model reads.
 
-``play("babyai:goto", seed=0)`` prints the instruction, then each observation and the valid
-actions, and reads actions from the keyboard (a bare action name or a full answer ending in
-``ACTION: ...``; ``quit`` stops). ``agent="bot"`` lets an oracle play instead: minigrid's
+``play("babyai:goto", seed=0)`` prints the instruction, then at each turn the new message the
+model would receive (the observation with the graph's own framing and notes, built by the same
+functions the game graphs use), and nothing else; it reads answers from the keyboard (a bare
+action name, or a full answer ending in ``ACTION: ...`` under verlog's protocol; ``quit`` stops).
+``protocol="balrog"`` plays the game as BALROG's protocol does (see :mod:`verlog.envs.balrog_protocol`). ``agent="bot"`` lets an oracle play instead: minigrid's
 BabyAI bot, the scripted Crafter agent, the BabaIsAI solver when that package provides one, the
 TextWorld game's own walkthrough, or the MiniHack search agent (NetHack has no bot).
 Bots act only through ``env.step(text)``, like a model.
@@ -13,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+from verlog.envs import balrog_protocol
+from verlog.envs.agent_graph import build_prompt, invalid_answer_feedback
 from verlog.envs.base import TextAgent, TextEnv
 from verlog.envs.family import get_family
 from verlog.envs.registry import make_env
@@ -31,6 +35,14 @@ def make_bot(env: TextEnv, name: str | None = None) -> TextAgent | None:
     return family.bot(env) if family.bot is not None else None
 
 
+def model_message(observation: str, feedback: str, protocol: str) -> str:
+    """The newest user message a game graph sends the model for ``observation`` (``feedback``:
+    the note after an invalid answer), exactly as the graphs build it."""
+    if protocol == "balrog":
+        return balrog_protocol.build_prompt("", [], feedback + observation)[-1].text
+    return build_prompt("", [], observation, 0, feedback)[-1].text
+
+
 def play(
     name: str,
     seed: int | None = None,
@@ -38,15 +50,17 @@ def play(
     max_steps: int | None = None,
     input_fn: Callable[[str], str] = input,
     print_fn: Callable[[str], Any] = print,
+    protocol: str = "verlog",
 ) -> dict[str, Any]:
     """Play one episode of ``name``; returns a summary (steps, return, success, last info).
 
     ``agent``: ``"human"`` reads answers with ``input_fn``; ``"bot"`` uses ``make_bot``;
-    ``"random"`` answers with random valid actions. ``max_steps`` overrides the game's step cap.
+    ``"random"`` answers with random valid actions. ``max_steps`` overrides the game's step cap;
+    ``protocol``: ``"verlog"`` or ``"balrog"`` (the game's settings and the model's framing).
     """
     if agent not in PLAY_AGENTS:
         raise ValueError(f"agent must be one of {', '.join(PLAY_AGENTS)}, not {agent!r}")
-    env = make_env(name, seed=seed, max_steps=max_steps)
+    env = make_env(name, seed=seed, max_steps=max_steps, protocol=protocol)
     observation = env.reset()
     bot: TextAgent | None = None
     if agent == "bot":
@@ -63,15 +77,11 @@ def play(
     if bot is not None:
         bot.reset()
 
-    print_fn(f"{RULE}\nINSTRUCTION\n{RULE}\n{env.instruction}")
-    steps, total, info, stopped = 0, 0.0, {}, False
+    role = "first user message" if protocol == "balrog" else "system message"
+    print_fn(f"{RULE}\nINSTRUCTION ({role})\n{RULE}\n{env.instruction}")
+    steps, total, info, stopped, feedback = 0, 0.0, {}, False, ""
     while True:
-        print_fn(f"{RULE}\nOBSERVATION (turn {steps + 1})\n{RULE}\n{observation}")
-        actions = env.valid_actions()
-        if len(actions) > 40 and hasattr(env, "base_actions"):  # NetHack-like: show the forms
-            print_fn(f"Valid actions ({len(actions)}): {', '.join(env.base_actions())}")
-        else:
-            print_fn(f"Valid actions: {', '.join(actions)}")
+        print_fn(f"{RULE}\nTURN {steps + 1}: what the model reads\n{RULE}\n{model_message(observation, feedback, protocol)}")
         if bot is not None:
             answer = bot.act(observation)
             print_fn(f"> {answer}")
@@ -89,7 +99,11 @@ def play(
         info = result.info
         valid = "" if info.get("valid_action", True) else " (invalid answer)"
         print_fn(f"executed: {info.get('action')}{valid}  reward: {result.reward:+.2f}")
-        observation = result.observation
+        observation, feedback = result.observation, ""
+        if not info.get("valid_action", True):
+            executed = str(info.get("action"))
+            feedback = (balrog_protocol.invalid_answer_note(executed) if protocol == "balrog"
+                        else invalid_answer_feedback(executed))
         if result.done:
             end = "terminated" if result.terminated else "truncated"
             print_fn(f"{RULE}\nFINAL OBSERVATION\n{RULE}\n{observation}")

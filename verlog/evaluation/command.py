@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 
 from verlog.evaluation.models import EndpointModel, EngineModel
 from verlog.evaluation.progress import EvalProgress
@@ -193,14 +194,26 @@ def _play(model: Any, tasks: list[EvalTask], seeds: dict, specs: dict, finished:
     return new
 
 
+def print_wide(console: Console, renderable: Any) -> None:
+    """Print ``renderable``; into a file or a pipe, as wide as it needs (rich would assume 80
+    columns and cut the task names: ``print(width=...)`` cannot exceed the console's width)."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    width = Measurement.get(console, console.options.update(max_width=10_000), renderable).maximum
+    saved = console.width
+    console.width = max(saved, width)
+    try:
+        console.print(renderable)
+    finally:
+        console.width = saved
+
+
 def _report(args: argparse.Namespace, about: dict[str, Any], tasks: list[EvalTask], records: list[EpisodeRecord],
             out: Path, console: Console) -> list[TaskResult]:
     label = about["model"]
     summary = summarize(records, [t.key for t in tasks])
-    # into a file or a pipe, print the whole task names rather than the 80 columns rich assumes
-    wide = max((len(t.task) + 2 for t in summary.tasks), default=0) + 68
-    console.print(summary_table(summary, f"evaluation of {label}"),
-                  width=None if console.is_terminal else max(console.width, wide))
+    print_wide(console, summary_table(summary, f"evaluation of {label}"))
     written = [write_json(out / SUMMARY_FILE, summary, **about)]
     if args.json:
         written.append(write_json(args.json, summary, **about))
@@ -209,6 +222,6 @@ def _report(args: argparse.Namespace, about: dict[str, Any], tasks: list[EvalTas
     console.print(f"results written to {', '.join(str(p) for p in written)}")
     errors = [r for r in records if r.status == "error"]
     if errors:
-        console.print(f"[yellow]{len(errors)} episode(s) ended with an error and count as lost[/] (first: "
+        console.print(f"[yellow]{len(errors)} episode(s) ended with an error and are left out of the scores[/] (first: "
                       f"{escape(errors[0].error_line)}); run the same command again to play them again")
     return summary.tasks

@@ -31,8 +31,10 @@ def _pm(mean: float | None, se: float | None, digits: int = 2) -> str:
 def eval_table(results: Sequence[TaskResult], title: str = "evaluation") -> Table:
     """Tasks as rows: win rate, return and progression (0-100) as mean ± standard error."""
     table = Table(title=title)
+    longest = max([len(r.task) for r in results] + [4])
     for col in ("task", "episodes", "win rate", "return", "progression", "length", "failed"):
-        table.add_column(col, justify="left" if col == "task" else "right")
+        table.add_column(col, justify="left" if col == "task" else "right", no_wrap=True,
+                         min_width=longest if col == "task" else None)
     for r in results:
         table.add_row(r.task, str(r.episodes), _pm(r.win_rate, r.win_rate_se), _pm(r.return_mean, r.return_se),
                       _pm(r.progression, r.progression_se, 1), f"{r.length_mean:.1f}", str(r.failed))
@@ -49,9 +51,12 @@ def summary_table(summary: Summary, title: str = "evaluation") -> Table:
     indented), and the overall mean over environments when there are several."""
     table = Table(title=title, caption="progression: BALROG's 0-100 score; n: episodes; mean ± standard error",
                   box=box.SIMPLE_HEAD, pad_edge=False)
+    # the task column is as wide as its longest name: names are never cut, into a file or a pipe
+    longest = max([len(f"  {t.task}") for t in summary.tasks] + [len(f"{t.env}/{t.task}") for t in summary.tasks]
+                  + [len("overall (00 envs)"), 14])
     for col in ("task", "n", "progression", "win rate", "return", "turns", "failed"):
-        table.add_column(col, justify="left" if col == "task" else "right", no_wrap=col != "task",
-                         min_width=14 if col == "task" else None)
+        table.add_column(col, justify="left" if col == "task" else "right", no_wrap=True,
+                         min_width=longest if col == "task" else None)
     envs = {e.name: e for e in summary.envs}
     by_env: dict[str, list[TaskResult]] = {}
     for t in summary.tasks:

@@ -1,12 +1,15 @@
 """Evaluation results: one record per played episode, and their aggregation with standard errors.
 
 An :class:`EpisodeRecord` is what ``verlog eval`` writes, one JSON line per finished episode. The
-aggregation follows BALROG's way of reporting (arXiv 2411.13543): progression is on a 0-100
-scale; a task's score is the mean over its episodes; an environment's score is the mean of its
-tasks' scores, and the overall score the mean of the environments' scores (each environment
-weighs the same however many tasks or episodes it has). Standard errors go along: a task's is
-the sample standard deviation over sqrt(n); a mean of k independent means has the standard
-error ``sqrt(sum se_i^2) / k``.
+aggregation is BALROG's (arXiv 2411.13543; ``collect_and_summarize_results`` in its code):
+progression is on a 0-100 scale; a task's score is the mean over its episodes and an
+environment's the mean over *all* its episodes (not the mean of its tasks' means: the two agree
+when every task has as many episodes); the overall score is the mean of the environments' scores
+(each environment weighs the same however many tasks or episodes it has). Episodes that crashed
+(status ``error``: the graph or the model endpoint failed) are left out, as BALROG leaves out the
+episodes whose worker raised; ``verlog eval`` plays them again on the next run. Standard errors
+are BALROG's: the standard deviation with divisor n (not n - 1) over sqrt(n), and for the overall
+mean of k environments ``sqrt(sum se_i^2) / k``.
 """
 
 from __future__ import annotations
@@ -22,14 +25,15 @@ PROGRESSION_SCALE = 100.0
 
 
 def mean_se(xs: Sequence[float]) -> tuple[float, float]:
-    """Mean and its standard error (sample standard deviation / sqrt(n); 0 for one value)."""
+    """Mean and its standard error as BALROG computes it (the standard deviation with divisor n,
+    over sqrt(n); 0 for one value)."""
     n = len(xs)
     if n == 0:
         return float("nan"), float("nan")
     mean = sum(xs) / n
     if n == 1:
         return mean, 0.0
-    var = sum((x - mean) ** 2 for x in xs) / (n - 1)
+    var = sum((x - mean) ** 2 for x in xs) / n
     return mean, math.sqrt(var / n)
 
 
@@ -114,15 +118,19 @@ class TaskResult:
     progression_se: float | None = None
     #: the environment the task belongs to
     env: str = ""
+    #: episodes that crashed (status ``error``), left out of every figure above
+    errors: int = 0
 
     @classmethod
     def from_records(cls, env: str, task: str, records: Sequence[EpisodeRecord]) -> "TaskResult":
+        crashed = sum(r.status == "error" for r in records)
+        records = [r for r in records if r.status != "error"]
         win, win_se = mean_se([float(r.success) for r in records])
         ret, ret_se = mean_se([r.episode_return for r in records])
         prog, prog_se = mean_se([r.progression for r in records])
         length = sum(r.turns for r in records) / max(len(records), 1)
         return cls(task, len(records), sum(r.failed for r in records), win, win_se, ret, ret_se, length,
-                   prog, prog_se, env)
+                   prog, prog_se, env, crashed)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,8 +138,8 @@ class TaskResult:
 
 @dataclass
 class GroupResult:
-    """The progression of an environment (the mean of its tasks) or of the whole run (the mean
-    of the environments), 0-100, with its standard error."""
+    """The progression of an environment (the mean over all its episodes) or of the whole run
+    (the mean of the environments), 0-100, with its standard error."""
 
     name: str
     parts: int
@@ -161,10 +169,19 @@ class Summary:
         }
 
 
-def _group(name: str, parts: Sequence[TaskResult | GroupResult]) -> GroupResult:
-    prog = mean_of_means([(p.progression, p.progression_se) for p in parts])  # type: ignore[misc]
+def _group(name: str, parts: Sequence[GroupResult]) -> GroupResult:
+    """The mean of independent groups (the overall score over environments)."""
+    prog = mean_of_means([(p.progression, p.progression_se) for p in parts])
     win = mean_of_means([(p.win_rate, p.win_rate_se) for p in parts])
     return GroupResult(name, len(parts), sum(p.episodes for p in parts), *prog, *win)
+
+
+def _pooled(name: str, tasks: int, records: Sequence[EpisodeRecord]) -> GroupResult:
+    """An environment's score: the mean over all its (not crashed) episodes."""
+    kept = [r for r in records if r.status != "error"]
+    prog = mean_se([r.progression for r in kept])
+    win = mean_se([float(r.success) for r in kept])
+    return GroupResult(name, tasks, len(kept), *prog, *win)
 
 
 def summarize(records: Iterable[EpisodeRecord], order: Sequence[tuple[str, str]] | None = None) -> Summary:
@@ -178,9 +195,9 @@ def summarize(records: Iterable[EpisodeRecord], order: Sequence[tuple[str, str]]
         by_task.setdefault((record.env, record.task), []).append(record)
     keys = [k for k in (order if order is not None else list(by_task)) if by_task.get(k)]
     tasks = [TaskResult.from_records(env, task, by_task[(env, task)]) for env, task in keys]
-    envs: dict[str, list[TaskResult]] = {}
-    for t in tasks:
-        envs.setdefault(t.env, []).append(t)
-    env_results = [_group(env, parts) for env, parts in envs.items()]
+    envs: dict[str, list[tuple[str, str]]] = {}
+    for key in keys:
+        envs.setdefault(key[0], []).append(key)
+    env_results = [_pooled(env, len(ks), [r for k in ks for r in by_task[k]]) for env, ks in envs.items()]
     overall = _group("overall", env_results) if env_results else None
     return Summary(tasks, env_results, overall)

@@ -84,13 +84,15 @@ def _small_info(info: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def task_spec(task: EvalTask, model: str, sampling: Mapping[str, Any]) -> str:
-    """A short digest of what defines the task's episodes: the model, its sampling settings and
-    the graph (file name, keyword arguments, run config). Finished episodes are reused only by
-    an evaluation with the same digest."""
+    """A short digest of what defines the task's episodes: the model, its sampling settings, the
+    graph (file name, keyword arguments such as the protocol, history length and answer budget,
+    run config) and the episode time limit. Finished episodes are reused only by an evaluation
+    with the same digest."""
     lg = task.config.multi_turn.langgraph
     data = {
         "model": model, "sampling": dict(sampling), "graph": Path(lg.path).name,
         "graph_kwargs": task.graph_kwargs, "graph_config": lg.graph_config,
+        "episode_timeout_s": task.config.rollout.episode_timeout_s,
     }
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

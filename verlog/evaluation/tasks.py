@@ -8,6 +8,9 @@ the graph itself as one task); its environment is named after its graph file (``
 
     babyai:                          # the environment's name in the results
       config: ../babyai.yaml         # relative to the suite file
+      overrides:                     # optional: key.path: value settings of that config
+        rollout.episode_timeout_s: null
+      graph_kwargs: {protocol: balrog}   # optional: graph_kwargs shared by its tasks
       tasks:                         # eval.tasks of that config
         - {name: goto, graph_kwargs: {task: goto}}
 """
@@ -78,8 +81,14 @@ def suite_path(name: str) -> Path:
     raise ConfigError(f"--suite {name!r}: no such suite file; known suites: {', '.join(known) or 'none'}")
 
 
-def load_suite(name: str) -> list[tuple[str, Path, list[dict[str, Any]]]]:
-    """A suite's environments: ``(env name, config path, tasks)`` in file order."""
+#: the keys a suite entry may have
+SUITE_KEYS = ("config", "overrides", "graph_kwargs", "tasks")
+
+
+def load_suite(name: str) -> list[tuple[str, Path, list[dict[str, Any]], list[str]]]:
+    """A suite's environments: ``(env name, config path, tasks, overrides)`` in file order; the
+    entry's shared ``graph_kwargs`` are merged into each task's (the task's own win), its
+    ``overrides`` come back as ``key=value`` strings."""
     path = suite_path(name)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -89,12 +98,23 @@ def load_suite(name: str) -> list[tuple[str, Path, list[dict[str, Any]]]]:
         raise ConfigError(f"{path}: a suite maps environment names to {{config, tasks}}")
     envs = []
     for env, entry in data.items():
-        if not isinstance(entry, dict) or "config" not in entry or set(entry) - {"config", "tasks"}:
-            raise ConfigError(f"{path}: {env}: expected the keys config (required) and tasks, got {entry!r}")
+        if not isinstance(entry, dict) or "config" not in entry or set(entry) - set(SUITE_KEYS):
+            raise ConfigError(
+                f"{path}: {env}: expected the keys {', '.join(SUITE_KEYS)} (config required), got {entry!r}"
+            )
         tasks = entry.get("tasks") or []
-        if not isinstance(tasks, list):
+        shared = entry.get("graph_kwargs") or {}
+        overrides = entry.get("overrides") or {}
+        if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
             raise ConfigError(f"{path}: {env}.tasks must be a list of {{name, graph_kwargs}}")
-        envs.append((str(env), (path.parent / entry["config"]).resolve(), tasks))
+        if not isinstance(shared, dict) or not isinstance(overrides, dict):
+            raise ConfigError(f"{path}: {env}.graph_kwargs and {env}.overrides must be mappings")
+        if shared:
+            tasks = [{**t, "graph_kwargs": {**shared, **(t.get("graph_kwargs") or {})}} for t in tasks] or [
+                {"name": str(env), "graph_kwargs": dict(shared)}
+            ]
+        settings = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
+        envs.append((str(env), (path.parent / entry["config"]).resolve(), tasks, settings))
     return envs
 
 
@@ -107,8 +127,8 @@ def plan_tasks(
     """
     tasks: list[EvalTask] = []
     if suite is not None:
-        for env, path, suite_tasks in load_suite(suite):
-            config = load_config(path, [f"eval.tasks={json.dumps(suite_tasks)}", *overrides])
+        for env, path, suite_tasks, settings in load_suite(suite):
+            config = load_config(path, [*settings, f"eval.tasks={json.dumps(suite_tasks)}", *overrides])
             tasks += config_tasks(config, env)
     for path in configs:
         tasks += config_tasks(load_config(path, overrides))

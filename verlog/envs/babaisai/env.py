@@ -1,9 +1,22 @@
 """BabaIsAI as a text environment: observations, action parsing, rewards and episode limits.
 
-The model sees the active rules and where every object and word block is relative to the object
-it controls, answers with ``ACTION: up`` (or ``down``/``left``/``right``/``idle``), and gets
-reward 1 for winning. An answer naming no valid action runs ``idle`` and costs
-``invalid_action_penalty``.
+Two protocols (``protocol=``):
+
+* ``"verlog"`` (the training variant): the model sees the active rules, the object it controls,
+  how far the border is, and where every object and word block is relative to it; it answers
+  with reasoning and ``ACTION: up`` (or ``down``/``left``/``right``/``idle``), matched tolerantly.
+  A win counts once the rules are recomputed after a move; levels the solver cannot win within
+  the step cap are redrawn. An answer naming no valid action runs ``idle`` and costs
+  ``invalid_action_penalty``.
+* ``"balrog"``: BALROG's BabaIsAI. The observation is ``Active rules:`` (one rule a line) and
+  ``Objects on the map:`` (one line per cell holding an object or word block other than the one
+  you control, row by row, as "rule `ball` 2 steps to the right and 1 step up"; like BALROG's
+  text, offsets to the left or up always say "step"). The win is checked with the rules in force
+  before the move, as the original game does; levels are not redrawn (a rare draw is unsolvable,
+  as in the original). An answer must be exactly an action name (see
+  :mod:`verlog.envs.balrog_protocol`); otherwise ``idle`` runs. No penalty.
+
+Reward 1 for winning.
 """
 
 from __future__ import annotations
@@ -11,13 +24,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from verlog.envs import balrog_protocol
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.progression import goal_value
 from verlog.envs.text import count, offset_phrase
 
 from . import game
-from .game import ACTIONS, GameState, kind_name, render_ascii
+from .game import ACTIONS, OBJECT_NAMES, GameState, kind_name, render_ascii
 from .levels import TASKS, Level, generate
 
 #: extra phrasings accepted for each action (matching is case- and punctuation-insensitive)
@@ -43,6 +57,29 @@ _ACTION_HELP = {
     "left": "take one step to the left",
     "right": "take one step to the right",
 }
+
+
+#: the protocols a game can be played under (see the module docstring)
+PROTOCOLS: tuple[str, ...] = ("verlog", "balrog")
+
+#: the instruction under BALROG's protocol: BALROG's facts (the actions, tips on rules), verlog's words
+_BALROG_INSTRUCTION = (
+    "Baba Is You is a puzzle game in which the rules of each level can be changed. These are the "
+    "actions you can take, each followed by what it does:\n\n"
+    + ",\n".join(f"{a}: {h}" for a, h in (("idle", "wait one step"), ("up", "move one step up"),
+                                          ("right", "move one step to the right"), ("down", "move one step down"),
+                                          ("left", "move one step to the left")))
+    + ".\n\nTips:\n"
+    "- Look at the whole level: every object and every word block.\n"
+    '- Rules are word blocks in a line, "[Subject] IS [Property]" (e.g. "BABA IS YOU").\n'
+    "- Moving word blocks breaks rules or makes new ones.\n"
+    '- Only things that are not "STOP" (or otherwise fixed) can be moved.\n'
+    '- The goal is usually to reach an object that is "WIN", but rules can change that.\n'
+    "- Changing a rule can change how objects behave in surprising ways.\n"
+    "- When stuck, break an existing rule or build a new one.\n"
+    "- Sometimes the answer is to become another object or to change what counts as winning.\n\n"
+    "PLAY!"
+)
 
 
 def relative_position(dx: int, dy: int) -> str:
@@ -94,6 +131,53 @@ def describe(
     return "\n".join(lines)
 
 
+def _balrog_offset(dx: int, dy: int) -> str:
+    """BALROG's wording of an offset (``steps`` only for a positive count above one)."""
+    def unit(v: int) -> str:
+        return "steps" if v > 1 else "step"
+
+    horizontal = f"{dx} {unit(dx)} to the right" if dx > 0 else (f"{-dx} {unit(dx)} to the left" if dx < 0 else "")
+    vertical = f"{dy} {unit(dy)} down" if dy > 0 else (f"{-dy} {unit(dy)} up" if dy < 0 else "")
+    return " and ".join(part for part in (horizontal, vertical) if part)
+
+
+def describe_balrog(state: GameState) -> str:
+    """The observation text of ``state`` as BALROG shows it (see the module docstring).
+
+    One thing per cell is named, the one on top: a word block, else an object you control, else
+    the object there (objects never stack in these levels otherwise). The reference is the first
+    cell, row by row, holding an object of the last YOU rule's type.
+    """
+    rules = state.rules
+    lines = ["Active rules:", *(f"{OBJECT_NAMES[s]} is {kind_name(p)}" for s, p in rules.rules if p > game.IS)]
+    you_rules = [s for s, p in rules.rules if p == game.property_word("you")]
+    cells: dict[tuple[int, int], list[int]] = {}
+    for k, x, y in state.iter_objects():
+        cells.setdefault((x, y), []).append(k)
+    words = {(x, y): k for k, x, y in state.iter_words()}
+    you_kind = you_rules[-1] if you_rules else None
+    ref = None
+    if you_kind is not None:
+        spots = sorted((y, x) for k, x, y in state.iter_objects() if k == you_kind)
+        ref = (spots[0][1], spots[0][0]) if spots else None
+    entries: list[str] = []
+    if ref is not None:
+        for y in range(state.height):
+            for x in range(state.width):
+                if (x, y) in words:
+                    entries.append(f"rule `{kind_name(words[(x, y)])}` " + _balrog_offset(x - ref[0], y - ref[1]))
+                    continue
+                here = cells.get((x, y))
+                if not here:
+                    continue
+                controlled = [k for k in here if rules.props[k] & game.YOU]
+                top = controlled[0] if controlled else here[0]
+                if OBJECT_NAMES[top] == "baba" or top == you_kind and (x, y) == ref:
+                    continue  # BALROG lists no baba, nor the object it measures from
+                entries.append(f"{OBJECT_NAMES[top]} {_balrog_offset(x - ref[0], y - ref[1])}".rstrip())
+    return "\n".join(lines) + "\n\nObjects on the map:\n" + "\n".join(entries)
+
+
 class BabaIsAIEnv(TextEnv):
     """One BabaIsAI task family as a :class:`TextEnv`.
 
@@ -115,16 +199,23 @@ class BabaIsAIEnv(TextEnv):
         max_steps: int = 100,
         invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
         show_border: bool = True,
-        ensure_solvable: bool = True,
+        ensure_solvable: bool | None = None,
+        protocol: str = "verlog",
     ) -> None:
         if task not in TASKS:
             raise ValueError(f"unknown BabaIsAI task {task!r}; valid tasks: {', '.join(TASKS)}")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown BabaIsAI protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+        balrog = protocol == "balrog"
         self.task = task
+        self.protocol = protocol
+        #: when a win counts: "current" (rules recomputed first) or "previous" (the original's)
+        self.win_rule = "previous" if balrog else "current"
         self.name = f"babaisai:{task}"
         self.max_steps = max_steps
-        self.invalid_action_penalty = invalid_action_penalty
+        self.invalid_action_penalty = 0.0 if balrog else invalid_action_penalty
         self.show_border = show_border
-        self.ensure_solvable = ensure_solvable
+        self.ensure_solvable = (not balrog) if ensure_solvable is None else ensure_solvable
         self._first_seed = seed
         self._seed_stream = random.Random(seed)
         self._resets = 0
@@ -151,6 +242,7 @@ class BabaIsAIEnv(TextEnv):
             random.Random(seed),
             max_steps=self.max_steps,
             ensure_solvable=self.ensure_solvable,
+            win_rule=self.win_rule,
         )
         self._state = self.level.state
         self._anchor = self._state.you_positions()[0]
@@ -178,10 +270,14 @@ class BabaIsAIEnv(TextEnv):
             raise RuntimeError("call reset() before step()")
         if self.done:
             raise RuntimeError("the episode is over; call reset()")
-        parsed = parse_action(action_text, ACTIONS, SYNONYMS)
-        action = parsed.action or "idle"
-        reward = 0.0 if parsed.valid else -self.invalid_action_penalty
-        outcome = game.step(self._state, action)
+        if self.protocol == "balrog":
+            chosen = balrog_protocol.parse_answer(action_text, ACTIONS)
+        else:
+            chosen = parse_action(action_text, ACTIONS, SYNONYMS).action
+        valid = chosen is not None
+        action = chosen or "idle"
+        reward = 0.0 if valid else -self.invalid_action_penalty
+        outcome = game.step(self._state, action, self.win_rule)
         self._state = outcome.state
         you = self._state.you_positions()
         if you:
@@ -195,7 +291,7 @@ class BabaIsAIEnv(TextEnv):
         self.done = terminated or truncated
         info: dict[str, Any] = {
             "action": action,
-            "valid_action": parsed.valid,
+            "valid_action": valid,
             "rules": self._state.rules.texts(),
             "step": self.steps_taken,
             "won": outcome.won,
@@ -217,6 +313,8 @@ class BabaIsAIEnv(TextEnv):
 
     def observation(self) -> str:
         """The text the model sees for the current state."""
+        if self.protocol == "balrog":
+            return describe_balrog(self.state)
         return describe(self.state, self._anchor, self.show_border)
 
     def render(self) -> str:
@@ -225,6 +323,8 @@ class BabaIsAIEnv(TextEnv):
 
     @property
     def instruction(self) -> str:
+        if self.protocol == "balrog":
+            return _BALROG_INSTRUCTION
         actions = self.actions_text()
         return (
             "You are playing Baba Is You, a puzzle game on a grid where the rules themselves are "

@@ -14,8 +14,14 @@ rule at once and pushing one into line makes a new rule.
 
 Properties: YOU objects move with the player's action and push whatever PUSH things (every word
 block, PUSH objects) lie in front, as a chain; the move fails if the chain runs into the border
-or a STOP object. The level is won when a YOU object shares a cell with a WIN object; a YOU
-object on a DEFEAT object is destroyed; with no YOU object left the game is lost.
+or a STOP object. A YOU object on a DEFEAT object is destroyed; with no YOU object left the game
+is lost. When the level is won depends on the engine's ``win_rule``:
+
+* ``"current"`` (verlog's training variant): after a move, once the rules are recomputed, when a
+  YOU object shares a cell with a WIN object (so forming ``X IS WIN`` while standing on an X wins).
+* ``"previous"`` (the original BabaIsAI, and so BALROG): when a YOU object *moves into* a cell
+  holding an object that was WIN under the rules in force *before* the move; rules are recomputed
+  only after the check, and waiting never wins.
 
 States are immutable and compact (two tuples of ints) so the BFS solver can hash millions of them;
 :class:`Engine` holds everything that depends only on the grid size, plus a cache of rule sets.
@@ -44,6 +50,8 @@ N_KINDS = PROP_BASE + len(PROPERTY_NAMES)
 
 #: property bit masks (bit i is PROPERTY_NAMES[i])
 YOU, WIN, STOP, PUSH, DEFEAT = (1 << i for i in range(len(PROPERTY_NAMES)))
+#: when a win is checked (see the module docstring)
+WIN_RULES: tuple[str, ...] = ("current", "previous")
 
 #: the player's actions and the grid offset (dx, dy) each one moves by; y grows downwards
 ACTIONS: tuple[str, ...] = ("idle", "up", "down", "left", "right")
@@ -261,9 +269,12 @@ class Engine:
 
     _CACHE_LIMIT = 200_000
 
-    def __init__(self, width: int, height: int) -> None:
+    def __init__(self, width: int, height: int, win_rule: str = "current") -> None:
+        if win_rule not in WIN_RULES:
+            raise ValueError(f"unknown win_rule {win_rule!r}; valid: {', '.join(WIN_RULES)}")
         self.width = width
         self.height = height
+        self.previous_rules_win = win_rule == "previous"
         self.border = bytes(
             1 if x in (0, width - 1) or y in (0, height - 1) else 0
             for y in range(height)
@@ -289,7 +300,9 @@ class Engine:
         rs = self.rules(words)
         props = rs.props
         if delta == 0:
-            return words, objects, self._won(objects, props), self._lost(objects, props)
+            won = False if self.previous_rules_win else self._won(objects, props)
+            return words, objects, won, self._lost(objects, props)
+        old_props = props
 
         objs = [[c >> _SHIFT, c & _CELL] for c in objects]
         movers = [o for o in objs if props[o[0]] & YOU]
@@ -304,6 +317,7 @@ class Engine:
         movers.sort(key=lambda o: o[1], reverse=delta > 0)
         border = self.border
         words_moved = False
+        entered_win = False  # a mover stepped into a cell holding a WIN object (rules before the move)
         for mover in movers:
             start = mover[1]
             cell = start + delta
@@ -346,6 +360,8 @@ class Engine:
                         obj_at.setdefault(dest, []).append(o)
             obj_at[start].remove(mover)
             mover[1] = start + delta
+            if any(old_props[o[0]] & WIN for o in obj_at.get(mover[1], ())):
+                entered_win = True
             obj_at.setdefault(mover[1], []).append(mover)
 
         new_words = tuple(k << _SHIFT | c for k, c in word_list) if words_moved else words
@@ -358,7 +374,7 @@ class Engine:
                     if trans[o[0]] >= 0:
                         o[0] = trans[o[0]]
         new_objects = tuple(sorted(k << _SHIFT | c for k, c in objs))
-        if self._won(new_objects, props):
+        if entered_win if self.previous_rules_win else self._won(new_objects, props):
             return new_words, new_objects, True, False
         if any(props[o >> _SHIFT] & DEFEAT for o in new_objects):
             new_objects = self._defeat(new_objects, props)
@@ -389,16 +405,17 @@ class Engine:
 
 
 @functools.lru_cache(maxsize=64)
-def engine_for(width: int, height: int) -> Engine:
-    """The shared :class:`Engine` for a grid size."""
-    return Engine(width, height)
+def engine_for(width: int, height: int, win_rule: str = "current") -> Engine:
+    """The shared :class:`Engine` for a grid size and win rule."""
+    return Engine(width, height, win_rule)
 
 
-def step(state: GameState, action: str) -> StepOutcome:
-    """Play one action (``idle``/``up``/``down``/``left``/``right``) from ``state``."""
+def step(state: GameState, action: str, win_rule: str = "current") -> StepOutcome:
+    """Play one action (``idle``/``up``/``down``/``left``/``right``) from ``state``; ``win_rule``
+    says when a win counts (see the module docstring)."""
     if action not in ACTION_DELTAS:
         raise ValueError(f"unknown action {action!r}; expected one of {ACTIONS}")
-    engine = engine_for(state.width, state.height)
+    engine = engine_for(state.width, state.height, win_rule)
     words, objects, won, lost = engine.advance(state.words, state.objects, engine.deltas[action])
     if (words, objects) == state.key:
         return StepOutcome(state, won, lost)
