@@ -330,6 +330,49 @@ async def test_engine_streams_tokens_and_frees_a_cancelled_request(engine, tiny_
     assert streamed == generation.token_ids
 
 
+async def test_engine_stream_yields_deltas_then_the_generation_and_stops_when_closed(engine):
+    from verlog.backends.base import TokenDelta
+
+    greedy = SamplingParams(temperature=0, max_new_tokens=16)
+    items = [item async for item in engine.stream([5, 6, 7], greedy)]
+    deltas, generation = items[:-1], items[-1]
+    assert isinstance(generation, Generation) and all(isinstance(d, TokenDelta) for d in deltas)
+    assert [t for d in deltas for t in d.token_ids] == generation.token_ids
+    assert [lp for d in deltas for lp in d.logprobs] == generation.logprobs
+    assert generation.token_ids == (await engine.generate([5, 6, 7], greedy)).token_ids
+    # a consumer that stops early frees the request's batch row
+    long = engine.stream([1, 2, 3, 4], SamplingParams(temperature=1.0, max_new_tokens=3000))
+    first = await asyncio.wait_for(long.__anext__(), 10)
+    assert isinstance(first, TokenDelta)
+    generated = engine.stats.generated_tokens
+    await long.aclose()
+    await asyncio.sleep(0.3)
+    settled = engine.stats.generated_tokens
+    await asyncio.sleep(0.3)
+    assert engine.stats.generated_tokens == settled < generated + 3000
+
+
+async def test_server_streams_through_engine_stream(tiny_tokenizer):
+    """The server takes tokens from ``engine.stream``: an engine overriding only ``stream``
+    (no ``generate`` tricks) streams in several chunks."""
+    from verlog.backends.base import TokenDelta
+
+    class Streaming(ScriptedEngine):
+        async def stream(self, prompt_ids, sampling, *, request_id=None):
+            generation = await self.generate(prompt_ids, sampling, request_id=request_id)
+            for i, (t, lp) in enumerate(zip(generation.token_ids, generation.logprobs)):
+                await asyncio.sleep(0.01 * (i == 3))  # a pause mid-answer: chunks go out meanwhile
+                yield TokenDelta([t], [lp])
+            yield generation
+
+    streaming = Streaming(tiny_tokenizer, ["one two three four five six"])
+    async with OpenAIServer(streaming, tiny_tokenizer, model_name="tiny") as server:
+        stream = await client(server).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "count"}], stream=True)
+        pieces = [c.choices[0].delta.content async for c in stream if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 1 and "".join(pieces) == "one two three four five six"
+
+
 async def test_invalid_tool_call_text_is_returned_as_content(tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, ['Let me see. <tool_call>\n{"name": "calculate", "arguments": [1]}\n</tool_call>'])
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as server:

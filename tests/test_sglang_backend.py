@@ -171,7 +171,7 @@ async def test_server_validates_request_bodies(scripted):
         b'{"input_ids": [[1, 2]]}': "batched",
         b'{"input_ids": [1, "a"]}': "non-negative integers",
         b'{"input_ids": [1], "sampling_params": {"top_p": 0}}': "top_p",
-        b'{"input_ids": [1], "stream": true}': "streaming",
+        b'{"input_ids": [1], "stream": "yes"}': "'stream' must be true or false",
         b'{"input_ids": [1], "return_hidden_states": true}': "return_hidden_states",
         b'{"input_ids": [1], "return_logprob": true, "logprob_start_len": 0}': "prompt logprobs",
     }
@@ -367,3 +367,74 @@ async def test_engine_errors_become_http_500():
             with pytest.raises(EngineError, match="HTTP 500: engine error: worker crashed"):
                 await sg.generate([1], SamplingParams())
             assert await sg.health(generate=True) is False
+
+
+# ------------------------------------------------------------------------------- streaming
+async def collect(stream) -> tuple[list, Generation]:
+    items = [item async for item in stream]
+    assert isinstance(items[-1], Generation) and not any(isinstance(i, Generation) for i in items[:-1])
+    return items[:-1], items[-1]
+
+
+async def test_stream_yields_the_tokens_then_the_same_generation(scripted):
+    engine, server = scripted
+    async with client(server) as sg:
+        deltas, gen = await collect(sg.stream([1, 2, 3], SamplingParams(max_new_tokens=8), request_id="ep-1"))
+        whole = await sg.generate([1, 2, 3], SamplingParams(max_new_tokens=8))
+    assert [t for d in deltas for t in d.token_ids] == gen.token_ids == whole.token_ids == IDS
+    assert [lp for d in deltas for lp in d.logprobs] == gen.logprobs == LOGPROBS  # every bit kept
+    assert gen.finish_reason == "stop" and gen.info["completion_tokens"] == len(IDS)
+    body = server.calls[0].body
+    assert body["stream"] is True and body["rid"].startswith("ep-1_t")
+    assert server.calls[0].headers[ROUTING_KEY_HEADER] == "ep-1"
+
+
+async def test_stream_from_a_live_engine_arrives_in_pieces(tiny_model, tiny_tokenizer):
+    from verlog.backends.embedded import EmbeddedEngine
+
+    backend = EmbeddedEngine(tiny_model, tiny_tokenizer)
+    greedy = SamplingParams(temperature=0, max_new_tokens=24)
+    try:
+        async with SGLangCompatServer(backend) as server, client(server) as sg:
+            deltas, gen = await collect(sg.stream([5, 6, 7, 8], greedy))
+            whole = await sg.generate([5, 6, 7, 8], greedy)
+    finally:
+        backend.close()
+    assert len(deltas) > 1 and [t for d in deltas for t in d.token_ids] == gen.token_ids == whole.token_ids
+    # (the second call reads its prompt from the prefix cache: equal to float round-off)
+    assert gen.logprobs == pytest.approx(whole.logprobs, abs=1e-5) and gen.finish_reason == whole.finish_reason
+
+
+async def test_stream_understands_incremental_chunks_and_retries_before_the_first(scripted):
+    import json
+
+    _, server = scripted
+
+    def chunk(ids, lps, total, finish=None):
+        meta = {"completion_tokens": total, "finish_reason": finish,
+                "output_token_logprobs": [[lp, t, None] for t, lp in zip(ids, lps)]}
+        return "data: " + json.dumps({"output_ids": ids, "meta_info": meta}) + "\n\n"
+
+    # SGLang launched with --incremental-streaming-output: each chunk holds only its new tokens
+    sse = chunk(IDS[:2], LOGPROBS[:2], 2) + chunk(IDS[2:], LOGPROBS[2:], 4, {"type": "stop"}) + "data: [DONE]\n\n"
+    server.fault = respond_with(sse)
+    async with client(server) as sg:
+        deltas, gen = await collect(sg.stream([1], SamplingParams()))
+    assert [d.token_ids for d in deltas] == [IDS[:2], IDS[2:]] and gen.token_ids == IDS
+    assert gen.finish_reason == "stop"
+    # a chunk whose count disagrees is refused, naming the problem
+    server.fault = respond_with(chunk(IDS[:2], LOGPROBS[:2], 3) + "data: [DONE]\n\n")
+    async with client(server) as sg:
+        with pytest.raises(EngineError, match="holds 2 tokens after 0, but says 3"):
+            await collect(sg.stream([1], SamplingParams()))
+    # a failure before the first chunk is retried
+    server.fault = fail_first(server.stats.received + 1, status=503)
+    async with client(server, max_retries=1) as sg:
+        _, gen = await collect(sg.stream([1], SamplingParams()))
+    assert gen.token_ids == IDS
+
+
+async def test_default_stream_of_an_engine_that_cannot_stream_is_one_chunk(scripted):
+    engine, _ = scripted
+    deltas, gen = await collect(engine.stream([1, 2], SamplingParams()))
+    assert len(deltas) == 1 and deltas[0].token_ids == IDS and gen.token_ids == IDS

@@ -354,6 +354,32 @@ class EmbeddedEngine(Engine):
                 computed_once = shared - base
                 self.stats.shared_prefix_tokens += computed_once * (len(rest) - 1)
         lengths = [n for n, _ in prefix]
+        self.stats.prompt_tokens += sum(len(p) for p in prompts)
+        self.stats.cached_prompt_tokens += sum(min(h, n) for (h, _), n in zip(hits, lengths))
+        self.stats.computed_prompt_tokens += computed_once + sum(len(p) - n for p, n in zip(prompts, lengths))
+        self.stats.requests += len(batch)
+        # rows whose own parts differ much in length run in separate passes (padding costs compute)
+        overhead = _PASS_OVERHEAD_TOKENS.get(device.type, _PASS_OVERHEAD_TOKENS["cuda"])
+        running: _Running | None = None
+        all_logits = []
+        for rows in _pack_by_length([len(p) - n for p, n in zip(prompts, lengths)], overhead):
+            part, logits = self._prefill_rows([batch[i] for i in rows], [prefix[i] for i in rows])
+            running = part if running is None else running.merge(part)
+            all_logits.append(logits)
+        assert running is not None
+        if cache_store.enabled:
+            for row, req in enumerate(running.requests):
+                self._keep_prefix(running, row, req.prompt_ids, req.cache_epoch)
+        self._advance(running, torch.cat(all_logits))
+        return running
+
+    def _prefill_rows(
+        self, batch: list[_Request], prefix: list[tuple[int, torch.Tensor | None]]
+    ) -> tuple["_Running", torch.Tensor]:
+        """One forward pass over ``batch``'s prompts, each after its prefix KV; the last logits."""
+        device = self.device
+        prompts = [r.prompt_ids for r in batch]
+        lengths = [n for n, _ in prefix]
         width_kv = max(lengths)
         cache = _new_cache(self.model.config)
         if width_kv:
@@ -365,22 +391,13 @@ class EmbeddedEngine(Engine):
             attention[i, width_kv - n : width_kv] = 1
             input_ids[i, width - (len(p) - n):] = torch.tensor(p[n:])
             attention[i, width_kv + width - (len(p) - n):] = 1
-        self.stats.prompt_tokens += sum(len(p) for p in prompts)
-        self.stats.cached_prompt_tokens += sum(min(h, n) for (h, _), n in zip(hits, lengths))
-        self.stats.computed_prompt_tokens += computed_once + sum(len(p) - n for p, n in zip(prompts, lengths))
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, width_kv:]
         logits = self.model(
             input_ids=input_ids, attention_mask=attention, position_ids=positions,
             past_key_values=cache, use_cache=True, logits_to_keep=1,
         ).logits[:, -1, :]
-        self.stats.requests += len(batch)
-        running = _Running(list(batch), cache, attention, positions[:, -1] + 1, [])
-        if cache_store.enabled:
-            for row, req in enumerate(batch):
-                self._keep_prefix(running, row, req.prompt_ids, req.cache_epoch)
-        self._advance(running, logits)
-        return running
+        return _Running(list(batch), cache, attention, positions[:, -1] + 1, []), logits
 
     def _extend(self, tokens: list[int], start: int, start_kv: torch.Tensor | None) -> torch.Tensor:
         """The KV of ``tokens`` (one row), computing those after the first ``start`` (whose KV
@@ -621,6 +638,29 @@ def _skip_zero_mass(picks: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     if bool(bad.any()):
         picks[bad] = probs[bad].argmax(dim=1)
     return picks
+
+
+#: what one more forward pass costs, in prompt tokens computed (CPU: little; GPU: launches)
+_PASS_OVERHEAD_TOKENS = {"cpu": 32, "cuda": 512}
+
+
+def _pack_by_length(lengths: list[int], overhead: int) -> list[list[int]]:
+    """Split rows into forward passes so that padding every row of a pass to its longest costs
+    least, a pass costing ``overhead`` tokens more (rows sorted by length, exact split by DP)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    n = len(order)
+    best = [0.0] + [float("inf")] * n  # best[j]: cost of the first j rows (longest first)
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):  # rows i..j-1 in one pass, padded to the longest, order[i]
+            cost = best[i] + overhead + (j - i) * lengths[order[i]]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], n
+    while j > 0:
+        groups.append(order[cut[j]:j])
+        j = cut[j]
+    return groups[::-1]
 
 
 def _common_prefix_len(prompts: list[list[int]]) -> int:

@@ -21,61 +21,32 @@ Protocol notes (SGLang 0.4 - 0.5):
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import json
 import math
 import secrets
-import threading
-from dataclasses import dataclass
-from typing import Any, AsyncGenerator, Mapping
-
-import aiohttp
+from typing import Any, AsyncIterator, Mapping
 
 from verlog.backends.base import (
-    Engine,
     EngineError,
-    EngineTimeoutError,
     FinishReason,
     Generation,
     SamplingParams,
+    TokenDelta,
 )
+from verlog.backends.http import HTTPEngine
 
 #: header the SGLang router reads a routing key from (besides the body ``rid``)
 ROUTING_KEY_HEADER = "x-smg-routing-key"
 
 _FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "abort"})
-_MAX_BACKOFF_S = 30.0
-_BODY_SNIPPET = 500
 
 
-class _RetryableError(Exception):
-    """One attempt failed in a way a later attempt may not (timeout, connection, 5xx, 429)."""
-
-    def __init__(
-        self, message: str, *, timed_out: bool = False, retry_after_s: float | None = None
-    ) -> None:
-        super().__init__(message)
-        self.timed_out = timed_out
-        self.retry_after_s = retry_after_s
-
-
-@dataclass
-class _LoopSession:
-    """The HTTP session of one event loop, and the async generator that closes it."""
-
-    loop: asyncio.AbstractEventLoop
-    session: aiohttp.ClientSession
-    keeper: AsyncGenerator[None, None]
-
-
-class SGLangEngine(Engine):
+class SGLangEngine(HTTPEngine):
     """An :class:`Engine` backed by a running SGLang server (or anything speaking its protocol).
 
     Safe to call concurrently and from several event loops: each loop gets its own
-    ``aiohttp.ClientSession`` (sessions are bound to the loop that made them). A session is closed
-    when its loop shuts down through ``asyncio.run`` (or any runner that finalizes async
-    generators), and all of them by :meth:`aclose`.
+    ``aiohttp.ClientSession`` (see :class:`~verlog.backends.http.HTTPEngine`, which also does the
+    retries). :meth:`stream` uses SGLang's streaming ``/generate`` (``"stream": true``).
 
     Args:
         base_url: the server's address, e.g. ``"http://127.0.0.1:30000"``.
@@ -91,6 +62,8 @@ class SGLangEngine(Engine):
         max_connections: the most connections open at once per event loop.
     """
 
+    server_name = "SGLang server"
+
     def __init__(
         self,
         base_url: str,
@@ -103,28 +76,11 @@ class SGLangEngine(Engine):
         headers: Mapping[str, str] | None = None,
         max_connections: int = 1024,
     ) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-        if retry_backoff_s < 0:
-            raise ValueError(f"retry_backoff_s must be >= 0, got {retry_backoff_s}")
-        self.base_url = base_url.rstrip("/")
-        self.timeout_s = float(timeout_s)
-        self.max_retries = max_retries
-        self.retry_backoff_s = retry_backoff_s
+        super().__init__(base_url, timeout_s=timeout_s, max_retries=max_retries, retry_backoff_s=retry_backoff_s,
+                         api_key=api_key, headers=headers, max_connections=max_connections)
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
-        self.max_connections = max_connections
-        self._headers: dict[str, str] = dict(headers or {})
-        if api_key is not None:
-            self._headers["Authorization"] = f"Bearer {api_key}"
-        self._sessions: dict[asyncio.AbstractEventLoop, _LoopSession] = {}
-        self._lock = threading.Lock()
         # starts at a random value so two processes sharing a request id still send distinct rids
         self._call_seq = itertools.count(secrets.randbelow(10**9))
-
-    def __repr__(self) -> str:
-        return f"SGLangEngine({self.base_url!r})"
 
     # ------------------------------------------------------------------ generation
 
@@ -136,11 +92,57 @@ class SGLangEngine(Engine):
         request_id: str | None = None,
     ) -> Generation:
         """Send one ``/generate`` request (retrying transient failures) and parse the answer."""
+        body, headers = self._request(prompt_ids, sampling, request_id, stream=False)
+        answer = await self.post_json("/generate", body, headers=headers)
+        return parse_generate_response(answer, url=self.base_url + "/generate")
+
+    async def stream(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+    ) -> AsyncIterator[TokenDelta | Generation]:
+        """Tokens as the server streams them (see :meth:`Engine.stream`), then the whole generation.
+
+        SGLang's streamed chunks carry the ids and logprobs generated so far (or, with
+        ``--incremental-streaming-output``, only the new ones: both are understood, told apart by
+        ``meta_info.completion_tokens``); the last chunk's ``meta_info`` is the generation's info.
+        """
+        body, headers = self._request(prompt_ids, sampling, request_id, stream=True)
+        url = self.base_url + "/generate"
+        ids: list[int] = []
+        logprobs: list[float] = []
+        last: dict[str, Any] | None = None
+        async for chunk in self.post_events("/generate", body, headers=headers):
+            new_ids, new_logprobs = _new_tokens(chunk, len(ids), url)
+            ids += new_ids
+            logprobs += new_logprobs
+            last = chunk
+            if new_ids:
+                yield TokenDelta(new_ids, new_logprobs)
+        if last is None:
+            raise EngineError(f"the streamed /generate answer from {url} held no chunk")
+        meta = last.get("meta_info") or {}
+        finish = _parse_finish_reason(meta.get("finish_reason"), lambda problem: EngineError(
+            f"malformed streamed /generate answer from {url}: {problem} (in the last chunk)"))
+        yield Generation(ids, logprobs, finish, info=meta)
+
+    def _request(
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None, *, stream: bool
+    ) -> tuple[Any, dict[str, str]]:
+        """The body of each attempt (a fresh ``rid`` per retry) and the routing headers."""
         payload = self.build_payload(prompt_ids, sampling)
+        payload["stream"] = stream
         headers = {ROUTING_KEY_HEADER: request_id} if _is_header_safe(request_id) else {}
         rid = f"{request_id}_t{next(self._call_seq)}" if request_id else None
-        body = await self._post_with_retries("/generate", payload, rid=rid, headers=headers)
-        return parse_generate_response(body, url=self.base_url + "/generate")
+
+        def body(attempt: int) -> dict[str, Any]:
+            if rid is None:
+                return payload
+            return {**payload, "rid": rid if attempt == 0 else f"{rid}_r{attempt}"}
+
+        return body, headers
 
     def build_payload(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
         """The ``/generate`` body for one prompt (without ``rid``, which is set per attempt)."""
@@ -167,73 +169,6 @@ class SGLangEngine(Engine):
             "stream": False,
         }
 
-    async def _post_with_retries(
-        self,
-        path: str,
-        payload: dict[str, Any],
-        *,
-        rid: str | None,
-        headers: Mapping[str, str],
-    ) -> Any:
-        url = self.base_url + path
-        attempts = self.max_retries + 1
-        last: _RetryableError | None = None
-        for attempt in range(attempts):
-            if attempt:
-                await asyncio.sleep(self._backoff_s(attempt, last))
-            body = payload
-            if rid is not None:
-                body = {**payload, "rid": rid if attempt == 0 else f"{rid}_r{attempt}"}
-            try:
-                return await self._post_once(url, body, headers)
-            except _RetryableError as exc:
-                last = exc
-        assert last is not None
-        if last.timed_out:
-            raise EngineTimeoutError(
-                f"SGLang server at {url} did not answer within {self.timeout_s:g}s "
-                f"({attempts} attempt{'s' if attempts > 1 else ''})"
-            )
-        raise EngineError(
-            f"SGLang request to {url} failed after {attempts} attempt"
-            f"{'s' if attempts > 1 else ''}: {last}"
-        )
-
-    def _backoff_s(self, attempt: int, last: _RetryableError | None) -> float:
-        wait = min(self.retry_backoff_s * 2 ** (attempt - 1), _MAX_BACKOFF_S)
-        if last is not None and last.retry_after_s is not None:
-            wait = max(wait, min(last.retry_after_s, _MAX_BACKOFF_S))
-        return wait
-
-    async def _post_once(self, url: str, body: dict[str, Any], headers: Mapping[str, str]) -> Any:
-        session = await self._session()
-        try:
-            async with session.post(
-                url,
-                json=body,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-            ) as resp:
-                raw = await resp.read()
-                status = resp.status
-                retry_after = _parse_retry_after(resp.headers.get("Retry-After"))
-        except asyncio.TimeoutError:
-            raise _RetryableError(f"timed out after {self.timeout_s:g}s", timed_out=True) from None
-        except aiohttp.ClientError as exc:
-            raise _RetryableError(f"{type(exc).__name__}: {exc}") from exc
-        if status >= 500 or status == 429:
-            raise _RetryableError(f"HTTP {status}: {_error_text(raw)}", retry_after_s=retry_after)
-        if status >= 400:
-            raise EngineError(f"SGLang server at {url} rejected the request (HTTP {status}): "
-                              f"{_error_text(raw)}")
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise EngineError(
-                f"SGLang server at {url} answered HTTP {status} with a body that is not JSON: "
-                f"{_snippet(raw)!r}"
-            ) from None
-
     # ------------------------------------------------------------------ health
 
     async def health(self, *, generate: bool = False, timeout_s: float = 5.0) -> bool:
@@ -242,123 +177,44 @@ class SGLangEngine(Engine):
         ``/health`` answers 503 while SGLang is still loading; ``/health_generate`` runs a
         one-token generation, so it also proves the scheduler and GPU are working.
         """
-        path = "/health_generate" if generate else "/health"
-        session = await self._session()
-        try:
-            async with session.get(
-                self.base_url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as resp:
-                await resp.read()
-                return resp.status == 200
-        except (asyncio.TimeoutError, aiohttp.ClientError):
-            return False
+        return await self.get_ok("/health_generate" if generate else "/health", timeout_s=timeout_s)
 
     async def wait_until_ready(
         self, timeout: float = 300.0, *, poll_interval_s: float = 0.5, generate: bool = False
     ) -> None:
         """Poll :meth:`health` until it is true; :class:`EngineTimeoutError` after ``timeout`` s."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            remaining = deadline - loop.time()
-            if await self.health(generate=generate, timeout_s=max(0.1, min(5.0, remaining))):
-                return
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise EngineTimeoutError(
-                    f"SGLang server at {self.base_url} was not ready after {timeout:g}s "
-                    f"(GET {'/health_generate' if generate else '/health'} never answered 200); "
-                    "is it running, and has it finished loading the model?"
-                )
-            await asyncio.sleep(min(poll_interval_s, remaining))
-
-    # ------------------------------------------------------------------ sessions
-
-    @property
-    def open_sessions(self) -> int:
-        """How many event loops hold an open HTTP session of this engine."""
-        with self._lock:
-            return len(self._sessions)
-
-    async def _session(self) -> aiohttp.ClientSession:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            entry = self._sessions.get(loop)
-            stale = [e for e in self._sessions.values() if e.loop.is_closed()]
-        if entry is not None and not entry.session.closed:
-            return entry.session
-        for old in stale:
-            await self._forget_closed_loop(old)
-        with self._lock:
-            entry = self._sessions.get(loop)
-            if entry is not None and not entry.session.closed:
-                return entry.session
-            session = aiohttp.ClientSession(
-                headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=self.max_connections),
-            )
-            keeper = self._keep(loop, session)
-            entry = _LoopSession(loop, session, keeper)
-            self._sessions[loop] = entry
-        # Starting the generator registers it with the loop, which closes it (and so the session)
-        # on shutdown: ``asyncio.run`` and ``asyncio.Runner`` call ``loop.shutdown_asyncgens()``.
-        await keeper.__anext__()
-        return session
-
-    async def _keep(
-        self, loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSession
-    ) -> AsyncGenerator[None, None]:
-        try:
-            yield
-        finally:
-            try:
-                await session.close()
-            finally:
-                with self._lock:
-                    entry = self._sessions.get(loop)
-                    if entry is not None and entry.session is session:
-                        del self._sessions[loop]
-
-    @staticmethod
-    async def _forget_closed_loop(entry: _LoopSession) -> None:
-        """Drop the session of a loop closed without finalizing async generators.
-
-        Its connections cannot be shut down cleanly any more (that needs their loop); closing the
-        session from here only marks it closed, touching no loop, so nothing warns about it.
-        """
-        try:
-            await entry.keeper.aclose()
-        except RuntimeError:  # another thread is closing it right now
-            pass
-
-    async def aclose(self) -> None:
-        """Close the HTTP sessions of every event loop.
-
-        Sessions of loops running in other threads are closed on those loops; the session of an
-        open loop that is not running now is closed when that loop shuts down.
-        """
-        current = asyncio.get_running_loop()
-        with self._lock:
-            entries = list(self._sessions.values())
-        for entry in entries:
-            if entry.loop is current:
-                await entry.keeper.aclose()
-            elif entry.loop.is_closed():
-                await self._forget_closed_loop(entry)
-            elif entry.loop.is_running():
-                # a loop in another thread: close its session there
-                fut = asyncio.run_coroutine_threadsafe(entry.keeper.aclose(), entry.loop)
-                try:
-                    await asyncio.wait_for(asyncio.wrap_future(fut), timeout=5.0)
-                except (asyncio.TimeoutError, RuntimeError):
-                    pass
-            # an open loop that is not running closes its session when it shuts down
+        await self.wait_until_ok(
+            "/health_generate" if generate else "/health", timeout, poll_interval_s=poll_interval_s,
+            hint="; is it running, and has it finished loading the model?",
+        )
 
     async def __aenter__(self) -> SGLangEngine:
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+
+def _new_tokens(chunk: Any, have: int, url: str) -> tuple[list[int], list[float]]:
+    """The ids and logprobs a streamed chunk adds to the ``have`` tokens received before it."""
+
+    def bad(problem: str) -> EngineError:
+        return EngineError(f"malformed streamed /generate answer from {url}: {problem}")
+
+    if not isinstance(chunk, dict) or not isinstance(chunk.get("meta_info"), dict):
+        raise bad("a chunk without a 'meta_info' object")
+    meta = chunk["meta_info"]
+    total = meta.get("completion_tokens")
+    entries = meta.get("output_token_logprobs")
+    if not _is_int(total) or not isinstance(entries, list):
+        raise bad("a chunk without 'meta_info.completion_tokens' or 'meta_info.output_token_logprobs'")
+    generation = parse_generate_response(
+        {**chunk, "meta_info": {**meta, "finish_reason": meta.get("finish_reason") or "length"}}, url=url)
+    ids, logprobs = generation.token_ids, generation.logprobs
+    if len(ids) == total:  # cumulative (SGLang's default): the tokens so far
+        if total < have:
+            raise bad(f"a chunk holds {total} tokens, fewer than the {have} streamed before it")
+        return ids[have:], logprobs[have:]
+    if have + len(ids) == total:  # incremental: only the new tokens
+        return ids, logprobs
+    raise bad(f"a chunk holds {len(ids)} tokens after {have}, but says {total} were generated")
 
 
 # ---------------------------------------------------------------------- response parsing
@@ -440,32 +296,3 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _parse_retry_after(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None  # an HTTP date: ignored
-
-
-def _snippet(raw: bytes) -> str:
-    text = raw.decode("utf-8", errors="replace")
-    return text if len(text) <= _BODY_SNIPPET else text[:_BODY_SNIPPET] + "..."
-
-
-def _error_text(raw: bytes) -> str:
-    """The message of an SGLang error body (``{"error": {"message"}}`` or ``{"detail"}``)."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return _snippet(raw) or "(empty body)"
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
-        if isinstance(error, str):
-            return error
-        if isinstance(body.get("detail"), str):
-            return body["detail"]
-        if isinstance(body.get("message"), str):
-            return body["message"]
-    return _snippet(raw)

@@ -8,8 +8,9 @@ embedded transformers engine) behind the SGLang protocol, so tools written for S
         client = SGLangEngine(server.url)
 
 Only what verlog needs is served: ``POST /generate`` for one prompt given as ``input_ids``
-(no ``text``: there is no tokenizer here), non-streaming, output logprobs only; ``GET /health``
-and ``GET /health_generate``. Requests it cannot honour exactly are refused with HTTP 400 and
+(no ``text``: there is no tokenizer here), output logprobs only, whole or streamed (``"stream":
+true``: server-sent events, each chunk holding the ids and logprobs generated so far, as SGLang
+sends them by default, then ``data: [DONE]``); ``GET /health`` and ``GET /health_generate``. Requests it cannot honour exactly are refused with HTTP 400 and
 SGLang's error body ``{"error": {"message": ...}}`` rather than served approximately.
 """
 
@@ -25,7 +26,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from aiohttp import web
 
-from verlog.backends.base import Engine, EngineError, Generation, SamplingParams
+from verlog.backends.base import Engine, EngineError, Generation, SamplingParams, TokenDelta
 from verlog.local_server import LocalServer
 
 #: SGLang's ``top_k`` meaning "the whole vocabulary" (besides -1)
@@ -210,6 +211,8 @@ class SGLangCompatServer(LocalServer):
             return error_response(400, str(exc))
         if rid in self._running_rids:
             return error_response(400, f"Duplicate request ID detected: {rid}")
+        if body.get("stream"):
+            return await self._stream(request, prompt_ids, sampling, rid, want_logprobs)
         self._running_rids.add(rid)
         started = time.perf_counter()
         try:
@@ -223,6 +226,43 @@ class SGLangCompatServer(LocalServer):
             self.render_response(rid, prompt_ids, sampling, generation, want_logprobs,
                                  time.perf_counter() - started)
         )
+
+    async def _stream(
+        self, request: web.Request, prompt_ids: list[int], sampling: SamplingParams, rid: str, want_logprobs: bool
+    ) -> web.StreamResponse:
+        """Serve one streamed ``/generate``: a chunk per batch of new tokens, the last one with
+        the finish reason (SGLang's cumulative chunks), then ``data: [DONE]``."""
+        self._running_rids.add(rid)
+        started = time.perf_counter()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        ids: list[int] = []
+        logprobs: list[float] = []
+
+        async def emit(payload: dict[str, Any] | str) -> None:
+            data = payload if isinstance(payload, str) else json.dumps(payload)
+            await response.write(f"data: {data}\n\n".encode())
+
+        try:
+            await response.prepare(request)
+            async for item in self.engine.stream(prompt_ids, sampling, request_id=rid):
+                latency = time.perf_counter() - started
+                if isinstance(item, TokenDelta):
+                    ids += item.token_ids
+                    logprobs += item.logprobs
+                    partial = Generation(list(ids), list(logprobs), "length")
+                    chunk = self.render_response(rid, prompt_ids, sampling, partial, want_logprobs, latency)
+                    chunk["meta_info"]["finish_reason"] = None
+                else:
+                    chunk = self.render_response(rid, prompt_ids, sampling, item, want_logprobs, latency)
+                    self.stats.served += 1
+                await emit(chunk)
+        except EngineError as exc:
+            await emit({"error": {"message": f"engine error: {exc}"}})
+        finally:
+            self._running_rids.discard(rid)
+        await emit("[DONE]")
+        await response.write_eof()
+        return response
 
     def render_response(
         self,
@@ -283,8 +323,8 @@ def parse_generate_request(body: Any) -> tuple[list[int], SamplingParams, str, b
                      and v is not False)
     if unknown:
         raise BadRequest(f"unsupported request fields: {', '.join(unknown)}")
-    if body.get("stream"):
-        raise BadRequest("streaming is not supported")
+    if body.get("stream") not in (None, True, False):
+        raise BadRequest("'stream' must be true or false")
     want_logprobs = bool(body.get("return_logprob", False))
     if want_logprobs and body.get("logprob_start_len", -1) not in (-1, None):
         raise BadRequest("prompt logprobs are not supported: use logprob_start_len -1")

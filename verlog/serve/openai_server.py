@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import inspect
 import json
 import logging
 import threading
@@ -35,7 +34,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 
 from aiohttp import web
 
-from verlog.backends.base import Engine, EngineError, Generation, SamplingParams
+from verlog.backends.base import Engine, EngineError, Generation, SamplingParams, TokenDelta
 from verlog.llm.chat_model import VerlogChatModel
 from verlog.llm.tool_calls import TOOL_CALL_OPEN
 from verlog.local_server import LocalServer
@@ -112,51 +111,33 @@ class _Admission:
             self._semaphore.release()
 
 
-def _streams_tokens(engine: Engine) -> bool:
-    """Whether ``engine.generate`` reports tokens as they are chosen (``on_token=``)."""
-    try:
-        return "on_token" in inspect.signature(engine.generate).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 class _TokenStream:
-    """An engine call whose tokens arrive as they are chosen (all at the end for engines that
-    cannot report them earlier). Iterate for batches of ``(id, logprob)``; then ``generation``."""
+    """An engine call whose tokens arrive as they are chosen (``engine.stream``: all at the end
+    for engines that cannot report them earlier). Iterate for batches of ``(id, logprob)``; then
+    ``generation`` holds the whole generation."""
 
     def __init__(self, engine: Engine, prompt_ids: list[int], sampling: SamplingParams):
-        self._queue: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
-        self._live = _streams_tokens(engine)
-        if self._live:
-            call = engine.generate(prompt_ids, sampling, on_token=self._on_token)  # type: ignore[call-arg]
-        else:
-            call = engine.generate(prompt_ids, sampling)
-        self.task: asyncio.Future[Generation] = asyncio.ensure_future(call)
-        self.task.add_done_callback(lambda _: self._queue.put_nowait(None))
-
-    def _on_token(self, token: int, logprob: float) -> None:
-        self._queue.put_nowait((token, logprob))
+        self._items = engine.stream(prompt_ids, sampling)
+        self._generation: Generation | None = None
 
     @property
     def generation(self) -> Generation:
-        return self.task.result()
+        if self._generation is None:
+            raise EngineError("the engine's stream ended without its generation")
+        return self._generation
 
     async def __aiter__(self) -> AsyncIterator[list[tuple[int, float]]]:
-        while (item := await self._queue.get()) is not None:
-            batch = [item]
-            while not self._queue.empty():  # tokens that arrived meanwhile travel together
-                nxt = self._queue.get_nowait()
-                if nxt is None:
-                    self._queue.put_nowait(None)
-                    break
-                batch.append(nxt)
-            yield batch
-        generation = self.task.result()  # raises the engine's error, if any
-        if not self._live and generation.token_ids:
-            yield list(zip(generation.token_ids, generation.logprobs))
+        async for item in self._items:
+            if isinstance(item, TokenDelta):
+                if item.token_ids:
+                    yield list(zip(item.token_ids, item.logprobs))
+            else:
+                self._generation = item
+        self.generation  # raises if the stream ended without one
 
-    def cancel(self) -> None:
-        self.task.cancel()
+    async def aclose(self) -> None:
+        """Stop the generation (the client went away, the time limit passed)."""
+        await self._items.aclose()
 
 
 def _held_back(text: str, markers: list[str]) -> int:
@@ -442,10 +423,10 @@ class OpenAIServer(LocalServer):
             await emit(proto.chunk(cid, created, name, {"role": "assistant", "content": ""}))
             await asyncio.wait_for(pump(), self.limits.request_timeout_s)
         except (asyncio.CancelledError, ConnectionResetError):
-            stream.cancel()
+            await stream.aclose()
             raise
         except (asyncio.TimeoutError, EngineError) as exc:
-            stream.cancel()
+            await stream.aclose()
             message = (f"the generation did not finish within {self.limits.request_timeout_s} s"
                        if isinstance(exc, asyncio.TimeoutError) else f"the engine failed: {exc}")
             await emit(proto.error_body(message, type="server_error"))
