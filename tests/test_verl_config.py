@@ -23,7 +23,7 @@ def _offline(monkeypatch):
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_example_configs_compose_with_verls_defaults_and_pass_its_checks(name, tiny_dir):
-    from verlog.integrations.verl.launch import AGENT_LOOPS_FILE, compose_verl_config, launch
+    from verlog.integrations.verl.launch import compose_verl_config, launch
     from verlog.integrations.verl.settings import agent_spec
 
     printed: list[str] = []
@@ -38,9 +38,9 @@ def test_example_configs_compose_with_verls_defaults_and_pass_its_checks(name, t
     assert config.actor_rollout_ref.model.path == str(tiny_dir) == config.critic.model.path
     assert Path(spec.multi_turn.langgraph.path).is_absolute() and Path(spec.multi_turn.langgraph.path).is_file()
     agent = config.actor_rollout_ref.rollout.agent
-    assert agent.default_agent_loop == "verlog_langgraph" and Path(agent.agent_loop_config_path) == AGENT_LOOPS_FILE
+    assert agent.default_agent_loop == "verlog_langgraph" and agent.agent_loop_config_path is None
     assert config.actor_rollout_ref.rollout.multi_turn._target_.endswith("VerlogMultiTurnConfig")
-    # Verlog's hyper-parameters (REFERENCE.md)
+    # Verlog's hyper-parameters
     actor, critic, algo = config.actor_rollout_ref.actor, config.critic, config.algorithm
     assert (actor.optim.lr, critic.optim.lr) == (1e-6, 1e-5)
     assert (actor.clip_ratio, actor.clip_ratio_c, critic.cliprange_value) == (0.2, 3.0, 0.5)
@@ -54,16 +54,37 @@ def test_example_configs_compose_with_verls_defaults_and_pass_its_checks(name, t
     assert (s.num_envs, s.turns_per_env) == expected
 
 
-def test_cli_dry_run_prints_the_composed_config(capsys):
+def test_cli_dry_run_prints_pure_yaml_and_needs_no_weights(capsys):
+    """The documented dry run, model folder absent: YAML on stdout (it parses), notes on stderr."""
+    import yaml
+
     from verlog.cli import main
 
-    args = ["train", "--engine", "verl", str(ROOT / "configs" / "verl_babyai.yaml"), OFFLINE_MODEL,
-            "verlog.num_envs=16", "--dry-run"]
+    args = ["train", "--engine", "verl", str(ROOT / "configs" / "verl_babyai.yaml"), "verlog.num_envs=16", "--dry-run"]
     assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "trainer_mode: verlog" in out and "train_batch_size: 16" in out
+    captured = capsys.readouterr()
+    config = yaml.safe_load(captured.out)
+    assert config["trainer"]["v1"]["trainer_mode"] == "verlog" and config["data"]["train_batch_size"] == 16
+    assert config["actor_rollout_ref"]["model"]["path"] == "/models/Qwen2.5-3B-Instruct"  # printed as given
+    assert "not on this machine" in captured.err and "validate_config" in captured.err
     assert main(["train", str(ROOT / "configs" / "quickstart.yaml"), "--dry-run"]) == 2  # embedded: no dry run
-    assert "--engine verl" in capsys.readouterr().out
+    assert "--engine verl" in capsys.readouterr().err
+
+
+def test_wandb_mode_reaches_every_ray_worker_through_the_runtime_env(monkeypatch):
+    """verl logs from its trainer, a Ray actor: WANDB_MODE travels in Ray's runtime env."""
+    from verlog.integrations.verl.launch import compose_verl_config
+
+    path = ROOT / "configs" / "verl_babyai.yaml"
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    config = compose_verl_config(path, [OFFLINE_MODEL, "trainer.logger=[console,wandb]"])
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE == "offline"
+    monkeypatch.setenv("WANDB_MODE", "online")
+    config = compose_verl_config(path, [OFFLINE_MODEL, "trainer.logger=[console,wandb]"])
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE == "online"
+    config = compose_verl_config(path, [OFFLINE_MODEL, "trainer.logger=[console]"])
+    assert "env_vars" not in config.ray_kwargs.ray_init.runtime_env
 
 
 @pytest.mark.parametrize(
@@ -75,7 +96,8 @@ def test_cli_dry_run_prints_the_composed_config(capsys):
         ("verlog.turns_per_envs=4", "verlog.turns_per_envs"),
         ("actor_rollout_ref.rollout.multi_turn.langgraph.graph_config.recursion_limt=5", "recursion_limt"),
         ("algorithm.adv_estimator=grpo", "algorithm.adv_estimator"),
-        ("actor_rollout_ref.rollout.multi_turn.langgraph.graph_kwargs.tsk=goto", "tsk"),
+        # babyai's build_graph takes **settings; calculator's does not take babyai's task
+        ("actor_rollout_ref.rollout.multi_turn.langgraph.path=graphs/calculator.py", "graph_kwargs"),
         ("actor_rollout_ref.rollout.multi_turn.langgraph.path=graphs/nope.py", "nope.py"),
     ],
 )
@@ -84,19 +106,39 @@ def test_bad_keys_are_named(override, named, capsys):
 
     assert main(["train", "--engine", "verl", str(ROOT / "configs" / "verl_babyai.yaml"), OFFLINE_MODEL, override,
                  "--dry-run"]) == 2
-    assert named in capsys.readouterr().out.replace("\n", "")
+    assert named in capsys.readouterr().err.replace("\n", "")
 
 
-def test_the_agent_loop_registry_file_names_verlogs_agent_loop():
-    """What every verl agent-loop worker loads (``agent_loop_config_path``) to know the agent loop."""
-    from hydra.utils import get_class
+def test_every_agent_loop_worker_knows_the_agent_loop_by_package_name(tiny_dir):
+    """In a fresh interpreter (as a Ray worker on any node is), verl's agent-loop worker set up from
+    the composed config finds ``verlog_langgraph``: the config names no file path for it."""
+    script = f"""
+import sys
+from verl.experimental.agent_loop import agent_loop as al
+from verl.utils.dataset.rl_dataset import get_dataset_class
+from omegaconf import OmegaConf
+assert "verlog_langgraph" not in al._agent_loop_registry
+config = OmegaConf.load(sys.argv[1])
+assert config.actor_rollout_ref.rollout.agent.agent_loop_config_path is None
+get_dataset_class(config.data)  # what verl's AgentLoopWorker.__init__ does
+entry = al._agent_loop_registry["verlog_langgraph"]
+print(entry["_target_"])
+"""
     from omegaconf import OmegaConf
 
-    from verlog.integrations.verl.agent_loop import LangGraphAgentLoop
-    from verlog.integrations.verl.launch import AGENT_LOOPS_FILE
+    from verlog.integrations.verl.launch import compose_verl_config
 
-    (entry,) = OmegaConf.load(AGENT_LOOPS_FILE)
-    assert entry.name == "verlog_langgraph" and get_class(entry._target_) is LangGraphAgentLoop
+    config = compose_verl_config(ROOT / "configs" / "verl_babyai.yaml", [OFFLINE_MODEL])
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(OmegaConf.to_yaml(config))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run([sys.executable, "-c", script, f.name], capture_output=True, text=True, env=env,
+                         timeout=180, cwd="/")
+    os.unlink(f.name)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "verlog.integrations.verl.agent_loop.LangGraphAgentLoop"
 
 
 def test_a_config_without_a_graph_is_refused(tmp_path):

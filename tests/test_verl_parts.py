@@ -386,3 +386,48 @@ def test_a_truncated_turn_bootstraps_from_its_next_state_row_and_a_terminated_on
     assert ret_term[1, 0].item() == pytest.approx(1.0)
     assert adv_trunc[2].abs().sum() == 0  # the next-state row trains nothing
     assert m_trunc["verlog/truncated_turns_bootstrapped"] == 1 and m_term["verlog/truncated_turns_bootstrapped"] == 0
+
+
+# ---------------------------------------------------------------------- per-turn temperature, checkpoints
+
+
+def test_a_turn_sampled_at_another_temperature_than_verl_scores_is_refused_in_one_line():
+    from verlog.integrations.verl.agent_loop import TurnTemperatureError, check_turn_temperature
+    from verlog.rollout.turn import Turn
+
+    turn = Turn("ep", 0, [1], [2], [-0.1], temperature=0.7, node="think")
+    with pytest.raises(TurnTemperatureError) as info:
+        check_turn_temperature(turn, 1.0)
+    message = str(info.value)
+    assert "\n" not in message and "'think'" in message and "0.7" in message and "temperature=1" in message
+    check_turn_temperature(Turn("ep", 0, [1], [2], [-0.1], temperature=0.7), 0.7)
+    check_turn_temperature(Turn("ep", 0, [1], [2], [-0.1], temperature=0.0), 1.0)  # greedy: scored at 1
+
+
+def test_slot_episode_counters_are_saved_with_verls_checkpoint_and_restored(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from verlog.integrations.verl.dataset import VerlogRows, rows_uri
+    from verlog.integrations.verl.samples import RowInfo
+    from verlog.integrations.verl.trainer import SLOTS_FILE, VerlogPPOTrainer
+
+    monkeypatch.setattr(PPOTrainer, "_save_checkpoint", lambda self: None)
+    monkeypatch.setattr(PPOTrainer, "_load_checkpoint", lambda self: setattr(self, "global_steps", 7))
+    config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path), "resume_mode": "auto"}})
+
+    def trainer():
+        t = object.__new__(VerlogPPOTrainer)
+        t.config, t.slot_episodes, t.global_steps = config, {}, 7
+        t.train_dataset = VerlogRows(rows_uri("slots", 2))
+        return t
+
+    first = trainer()
+    summary = {"episodes_started": {"0:0": 5, "1:0": 9}}
+    first._note_slot_episodes([RowInfo("turn", "a", 0, "e", 0, 0.0, False, False, summary), None])
+    first._save_checkpoint()
+    assert (tmp_path / "global_step_7" / SLOTS_FILE).is_file()
+    resumed = trainer()
+    resumed._load_checkpoint()
+    assert resumed.slot_episodes == {"0:0": 5, "1:0": 9}
+    assert resumed.train_dataset[1]["extra_info"]["verlog_episodes_started"] == {"0": 9}

@@ -352,3 +352,205 @@ def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, mode):
     # each slot's episodes so far (slot 0: seeds 0, 3, 4; slot 1: 1, 2, 5), for checkpoints and the next rows
     assert trainer.slot_episodes == {"0:0": 3, "1:0": 3}
     assert trainer.train_dataset[1]["extra_info"]["verlog_episodes_started"] == {"0": 3}
+
+
+# ---------------------------------------------------------------------- sync nodes, truncation
+
+SYNC_GRAPH = '''
+"""Sync nodes only (def + model.invoke); a step cap of 3 truncates every episode and reports the
+prompt the model would have been given next."""
+from typing import Any
+from langchain_core.messages import HumanMessage
+from langgraph.graph import END, START, StateGraph
+from typing_extensions import TypedDict
+from verlog.rollout.events import report_reward
+
+
+class State(TypedDict):
+    seed: int
+    step: int
+
+
+def make_input(seed: int) -> dict[str, Any]:
+    return {"seed": seed, "step": 0}
+
+
+def prompt(state) -> list:
+    return [HumanMessage(f"game {state['seed']}, step {state['step']}: move?")]
+
+
+def build_graph(model, cap=3):
+    def policy(state: State):
+        model.invoke(prompt(state))
+        return {}
+
+    def env(state: State):
+        step = state["step"] + 1
+        cut = step >= cap
+        report_reward(0.5, truncated=cut, next_messages=prompt({**state, "step": step}) if cut else None)
+        return {"step": step}
+
+    graph = StateGraph(State)
+    graph.add_node("policy", policy)
+    graph.add_node("env", env)
+    graph.add_edge(START, "policy")
+    graph.add_edge("policy", "env")
+    graph.add_conditional_edges("env", lambda s: END if s["step"] >= cap else "policy")
+    return graph.compile()
+'''
+
+
+@pytest.fixture(scope="module")
+def sync_world(tmp_path_factory, tiny_dir):
+    """Two verl training steps of a graph whose nodes are all sync, through verl's agent-loop worker."""
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from verlog.backends.embedded import EmbeddedEngine
+    from verlog.integrations.verl.agent_loop import close_slots
+    from verlog.integrations.verl.dataset import VerlogRows
+    from verlog.integrations.verl.launch import compose_verl_config
+    from verlog.integrations.verl.local import EngineServerClient, MemoryTransferQueue
+    from verlog.models import load_causal_lm, load_tokenizer
+
+    root = tmp_path_factory.mktemp("verl_sync")
+    (root / "capped.py").write_text(SYNC_GRAPH)
+    config_file = root / "capped.yaml"
+    config_file.write_text(yaml.safe_dump({
+        "verlog": {"num_envs": NUM_ENVS, "turns_per_env": TURNS},
+        "actor_rollout_ref": {
+            "model": {"path": "tiny"},
+            "rollout": {"name": "sglang", "prompt_length": 256, "response_length": 4,
+                        "multi_turn": {"langgraph": {"path": "capped.py", "graph_config": {"recursion_limit": 30}}}},
+        },
+        "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
+    }))
+    config = compose_verl_config(config_file)
+    store = MemoryTransferQueue()
+    tokenizer = load_tokenizer(tiny_dir)
+    keys_by_step: dict[int, list[str]] = {}
+
+    async def run():
+        engine = EmbeddedEngine(load_causal_lm(tiny_dir), tokenizer, max_batch_size=8, seed=0)
+        client = EngineServerClient(engine)
+        worker = AgentLoopWorkerTQ.__ray_actor_class__(config, client, None, None)
+        try:
+            for step in (1, 2):
+                rows = VerlogRows(config.data.train_files)
+                data = collate_fn([rows[i] for i in range(len(rows))])
+                data["uid"] = np.array([uuid.uuid4().hex for _ in range(len(rows))], dtype=object)
+                batch = tu.get_tensordict(data)
+                tu.assign_non_tensor_data(batch, "global_steps", step)
+                before = set(store.trajectory_keys("train"))
+                await asyncio.wait_for(worker.generate_sequences(batch), 120)
+                while worker.background_tasks:
+                    await asyncio.sleep(0.02)
+                keys_by_step[step] = [k for k in store.trajectory_keys("train") if k not in before]
+            # a restart: the slots are gone; the rows carry the counters the last step reported
+            # (as the trainer restores them from a checkpoint), so seeds go on
+            reported = {}
+            for key in keys_by_step[2]:
+                summary = store.rows["train"][key]["extra_fields"]["verlog_summary"]
+                reported.update((summary or {}).get("episodes_started", {}))
+            await close_slots()
+            rows = VerlogRows(config.data.train_files)
+            rows.episodes_started = reported
+            data = collate_fn([rows[i] for i in range(len(rows))])
+            data["uid"] = np.array([uuid.uuid4().hex for _ in range(len(rows))], dtype=object)
+            batch = tu.get_tensordict(data)
+            tu.assign_non_tensor_data(batch, "global_steps", 3)
+            before = set(store.trajectory_keys("train"))
+            await asyncio.wait_for(worker.generate_sequences(batch), 120)
+            while worker.background_tasks:
+                await asyncio.sleep(0.02)
+            keys_by_step[3] = [k for k in store.trajectory_keys("train") if k not in before]
+        finally:
+            await close_slots()
+            await engine.aclose()
+        return client, reported
+
+    with store.patch():
+        client, reported = asyncio.run(run())
+    return SimpleNamespace(config=config, store=store, client=client, keys=keys_by_step, tokenizer=tokenizer,
+                           reported=reported)
+
+
+def test_a_graph_of_sync_nodes_runs_under_verls_agent_loop(sync_world):
+    """``def`` nodes calling ``model.invoke`` give one exact row per call, step after step."""
+    calls = {(c["request_id"], tuple(c["prompt_ids"])): c for c in sync_world.client.calls}
+    assert len(sync_world.client.calls) == 3 * NUM_ENVS * TURNS
+    for step in (1, 2):
+        for rows in _by_slot(sync_world, step).values():
+            turns = [(row, e) for _, row, e in rows if e["verlog_kind"] == "turn"]
+            assert [e["verlog_turn_index"] for _, e in turns] == [0, 1, 2]
+            for row, e in turns:
+                call = calls[(e["verlog_episode_id"], tuple(row["prompts"].tolist()))]
+                assert row["responses"].tolist() == call["token_ids"]
+                assert row["rollout_log_probs"].tolist() == pytest.approx(call["logprobs"], abs=0)
+
+
+def test_a_truncated_turn_sends_its_next_state_as_a_value_row(sync_world):
+    """The step cap truncates each episode at its third turn: its next prompt, rendered as the chat
+    model renders a call, follows the turns as a ``next_state`` row (no bootstrap row: the turn is
+    done), and the trainer's advantage step reads its value as the truncated turn's bootstrap."""
+    from langchain_core.messages import HumanMessage
+
+    from verlog.llm.prompt import PromptRenderer
+
+    renderer = PromptRenderer(sync_world.tokenizer, {})
+    for step in (1, 2):
+        for rows in _by_slot(sync_world, step).values():
+            kinds = [e["verlog_kind"] for _, _, e in rows]
+            assert kinds == ["turn"] * 3 + ["next_state"]
+            (_, last, last_e), (_, nxt, nxt_e) = rows[2], rows[3]
+            assert last_e["verlog_truncated"] and not last_e["verlog_terminated"]
+            assert (nxt_e["verlog_episode_id"], nxt_e["verlog_turn_index"]) == (last_e["verlog_episode_id"], 2)
+            prompt_text = sync_world.tokenizer.decode(last["prompts"].tolist())
+            seed = int(prompt_text.split("game ")[1].split(",")[0])
+            expected = renderer.render([HumanMessage(f"game {seed}, step 3: move?")], None)
+            assert nxt["prompts"].tolist() == expected
+            assert nxt["response_mask"].tolist() == [0]
+
+    # the advantage step: each truncated turn's return is its reward + gamma_step * V(next state)
+    from transfer_queue import KVBatchMeta
+
+    from verlog.integrations.verl.trainer import VerlogPPOTrainer, check_verl_config
+
+    store = copy.deepcopy(sync_world.store)
+    keys = list(sync_world.keys[1])
+    for i, key in enumerate(keys):
+        store.rows["train"][key]["values"] = torch.full((len(store.rows["train"][key]["responses"]),), float(i))
+    trainer = object.__new__(VerlogPPOTrainer)
+    trainer.config, trainer.spec = sync_world.config, check_verl_config(sync_world.config)
+    trainer.slot_episodes = {}
+    metrics: dict = {}
+    with store.patch():
+        batch = KVBatchMeta(keys=keys, tags=[dict(store.tags["train"][k]) for k in keys], partition_id="train")
+        trainer._compute_advantage(batch, metrics, initial_policy=True)
+    assert metrics["verlog/truncated_turns_bootstrapped"] == NUM_ENVS
+    gamma = trainer.spec.settings.gae.gamma_step
+    for rows in _by_slot(SimpleNamespace(store=store, keys={1: keys}), 1).values():
+        (last_key, last, _), (next_key, _, _) = rows[2], rows[3]
+        assert last["returns"][-1].item() == pytest.approx(0.5 + gamma * keys.index(next_key))
+
+
+def _seeds(world, step):
+    """The seed each slot played in a step (the prompts name it)."""
+    seeds = {}
+    for slot, rows in _by_slot(world, step).items():
+        text = world.tokenizer.decode(rows[0][1]["prompts"].tolist())
+        seeds[slot] = int(text.split("game ")[1].split(",")[0])
+    return seeds
+
+
+def test_slot_seeds_rotate_and_go_on_after_a_restart(sync_world):
+    """Slot i's j-th episode plays seed 2 j + (i + j) % 2; restarted slots (new processes, as after a
+    resume) continue from the episode counters the rows carry instead of replaying seeds 0 and 1."""
+    from verlog.integrations.verl.agent_loop import slot_seed
+
+    assert _seeds(sync_world, 1) == {0: 0, 1: 1} and _seeds(sync_world, 2) == {0: 3, 1: 2}
+    assert sync_world.reported == {"0:0": 3, "1:0": 3}  # episodes 0, 1 played, 2 started and held
+    assert _seeds(sync_world, 3) == {0: slot_seed(0, 3, 0, 2), 1: slot_seed(0, 3, 1, 2)} == {0: 7, 1: 6}
+    played = [slot_seed(0, j, i, 4) for j in range(5) for i in range(4)]
+    assert sorted(played) == list(range(20))  # every seed once, whatever the rotation
