@@ -38,6 +38,7 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout_overhead.py
 	$(BIN)/python benchmarks/engine_batching.py
+	$(BIN)/python benchmarks/prefix_cache.py
 	$(BIN)/python benchmarks/prompt_tokens.py
 	$(BIN)/python benchmarks/gae_speed.py
 	$(BIN)/python benchmarks/env_speed.py --quick

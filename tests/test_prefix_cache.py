@@ -182,3 +182,13 @@ async def test_a_weight_update_invalidates_the_cache(tiny_model, tiny_tokenizer)
 async def test_prefix_cache_size_is_checked(tiny_model, tiny_tokenizer):
     with pytest.raises(ValueError, match="prefix_cache_bytes must be >= 0"):
         EmbeddedEngine(tiny_model, tiny_tokenizer, prefix_cache_bytes=-1)
+
+
+def test_rows_of_very_different_lengths_are_prefilled_in_separate_passes():
+    from verlog.backends.embedded import _pack_by_length
+
+    assert _pack_by_length([90, 88, 91, 87], overhead=32) == [[2, 0, 1, 3]]  # alike: one pass
+    groups = _pack_by_length([142, 24, 36, 119, 30], overhead=32)
+    assert sorted(i for g in groups for i in g) == [0, 1, 2, 3, 4]
+    assert [sorted(g) for g in groups] == [[0, 3], [1, 2, 4]]
+    assert _pack_by_length([400] + [20] * 8, overhead=32) == [[0], list(range(1, 9))]

@@ -237,10 +237,12 @@ class EmbeddedEngine(Engine):
     def weights_lock(self) -> Iterator[None]:
         """Hold this while changing the model's weights: no batch runs meanwhile.
 
-        The prefix cache is cleared on release (its KV belongs to the weights before), and KV of
-        requests that were decoding meanwhile is never put back into it.
+        The prefix cache is cleared on entry (its memory is free for the update) and again on
+        release (its KV belongs to the weights before); KV of requests that were decoding
+        meanwhile is never put back into it.
         """
         with self._weights_lock:
+            self.prefix_cache.clear()
             try:
                 yield
             finally:
