@@ -8,19 +8,29 @@ verl's ``LLMServerClient`` (``LLMServerEngine``), records every model call with 
 
 Two kinds of rows come from verlog's dataset (``verlog.integrations.verl.dataset``):
 
-* **slot** rows (training): each is a persistent env slot. Its ``SlotRunner`` lives in the worker
-  process across verl steps; each step the slot gives exactly ``verlog.turns_per_env`` turns,
-  then its next model call is held until the next step (after the weights are updated), so an
-  episode cut by the boundary continues under the new weights. The held call's prompt comes
-  back as a bootstrap row whose critic value bootstraps the cut turn.
+* **slot** rows (training): each is a persistent env slot. Its ``SlotRunner`` (one slot, built
+  around its gated engine) lives in the worker process across verl steps; each step the slot
+  gives exactly ``verlog.turns_per_env`` turns, then its next model call is held until the next
+  step (after the weights are updated), so an episode cut by the boundary continues under the
+  new weights. The held call's prompt comes back as a bootstrap row whose critic value
+  bootstraps the cut turn. Slot ``i``'s ``j``-th episode plays ``slot_seed(seed, j, i, S)``; the
+  episodes a slot has started are reported with each sample (the trainer saves them with its
+  checkpoints) and a slot created afresh goes on from the count its row carries.
 * **episode** rows (validation, or training with ``verlog.turns_per_env: null``): one whole
   episode from its seed; the last output's ``reward_score`` is the episode's return and its
   ``reward_extra_info`` has ``acc`` (success), so verl's validation metrics are win rates.
 
+Graph nodes may be ``def`` (``model.invoke``) or ``async def`` (``model.ainvoke``): the slot
+runner and the episode runner serve both. A truncated turn whose environment reported the
+next prompt gets a next-state row (its value bootstraps the turn). A training turn sampled at
+another temperature than ``actor_rollout_ref.rollout.temperature`` is refused
+(``TurnTemperatureError``): verl's trainer scores every row at that one temperature.
+
 A failed episode (graph error, recursion limit, timeout, engine failure) yields no sample: an
-episode row returns ``[]``; a slot drops the failed episode's turns, starts a new episode and
-refills its quota, and counts the failure (``verlog/failed_episodes`` in the trainer's metrics).
-A slot that fails ``verlog.max_consecutive_failures`` episodes in a row raises, and verl marks
+episode row returns ``[]``; a slot drops the failed episode's turns in the batch being
+collected, starts a new episode and refills its quota, and counts the failure
+(``verlog/failed_episodes`` in the trainer's metrics). A slot that fails
+``verlog.max_consecutive_failures`` episodes in a row raises ``SlotFailureError``, and verl marks
 the row's group as failed.
 """
 
@@ -51,7 +61,16 @@ from verlog.integrations.verl.samples import (
 )
 from verlog.integrations.verl.settings import AGENT_NAME, AgentSpec, agent_spec
 
-__all__ = ["AGENT_NAME", "LangGraphAgentLoop", "close_slots", "open_slots"]
+__all__ = [
+    "AGENT_NAME",
+    "LangGraphAgentLoop",
+    "TurnTemperatureError",
+    "check_turn_temperature",
+    "close_slots",
+    "open_slots",
+    "slot_key",
+    "slot_seed",
+]
 
 logger = logging.getLogger(__name__)
 
