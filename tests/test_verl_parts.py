@@ -58,7 +58,6 @@ def test_engine_sends_sglang_no_stop_strings_only_single_token_ids(tiny_tokenize
     """verl's SGLang runs without a tokenizer: a stop string that is one token becomes a stop id,
     a longer one is cut client-side; the fake server refuses ``stop`` and ``seed`` as SGLang would."""
     from verlog.backends.base import SamplingParams
-    from verlog.backends.embedded import EmbeddedEngine
     from verlog.integrations.verl.engine import LLMServerEngine, single_token_ids
     from verlog.integrations.verl.local import EngineServerClient
 
@@ -87,7 +86,6 @@ def test_engine_sends_sglang_no_stop_strings_only_single_token_ids(tiny_tokenize
         asyncio.run(client.generate("r", prompt_ids=[1], sampling_params={"seed": 1}))
     gen = _generate(LLMServerEngine(client, tiny_tokenizer), [1], SamplingParams(stop=("ACTION:",), seed=3))
     assert tiny_tokenizer.decode(gen.token_ids).endswith("ACTION:") and gen.finish_reason == "stop"
-    del EmbeddedEngine
 
 
 def test_engine_applies_stop_strings_itself(tiny_tokenizer):

@@ -93,6 +93,7 @@ class LLMServerEngine(Engine):
     ):
         self.client = client
         self.server = server
+        self._stop_split: dict[tuple[str, ...], tuple[list[int], tuple[str, ...]]] = {}
         self.tokenizer = tokenizer
         self.request_prefix = request_prefix
         self.max_prompt_tokens = max_prompt_tokens
@@ -130,10 +131,9 @@ class LLMServerEngine(Engine):
         return params
 
     def _split_stops(self, stops: tuple[str, ...]) -> tuple[list[int], tuple[str, ...]]:
-        cache = self.__dict__.setdefault("_stop_cache", {})
-        if stops not in cache:
-            cache[stops] = single_token_ids(self.tokenizer, stops)
-        return cache[stops]
+        if stops not in self._stop_split:
+            self._stop_split[stops] = single_token_ids(self.tokenizer, stops)
+        return self._stop_split[stops]
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
