@@ -336,7 +336,7 @@ def test_scores_pool_an_environments_episodes_leave_crashes_out_and_use_balrogs_
                _record("babyai", "open", 2, 100.0), _record("babyai", "open", 3, 0.0, status="error"),
                _record("crafter", "crafter", 0, 50.0)]
     summary = summarize(records)
-    goto, open_ = summary.tasks
+    goto, open_, _ = summary.tasks
     assert open_.episodes == 3 and open_.errors == 1 and open_.progression == 100.0
     assert goto.progression_se == pytest.approx(50.0 / math.sqrt(2))  # population s.d. / sqrt(n)
     babyai = summary.envs[0]

@@ -29,6 +29,12 @@ def record(env: str, task: str, seed: int, progression: float, *, status: str = 
                          success=status == "ok" and progression == 100.0, progression=progression, seconds=0.1)
 
 
+def _said(capsys) -> str:
+    """What a command printed, on either stream (the CLI prints some errors on stderr)."""
+    captured = capsys.readouterr()
+    return captured.out + captured.err
+
+
 def hand_made() -> list[EpisodeRecord]:
     return [
         *(record("a", "a1", s, p) for s, p in enumerate([100.0, 0.0, 100.0, 0.0])),
@@ -39,20 +45,20 @@ def hand_made() -> list[EpisodeRecord]:
 
 # ------------------------------------------------------------------------------ aggregation
 def test_progression_is_averaged_per_task_then_environment_then_overall():
-    summary = summarize(hand_made(), order=[("b", "b"), ("a", "a1"), ("a", "a2")])
+    records = [*hand_made(), record("b", "b", 3, 90.0, status="error")]  # a crash: left out, as BALROG does
+    summary = summarize(records, order=[("b", "b"), ("a", "a1"), ("a", "a2")])
     b, a1, a2 = summary.tasks
     assert [t.task for t in summary.tasks] == ["b", "a1", "a2"] and a1.env == "a"
     assert (a1.progression, a1.progression_se) == pytest.approx(mean_se([100, 0, 100, 0]))
-    assert a1.progression_se == pytest.approx(math.sqrt(100**2 / 3) / 2)  # sample sd / sqrt(n)
+    assert a1.progression_se == pytest.approx(50.0 / 2)  # BALROG's: sd with divisor n, over sqrt(n)
     assert (a1.win_rate, a2.win_rate, a2.progression, a2.progression_se) == (0.5, 0.0, 50.0, 0.0)
-    assert a2.return_mean == 1.0 and b.failed == 1 and b.episodes == 3
-    assert (b.progression, b.progression_se) == pytest.approx((20.0, 10 / math.sqrt(3)))
+    assert a2.return_mean == 1.0 and b.failed == 1 and b.episodes == 3 and b.errors == 1
+    assert (b.progression, b.progression_se) == pytest.approx((20.0, math.sqrt(200 / 3) / math.sqrt(3)))
 
     env_b, env_a = summary.envs  # environments in the order of their first task
     assert env_a.name == "a" and env_a.parts == 2 and env_a.episodes == 6
-    # an environment is the plain mean of its tasks (a2's 2 episodes weigh as much as a1's 4)
-    assert env_a.progression == pytest.approx(50.0)
-    assert env_a.progression_se == pytest.approx(math.sqrt(a1.progression_se**2 + 0.0) / 2)
+    # an environment is the mean over all its episodes (BALROG's), not the mean of its tasks
+    assert (env_a.progression, env_a.progression_se) == pytest.approx(mean_se([100, 0, 100, 0, 50, 50]))
     assert (env_b.progression, env_b.progression_se) == pytest.approx((b.progression, b.progression_se))
     # overall: BALROG's mean over environments, not over episodes
     overall = summary.overall
@@ -119,11 +125,11 @@ def test_balrog_suite_names_six_environments():
 def test_bad_invocations_fail_in_one_line(tmp_path, capsys):
     config = str(ROOT / "configs" / "guess_number.yaml")
     assert main(["eval", config, "--model", "tiny"]) == 2
-    assert "--base-url and --model go together" in capsys.readouterr().out
+    assert "--base-url and --model go together" in _said(capsys)
     assert main(["eval", config, "--checkpoint", str(tmp_path / "none")]) == 2
-    assert "no checkpoint in" in capsys.readouterr().out
+    assert "no checkpoint in" in _said(capsys)
     assert main(["eval", "--no-chart"]) == 2
-    assert "nothing to evaluate" in capsys.readouterr().out
+    assert "nothing to evaluate" in _said(capsys)
 
 
 def test_unreachable_endpoint_is_one_clear_line(tmp_path, capsys):
@@ -134,7 +140,7 @@ def test_unreachable_endpoint_is_one_clear_line(tmp_path, capsys):
     url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     code = main(["eval", str(ROOT / "configs" / "guess_number.yaml"), "--base-url", url, "--model", "tiny",
                  "--out", str(tmp_path / "out"), "--no-chart"])
-    out = capsys.readouterr().out
+    out = _said(capsys)
     assert code == 2
     [error] = [line for line in out.splitlines() if "error" in line]
     assert error.startswith("error: cannot reach the OpenAI-compatible endpoint") and url in error
@@ -226,6 +232,6 @@ def test_eval_against_serve_model_resumes_after_a_kill(served_tiny, tmp_path, ca
     # run again, a finished evaluation plays nothing; other settings in the same folder are refused
     args = cmd[cmd.index("eval"):]
     assert main([*args, "--no-chart"]) == 0
-    assert f"{total} finished earlier, 0 to play" in capsys.readouterr().out and len(_lines(episodes)) == total
+    assert f"{total} finished earlier, 0 to play" in _said(capsys) and len(_lines(episodes)) == total
     assert main([*args, "--temperature", "0.2"]) == 2
-    assert "played with other settings" in capsys.readouterr().out
+    assert "played with other settings" in _said(capsys)

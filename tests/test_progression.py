@@ -101,6 +101,6 @@ def test_existing_environments_report_progression() -> None:
     assert result.info["progression"] == pytest.approx(len(result.info["achievements"]) / 22)
 
     babaisai = pytest.importorskip("verlog.envs.babaisai")
-    baba = babaisai.make(babaisai.TASKS[0], 0, max_steps=3)
+    baba = babaisai.make("goto_win", 0, max_steps=3, ensure_solvable=False)
     baba.reset()
     assert baba.step("ACTION: idle").info["progression"] == 0.0

@@ -342,10 +342,12 @@ def generate(
     if not ensure_solvable:
         return build(task, cfg, rng)
     if solver is None:
-        from .solver import solve
+        from .solver import BOT_MAX_STATES, solve
 
         def solver(state: GameState, depth: int) -> list[str] | None:
-            return solve(state, depth, win_rule=win_rule)
+            # a level the search cannot win within the bot's budget is redrawn too (proving a level
+            # unsolvable takes minutes; such levels are rare and always the unsolvable ones seen)
+            return solve(state, depth, max_states=BOT_MAX_STATES, win_rule=win_rule)
     for attempt in range(100):
         level = build(task, cfg, rng)
         if solver(level.state, max_steps) is not None:
