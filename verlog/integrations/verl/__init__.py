@@ -10,7 +10,8 @@ distributed engine. Where each piece lives:
 * ``layout`` / ``advantage`` - verl rows -> ``TurnBatch`` -> ``verlog.algo.dual_gae`` -> verl rows
 * ``trainer``     - ``VerlogPPOTrainer`` (verl's sync v1 trainer, ``trainer.v1.trainer_mode: verlog``):
   dual-discount GAE and Verlog's critic pre-training
-* ``dataset``     - verl's dataset of slot / validation-episode rows (``verlog://`` data files)
+* ``dataset``     - verl's dataset of slot / validation-episode rows (``verlog://`` data files);
+  loading it registers the agent loop in verl's workers
 * ``settings`` / ``multi_turn`` - the ``verlog:`` block and the agent's ``multi_turn`` block
 * ``launch`` / ``task_runner`` - ``verlog train --engine verl CONFIG``
 

@@ -243,11 +243,12 @@ class VerlogPPOTrainer(PPOTrainerSync):
             dataset.episodes_started = dict(self.slot_episodes)
 
     def _save_checkpoint(self) -> None:
-        super()._save_checkpoint()
+        # before verl's own save, which ends by naming this step the latest checkpoint
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, SLOTS_FILE), "w") as f:
             json.dump({"episodes_started": self.slot_episodes}, f)
+        super()._save_checkpoint()
 
     def _load_checkpoint(self) -> None:
         super()._load_checkpoint()
