@@ -82,6 +82,7 @@ def build_env_graph(
     max_tokens: int | None = None,
     env_kwargs: dict[str, Any] | None = None,
     protocol: str = "verlog",
+    instruction: str | None = None,
 ):
     """A compiled graph playing ``env_name`` with ``model``.
 
@@ -92,6 +93,8 @@ def build_env_graph(
         env_kwargs: passed to ``make_env`` (``max_steps``, ``invalid_action_penalty``, ...).
         protocol: ``"verlog"`` (the training variant) or ``"balrog"`` (BALROG's game settings,
             prompt and answer rule).
+        instruction: a text shown instead of the game's instruction, e.g. a short one for a small
+            model trained from scratch; ``{mission}`` in it stands for the level's mission.
     """
     check_protocol(protocol)
     balrog = protocol == "balrog"
@@ -119,7 +122,9 @@ def build_env_graph(
         while len(games) > MAX_LIVE_GAMES:
             games.popitem(last=False)[1].close()
         return {
-            "game_id": game_id, "instruction": env.instruction, "observation": observation,
+            "game_id": game_id, "observation": observation,
+            "instruction": env.instruction if instruction is None
+            else instruction.replace("{mission}", str(getattr(env, "mission", ""))),
             "history": [], "feedback": "", "steps": 0, "episode_return": 0.0, "done": False, "info": {},
         }
 
@@ -200,6 +205,7 @@ def build_game_graph(
     max_tokens: int | None | str = "default",
     max_steps: int | None = None,
     invalid_action_penalty: float | None = None,
+    instruction: str | None = None,
     **env_kwargs: Any,
 ):
     """:func:`build_env_graph` with the protocol's defaults: verlog's (one past exchange, the
@@ -219,4 +225,5 @@ def build_game_graph(
     return build_env_graph(
         model, env_name, history_turns=history_turns, max_tokens=max_tokens,  # type: ignore[arg-type]
         env_kwargs={k: v for k, v in kwargs.items() if v is not None}, protocol=protocol,
+        instruction=instruction,
     )
