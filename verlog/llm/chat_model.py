@@ -20,19 +20,20 @@ engine saw and ``response_ids`` exactly what it generated.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
-from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from verlog.backends.base import Engine, Generation, SamplingParams, run_sync
 from verlog.llm.prompt import PromptRenderer
+from verlog.llm.streaming import TextReleaser, last_chunk
 from verlog.llm.tool_calls import TOOL_CALL_OPEN, parse_tool_calls, tool_schemas
 
 #: run-config metadata key under which the episode runner puts the episode id; the chat model
@@ -222,6 +223,18 @@ class VerlogChatModel(BaseChatModel):
             seed=kwargs.get("seed", self.seed),
         )
 
+    def _prepare(
+        self, messages: list[BaseMessage], stop: list[str] | None, metadata: dict[str, Any] | None,
+        kwargs: dict[str, Any],
+    ) -> tuple[list[int], SamplingParams, str, bool, str | None]:
+        """A call's prompt ids, sampling, forced prefix, whether tools are offered, request id."""
+        tools = kwargs.get("tools")
+        sampling = self._sampling(stop, kwargs)
+        prompt_ids, prefix = self.prompt_for(messages, tools, kwargs.get("tool_choice"))
+        if kwargs.get("tool_choice") == "none":
+            tools = None
+        return prompt_ids, sampling, prefix, bool(tools), (metadata or {}).get(EPISODE_ID_KEY)
+
     async def _call(
         self,
         messages: list[BaseMessage],
@@ -229,15 +242,57 @@ class VerlogChatModel(BaseChatModel):
         metadata: dict[str, Any] | None,
         kwargs: dict[str, Any],
     ) -> ChatResult:
-        tools = kwargs.get("tools")
-        sampling = self._sampling(stop, kwargs)
-        prompt_ids, prefix = self.prompt_for(messages, tools, kwargs.get("tool_choice"))
-        if kwargs.get("tool_choice") == "none":
-            tools = None
-        request_id = (metadata or {}).get(EPISODE_ID_KEY)
+        prompt_ids, sampling, prefix, has_tools, request_id = self._prepare(messages, stop, metadata, kwargs)
         generation = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
-        message = self._to_message(prompt_ids, generation, sampling, has_tools=bool(tools), prefix=prefix)
+        message = self._to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+    async def _pieces(
+        self, messages: list[BaseMessage], stop: list[str] | None, metadata: dict[str, Any] | None,
+        kwargs: dict[str, Any],
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """The answer in pieces as the engine chooses tokens (``Engine.stream``); the pieces join
+        into exactly the answer ``ainvoke`` returns, token data and tool calls included."""
+        prompt_ids, sampling, prefix, has_tools, request_id = self._prepare(messages, stop, metadata, kwargs)
+        releaser = TextReleaser(
+            lambda ids: self.answer_text(ids, sampling, finished=False), sampling, hold_all=has_tools or bool(prefix)
+        )
+        async for item in self.engine.stream(prompt_ids, sampling, request_id=request_id):
+            if isinstance(item, Generation):
+                final = self._to_message(prompt_ids, item, sampling, has_tools=has_tools, prefix=prefix)
+                yield ChatGenerationChunk(message=last_chunk(final, releaser.sent))
+                return
+            piece = releaser.push(item.token_ids)
+            if piece:
+                yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        async for chunk in self._pieces(messages, stop, run_manager.metadata if run_manager else None, kwargs):
+            yield chunk
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        """``_astream`` for sync callers: each piece is fetched on verlog's sync-bridge loop."""
+        pieces = self._pieces(messages, stop, run_manager.metadata if run_manager else None, kwargs)
+        try:
+            while True:
+                try:
+                    yield run_sync(pieces.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            run_sync(pieces.aclose())
 
     def _to_message(
         self, prompt_ids: list[int], gen: Generation, sampling: SamplingParams, *, has_tools: bool,
