@@ -554,3 +554,53 @@ def test_slot_seeds_rotate_and_go_on_after_a_restart(sync_world):
     assert _seeds(sync_world, 3) == {0: slot_seed(0, 3, 0, 2), 1: slot_seed(0, 3, 1, 2)} == {0: 7, 1: 6}
     played = [slot_seed(0, j, i, 4) for j in range(5) for i in range(4)]
     assert sorted(played) == list(range(20))  # every seed once, whatever the rotation
+
+
+def test_whole_episode_training_rows_carry_next_state_rows(tmp_path, tiny_dir):
+    """``verlog.turns_per_env: null``: each row plays one whole episode; its truncated last turn is
+    followed by its next-state row, and the episode's metrics sit on the last output (verl reads them there)."""
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from verlog.backends.embedded import EmbeddedEngine
+    from verlog.integrations.verl.dataset import VerlogRows
+    from verlog.integrations.verl.launch import compose_verl_config
+    from verlog.integrations.verl.local import EngineServerClient, MemoryTransferQueue
+    from verlog.models import load_causal_lm, load_tokenizer
+
+    (tmp_path / "capped.py").write_text(SYNC_GRAPH)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({
+        "verlog": {"num_envs": 2, "turns_per_env": None},
+        "actor_rollout_ref": {
+            "model": {"path": "tiny"},
+            "rollout": {"name": "sglang", "prompt_length": 256, "response_length": 4,
+                        "multi_turn": {"langgraph": {"path": "capped.py", "graph_config": {"recursion_limit": 30},
+                                                     "graph_kwargs": {"cap": 2}}}},
+        },
+        "trainer": {"n_gpus_per_node": 1, "total_training_steps": 1},
+    }))
+    config = compose_verl_config(tmp_path / "c.yaml")
+    store = MemoryTransferQueue()
+
+    async def run():
+        engine = EmbeddedEngine(load_causal_lm(tiny_dir), load_tokenizer(tiny_dir), max_batch_size=8, seed=0)
+        worker = AgentLoopWorkerTQ.__ray_actor_class__(config, EngineServerClient(engine), None, None)
+        try:
+            rows = VerlogRows(config.data.train_files)
+            data = collate_fn([rows[i] for i in range(len(rows))])
+            data["uid"] = np.array([uuid.uuid4().hex for _ in range(len(rows))], dtype=object)
+            batch = tu.get_tensordict(data)
+            tu.assign_non_tensor_data(batch, "global_steps", 1)
+            await asyncio.wait_for(worker.generate_sequences(batch), 120)
+            while worker.background_tasks:
+                await asyncio.sleep(0.02)
+        finally:
+            await engine.aclose()
+
+    with store.patch():
+        asyncio.run(run())
+    world = SimpleNamespace(store=store, keys={1: store.trajectory_keys("train")})
+    for rows in _by_slot(world, 1).values():
+        assert [e["verlog_kind"] for _, _, e in rows] == ["turn", "turn", "next_state"]
+        assert rows[-1][2]["reward_extra_info"]["episode_turns"] == 2.0

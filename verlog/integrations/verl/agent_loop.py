@@ -351,7 +351,9 @@ class LangGraphAgentLoop(AgentLoopBase):
             )
         final = outputs[len(episode.turns) - 1]
         final.reward_score = float(episode.total_reward) if evaluation else final.reward_score
-        final.extra_fields["reward_extra_info"] = _episode_metrics(episode)
+        # verl reads the episode's metrics from the last output (a next-state row may follow the last turn)
+        for output in {id(final): final, id(outputs[-1]): outputs[-1]}.values():
+            output.extra_fields["reward_extra_info"] = _episode_metrics(episode)
         return outputs
 
 
