@@ -591,7 +591,8 @@ class BabyAIBotAgent:
     """minigrid's ``BabyAIBot`` playing through the text interface.
 
     The bot plans on the true level state (it is an oracle); each of its moves is turned into an
-    answer, the bare action name, that the caller passes to ``env.step``. Call ``reset`` after
+    answer (``"ACTION: <name>"``, or the bare name under BALROG's protocol) that the caller passes
+    to ``env.step``. Call ``reset`` after
     every ``env.reset``.
     """
 
@@ -611,8 +612,9 @@ class BabyAIBotAgent:
         assert self._bot is not None
         action = int(self._bot.replan(self._last))
         self._last = action
-        # the bare action name: a valid answer under both protocols ("done" is valid under neither)
-        return ACTIONS[action] if action < len(ACTIONS) else "done"
+        name = ACTIONS[action] if action < len(ACTIONS) else "done"  # "done" is not valid here
+        # BALROG's protocol accepts only the bare action name
+        return name if self.env.protocol == "balrog" else f"ACTION: {name}"
 
 
 def run_bot_episode(env: BabyAITextEnv, seed: int | None = None) -> tuple[bool, int]:

@@ -100,7 +100,8 @@ def _stages(state: GameState, max_states: int) -> list[tuple[frozenset[int], int
 
     Levels are solved by moving few words: one loose noun (to make a rule), perhaps with the
     words of a rule to break (WALL IS STOP) or a YOU rule's noun (to make something else YOU). So
-    the searches let move: each loose noun alone; then each with the other rules' words; then each
+    the searches let move: each loose noun alone; then each with one word of another rule; then
+    each with the other rules' words; then each
     with the other rules' words and the YOU rules' nouns; then every loose noun with those; then
     every word. A narrow search is far smaller (pushes of words that do not matter are never
     explored); its plan may be a few moves longer than the shortest.
@@ -109,7 +110,8 @@ def _stages(state: GameState, max_states: int) -> list[tuple[frozenset[int], int
     loose_nouns, other_rule, you_nouns = _word_groups(state)
     budget = min(_STAGE_STATES, max_states)
     singles: list[set[int]] = [{n} for n in sorted(loose_nouns)] or [set()]
-    movable_sets = [*singles, *(n | other_rule for n in singles), *(n | other_rule | you_nouns for n in singles),
+    pairs = [n | {w} for n in singles for w in sorted(other_rule)]  # make one rule, break another
+    movable_sets = [*singles, *pairs, *(n | other_rule for n in singles), *(n | other_rule | you_nouns for n in singles),
                     loose_nouns | other_rule | you_nouns]
     stages: list[tuple[frozenset[int], int]] = []
     seen: set[frozenset[int]] = set()
