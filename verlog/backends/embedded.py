@@ -324,7 +324,8 @@ class EmbeddedEngine(Engine):
             got.append(req)
 
     def _prefill(self, batch: list[_Request]) -> "_Running":
-        """One forward pass over new prompts; picks each one's first token.
+        """Prefill new prompts (one forward pass, or a few when the parts they compute differ
+        much in length: padding costs compute); picks each one's first token.
 
         Each prompt starts from the longest prefix the prefix cache holds for it (at least one
         token of its own is always computed, so its first logits exist). Prompts of concurrent
@@ -347,7 +348,7 @@ class EmbeddedEngine(Engine):
             rest = [i for i in rest if hits[i][0] < shared] or rest
             shared = _common_prefix_len([prompts[i] for i in rest]) if len(rest) > 1 else 0
             base, base_kv = hits[rest[0]]
-            if len(rest) > 1 and shared - base >= self.min_shared_prefix:
+            if len(rest) > 1 and shared - base >= max(1, self.min_shared_prefix):
                 kv = self._extend(prompts[rest[0]][:shared], base, base_kv)
                 cache_store.insert(prompts[rest[0]][:shared], lambda a, b: kv[:, :, :, a:b].clone(),
                                    epoch=batch[0].cache_epoch)
