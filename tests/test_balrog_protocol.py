@@ -306,12 +306,9 @@ def test_babyai_bot_wins_200_fresh_seeds_per_task_under_balrog() -> None:
 
 @pytest.mark.slow
 def test_babaisai_solver_wins_200_fresh_seeds_over_the_40_tasks_under_balrog() -> None:
-    # 5 fresh seeds for each of the 40 tasks. Like the original generator, the two
-    # *-distr_win_rule tasks can write their extra WIN rule over the WIN noun (an unsolvable
-    # level); BALROG plays those as drawn, this proof of the oracle redraws them
+    # 5 fresh seeds for each of the 40 tasks, levels as drawn (no solvability check)
     tasks = get_family("babaisai").balrog.verlog_tasks()
-    wins = sum(_oracle_wins(f"babaisai:{task}", range(60_000, 60_005), ensure_solvable="distr_win_rule" in task)
-               for task in tasks)
+    wins = sum(_oracle_wins(f"babaisai:{task}", range(60_000, 60_005)) for task in tasks)
     assert wins >= 198
 
 

@@ -12,8 +12,8 @@ Two protocols (``protocol=``):
   ``Objects on the map:`` (one line per cell holding an object or word block other than the one
   you control, row by row, as "rule `ball` 2 steps to the right and 1 step up"; like BALROG's
   text, offsets to the left or up always say "step"). The win is checked with the rules in force
-  before the move, as the original game does; levels are not redrawn (a rare draw is unsolvable,
-  as in the original). An answer must be exactly an action name (see
+  before the move, as the original game does; levels are not checked for solvability (the
+  benchmark's are not). An answer must be exactly an action name (see
   :mod:`verlog.envs.balrog_protocol`); otherwise ``idle`` runs. No penalty.
 
 Reward 1 for winning.

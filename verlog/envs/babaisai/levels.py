@@ -191,6 +191,10 @@ class _Layout:
         )
 
 
+class _Redraw(Exception):
+    """A draw this engine cannot represent: draw again from the same stream."""
+
+
 def _three_names(rng: random.Random) -> tuple[str, str, str]:
     """The WIN object's type, the distractor's, and a third one absent from the level."""
     first, second, third = rng.sample(GOAL_OBJECTS, 3)
@@ -268,7 +272,12 @@ def _two_room(task: str, cfg: TaskConfig, rng: random.Random) -> Level:
     win_x, _ = lay.place_object(win_obj, areas[cfg.win_area])
     if cfg.distractor_obj:
         lay.place_object(other, areas[cfg.win_area])
-    if cfg.distractor_win_rule:  # written over whatever lies there, as the benchmark does
+    if cfg.distractor_win_rule:
+        # the benchmark stacks this rule on whatever word lies there (revealed once pushed away);
+        # this engine holds one word per cell, so such a draw is redrawn instead
+        cells = [(_WIDTH - 4 + i, 4) for i in range(3)]
+        if any(c in lay.words for c in cells):
+            raise _Redraw
         lay.put_rule(absent, property_word("win"), _WIDTH - 4, 4, overwrite=True)
     steps = []
     if win_x > _MID and not cfg.stop_broken:
@@ -338,7 +347,16 @@ def generate(
     cfg = TASK_CONFIGS.get(task)
     if cfg is None:
         raise ValueError(f"unknown BabaIsAI task {task!r}; valid tasks: {', '.join(TASKS)}")
-    build = _BUILDERS[cfg.layout]
+    layout = _BUILDERS[cfg.layout]
+
+    def build(task: str, cfg: TaskConfig, rng: random.Random) -> Level:
+        for _ in range(1000):
+            try:
+                return layout(task, cfg, rng)
+            except _Redraw:
+                continue
+        raise RuntimeError(f"could not draw a {task} level")
+
     if not ensure_solvable:
         return build(task, cfg, rng)
     if solver is None:
