@@ -438,3 +438,27 @@ async def test_default_stream_of_an_engine_that_cannot_stream_is_one_chunk(scrip
     engine, _ = scripted
     deltas, gen = await collect(engine.stream([1, 2], SamplingParams()))
     assert len(deltas) == 1 and deltas[0].token_ids == IDS and gen.token_ids == IDS
+
+
+async def test_another_http_engine_reuses_the_retry_and_session_base(scripted):
+    """An engine for another HTTP API writes only its request and response formats."""
+    from verlog.backends.http import HTTPEngine
+
+    class Minimal(HTTPEngine):
+        server_name = "Minimal server"
+
+        async def generate(self, prompt_ids, sampling, *, request_id=None) -> Generation:
+            body = {"input_ids": prompt_ids, "return_logprob": True}
+            answer = await self.post_json("/generate", lambda attempt: body)
+            return parse_generate_response(answer)
+
+    _, server = scripted
+    server.fault = fail_first(2, status=503, message="warming up")
+    async with Minimal(server.url, retry_backoff_s=0.01, max_retries=2) as engine:
+        assert (await engine.generate([1, 2], SamplingParams())).token_ids == IDS  # after 2 retries
+        assert engine.open_sessions == 1 and await engine.get_ok("/health")
+    assert engine.open_sessions == 0
+    server.fault = fail_first(server.stats.received + 5, status=503, message="still warming up")
+    async with Minimal(server.url, retry_backoff_s=0.01, max_retries=1) as engine:
+        with pytest.raises(EngineError, match=r"Minimal request to .* failed after 2 attempts: HTTP 503: still warming"):
+            await engine.generate([1], SamplingParams())
