@@ -109,38 +109,6 @@ def test_bad_keys_are_named(override, named, capsys):
     assert named in capsys.readouterr().err.replace("\n", "")
 
 
-def test_every_agent_loop_worker_knows_the_agent_loop_by_package_name(tiny_dir):
-    """In a fresh interpreter (as a Ray worker on any node is), verl's agent-loop worker set up from
-    the composed config finds ``verlog_langgraph``: the config names no file path for it."""
-    script = f"""
-import sys
-from verl.experimental.agent_loop import agent_loop as al
-from verl.utils.dataset.rl_dataset import get_dataset_class
-from omegaconf import OmegaConf
-assert "verlog_langgraph" not in al._agent_loop_registry
-config = OmegaConf.load(sys.argv[1])
-assert config.actor_rollout_ref.rollout.agent.agent_loop_config_path is None
-get_dataset_class(config.data)  # what verl's AgentLoopWorker.__init__ does
-entry = al._agent_loop_registry["verlog_langgraph"]
-print(entry["_target_"])
-"""
-    from omegaconf import OmegaConf
-
-    from verlog.integrations.verl.launch import compose_verl_config
-
-    config = compose_verl_config(ROOT / "configs" / "verl_babyai.yaml", [OFFLINE_MODEL])
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(OmegaConf.to_yaml(config))
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    out = subprocess.run([sys.executable, "-c", script, f.name], capture_output=True, text=True, env=env,
-                         timeout=180, cwd="/")
-    os.unlink(f.name)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-1] == "verlog.integrations.verl.agent_loop.LangGraphAgentLoop"
-
-
 def test_a_config_without_a_graph_is_refused(tmp_path):
     from verlog.config import ConfigError
     from verlog.integrations.verl.launch import compose_verl_config
@@ -151,22 +119,57 @@ def test_a_config_without_a_graph_is_refused(tmp_path):
         compose_verl_config(path)
 
 
-def test_the_trainer_registers_inside_verls_task_runner():
-    """In a fresh interpreter (as a Ray actor process is), running verlog's task runner makes
-    trainer_mode "verlog" resolvable by verl's registry before verl's own run looks it up."""
-    script = """
+FRESH_INTERPRETER = """
+import sys
 import verl.trainer.ppo.v1.trainer_base as base
 from omegaconf import OmegaConf
+from verl.experimental.agent_loop import agent_loop as al
 from verl.trainer.main_ppo import TaskRunnerV1
+from verl.utils.dataset.rl_dataset import get_dataset_class
 from verlog.integrations.verl.task_runner import VerlogTaskRunner, VerlogTaskRunnerClass
+
+# the trainer: registered by verlog's task runner, before verl's own run looks it up
 assert "verlog" not in base.TRAINER_REGISTRY
 found = {}
 TaskRunnerV1.__ray_actor_class__.run = lambda self, config: found.update(
     cls=base.get_trainer_cls(config.trainer.v1.trainer_mode))
 VerlogTaskRunnerClass().run(OmegaConf.create({"trainer": {"v1": {"trainer_mode": "verlog"}}}))
-print(found["cls"].__name__, VerlogTaskRunner.__ray_actor_class__ is VerlogTaskRunnerClass)
+print("trainer", found["cls"].__name__, VerlogTaskRunner.__ray_actor_class__ is VerlogTaskRunnerClass)
+
+# the agent loop: registered where verl's AgentLoopWorker loads the dataset class, no file path
+assert "verlog_langgraph" not in al._agent_loop_registry
+config = OmegaConf.load(sys.argv[1])
+assert config.actor_rollout_ref.rollout.agent.agent_loop_config_path is None
+get_dataset_class(config.data)  # what verl's AgentLoopWorker.__init__ does
+print("agent_loop", al._agent_loop_registry["verlog_langgraph"]["_target_"])
 """
+
+
+@pytest.fixture(scope="module")
+def fresh_interpreter(tmp_path_factory, tiny_dir):
+    """A fresh interpreter (as a Ray actor or worker process on any node is) given the composed
+    config: what it prints, by line key."""
+    from omegaconf import OmegaConf
+
+    from verlog.integrations.verl.launch import compose_verl_config
+
+    config = compose_verl_config(ROOT / "configs" / "verl_babyai.yaml", [OFFLINE_MODEL])
+    path = tmp_path_factory.mktemp("fresh") / "composed.yaml"
+    path.write_text(OmegaConf.to_yaml(config))
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run([sys.executable, "-c", FRESH_INTERPRETER, str(path)], capture_output=True, text=True,
+                         env=env, timeout=240, cwd="/")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-2:] == ["VerlogPPOTrainer", "True"]
+    return {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.strip()}
+
+
+def test_the_trainer_registers_inside_verls_task_runner(fresh_interpreter):
+    """Running verlog's task runner makes trainer_mode "verlog" resolvable by verl's registry before
+    verl's own run looks it up."""
+    assert fresh_interpreter["trainer"] == ["VerlogPPOTrainer", "True"]
+
+
+def test_every_agent_loop_worker_knows_the_agent_loop_by_package_name(fresh_interpreter):
+    """verl's agent-loop worker set up from the composed config finds ``verlog_langgraph``: the
+    config names no file path for it (a path would have to exist on every node)."""
+    assert fresh_interpreter["agent_loop"] == ["verlog.integrations.verl.agent_loop.LangGraphAgentLoop"]
