@@ -71,7 +71,8 @@ def one_run(game: str, share: int, turns: int, threads: int) -> dict:
     rows = [[Turn(f"e{i}", 0, p, torch.randint(100, 5000, (32,), generator=g).tolist(), [-1.0] * 32, reward=0.1)]
             for i, p in enumerate(prompts)]
     batch = SlotBatch(rows, [slot[0].prompt_ids for slot in rows], [True] * turns, [[0]] * turns)
-    algo = AlgorithmConfig(mini_batch_turns=turns, micro_batch_tokens=8192, kl_coef=0.001,
+    # the token budget of P7's memory benchmark: a pass's activations stay within its 6 GB
+    algo = AlgorithmConfig(mini_batch_turns=turns, micro_batch_tokens=2048, kl_coef=0.001,
                            shared_prefix_min_tokens=share)
     learner = Learner(actor, critic, torch.optim.SGD(actor.parameters(), lr=1e-3),
                       torch.optim.SGD(critic.parameters(), lr=1e-3), reference, algo, pad_id=0,

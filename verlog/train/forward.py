@@ -28,6 +28,8 @@ from verlog.algo import entropy_from_logits
 __all__ = [
     "PackedRows",
     "backbone_hidden",
+    "can_share_prefix",
+    "common_prefix_len",
     "last_token_values",
     "micro_batches",
     "pack_rows",
@@ -83,7 +85,10 @@ class PackedRows:
         return 0 if self.prefix_ids is None else self.prefix_ids.shape[1]
 
 
-def _common_prefix_len(seqs: Sequence[Sequence[int]], limit: int) -> int:
+def common_prefix_len(seqs: Sequence[Sequence[int]], limit: int) -> int:
+    """How many leading tokens all of ``seqs`` share, at most ``limit``."""
+    if not seqs:
+        return 0
     first = seqs[0]
     n = 0
     while n < limit and all(s[n] == first[n] for s in seqs[1:]):
@@ -106,7 +111,7 @@ def pack_rows(
     shared = 0
     if min_shared > 0 and len(seqs) > 1 and first_read is not None:
         limit = min(int(x) for x in first_read)
-        shared = _common_prefix_len(seqs, max(0, limit))
+        shared = common_prefix_len(seqs, max(0, limit))
         shared = shared if shared >= min_shared else 0
     if shared == 0:
         ids, mask = pad_rows(seqs, pad_id, device)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -20,6 +20,7 @@ from verlog.config import AlgorithmConfig
 from verlog.train.forward import (
     PackedRows,
     can_share_prefix,
+    common_prefix_len,
     last_token_values,
     micro_batches,
     pack_rows,
@@ -54,12 +55,22 @@ def _rows(s: RolloutStorage, group: list[int], learner: Learner, model: nn.Modul
                      first_read=s.prompt_lengths[group] - 1, min_shared=share)
 
 
+def _micro_batches(s: RolloutStorage, rows: Sequence[int], learner: Learner, *models: nn.Module) -> list[list[int]]:
+    """``rows`` in groups that fit ``micro_batch_tokens``, counting the prefix every turn of the
+    batch shares once (it is computed once per group) when every model of the pass shares it."""
+    algo, shared = learner.algo, 0
+    if algo.shared_prefix_min_tokens and all(can_share_prefix(m) for m in models):
+        shared = common_prefix_len(s.sequences, int(s.prompt_lengths.min()) - 1)
+        shared = shared if shared >= algo.shared_prefix_min_tokens else 0
+    lengths = [len(seq) - shared for seq in s.sequences]
+    return micro_batches(rows, lengths, max(1, algo.micro_batch_tokens - shared))
+
+
 @torch.no_grad()
 def _policy_logprobs(lm: nn.Module, s: RolloutStorage, learner: Learner) -> torch.Tensor:
     """Teacher-forced logprobs ``[B, T]`` of every turn's response under ``lm``."""
     out = torch.zeros(s.response_ids.shape)
-    lengths = [len(seq) for seq in s.sequences]
-    for group in micro_batches(range(s.size), lengths, learner.algo.micro_batch_tokens):
+    for group in _micro_batches(s, range(s.size), learner, lm):
         logp, _ = policy_logprobs(
             lm, _rows(s, group, learner, lm), s.prompt_lengths[group], s.response_ids[group],
             temperature=s.temperatures[group],
@@ -73,8 +84,7 @@ def compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> No
     """The critic's values at every value position ``[B, T + 1]``, of each slot's held prompt, and
     of the state after each truncated turn whose next prompt is known (``NaN`` elsewhere)."""
     values = torch.zeros(s.size, s.response_ids.shape[1] + 1)
-    lengths = [len(seq) for seq in s.sequences]
-    for group in micro_batches(range(s.size), lengths, learner.algo.micro_batch_tokens):
+    for group in _micro_batches(s, range(s.size), learner, critic):
         rows = _rows(s, group, learner, critic)
         values[group] = values_at_positions(critic, rows, s.prompt_lengths[group], values.shape[1]).cpu()
     s.values = values * s.value_mask
@@ -150,7 +160,6 @@ def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int
             rows: torch.Tensor | None, generator: torch.Generator | None) -> dict[str, float]:
     algo = learner.algo
     rows = torch.arange(s.size) if rows is None else rows
-    lengths = [len(seq) for seq in s.sequences]
     train_critic = learner.critic is not None and s.returns is not None
     sums: dict[str, float] = defaultdict(float)
     weights: dict[str, float] = defaultdict(float)
@@ -167,7 +176,9 @@ def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int
         order = rows[torch.randperm(len(rows), generator=generator)]
         for start in range(0, len(order), algo.mini_batch_turns):
             mini = order[start:start + algo.mini_batch_turns].tolist()
-            groups = micro_batches(mini, lengths, algo.micro_batch_tokens)
+            models = [m for m in (learner.actor if update_actor else None, learner.critic if train_critic else None)
+                      if m is not None]
+            groups = _micro_batches(s, mini, learner, *models)
             # one model at a time, so only one model's gradients exist at once
             if update_actor:
                 tokens = max(aggregation_weight(s.policy_mask[mini], algo.loss_aggregation), 1.0)
