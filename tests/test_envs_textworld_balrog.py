@@ -237,3 +237,16 @@ def test_walkthrough_agent_wins_a_game_with_a_hyphenated_door() -> None:
     env = TextWorldTextEnv("cooking", protocol="balrog", pool_size=None)
     results = play_steps(env, TextWorldWalkthroughAgent(env), 11)
     assert any("frosted-glass" in step for step in env.walkthrough) and results[-1].info["success"]
+
+
+def test_walkthrough_plan_drops_steps_that_change_nothing() -> None:
+    from verlog.envs.textworld_env import shortened_walkthrough
+
+    walkthrough = [
+        "inventory", "examine cookbook", "go north", "go south", "go east", "take knife from table",
+        "dice carrot with knife", "drop knife", "take knife", "slice onion with knife", "drop knife", "prepare meal",
+    ]
+    assert shortened_walkthrough(walkthrough) == [
+        "examine cookbook", "go east", "take knife from table", "dice carrot with knife",
+        "slice onion with knife", "drop knife", "prepare meal",
+    ]
