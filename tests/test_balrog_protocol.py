@@ -365,3 +365,41 @@ def test_tables_keep_whole_task_names_in_a_pipe() -> None:
     console = Console(file=io.StringIO(), force_terminal=False, width=80)
     print_wide(console, summary_table(summarize([_record("babaisai", name, 0, 0.0), _record("babaisai", "goto_win", 0, 0.0)])))
     assert name in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+async def test_babyai_graph_under_balrog_plays_the_naive_agents_prompt() -> None:
+    import asyncio
+
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    from verlog.envs.babyai import BabyAIBotAgent
+    from verlog.graph_file import load_graph_file
+
+    env = make_env("babyai:goto", protocol="balrog")
+    observation = env.reset(7)
+    bot = BabyAIBotAgent(env)
+    bot.reset()
+    answers = ["Let me think."]  # invalid: "go forward" runs, and the next observation says so
+    env.step(answers[0])
+    while True:
+        answers.append(bot.act(observation))
+        result = env.step(answers[-1])
+        observation = result.observation
+        if result.done:
+            break
+    prompts: list = []
+
+    class Recording(GenericFakeChatModel):
+        async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):  # type: ignore[override]
+            prompts.append(messages)
+            return await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+    model = Recording(messages=iter(AIMessage(a) for a in answers))
+    graph = load_graph_file(Path(__file__).resolve().parents[1] / "graphs" / "babyai.py").build(
+        model, task="goto", protocol="balrog", history_turns=16, max_tokens=8192)
+    state = await asyncio.wait_for(graph.ainvoke({"seed": 7}, {"recursion_limit": 400}), 60)
+    assert state["info"]["success"] and state["steps"] == len(answers)
+    first, second = prompts[0], prompts[1]
+    assert isinstance(first[0], HumanMessage) and "go to" in first[0].content  # the instruction, a user message
+    assert "did not" not in first[-1].content and "the default action was taken: go forward" in second[-1].content
+    assert isinstance(second[2], AIMessage) and second[2].content == "Let me think"  # cleaned answer
