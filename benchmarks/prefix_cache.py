@@ -16,6 +16,11 @@ as in the quick start's graph settings) takes under 10 minutes on 2 shared CPU c
 
     python benchmarks/prefix_cache.py [--episodes 4] [--max-steps 6] [--history-turns 0]
         [--max-tokens 32] [--rounds 2] [--device cpu]
+
+Measured 2026-11-23 on 2 CPU cores shared with other work (load average 11-13, so ratios only):
+default run 4.66x (0.586 vs 0.126 turns/s), 16.2 % of prompt tokens computed with the cache vs
+88.5 % without (about 8.5 minutes in all); with ``--history-turns 1`` 3.17x and 16.8 %. Without
+the cache, prefill is 87-88 % of the engine's time.
 """
 
 from __future__ import annotations
