@@ -24,10 +24,12 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
-# the quick start trains from scratch each time: its previous run folder is replaced
+# the quick start trains from scratch each time: its previous run folder is replaced; then random
+# valid actions play the same held-out levels, printed beside the win rates before and after
 run: $(STAMP)
 	rm -rf runs/quickstart
 	$(BIN)/verlog train configs/quickstart.yaml
+	$(BIN)/python -m verlog.evaluation.baseline runs/quickstart
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
