@@ -73,3 +73,16 @@ def test_quickstart_learns_goto_beyond_random_valid_actions(tmp_path):
     assert before.episodes == after.episodes == rand.episodes == 64
     assert margin(after, before) > 3
     assert margin(after, rand) > 3
+
+
+def test_quickstart_prompt_is_the_mission_and_the_current_observation(tmp_path):
+    from verlog.envs import balrog_protocol
+    from verlog.graph_file import load_graph_file
+
+    lg = quickstart(tmp_path).multi_turn.langgraph
+    graph_file = load_graph_file(lg.path)
+    graph = graph_file.build(RandomActionChatModel(actions=list(ACTIONS)), **lg.graph_kwargs)
+    state = asyncio.run(graph.ainvoke(graph_file.episode_input(1_000_000), lg.graph_config))
+    first, last = state["prompt"][0].content, state["prompt"][-1].content
+    assert len(state["prompt"]) == 2 and first.startswith("go to the ") and first == state["instruction"]
+    assert last.startswith("Current Observation:\n") and last.endswith(balrog_protocol.ANSWER_RULE)
