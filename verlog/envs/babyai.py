@@ -562,10 +562,12 @@ class BabyAITextEnv(TextEnv):
             "To go to an object, end on the cell next to it, facing it. To pick something up, "
             "face it from the next cell. A locked door opens only while you carry the key of "
             "its colour.\n"
-            f"Your mission: {self.mission}\n"
-            f"You have at most {self.max_steps} steps.\n"
             f"Valid actions:\n{actions}\n"
-            f"{ANSWER_FORMAT}"
+            f"{ANSWER_FORMAT}\n"
+            # what changes from level to level comes last: every level's prompt then starts with
+            # the same long text, which the engine's prefix cache and the trainer compute once
+            f"Your mission: {self.mission}\n"
+            f"You have at most {self.max_steps} steps."
         )
 
     def _balrog_instruction(self) -> str:
