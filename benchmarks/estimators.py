@@ -38,7 +38,7 @@ from verlog.train import train  # noqa: E402
 VARIANTS = {
     "gae": ("PPO + dual-discount GAE", ["algorithm.estimator=gae"]),
     "grpo": ("GRPO", ["algorithm.estimator=grpo"]),
-    # verl-agent's default normalization for GiGPO (mode mean_norm): group-centred, no std division
+    # GiGPO's default normalization (verl-agent's mean_norm): group-centred, no std division
     "gigpo": ("GiGPO (group_norm: mean)", ["algorithm.estimator=gigpo", "algorithm.group_norm=mean"]),
     "gigpo_std": ("GiGPO (group_norm: mean_std)", ["algorithm.estimator=gigpo", "algorithm.group_norm=mean_std"]),
     "rloo": ("RLOO", ["algorithm.estimator=rloo"]),

@@ -245,3 +245,18 @@ def test_storage_anchor_ids_and_turn_data():
     # returns 1 and 1: no episode signal; step 0's state "0:red" is shared (step returns 0.95 and 0.95);
     # 2 of the 3 turns with an anchor share theirs
     assert not s.advantages.any() and s.policy_mask.all() and metrics["step_group_frac"] == pytest.approx(2 / 3)
+
+
+def test_group_norm_defaults_follow_each_paper():
+    """``group_norm: null``: GRPO divides by the group's std (DeepSeekMath), GiGPO does not
+    (verl-agent's mean_norm)."""
+    batch, groups, anchors = gigpo_batch()
+    data = TurnData(groups, torch.ones(3, dtype=torch.bool), anchors)
+
+    def adv(**kw):
+        return estimate_advantages(AlgorithmConfig(whiten_advantages=False, **kw), batch, data).advantages
+
+    torch.testing.assert_close(adv(estimator="gigpo"), adv(estimator="gigpo", group_norm="mean"))
+    assert not torch.allclose(adv(estimator="gigpo"), adv(estimator="gigpo", group_norm="mean_std"))
+    torch.testing.assert_close(adv(estimator="grpo"), adv(estimator="grpo", group_norm="mean_std"))
+    assert not torch.allclose(adv(estimator="grpo"), adv(estimator="grpo", group_norm="mean"))

@@ -244,8 +244,9 @@ class AlgorithmConfig(_Section):
     loss_aggregation: Literal["token_mean", "sequence_mean"] = Field(
         "token_mean", description="token_mean: every token weighs the same (DAPO); sequence_mean: per turn first (GRPO, GSPO)"
     )
-    group_norm: Literal["mean_std", "mean"] = Field(
-        "mean_std", description="grpo/gigpo: divide group-centred returns by the group's std (mean_std) or not (mean)"
+    group_norm: Literal["mean_std", "mean"] | None = Field(
+        None, description="grpo/gigpo: divide group-centred returns by the group's std (mean_std) or not (mean); "
+        "null: each paper's default (grpo: mean_std, gigpo: mean)"
     )
     gigpo_step_weight: float = Field(1.0, ge=0, description="gigpo: weight omega of the step-level advantage")
     gigpo_gamma: float = Field(0.95, ge=0, le=1, description="gigpo: discount of the step returns")

@@ -16,7 +16,7 @@ With ``R_i`` the return of episode ``i``, ``r_t`` the reward of turn ``t``::
     A          = A^E + omega * A^S                       (omega = gigpo_step_weight)
 
 ``F`` is the group's unbiased std (+ eps) with ``group_norm: mean_std``, ``1`` with ``mean``
-(verl-agent's ``mean_norm``). A group of one episode, or a state visited once, has no baseline:
+(verl-agent's ``mean_norm``, and the default here). A group of one episode, or a state visited once, has no baseline:
 its term is ``0``. As in GRPO only episodes complete in the batch take part.
 """
 
@@ -98,7 +98,7 @@ def compute(batch: TurnBatch, data: TurnData, settings: AdvantageSettings) -> Es
         )
     advantages, included, metrics = gigpo_advantages(
         batch, data.groups, data.anchors, data.episode_starts, gamma=settings.gigpo_gamma,
-        step_weight=settings.gigpo_step_weight, scale_by_std=settings.group_norm == "mean_std",
+        step_weight=settings.gigpo_step_weight, scale_by_std=settings.group_norm == "mean_std",  # default: mean
     )
     return Estimate(advantages, included=included, metrics=metrics)
 

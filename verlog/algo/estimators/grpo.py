@@ -3,7 +3,7 @@
 Episodes of one group play the same task (the slots of a ``trainer.group_size`` group play the
 same seeds). With ``R_i`` the return of episode ``i`` of a group of ``G`` complete episodes::
 
-    A_i = (R_i - mean_j R_j) / (std_j R_j + eps)      (group_norm: mean_std; std unbiased)
+    A_i = (R_i - mean_j R_j) / (std_j R_j + eps)      (group_norm: mean_std, the default; std unbiased)
     A_i =  R_i - mean_j R_j                           (group_norm: mean, Dr. GRPO)
 
 broadcast to every token of every turn of the episode.
@@ -51,7 +51,7 @@ def grpo_advantages(
 
 def compute(batch: TurnBatch, data: TurnData, settings: AdvantageSettings) -> Estimate:
     advantages, included = grpo_advantages(
-        batch, data.groups, data.episode_starts, scale_by_std=settings.group_norm == "mean_std"
+        batch, data.groups, data.episode_starts, scale_by_std=settings.group_norm != "mean"
     )
     return Estimate(advantages, included=included)
 

@@ -53,7 +53,7 @@ class AdvantageSettings(Protocol):
     gamma_token: float
     lam_token: float
     whiten_advantages: bool
-    group_norm: str
+    group_norm: str | None
     gigpo_step_weight: float
     gigpo_gamma: float
     drop_uniform_groups: bool
