@@ -45,6 +45,8 @@ class GameState(TypedDict, total=False):
     game_id: str
     instruction: str
     observation: str
+    #: what of ``observation`` the history keeps (BALROG drops NetHack's inventory from past ones)
+    history_observation: str
     #: past (observation, answer) exchanges, oldest first
     history: list[tuple[str, str]]
     prompt: list[BaseMessage]
@@ -123,6 +125,7 @@ def build_env_graph(
             games.popitem(last=False)[1].close()
         return {
             "game_id": game_id, "observation": observation,
+            "history_observation": str(getattr(env, "history_observation", None) or observation),
             "instruction": env.instruction if instruction is None
             else instruction.replace("{mission}", str(getattr(env, "mission", ""))),
             "history": [], "feedback": "", "steps": 0, "episode_return": 0.0, "done": False, "info": {},
@@ -159,9 +162,11 @@ def build_env_graph(
         if result.done:
             games.pop(state["game_id"], None)
             env.close()
+        past = state.get("history_observation", state["observation"]) if balrog else state["observation"]
         update = {
-            "history": [*state["history"], (state["observation"], answer)],
+            "history": [*state["history"], (past, answer)],
             "observation": observation,
+            "history_observation": str(result.info.get("history_observation") or observation),
             "feedback": feedback,
             "steps": state["steps"] + 1,
             "episode_return": state["episode_return"] + result.reward,

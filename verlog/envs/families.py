@@ -211,7 +211,8 @@ register_family(EnvFamily(
         ),
         max_steps={game: 80 for game in TEXTWORLD_GAMES},
         episodes_per_task=10,
-        invalid_action="help",
+        invalid_action=None,  # every answer is a command: the game itself answers a bad one
+        env_kwargs={"protocol": "balrog"},
     ),
 ))
 
@@ -234,23 +235,24 @@ MINIHACK_LEFT_OUT: dict[str, str] = {
 
 
 def _make_minihack(task: str, seed: int | None, **kwargs: Any) -> TextEnv:
-    from verlog.envs.nle_env import MiniHackTextEnv
+    from verlog.envs.nle_env import make_minihack
 
-    return MiniHackTextEnv(task, seed, **kwargs)
+    return make_minihack(task, seed, **kwargs)
 
 
-def _minihack_bot(env: TextEnv) -> TextAgent:
+def _minihack_bot(env: TextEnv) -> TextAgent | None:
     from verlog.envs.nle_agents import MiniHackSearchAgent
     from verlog.envs.nle_env import MiniHackTextEnv
 
-    assert isinstance(env, MiniHackTextEnv)
+    if not isinstance(env, MiniHackTextEnv):  # BALROG's variant answers one key at a time: no bot
+        return None
     return MiniHackSearchAgent(can_open="open <direction>" in env.base_actions())
 
 
 def _make_nethack(task: str, seed: int | None, **kwargs: Any) -> TextEnv:
-    from verlog.envs.nle_env import NetHackTextEnv
+    from verlog.envs.nle_env import make_nethack
 
-    return NetHackTextEnv(seed, **kwargs)
+    return make_nethack(seed, **kwargs)
 
 
 register_family(EnvFamily(
@@ -266,6 +268,7 @@ register_family(EnvFamily(
         max_steps={task: 100 for task in MINIHACK_TASKS},
         episodes_per_task=5,
         invalid_action="north",
+        env_kwargs={"protocol": "balrog"},
         left_out={f"MiniHack-{task}-v0": why for task, why in MINIHACK_LEFT_OUT.items()},
     ),
 ))
@@ -281,5 +284,6 @@ register_family(EnvFamily(
         max_steps={"": 100_000},
         episodes_per_task=5,
         invalid_action="esc",
+        env_kwargs={"protocol": "balrog"},
     ),
 ))

@@ -108,7 +108,10 @@ def babaisai_progression(episode_info: Mapping[str, Any]) -> float:
 
 
 def minihack_progression(episode_info: Mapping[str, Any]) -> float:
-    """MiniHack: ``success`` (the task's goal was reached)."""
+    """MiniHack: ``success`` (the task's goal was reached), or the game's own ``progression``
+    when it reports one (BALROG's variant counts a win only on a last-step reward of at least 1)."""
+    if "progression" in episode_info:
+        return float(episode_info["progression"])
     return goal_value(bool(episode_info.get("success", False)))
 
 
