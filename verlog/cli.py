@@ -167,7 +167,7 @@ def _play(args: argparse.Namespace) -> int:
     from verlog.envs.play import play
 
     try:
-        play(args.env, seed=args.seed, agent=args.agent, max_steps=args.max_steps)
+        play(args.env, seed=args.seed, agent=args.agent, max_steps=args.max_steps, protocol=args.protocol)
     except ValueError as exc:  # an unknown game or task, no bot for it
         print_error(str(exc))
         return 2
@@ -206,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent", choices=["human", "bot", "random"], default="human",
                    help="bot: an oracle or scripted player; random: random valid actions")
     p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--protocol", choices=["verlog", "balrog"], default="verlog",
+                   help="verlog: the training variant; balrog: BALROG's levels, text and answer rule")
     p.set_defaults(func=_play)
 
     from verlog.serve.commands import add_serve_commands
