@@ -45,10 +45,12 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/gae_speed.py
 	$(BIN)/python benchmarks/env_speed.py --quick
 
-# training benchmarks, minutes each: P5 (learning curve PNG + zero-advantage control), P7 (memory)
+# training benchmarks, minutes each: P5 (learning curve PNG + zero-advantage control), P7 (memory),
+# P9 (shared-prefix training pass)
 bench-train: $(STAMP)
 	$(BIN)/python benchmarks/learning_curve.py
 	$(BIN)/python benchmarks/train_memory.py
+	$(BIN)/python benchmarks/shared_prefix_training.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
