@@ -20,6 +20,7 @@ a worker thread (TextWorld generates a game on first use); steps run on the even
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from collections import OrderedDict
 from typing import Any
@@ -176,8 +177,10 @@ def build_env_graph(
         # a step cap cut the game: the prompt the next step would show is the state to value
         cut = result.truncated and not result.terminated
         next_messages = prompt_of({**state, **update}) if cut else None
+        # the state the step was taken in, for estimators that compare turns by state (GiGPO)
+        anchor = hashlib.sha1(state["observation"].encode()).hexdigest()[:16]
         await areport_reward(result.reward, terminated=result.terminated, truncated=result.truncated,
-                             info=result.info, next_messages=next_messages)
+                             info={**result.info, "anchor": anchor}, next_messages=next_messages)
         return update
 
     graph = StateGraph(GameState)

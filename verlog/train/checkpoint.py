@@ -185,7 +185,7 @@ def load_critic_weights(critic: torch.nn.Module, checkpoint: Path) -> None:
     path = Path(checkpoint) / "critic.safetensors"
     if not path.is_file():
         raise CheckpointError(f"{checkpoint} has no critic.safetensors: it was saved without a critic "
-                              "(algorithm.estimator grpo?); resume with the estimator it was trained with")
+                              "(an estimator without a critic?); resume with the estimator it was trained with")
     try:
         critic.load_state_dict(load_file(path))
     except Exception as exc:  # a corrupt file, or another model's shapes
