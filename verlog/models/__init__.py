@@ -7,7 +7,7 @@ Four models are built locally, never downloaded at run time:
   (:mod:`verlog.models.tiny`). For tests and CPU smoke runs; it produces random text.
 * ``"toy"``: a ~85k-parameter random-init Qwen2 with a 40-word vocabulary, for watching a policy
   learn from scratch on a CPU (:mod:`verlog.models.toy`, ``graphs/cue_corridor.py``).
-* ``"babyai-words"``: a ~94k-parameter random-init Qwen2 whose vocabulary is the BabyAI text
+* ``"babyai-words"``: a ~351k-parameter random-init Qwen2 whose vocabulary is the BabyAI text
   game's words (actions as single tokens), for learning BabyAI from scratch on a CPU in the
   quick start (:mod:`verlog.models.babyai_words`).
 * ``"smollm2"``: SmolLM2-135M-Instruct, a real (small) instruct model, converted once from the

@@ -14,8 +14,8 @@ an update in seconds, so a few minutes of training show a real policy being lear
   the bare action name that both protocols' parsers accept. Decoding joins tokens with spaces.
 * **Chat template**: each message opens with ``<|im_start|>`` and its role; the answer follows
   the last message at once (no generation prompt), as for :mod:`verlog.models.toy`.
-* **Model**: ``Qwen2ForCausalLM``, hidden 64, 2 layers, 4 heads, MLP 128, tied embeddings,
-  512 positions (~94k parameters), initialised under a fixed seed.
+* **Model**: ``Qwen2ForCausalLM``, hidden 128, 2 layers, 4 heads, MLP 256, tied embeddings,
+  512 positions (~351k parameters), initialised under a fixed seed.
 
 Saved as an ordinary Hugging Face folder (``PreTrainedTokenizerFast``: ``load_tokenizer`` gives
 the same ids), built deterministically and cached under ``verlog_cache_dir()/models``.
@@ -23,9 +23,10 @@ the same ids), built deterministically and cached under ``verlog_cache_dir()/mod
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+
+from verlog.models.word_level import SPECIALS as _SPECIALS
 
 __all__ = [
     "BABYAI_WORDS",
@@ -39,7 +40,6 @@ __all__ = [
 #: bump when the build below changes its output
 BABYAI_WORDS_MODEL_NAME = "babyai-words-v1"
 
-_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]")
 
 #: the game's actions that are more than one word, each one token (matched before word splitting)
 BABYAI_ACTION_TOKENS: tuple[str, ...] = ("turn left", "turn right", "go forward", "pick up")
@@ -81,17 +81,12 @@ def _unique(words: tuple[str, ...]) -> tuple[str, ...]:
 #: bare words whose ids are the vocabulary (after the specials and the action tokens)
 _VOCAB_WORDS = _unique(BABYAI_WORDS)
 
-#: each message opens with its role; the answer follows the last message directly
-_CHAT_TEMPLATE = (
-    "{% for m in messages %}{% if not loop.first %} {% endif %}"
-    "<|im_start|>{{ m['role'] }} {{ m['content'] }}{% endfor %}"
-)
 
 
 def build_babyai_words_tokenizer():
     """The word-level tokenizer (a ``transformers.PreTrainedTokenizerFast``), see the module doc."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from verlog.models.word_level import wrap_word_tokenizer
 
     vocab = {tok: i for i, tok in enumerate(_SPECIALS + BABYAI_ACTION_TOKENS + _VOCAB_WORDS)}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
@@ -101,61 +96,20 @@ def build_babyai_words_tokenizer():
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _SPECIALS])
     # the multi-word actions: whole tokens, matched on the lower-cased text before splitting
     backend.add_tokens([AddedToken(t, special=False, normalized=True, single_word=True) for t in BABYAI_ACTION_TOKENS])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="[UNK]",
-        additional_special_tokens=["<|im_start|>"],
-        clean_up_tokenization_spaces=False,
-        model_max_length=512,
-    )
-    tokenizer.chat_template = _CHAT_TEMPLATE
-    return tokenizer
+    return wrap_word_tokenizer(backend, max_length=512)
 
 
 def build_babyai_words_model(
-    out_dir: str | os.PathLike, seed: int = 0, *, hidden_size: int = 64, num_layers: int = 2
+    out_dir: str | os.PathLike, seed: int = 0, *, hidden_size: int = 128, num_layers: int = 2
 ) -> Path:
     """Build the model (random init under ``seed``) and its tokenizer into ``out_dir``; the
-    named model is the default size (``hidden_size`` 64, ``num_layers`` 2)."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    named model is the default size (``hidden_size`` 128, ``num_layers`` 2)."""
+    from verlog.models.word_level import save_word_model
 
-    from verlog.models.quiet import quiet_progress_bars
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_babyai_words_tokenizer()
-    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        use_sliding_window=False,
-        bos_token_id=pad_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        dtype="float32",
+    return save_word_model(
+        out_dir, build_babyai_words_tokenizer(), seed=seed, hidden_size=hidden_size, num_layers=num_layers,
+        max_positions=512,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
-    with quiet_progress_bars():
-        model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    cfg_path = out / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"  # reload from tokenizer.json, same ids
-    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    return out
 
 
 def babyai_words_dir() -> Path:

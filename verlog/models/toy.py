@@ -18,12 +18,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from verlog.models.word_level import SPECIALS as _SPECIALS
+
 __all__ = ["TOY_WORDS", "TOY_MODEL_NAME", "build_toy_model", "toy_model_dir"]
 
 #: bump when the build below changes its output
 TOY_MODEL_NAME = "toy-words-v2"
 
-_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]")
 
 #: the 36 ordinary words (ids 4..39): chat roles, the corridor's text, and distractors
 TOY_WORDS: tuple[str, ...] = (
@@ -35,76 +36,24 @@ TOY_WORDS: tuple[str, ...] = (
     "wall", "door", "key", "ball", "box", "left", "right", "up", "down",
 )
 
-#: each message opens with its role; the answer follows the last message directly, so the model
-#: answers at the position of the last word it was shown (the corridor's cue)
-_CHAT_TEMPLATE = (
-    "{% for m in messages %}{% if not loop.first %} {% endif %}"
-    "<|im_start|>{{ m['role'] }} {{ m['content'] }}{% endfor %}"
-)
 
 
 def _tokenizer():
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from verlog.models.word_level import wrap_word_tokenizer
 
     vocab = {tok: i for i, tok in enumerate(_SPECIALS + TOY_WORDS)}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _SPECIALS])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="[UNK]",
-        additional_special_tokens=["<|im_start|>"],
-        clean_up_tokenization_spaces=False,
-        model_max_length=256,
-    )
-    tokenizer.chat_template = _CHAT_TEMPLATE
-    return tokenizer
+    return wrap_word_tokenizer(backend, max_length=256)
 
 
 def build_toy_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     """Build the toy model (hidden 64, 2 layers, 4 heads, 40 words) and tokenizer into ``out_dir``."""
-    import json
+    from verlog.models.word_level import save_word_model
 
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    from verlog.models.quiet import quiet_progress_bars
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _tokenizer()
-    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        use_sliding_window=False,
-        bos_token_id=pad_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        dtype="float32",
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
-    with quiet_progress_bars():
-        model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    cfg_path = out / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"  # reload from tokenizer.json, same ids
-    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    return out
+    return save_word_model(out_dir, _tokenizer(), seed=seed, hidden_size=64, num_layers=2, max_positions=256)
 
 
 def toy_model_dir() -> Path:
