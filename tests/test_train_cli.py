@@ -72,7 +72,8 @@ def test_gpu_configs_load_with_verlog_settings():
 
 
 def test_mean_and_standard_error():
-    assert mean_se([1.0, 0.0, 1.0, 0.0]) == pytest.approx((0.5, (1 / 3) ** 0.5 / 2))
+    # BALROG's standard error: the standard deviation with divisor n, over sqrt(n)
+    assert mean_se([1.0, 0.0, 1.0, 0.0]) == pytest.approx((0.5, 0.5 / 2))
     assert mean_se([0.7]) == (0.7, 0.0)
     r = TaskResult("t", 3, 1, *mean_se([1, 0, 0]), *mean_se([1.0, 0.0, -0.1]), 5.0)
     assert r.as_dict()["win_rate"] == pytest.approx(1 / 3)

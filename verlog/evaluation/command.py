@@ -138,7 +138,8 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     console.print(
         f"evaluating [bold]{model.label}[/] on {len(tasks)} task(s): {len(planned)} episodes, {len(finished)} "
         f"finished earlier, {todo} to play{f' ({retried} that failed with an error are played again)' if retried else ''}"
-        f"; results in {out}"
+        f"; results in {out}",
+        soft_wrap=True,  # paths stay whole (and findable) when the output is not a terminal
     )
     if log.skipped_lines:
         console.print(f"[yellow]{log.skipped_lines} unreadable line(s) in {log.path} were skipped[/]")
