@@ -15,6 +15,7 @@ from verlog.backends.base import (
     Generation,
     SamplingParams,
     run_sync,
+    sync_bridge_loop,
 )
 from verlog.backends.sglang import ROUTING_KEY_HEADER, SGLangEngine, parse_generate_response
 from verlog.backends.sglang_server import (
@@ -272,8 +273,9 @@ async def test_calls_from_other_event_loops_share_the_engine(scripted):
         in_loop = await sg.generate([1], SamplingParams(), request_id="main")
 
         def sync_call(rid: str) -> Generation:
-            # a sync LangChain call: run_sync runs it on verlog's one sync-bridge loop
-            return run_sync(sg.generate([2], SamplingParams(), request_id=rid))
+            # a sync LangChain call: an HTTP engine's sync calls share verlog's sync-bridge loop
+            assert not sg.sync_on_thread_loop
+            return run_sync(sg.generate([2], SamplingParams(), request_id=rid), sync_bridge_loop())
 
         from_threads = await asyncio.gather(
             *(asyncio.to_thread(sync_call, f"thread-{i}") for i in range(3)))

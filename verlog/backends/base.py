@@ -88,6 +88,10 @@ class Engine(abc.ABC):
     event loops (a sync LangChain call runs its own loop).
     """
 
+    #: whether a sync call may run this engine on the calling thread's own event loop; an engine
+    #: holding loop-bound state (HTTP sessions) says no, and sync calls share one bridge loop
+    sync_on_thread_loop: bool = True
+
     #: token ids that end a generation for this engine's model (used when rendering stops)
     eos_token_ids: tuple[int, ...] = ()
 
@@ -181,19 +185,40 @@ class _SyncBridge:
 _BRIDGE = _SyncBridge()
 
 
+def sync_bridge_loop() -> asyncio.AbstractEventLoop:
+    """verlog's one event loop (in a daemon thread) for sync calls that must share a loop."""
+    return _BRIDGE.loop()
+
+
+_THREAD_LOOPS = threading.local()
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    """This thread's own event loop for sync calls, made on first use and kept (creating one per
+    call costs about 1.5 ms)."""
+    loop = getattr(_THREAD_LOOPS, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _THREAD_LOOPS.loop = asyncio.new_event_loop()
+    return loop
+
+
 def run_sync(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | None = None) -> T:
     """Run ``coro`` to completion from synchronous code and return its result.
 
-    The coroutine runs on ``loop`` if given (e.g. the loop that owns an engine's state), else on
-    verlog's sync-bridge loop; the calling thread parks on a thread-safe future meanwhile. Calling
-    this on the thread of the loop that would run ``coro`` would block that loop forever: it is
-    refused with an error saying what to do instead.
+    The coroutine runs on ``loop`` if given (e.g. the loop that owns an engine's state; the
+    calling thread parks on a thread-safe future meanwhile). Otherwise it runs on this thread's
+    own kept loop, or, when this thread is already running a loop (a sync call inside async
+    code), on verlog's sync-bridge loop in another thread. Calling this on the thread of the
+    loop that would run ``coro`` would block that loop forever: it is refused with an error
+    saying what to do instead.
     """
-    target = loop or _BRIDGE.loop()
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:
         running = None
+    if loop is None and running is None:
+        return _thread_loop().run_until_complete(coro)
+    target = loop or _BRIDGE.loop()
     if running is target:
         coro.close()
         raise RuntimeError(

@@ -70,6 +70,8 @@ class HTTPEngine(Engine):
 
     #: how errors name the server (e.g. "SGLang server")
     server_name = "HTTP server"
+    #: sessions are bound to a loop: sync calls share the bridge loop's instead of one per thread
+    sync_on_thread_loop = False
 
     def __init__(
         self,

@@ -31,7 +31,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from verlog.backends.base import Engine, Generation, SamplingParams, run_sync
+from verlog.backends.base import Engine, Generation, SamplingParams, run_sync, sync_bridge_loop
 from verlog.llm.prompt import PromptRenderer
 from verlog.llm.streaming import TextReleaser, last_chunk
 from verlog.llm.tool_calls import TOOL_CALL_OPEN, parse_tool_calls, tool_schemas
@@ -285,14 +285,15 @@ class VerlogChatModel(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         """``_astream`` for sync callers: each piece is fetched on verlog's sync-bridge loop."""
         pieces = self._pieces(messages, stop, run_manager.metadata if run_manager else None, kwargs)
+        loop = self._sync_loop()
         try:
             while True:
                 try:
-                    yield run_sync(pieces.__anext__())
+                    yield run_sync(pieces.__anext__(), loop)
                 except StopAsyncIteration:
                     return
         finally:
-            run_sync(pieces.aclose())
+            run_sync(pieces.aclose(), loop)
 
     def _to_message(
         self, prompt_ids: list[int], gen: Generation, sampling: SamplingParams, *, has_tools: bool,
@@ -341,4 +342,9 @@ class VerlogChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return run_sync(self._call(messages, stop, run_manager.metadata if run_manager else None, kwargs))
+        return run_sync(self._call(messages, stop, run_manager.metadata if run_manager else None, kwargs),
+                        self._sync_loop())
+
+    def _sync_loop(self) -> Any:
+        """Where sync calls run the engine: ``None`` (the calling thread's own loop) or the bridge."""
+        return None if self.engine.sync_on_thread_loop else sync_bridge_loop()
