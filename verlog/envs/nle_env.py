@@ -182,6 +182,24 @@ def native_keys(gym_id: str) -> frozenset[str]:
         env.close()
 
 
+
+def _restart(env: Any, seed: int | None) -> Mapping[str, np.ndarray]:
+    """Reset an NLE-backed text env's game for ``seed`` (its pending seed, else a random one) and
+    its episode bookkeeping; the first observation. Shared by verlog's and BALROG's variants."""
+    if seed is None:
+        seed = env._seed if env._seed is not None else env._rng.randrange(2**31)
+    env._seed = None
+    env.last_seed = seed
+    env._seed_game(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        obs, _ = env.game.reset()
+    env._obs = obs
+    env._steps = 0
+    env._done = False
+    env._begin_episode(obs)
+    return obs
+
 class NLETextEnv(TextEnv):
     """A NetHack-based game in text: the machinery shared by MiniHack and NetHack.
 
@@ -258,18 +276,7 @@ class NLETextEnv(TextEnv):
         type(nh).set_initial_seeds(nh, seed, seed, False)
 
     def reset(self, seed: int | None = None) -> str:
-        if seed is None:
-            seed = self._seed if self._seed is not None else self._rng.randrange(2**31)
-        self._seed = None
-        self.last_seed = seed
-        self._seed_game(seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            obs, _ = self.game.reset()
-        self._obs = obs
-        self._steps = 0
-        self._done = False
-        self._begin_episode(obs)
+        obs = _restart(self, seed)
         messages: list[str] = []
         notes: list[str] = []
         obs, _, done, _ = self._settle(obs, {}, messages, notes, 0.0)
@@ -757,18 +764,7 @@ class BalrogNLETextEnv(TextEnv):
     def reset(self, seed: int | None = None) -> str:
         from verlog.envs.nle_language import text_message
 
-        if seed is None:
-            seed = self._seed if self._seed is not None else self._rng.randrange(2**31)
-        self._seed = None
-        self.last_seed = seed
-        self._seed_game(seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            obs, _ = self.game.reset()
-        self._obs = obs
-        self._steps = 0
-        self._done = False
-        self._begin_episode(obs)
+        obs = _restart(self, seed)
         self._render(text_message(obs["tty_chars"]))
         return self._observation
 
