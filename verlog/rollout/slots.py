@@ -454,9 +454,8 @@ class SlotRunner:
                         timeout_s=self.timeout_s, recorder=recorder, clock=slot.clock,
                     )
                 finally:
-                    self._segments.pop(episode_id, None)
                     self._cancel_foreign(episode_id)
-            self._segments.pop(episode_id, None)
+            self._segments.pop(episode_id, None)  # its calls no longer pass the gate
             if episode.failed or not episode.turns:
                 slot.segments.remove(segment)  # its turns in this batch are dropped
                 self._failed.append(episode)
