@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
 
-from verlog.evaluation.models import EndpointModel, EngineModel
+from verlog.evaluation.players import EndpointModel, EngineModel
 from verlog.evaluation.progress import EvalProgress
 from verlog.evaluation.report import plot_progression, require_matplotlib, summary_table, write_json
 from verlog.evaluation.results import EpisodeRecord, TaskResult, summarize
