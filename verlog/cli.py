@@ -23,19 +23,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from verlog.backends.base import EngineError
 from verlog.config import ConfigError, load_config
+from verlog.console import console, print_error
 from verlog.graph_file import GraphFileError
 from verlog.models import MODEL_SPECS
 from verlog.rollout import Episode, SlotFailureError
 
-console = Console(highlight=False)
-#: where ``error:`` lines go; soft_wrap keeps a long message on one line
-error_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -48,11 +44,6 @@ def user_errors() -> tuple[type[BaseException], ...]:
         if loaded is not None and hasattr(loaded, name):
             errors.append(getattr(loaded, name))
     return tuple(errors)
-
-
-def print_error(message: str) -> None:
-    """Report a user's mistake: ``error: <message>`` on stderr (brackets in it are kept)."""
-    error_console.print(f"[red]error:[/] {escape(message)}")
 
 
 def _rollout(args: argparse.Namespace) -> int:

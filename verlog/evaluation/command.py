@@ -68,13 +68,10 @@ def add_eval_command(sub: Any) -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from verlog.cli import console
+    """``verlog eval``: an ``EvalError`` reaches the CLI, which prints it as one ``error:`` line."""
+    from verlog.console import console
 
-    try:
-        run_eval(args, console)
-    except EvalError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
-        return 2
+    run_eval(args, console)
     return 0
 
 
