@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
+import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Coroutine, Literal, TypeVar
+from typing import Any, AsyncIterator, Callable, Coroutine, Literal, TypeVar, get_args
 
 FinishReason = Literal["stop", "length", "abort"]
+
+#: the grammar languages a :class:`Constraint` can be written in
+ConstraintKind = Literal["json_schema", "regex", "lark"]
+CONSTRAINT_KINDS: tuple[str, ...] = get_args(ConstraintKind)
 
 T = TypeVar("T")
 
@@ -26,13 +32,58 @@ class EngineTimeoutError(EngineError, TimeoutError):
     """An engine did not answer in time, after all retries."""
 
 
+class UnsupportedConstraintError(EngineError):
+    """A request carries a :class:`Constraint` this engine cannot enforce (it is never ignored)."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A grammar the response must follow, enforced by masking the tokens that would break it.
+
+    ``kind`` says how ``grammar`` is written:
+
+    * ``"json_schema"``: a JSON schema (as JSON text); the response is one JSON value it accepts;
+    * ``"regex"``: a regular expression the whole response matches;
+    * ``"lark"``: a Lark grammar in llguidance's dialect (``%json {schema}`` embeds a schema,
+      ``<[id]>`` names a token id), for formats around JSON such as a Hermes tool call.
+
+    Once the grammar is complete only an end-of-sequence token may follow. Sampling draws from
+    the masked distribution and the logprobs an engine returns are that distribution's (forbidden
+    tokens have probability 0, the rest are renormalized at the sampling temperature).
+    """
+
+    kind: ConstraintKind
+    grammar: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ValueError(f"Constraint.kind must be one of {list(CONSTRAINT_KINDS)}, got {self.kind!r}")
+        if not isinstance(self.grammar, str) or not self.grammar.strip():
+            raise ValueError(f"Constraint.grammar must be a non-empty string, got {self.grammar!r:.80}")
+        if self.kind == "json_schema":
+            try:
+                schema = json.loads(self.grammar)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"a json_schema Constraint's grammar must be JSON text: {exc}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError(f"a JSON schema is an object or a boolean, got {type(schema).__name__}")
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | bool) -> "Constraint":
+        """The constraint that the response is one JSON value valid under ``schema``."""
+        return cls("json_schema", json.dumps(schema, ensure_ascii=False))
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one response.
 
     ``temperature == 0`` means greedy decoding. ``stop`` strings end the response after the token
     that completes them (the token is kept: ids are never cut); ``stop_token_ids`` (plus the
-    model's end-of-sequence ids, added by each engine) end it after that token.
+    model's end-of-sequence ids, added by each engine) end it after that token. ``constraint``
+    (optional) is a grammar the response must follow: an engine enforces it by token masking
+    or, if it cannot (see :attr:`Engine.constraint_kinds`), refuses the request with
+    :class:`UnsupportedConstraintError`.
     """
 
     temperature: float = 1.0
@@ -42,8 +93,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise ValueError(f"constraint must be a verlog Constraint or None, got {type(self.constraint).__name__}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -86,7 +140,33 @@ class Engine(abc.ABC):
 
     Implementations must be safe to call concurrently from many coroutines, and from several
     event loops (a sync LangChain call runs its own loop).
+
+    A request whose ``sampling.constraint`` is of a kind outside :attr:`constraint_kinds` is
+    refused with :class:`UnsupportedConstraintError` before the engine sees it: every subclass's
+    ``generate`` and ``stream`` are wrapped to check, so no engine ignores a grammar silently.
     """
+
+    #: the :class:`Constraint` kinds this engine enforces (none unless an engine says so)
+    constraint_kinds: frozenset[str] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in ("generate", "stream"):
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, "_checks_constraint", False):
+                setattr(cls, name, _checking_constraint(method))
+
+    def check_constraint(self, sampling: SamplingParams) -> None:
+        """Raise :class:`UnsupportedConstraintError` if this engine cannot enforce ``sampling``'s
+        constraint."""
+        c = sampling.constraint
+        if c is not None and c.kind not in self.constraint_kinds:
+            can = ", ".join(sorted(self.constraint_kinds)) or "none"
+            raise UnsupportedConstraintError(
+                f"{type(self).__name__} cannot enforce a {c.kind!r} constraint (kinds it enforces: {can}); "
+                "use an engine that can (the embedded engine enforces json_schema, regex and lark) or drop the "
+                "constraint (tool_choice / response_format)"
+            )
 
     #: whether a sync call may run this engine on the calling thread's own event loop; an engine
     #: holding loop-bound state (HTTP sessions) says no, and sync calls share one bridge loop
@@ -134,6 +214,22 @@ class Engine(abc.ABC):
 
     async def aclose(self) -> None:
         """Release resources (threads, HTTP sessions)."""
+
+
+def _checking_constraint(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` (an engine's ``generate`` or ``stream``), first checking the request's constraint.
+
+    The wrapper is a plain function returning what ``method`` returns (a coroutine or an async
+    generator), so an async generator is handed over unwrapped and closing it early still
+    reaches the engine's own cleanup at once."""
+
+    @functools.wraps(method)
+    def wrapper(self: Engine, prompt_ids: list[int], sampling: SamplingParams, *args: Any, **kwargs: Any) -> Any:
+        self.check_constraint(sampling)
+        return method(self, prompt_ids, sampling, *args, **kwargs)
+
+    wrapper._checks_constraint = True  # type: ignore[attr-defined]
+    return wrapper
 
 
 def ends_with_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> bool:

@@ -13,6 +13,11 @@ releases ``engine.weights_lock()``, so a generation never reads KV of other weig
 Logprobs are ``log_softmax(logits / temperature)`` of the chosen token (plain ``log_softmax`` for
 greedy decoding), before any top-k / top-p truncation: the same quantity a trainer recomputes
 with a teacher-forced forward pass.
+
+A request with a ``sampling.constraint`` (a JSON schema, regex or Lark grammar) is decoded under
+a token mask (:mod:`verlog.backends.grammar`): before each choice the logits of tokens that would
+break the grammar are set to ``-inf``, so the sample, and the logprob recorded for it, come from
+the masked distribution. Requests without a constraint are never masked.
 """
 
 from __future__ import annotations
@@ -30,7 +35,16 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from verlog.backends.base import Engine, EngineError, Generation, SamplingParams, TokenDelta, ends_with_stop
+from verlog.backends.base import (
+    CONSTRAINT_KINDS,
+    Engine,
+    EngineError,
+    Generation,
+    SamplingParams,
+    TokenDelta,
+    ends_with_stop,
+)
+from verlog.backends.grammar import ConstraintMatcher, GrammarCompiler
 from verlog.backends.prefix_cache import PrefixCache
 
 #: the prefix cache's default size: about 11,000 tokens of SmolLM2-135M's KV in float32
@@ -51,6 +65,10 @@ class _Request:
     finish_reason: str | None = None
     #: the prefix cache's epoch when this request's KV began (stale KV is never inserted)
     cache_epoch: int = 0
+    #: where the response stands in its constraint's grammar (constrained requests only)
+    matcher: ConstraintMatcher | None = None
+    #: a failure of this request alone (its constraint broke): reported instead of a generation
+    error: EngineError | None = None
 
     def resolve(self) -> None:
         gen = Generation(self.out_ids, self.out_logprobs, self.finish_reason or "length")
@@ -102,7 +120,7 @@ class EngineStats:
 
 
 class EmbeddedEngine(Engine):
-    """Runs a causal LM in-process with dynamic batching and a KV cache.
+    """Runs a causal LM in-process with dynamic batching and a KV cache; enforces constraints.
 
     Args:
         model: a transformers causal LM (its weights may be updated in place between batches
@@ -159,15 +177,25 @@ class EmbeddedEngine(Engine):
         #: KV of earlier prompts, reused by later prefills (cleared when the weights change)
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._default_generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._grammar: GrammarCompiler | None = None
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._weights_lock = threading.Lock()
         self._closed = False
         self._worker = threading.Thread(target=self._serve, name="verlog-embedded-engine", daemon=True)
         self._worker.start()
 
+    #: any :class:`~verlog.backends.base.Constraint` is enforced by token masking (llguidance)
+    constraint_kinds = frozenset(CONSTRAINT_KINDS)
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        if self._grammar is None:
+            vocab = getattr(getattr(self.model, "config", None), "vocab_size", None) or len(self.tokenizer)
+            self._grammar = GrammarCompiler(self.tokenizer, vocab, self.eos_token_ids)
+        return self._grammar
 
     # ------------------------------------------------------------------ public API
     async def generate(
@@ -197,6 +225,8 @@ class EmbeddedEngine(Engine):
         req = _Request(list(prompt_ids), sampling, loop, loop.create_future(), on_token=on_token)
         if sampling.seed is not None:
             req.generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
+        if sampling.constraint is not None:  # compiled off the loop; a bad grammar fails this call only
+            req.matcher = await asyncio.to_thread(self._grammar_compiler().matcher, sampling.constraint)
         self._queue.put(req)
         return await req.future
 
@@ -453,6 +483,9 @@ class EmbeddedEngine(Engine):
         keep = [row for row, (req, (tok, lp)) in enumerate(zip(running.requests, tokens)) if self._append(req, tok, lp)]
         for row, req in enumerate(running.requests):
             if req.finish_reason is not None:
+                if req.error is not None:
+                    req.fail(req.error)
+                    continue
                 req.resolve()
                 if self.prefix_cache.enabled and req.finish_reason != "abort":
                     # the prompt and the answer's tokens fed so far: the next turn of a chat extends them
@@ -462,7 +495,9 @@ class EmbeddedEngine(Engine):
             running.select(keep)
 
     def _choose(self, logits: torch.Tensor, reqs: list[_Request]) -> list[tuple[int, float]]:
-        """Pick one token per row under each request's own sampling settings (vectorized)."""
+        """Pick one token per row under each request's own sampling settings (vectorized);
+        constrained rows choose among the tokens their grammar allows."""
+        masked = self._mask(logits, reqs)
         temps = torch.tensor([r.sampling.temperature or 1.0 for r in reqs], device=logits.device)
         logprobs = torch.log_softmax(logits / temps[:, None], dim=-1)
         chosen = logprobs.argmax(-1)
@@ -484,7 +519,37 @@ class EmbeddedEngine(Engine):
             picks = _skip_zero_mass(picks, probs)
             chosen[idx] = picks.to(chosen.device)
         chosen_lp = logprobs.gather(1, chosen[:, None])[:, 0]
-        return list(zip(chosen.tolist(), chosen_lp.tolist()))
+        out = list(zip(chosen.tolist(), chosen_lp.tolist()))
+        for row in masked:
+            self._advance_matcher(reqs[row], out[row][0])
+        return out
+
+    def _mask(self, logits: torch.Tensor, reqs: list[_Request]) -> list[int]:
+        """Set the logits of tokens each constrained row's grammar forbids to ``-inf`` (in place);
+        return those rows. A row whose grammar fails is left unmasked and ends with its error."""
+        rows, allowed = [], []
+        for row, r in enumerate(reqs):
+            if r.matcher is None or r.error is not None:
+                continue
+            try:
+                allowed.append(r.matcher.allowed(logits.shape[1]))
+                rows.append(row)
+            except EngineError as exc:
+                r.error = exc
+        if rows:
+            idx = torch.tensor(rows, device=logits.device)
+            keep = torch.stack(allowed).to(logits.device)
+            logits[idx] = logits[idx].masked_fill(~keep, float("-inf"))
+        return rows
+
+    def _advance_matcher(self, r: _Request, token: int) -> None:
+        """Tell a constrained row's grammar the token it took (an end token needs no telling)."""
+        if r.matcher is None or token in self.eos_token_ids or token in r.sampling.stop_token_ids:
+            return
+        try:
+            r.matcher.accept(token)
+        except EngineError as exc:
+            r.error = exc
 
     def _append(self, r: _Request, token: int, logprob: float) -> bool:
         """Record one token; return whether the request keeps decoding."""
@@ -493,7 +558,7 @@ class EmbeddedEngine(Engine):
         if r.on_token is not None:
             r.loop.call_soon_threadsafe(r.on_token, token, logprob)
         s = r.sampling
-        if r.future.done():  # the caller cancelled: stop decoding this row
+        if r.future.done() or r.error is not None:  # the caller cancelled, or the constraint broke
             r.finish_reason = "abort"
         elif token in self.eos_token_ids or token in s.stop_token_ids:
             r.finish_reason = "stop"

@@ -14,12 +14,20 @@ Graphs use it like any LangChain chat model: ``invoke``/``ainvoke``, ``bind_tool
 ``tool_choice`` ("required", or a tool's name) is honoured by prefilling the answer with the
 opening of a Hermes tool call (``<tool_call>`` and, for a named tool, its name): those forced
 tokens are sent to the engine as the end of the prompt, so ``prompt_ids`` stay exactly what the
-engine saw and ``response_ids`` exactly what it generated.
+engine saw and ``response_ids`` exactly what it generated. On an engine that enforces
+constraints (the embedded one) the rest of the call is held to the tools' schemas by a token
+mask, and ``response_format`` (OpenAI's ``json_schema`` / ``json_object``, bound with
+``bind(response_format=...)``) holds the answer to a JSON schema: see :mod:`verlog.llm.constrained`.
+``with_structured_output`` supports the methods ``function_calling`` (the default),
+``json_schema`` and ``json_mode``. A constrained answer's logprobs are those of the masked
+distribution it was sampled from (``response_metadata["sampling"]["constraint"]`` names the
+constraint's kind); an unconstrained call is never masked.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -31,16 +39,31 @@ from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from verlog.backends.base import Engine, Generation, SamplingParams, run_sync, sync_bridge_loop
+from verlog.backends.base import Constraint, Engine, Generation, SamplingParams, run_sync, sync_bridge_loop
+from verlog.llm.constrained import forced_tool_call, response_format_constraint, structured_output
 from verlog.llm.prompt import PromptRenderer
 from verlog.llm.streaming import TextReleaser, last_chunk
-from verlog.llm.tool_calls import TOOL_CALL_OPEN, parse_tool_calls, tool_schemas
+from verlog.llm.tool_calls import parse_tool_calls, tool_schemas
 
 #: run-config metadata key under which the episode runner puts the episode id; the chat model
 #: sends it as the engine request id so one episode's calls share a replica's prefix cache
 EPISODE_ID_KEY = "verlog_episode_id"
 
 _SAMPLING_KWARGS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop_token_ids")
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """What one call sends the engine, beyond the sampling settings.
+
+    ``prompt_ids`` end with the ids of ``prefix`` (the prefilled start of the answer, non-empty
+    when a tool call is forced); ``constraint`` is the grammar the rest must follow (``None``:
+    unconstrained); ``has_tools`` says whether tools are offered (their calls are parsed)."""
+
+    prompt_ids: list[int]
+    prefix: str
+    constraint: Constraint | None
+    has_tools: bool
 
 
 def normalize_tool_choice(tool_choice: Any, tool_names: Sequence[str]) -> str | None:
@@ -68,15 +91,6 @@ def normalize_tool_choice(tool_choice: Any, tool_names: Sequence[str]) -> str | 
     if name not in tool_names:
         raise ValueError(f"tool_choice names {name!r}, which is not among the tools {list(tool_names)}")
     return name
-
-
-def forced_tool_prefix(tool_choice: str | None) -> str:
-    """The text an answer is prefilled with to honour a normalized ``tool_choice`` ("" if none)."""
-    if tool_choice in (None, "none"):
-        return ""
-    if tool_choice == "required":
-        return f"{TOOL_CALL_OPEN}\n"
-    return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(tool_choice, ensure_ascii=False)}, "arguments": '
 
 
 class VerlogChatModel(BaseChatModel):
@@ -172,14 +186,50 @@ class VerlogChatModel(BaseChatModel):
         """The ids to send the engine for a call, and the answer text they prefill (non-empty
         only when ``tool_choice`` forces a tool call: the prefill's ids end the prompt).
         ``tool_choice="none"`` renders the prompt without the tools."""
+        plan = self.plan_call(messages, tools, tool_choice)
+        return plan.prompt_ids, plan.prefix
+
+    def plan_call(
+        self, messages: Sequence[BaseMessage], tools: list[dict] | None = None, tool_choice: Any = None,
+        response_format: Any = None,
+    ) -> CallPlan:
+        """The prompt ids, prefill and constraint of a call (see :class:`CallPlan`).
+
+        A forced tool call (``tool_choice`` "required"/"any"/a name) and a JSON ``response_format``
+        are constrained when the engine enforces constraints; a ``response_format`` on an engine
+        that cannot, or together with a forced tool call, raises ``ValueError``."""
         choice = normalize_tool_choice(tool_choice, [t["function"]["name"] for t in tools or ()]) if tools else None
         if choice == "none":
             tools = None
+        wanted = response_format_constraint(response_format)
+        if wanted is not None:
+            if choice is not None:
+                raise ValueError("response_format and a forced tool_choice cannot be combined: choose one")
+            if wanted.kind not in self.engine.constraint_kinds:
+                raise ValueError(
+                    f"response_format needs constrained decoding, which {type(self.engine).__name__} does not do "
+                    f"(it enforces: {', '.join(sorted(self.engine.constraint_kinds)) or 'no constraints'})"
+                )
         prompt_ids = self._renderer.render(messages, tools)
-        prefix = forced_tool_prefix(choice)
-        if prefix:
+        prefix, constraint = "", wanted
+        if choice is not None:
+            forced = forced_tool_call(tools or [], choice, self.engine.constraint_kinds, self.tokenizer)
+            prefix, constraint = forced.prefix, forced.constraint
             prompt_ids += list(self.tokenizer(prefix, add_special_tokens=False)["input_ids"])
-        return prompt_ids, prefix
+        return CallPlan(prompt_ids, prefix, constraint, bool(tools))
+
+    def with_structured_output(
+        self, schema: dict[str, Any] | type, *, include_raw: bool = False, method: str = "function_calling",
+        strict: bool | None = None, **kwargs: Any,
+    ) -> Runnable:
+        """A runnable returning ``schema``'s object (a pydantic instance, or a dict for a JSON
+        schema / TypedDict). ``method``: ``function_calling`` (a forced call of the schema as a
+        tool), ``json_schema`` (the answer is JSON under the schema) or ``json_mode`` (any JSON
+        object, parsed with the schema). On an engine that enforces constraints the output is
+        valid whatever the model (unless ``max_tokens`` runs out first)."""
+        if kwargs:
+            raise ValueError(f"unexpected with_structured_output arguments {sorted(kwargs)}")
+        return structured_output(self, schema, method=method, include_raw=include_raw, strict=strict)
 
     def to_message(
         self, prompt_ids: list[int], generation: Generation, sampling: SamplingParams, *,
@@ -206,11 +256,11 @@ class VerlogChatModel(BaseChatModel):
 
     # ----------------------------------------------------------------- generation
     def _sampling(self, stop: list[str] | None, kwargs: dict[str, Any]) -> SamplingParams:
-        unknown = set(kwargs) - set(_SAMPLING_KWARGS) - {"tools", "tool_choice", "max_new_tokens"}
+        unknown = set(kwargs) - set(_SAMPLING_KWARGS) - {"tools", "tool_choice", "max_new_tokens", "response_format"}
         if unknown:
             raise TypeError(
                 f"VerlogChatModel got unknown call options {sorted(unknown)}; "
-                f"allowed: {sorted(_SAMPLING_KWARGS + ('stop', 'tools', 'tool_choice'))}"
+                f"allowed: {sorted(_SAMPLING_KWARGS + ('stop', 'tools', 'tool_choice', 'response_format'))}"
             )
         stops = stop if stop is not None else self.stop
         return SamplingParams(
@@ -227,13 +277,13 @@ class VerlogChatModel(BaseChatModel):
         self, messages: list[BaseMessage], stop: list[str] | None, metadata: dict[str, Any] | None,
         kwargs: dict[str, Any],
     ) -> tuple[list[int], SamplingParams, str, bool, str | None]:
-        """A call's prompt ids, sampling, forced prefix, whether tools are offered, request id."""
-        tools = kwargs.get("tools")
+        """A call's prompt ids, sampling (with its constraint), forced prefix, whether tools are
+        offered, request id."""
         sampling = self._sampling(stop, kwargs)
-        prompt_ids, prefix = self.prompt_for(messages, tools, kwargs.get("tool_choice"))
-        if kwargs.get("tool_choice") == "none":
-            tools = None
-        return prompt_ids, sampling, prefix, bool(tools), (metadata or {}).get(EPISODE_ID_KEY)
+        plan = self.plan_call(messages, kwargs.get("tools"), kwargs.get("tool_choice"), kwargs.get("response_format"))
+        if plan.constraint is not None:
+            sampling = dataclasses.replace(sampling, constraint=plan.constraint)
+        return plan.prompt_ids, sampling, plan.prefix, plan.has_tools, (metadata or {}).get(EPISODE_ID_KEY)
 
     async def _call(
         self,
@@ -311,6 +361,8 @@ class VerlogChatModel(BaseChatModel):
             # what the logprobs were drawn with: training recomputes them at this temperature
             "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k},
         }
+        if sampling.constraint is not None:  # the logprobs are those of the masked distribution
+            metadata["sampling"]["constraint"] = sampling.constraint.kind
         usage = {
             "input_tokens": len(prompt_ids),
             "output_tokens": len(ids),
