@@ -64,6 +64,12 @@ class SGLangEngine(HTTPEngine):
 
     server_name = "SGLang server"
 
+    #: SGLang's ``/generate`` takes a JSON schema (``json_schema``) or a regular expression
+    #: (``regex``) among its sampling parameters and enforces it with its grammar backend
+    #: (xgrammar by default). Its ``ebnf`` is that backend's dialect, not llguidance's Lark: a
+    #: ``lark`` constraint is refused (a forced tool call is then held to the call's JSON schema).
+    constraint_kinds = frozenset({"json_schema", "regex"})
+
     def __init__(
         self,
         base_url: str,
@@ -160,6 +166,8 @@ class SGLangEngine(HTTPEngine):
             params["stop_token_ids"] = stop_ids
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed
+        if sampling.constraint is not None:  # checked against constraint_kinds before this
+            params[sampling.constraint.kind] = sampling.constraint.grammar
         return {
             "input_ids": [int(t) for t in prompt_ids],
             "sampling_params": params,

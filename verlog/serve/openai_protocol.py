@@ -5,8 +5,10 @@ refusal is an :class:`APIError` that the server answers in OpenAI's error JSON::
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "messages[0].role", "code": null}}
 
-A parameter that this server cannot honour (``n > 1``, penalties, ``logit_bias``, JSON
-response formats, ``top_logprobs``) is refused with a 400 naming it rather than silently ignored.
+A parameter that this server cannot honour (``n > 1``, penalties, ``logit_bias``,
+``top_logprobs``) is refused with a 400 naming it rather than silently ignored. ``response_format``
+``json_schema`` / ``json_object`` is enforced by the engine's token mask (400 on an engine that
+cannot enforce it).
 """
 
 from __future__ import annotations
@@ -172,8 +174,6 @@ def _refuse_unsupported(r: ChatCompletionRequest) -> None:
         refuse("logit_bias", "(non-empty)")
     if r.top_logprobs:
         refuse("top_logprobs", f"= {r.top_logprobs} (the chosen token's logprob is returned with logprobs=true)")
-    if r.response_format is not None and r.response_format.type != "text":
-        refuse("response_format", f"of type {r.response_format.type!r} (no constrained decoding; use tools)")
     if r.top_k is not None and (r.top_k == 0 or r.top_k < -1):
         raise APIError(400, f"Invalid value for 'top_k': must be -1 (off) or >= 1, got {r.top_k}", param="top_k")
     if r.tool_choice is not None and r.tool_choice != "none" and not r.tools:

@@ -10,7 +10,9 @@
         openai.OpenAI(base_url=base_url, api_key="unused").chat.completions.create(...)
 
 Served: ``POST /v1/chat/completions`` (streaming as server-sent events, Hermes tool calls in
-OpenAI's ``tool_calls`` format, ``tool_choice`` auto/none/required/named, ``logprobs``),
+OpenAI's ``tool_calls`` format, ``tool_choice`` auto/none/required/named, ``logprobs``,
+``response_format`` json_schema/json_object; a forced call and a JSON format are held to their
+schemas by the engine's token mask),
 ``GET /v1/models``, ``GET /v1/models/{id}`` and ``GET /health``. The answer is produced by the
 same code as training: :class:`~verlog.llm.VerlogChatModel` renders the prompt with the
 tokenizer's chat template and turns the engine's ids into text and tool calls, so a greedy
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -293,15 +296,17 @@ class OpenAIServer(LocalServer):
             raise self._unknown_model(req.model)
         messages = proto.to_langchain_messages(req)
         tools = body["tools"] if req.tools else None  # as sent: the template renders them verbatim
-        try:
-            prompt_ids, prefix = self.chat_model.prompt_for(messages, tools, req.tool_choice)
-        except ValueError as exc:  # tool_choice naming no offered tool
-            raise APIError(400, str(exc), param="tool_choice") from None
+        response_format = req.response_format.model_dump(exclude_none=True) if req.response_format else None
+        try:  # a forced tool call or a JSON response format is held to its schema by a token mask
+            plan = self.chat_model.plan_call(messages, tools, req.tool_choice, response_format)
+        except ValueError as exc:  # tool_choice naming no offered tool, a response_format that cannot be had
+            raise APIError(400, str(exc), param="response_format" if response_format else "tool_choice") from None
         except Exception as exc:  # the chat template refused the conversation (jinja's errors)
             raise APIError(400, f"the model's chat template cannot render these messages: {exc}",
                            param="messages") from None
+        prompt_ids, prefix = plan.prompt_ids, plan.prefix
         has_tools = bool(tools) and req.tool_choice != "none"
-        sampling = self._sampling(req, len(prompt_ids))
+        sampling = dataclasses.replace(self._sampling(req, len(prompt_ids)), constraint=plan.constraint)
         async with self._admission.slot():
             if req.stream:
                 return await self._stream(request, req, prompt_ids, prefix, sampling, has_tools)
