@@ -58,3 +58,23 @@ async def test_tool_choice_none_and_unknown():
     assert answer.content == "plain" and "tools" not in _TOKENIZER.decode(engine.calls[-1]).lower()
     with pytest.raises(ValueError, match="not among the tools"):
         model.bind_tools([Answer], tool_choice="Other")
+
+
+def test_tool_call_content_blocks_render_as_calls():
+    """An assistant message in Anthropic's format (text + ``tool_use`` blocks) renders exactly as
+    the same message with ``tool_calls``; other non-text blocks are refused by name."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    model = VerlogChatModel(engine=ScriptedEngine(_TOKENIZER, ["ok"]), tokenizer=_TOKENIZER)
+    call = {"name": "Answer", "args": {"value": 3}, "id": "abc", "type": "tool_call"}
+    as_blocks = AIMessage([{"type": "text", "text": "let me see"},
+                           {"type": "tool_use", "id": "abc", "name": "Answer", "input": {"value": 3}}])
+    as_calls = AIMessage("let me see", tool_calls=[call])
+    rest = [ToolMessage("3", tool_call_id="abc")]
+    rendered = model.render_prompt_ids([HumanMessage("?"), as_blocks, *rest])
+    assert rendered == model.render_prompt_ids([HumanMessage("?"), as_calls, *rest])
+    assert '"value": 3' in _TOKENIZER.decode(rendered)
+    with pytest.raises(ValueError, match="content block of type 'image'"):
+        model.render_prompt_ids([HumanMessage([{"type": "image", "url": "x"}])])
+    with pytest.raises(ValueError, match="content block of type 'tool_use'"):  # only an assistant calls tools
+        model.render_prompt_ids([HumanMessage([{"type": "tool_use", "name": "x", "input": {}}])])

@@ -46,6 +46,10 @@ def test_unclosed_block_cut_by_max_tokens():
     assert parsed.tool_calls[0]["args"] == {"expression": "1+1"}
     parsed = parse_tool_calls('<tool_call>{"name": "calcu')
     assert parsed.invalid_tool_calls and not parsed.tool_calls
+    assert parsed.invalid_tool_calls[0]["name"] is None
+    # cut inside the arguments: the call is invalid but names its tool
+    (cut,) = parse_tool_calls('<tool_call>{"name": "calculate", "arguments": {"expression": "1+').invalid_tool_calls
+    assert cut["name"] == "calculate" and "not valid JSON" in cut["error"]
 
 
 def test_schemas_from_functions_and_tools():

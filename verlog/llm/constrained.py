@@ -28,6 +28,7 @@ from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel
 
 from verlog.backends.base import Constraint
@@ -193,7 +194,7 @@ def structured_output(
     if method not in STRUCTURED_METHODS:
         raise ValueError(f"unsupported method {method!r} for with_structured_output; expected one of "
                          f"{list(STRUCTURED_METHODS)}")
-    is_pydantic = isinstance(schema, type) and issubclass(schema, BaseModel)
+    is_pydantic = is_basemodel_subclass(schema)  # pydantic 2, or pydantic.v1 models
     traced = {"ls_structured_output_format": {"kwargs": {"method": method, "strict": strict}, "schema": schema}}
     if method == "function_calling":
         name = convert_to_openai_tool(schema)["function"]["name"]
@@ -201,7 +202,10 @@ def structured_output(
         parser: Runnable = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
                             else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
     elif method == "json_schema":
-        json_schema = schema.model_json_schema() if is_pydantic else convert_to_json_schema(schema)
+        if is_pydantic:
+            json_schema = schema.model_json_schema() if hasattr(schema, "model_json_schema") else schema.schema()
+        else:
+            json_schema = convert_to_json_schema(schema)
         name = json_schema.get("title") or "response"
         llm = model.bind(response_format={"type": "json_schema",
                                           "json_schema": {"name": name, "schema": json_schema, "strict": True}},

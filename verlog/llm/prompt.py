@@ -22,8 +22,14 @@ from langchain_core.messages import (
 _ROLE = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
 
 
-def message_text(content: str | list[Any]) -> str:
-    """The text of a message's content (text blocks joined; other blocks are rejected)."""
+#: content blocks that carry a tool call (Anthropic's ``tool_use``, LangChain's standard ``tool_call``)
+_CALL_BLOCKS = ("tool_use", "tool_call")
+
+
+def message_text(content: str | list[Any], *, allow_calls: bool = False) -> str:
+    """The text of a message's content (text blocks joined). Tool-call blocks are skipped when
+    ``allow_calls`` (an assistant message: its calls are rendered from them, see
+    :func:`content_tool_calls`); any other block is rejected."""
     if isinstance(content, str):
         return content
     parts = []
@@ -32,14 +38,35 @@ def message_text(content: str | list[Any]) -> str:
             parts.append(block)
         elif isinstance(block, dict) and block.get("type") == "text":
             parts.append(block.get("text", ""))
+        elif allow_calls and isinstance(block, dict) and block.get("type") in _CALL_BLOCKS:
+            continue
         else:
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise ValueError(f"verlog's chat model reads text only; got a content block of type {kind!r}")
+            allowed = "text, tool_use and tool_call" if allow_calls else "text"
+            raise ValueError(
+                f"verlog's chat model reads {allowed} content blocks only; got a content block of type {kind!r}"
+            )
     return "".join(parts)
 
 
+def content_tool_calls(content: str | list[Any]) -> list[dict[str, Any]]:
+    """The tool calls written as content blocks of an assistant message (``tool_use``:
+    ``name``/``input``; ``tool_call``: ``name``/``args``), as LangChain tool calls."""
+    if isinstance(content, str):
+        return []
+    calls = []
+    for block in content:
+        if isinstance(block, dict) and block.get("type") in _CALL_BLOCKS:
+            args = block.get("input") if block["type"] == "tool_use" else block.get("args")
+            calls.append({"name": block.get("name"), "args": args or {}, "id": block.get("id"), "type": "tool_call"})
+    return calls
+
+
 def to_chat_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    """LangChain messages as the ``{"role", "content", ...}`` dicts chat templates expect."""
+    """LangChain messages as the ``{"role", "content", ...}`` dicts chat templates expect.
+
+    An assistant message's calls come from its ``tool_calls``, or, if it has none, from the
+    tool-call blocks of its content (messages written in Anthropic's format)."""
     out: list[dict[str, Any]] = []
     for m in messages:
         if isinstance(m, ChatMessage):
@@ -48,11 +75,13 @@ def to_chat_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
             role = _ROLE[m.type]
         else:
             raise ValueError(f"unsupported message type {type(m).__name__} for a chat template")
-        entry: dict[str, Any] = {"role": role, "content": message_text(m.content)}
-        if isinstance(m, AIMessage) and m.tool_calls:
+        is_ai = isinstance(m, AIMessage)
+        entry: dict[str, Any] = {"role": role, "content": message_text(m.content, allow_calls=is_ai)}
+        calls = (m.tool_calls or content_tool_calls(m.content)) if is_ai else []
+        if calls:
             entry["tool_calls"] = [
                 {"type": "function", "id": c.get("id"), "function": {"name": c["name"], "arguments": c["args"]}}
-                for c in m.tool_calls
+                for c in calls
             ]
         if isinstance(m, ToolMessage):
             entry["tool_call_id"] = m.tool_call_id

@@ -21,6 +21,8 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+#: the name at the start of a call whose JSON is broken (e.g. cut by the token budget)
+_NAME = re.compile(r'^\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)+)"')
 
 
 @dataclass
@@ -46,7 +48,8 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
 
     Each block must hold a JSON object with a string ``name`` and an object ``arguments`` (a JSON
     string holding an object is accepted too). An unclosed last block is parsed if its JSON is
-    complete (the model hit a stop sequence), else reported invalid.
+    complete (the model hit a stop sequence), else reported invalid (with the tool's name when
+    the broken JSON starts with it).
     """
     if TOOL_CALL_OPEN not in text:
         return ParsedToolCalls(content=text)
@@ -57,9 +60,11 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
         try:
             payload = json.loads(raw)
         except json.JSONDecodeError as exc:
+            name = _NAME.match(raw)
             parsed.invalid_tool_calls.append(
                 InvalidToolCall(
-                    name=None, args=raw, id=call_id, error=f"tool call is not valid JSON: {exc}",
+                    name=json.loads(f'"{name.group(1)}"') if name else None, args=raw, id=call_id,
+                    error=f"tool call is not valid JSON: {exc}",
                     type="invalid_tool_call",
                 )
             )
