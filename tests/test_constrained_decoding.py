@@ -21,7 +21,7 @@ import torch
 from langchain_core.messages import HumanMessage
 from pydantic import BaseModel, Field
 
-from verlog.backends.base import Constraint, SamplingParams, UnsupportedConstraintError
+from verlog.backends.base import Constraint, InvalidConstraintError, SamplingParams, UnsupportedConstraintError
 from verlog.backends.embedded import EmbeddedEngine
 from verlog.backends.grammar import GrammarCompiler
 from verlog.backends.sglang import SGLangEngine
@@ -175,7 +175,7 @@ async def test_logprobs_are_those_of_the_masked_distribution(engine, tiny_model,
 
 async def test_engine_constraint_errors(engine, tiny_tokenizer):
     prompt = tiny_tokenizer("x", add_special_tokens=False)["input_ids"]
-    with pytest.raises(Exception, match="invalid lark constraint"):
+    with pytest.raises(InvalidConstraintError, match="invalid lark constraint"):
         await engine.generate(prompt, SamplingParams(constraint=Constraint("lark", "start: (")))
     regex = await engine.generate(prompt, SamplingParams(max_new_tokens=20, seed=0,
                                                          constraint=Constraint("regex", "(yes|no)")))
@@ -276,3 +276,19 @@ async def test_serve_model_refuses_formats_it_cannot_enforce(tiny_tokenizer):
             await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "?"}],
                                               response_format={"type": "json_schema"})
         assert err.value.body["param"] == "response_format"
+
+
+
+async def test_serve_model_refuses_a_schema_that_does_not_compile(engine, tiny_tokenizer):
+    openai = pytest.importorskip("openai")
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+        "a": {"$ref": "#/$defs/missing"}}, "required": ["a"]}}}
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as server:
+        oai = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as err:
+                await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "?"}],
+                                                  response_format=bad, stream=stream)
+            assert err.value.body["param"] == "response_format" and "invalid" in err.value.body["message"]
+        ok = await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "?"}], max_tokens=4)
+        assert ok.choices[0].message.content is not None  # the server keeps serving

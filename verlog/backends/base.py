@@ -36,6 +36,10 @@ class UnsupportedConstraintError(EngineError):
     """A request carries a :class:`Constraint` this engine cannot enforce (it is never ignored)."""
 
 
+class InvalidConstraintError(EngineError, ValueError):
+    """A :class:`Constraint`'s grammar cannot be compiled (a malformed schema, regex or grammar)."""
+
+
 @dataclass(frozen=True)
 class Constraint:
     """A grammar the response must follow, enforced by masking the tokens that would break it.
@@ -160,7 +164,18 @@ class Engine(abc.ABC):
         """Raise :class:`UnsupportedConstraintError` if this engine cannot enforce ``sampling``'s
         constraint."""
         c = sampling.constraint
-        if c is not None and c.kind not in self.constraint_kinds:
+        if c is not None:
+            self._check_kind(c)
+
+    def validate_constraint(self, constraint: Constraint) -> None:
+        """Check ahead of a request that this engine can enforce ``constraint``: raises
+        :class:`UnsupportedConstraintError`, or :class:`InvalidConstraintError` where the engine
+        compiles grammars itself and this one does not compile (may take a while the first time:
+        call it off the event loop)."""
+        self._check_kind(constraint)
+
+    def _check_kind(self, c: Constraint) -> None:
+        if c.kind not in self.constraint_kinds:
             can = ", ".join(sorted(self.constraint_kinds)) or "none"
             raise UnsupportedConstraintError(
                 f"{type(self).__name__} cannot enforce a {c.kind!r} constraint (kinds it enforces: {can}); "

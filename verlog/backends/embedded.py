@@ -37,6 +37,7 @@ from transformers.cache_utils import DynamicLayer
 
 from verlog.backends.base import (
     CONSTRAINT_KINDS,
+    Constraint,
     Engine,
     EngineError,
     Generation,
@@ -190,6 +191,12 @@ class EmbeddedEngine(Engine):
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def validate_constraint(self, constraint: Constraint) -> None:
+        """Compile ``constraint`` now (kept for the requests that use it); raises
+        :class:`~verlog.backends.base.InvalidConstraintError` if it does not compile."""
+        super().validate_constraint(constraint)
+        self._grammar_compiler().matcher(constraint)
 
     def _grammar_compiler(self) -> GrammarCompiler:
         if self._grammar is None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from verlog.backends.base import Constraint, EngineError
+from verlog.backends.base import Constraint, EngineError, InvalidConstraintError
 
 __all__ = ["JSON_STYLE", "ConstraintMatcher", "GrammarCompiler"]
 
@@ -93,10 +93,10 @@ class GrammarCompiler:
                 else:
                     grammar = ll.LLMatcher.grammar_from_lark(constraint.grammar)
             except Exception as exc:  # llguidance's parse errors (ValueError, RuntimeError)
-                raise EngineError(f"invalid {constraint.kind} constraint: {exc}") from None
+                raise InvalidConstraintError(f"invalid {constraint.kind} constraint: {exc}") from None
             ok, problem = self._validate(grammar)
             if not ok:
-                raise EngineError(f"invalid {constraint.kind} constraint: {problem}")
+                raise InvalidConstraintError(f"invalid {constraint.kind} constraint: {problem}")
             if len(self._grammars) > 256:
                 self._grammars.clear()
             self._grammars[constraint] = grammar
@@ -108,12 +108,12 @@ class GrammarCompiler:
         return (not is_error), "; ".join(messages)
 
     def matcher(self, constraint: Constraint) -> "ConstraintMatcher":
-        """A fresh matcher for one response under ``constraint`` (raises ``EngineError`` if the
-        grammar is invalid)."""
+        """A fresh matcher for one response under ``constraint`` (raises
+        :class:`~verlog.backends.base.InvalidConstraintError` if the grammar is invalid)."""
         ll = _llguidance()
         inner = ll.LLMatcher(self._tokenizer(), self._grammar(constraint), log_level=0)
         if inner.is_error():
-            raise EngineError(f"invalid {constraint.kind} constraint: {inner.get_error()}")
+            raise InvalidConstraintError(f"invalid {constraint.kind} constraint: {inner.get_error()}")
         return ConstraintMatcher(inner, self.token_count, constraint)
 
 

@@ -305,6 +305,11 @@ class OpenAIServer(LocalServer):
             raise APIError(400, f"the model's chat template cannot render these messages: {exc}",
                            param="messages") from None
         prompt_ids, prefix = plan.prompt_ids, plan.prefix
+        if plan.constraint is not None:  # a schema the engine cannot compile is the request's fault
+            try:
+                await asyncio.to_thread(self.engine.validate_constraint, plan.constraint)
+            except EngineError as exc:
+                raise APIError(400, str(exc), param="response_format" if response_format else "tools") from None
         has_tools = bool(tools) and req.tool_choice != "none"
         sampling = dataclasses.replace(self._sampling(req, len(prompt_ids)), constraint=plan.constraint)
         async with self._admission.slot():
