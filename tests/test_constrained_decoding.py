@@ -292,3 +292,53 @@ async def test_serve_model_refuses_a_schema_that_does_not_compile(engine, tiny_t
             assert err.value.body["param"] == "response_format" and "invalid" in err.value.body["message"]
         ok = await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "?"}], max_tokens=4)
         assert ok.choices[0].message.content is not None  # the server keeps serving
+
+
+# ------------------------------------------------------------------------------ training rollouts
+async def test_a_training_graph_that_forces_a_tool_call_records_constrained_turns(engine, tiny_tokenizer):
+    """Slot rollouts (training) pass a graph's constraint through the runner's gate to the
+    engine: every recorded turn is a valid call, with the masked distribution's logprobs."""
+    from langgraph.graph import END, START, StateGraph
+    from typing_extensions import TypedDict
+
+    from verlog.rollout import areport_reward
+    from verlog.rollout.slots import SlotRunner
+
+    class State(TypedDict):
+        seed: int
+
+    def build(gated):
+        model = VerlogChatModel(engine=gated, tokenizer=tiny_tokenizer, max_tokens=200)
+        assert gated.constraint_kinds == engine.constraint_kinds
+        forced = model.bind_tools([get_time], tool_choice="required")
+
+        async def policy(state: State) -> dict:
+            await forced.ainvoke([HumanMessage(f"time? ({state['seed']})")], seed=state["seed"])
+            await areport_reward(1.0, terminated=True)
+            return {}
+
+        g = StateGraph(State)
+        g.add_node("policy", policy)
+        g.add_edge(START, "policy")
+        g.add_edge("policy", END)
+        return g.compile()
+
+    runner = SlotRunner(engine, build, lambda seed: {"seed": seed}, num_envs=2, turns_per_env=2,
+                        graph_config={"recursion_limit": 10}, seed=0)
+    try:
+        batch = await runner.collect()
+    finally:
+        await runner.aclose()
+    turns = batch.flat_turns()
+    assert len(turns) == 4
+    for turn in turns:
+        # one tool: "required" names it, so the prompt ends with the call's opening and name
+        assert tiny_tokenizer.decode(turn.prompt_ids).endswith('<tool_call>\n{"name": "get_time", "arguments": ')
+        text = tiny_tokenizer.decode(turn.response_ids, skip_special_tokens=True)
+        assert text.endswith("}\n</tool_call>")
+        arguments = json.loads(text.removesuffix("}\n</tool_call>"))
+        jsonschema.validate(arguments, closed_schema(tool_parameters(VerlogChatModel(
+            engine=engine, tokenizer=tiny_tokenizer))["get_time"]))
+        # the closing tag is the only token the grammar allows there: probability 1 once masked
+        close = turn.response_ids.index(tiny_tokenizer.convert_tokens_to_ids("</tool_call>"))
+        assert turn.logprobs[close] == pytest.approx(0.0, abs=1e-6)

@@ -71,7 +71,9 @@ def closed_schema(schema: Any) -> Any:
 
 
 def _styled(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` laid out as verlog writes JSON (``x-guidance``: its own settings win)."""
+    """``schema`` laid out as verlog writes JSON (``x-guidance``: its own settings win), for a
+    schema embedded in a Lark grammar (a json_schema constraint gets the same layout from the
+    engine's defaults)."""
     return {**schema, "x-guidance": {**JSON_STYLE, **(schema.get("x-guidance") or {})}}
 
 
@@ -146,7 +148,7 @@ def forced_tool_call(
         prefix = f'{opening}{{"name": {json.dumps(choice, ensure_ascii=False)}, "arguments": '
         return ForcedCall(prefix, Constraint("lark", f'start: args "}}\\n" {close}\nargs: %json {args}\n'))
     if "json_schema" in engine_kinds:  # the call's JSON, without the closing tag
-        return ForcedCall(opening, Constraint.json_schema(_styled(_call_schema(tools, names))))
+        return ForcedCall(opening, Constraint.json_schema(_call_schema(tools, names)))
     if choice == "required":
         return ForcedCall(opening, None)
     return ForcedCall(f'{opening}{{"name": {json.dumps(choice, ensure_ascii=False)}, "arguments": ', None)
@@ -160,7 +162,7 @@ def response_format_constraint(response_format: Any) -> Constraint | None:
     if response_format is None:
         return None
     if isinstance(response_format, type) and issubclass(response_format, BaseModel):
-        return Constraint.json_schema(_styled(closed_schema(response_format.model_json_schema())))
+        return Constraint.json_schema(closed_schema(response_format.model_json_schema()))
     if not isinstance(response_format, dict) or response_format.get("type") not in ("text", "json_object",
                                                                                       "json_schema"):
         raise ValueError(
@@ -171,7 +173,7 @@ def response_format_constraint(response_format: Any) -> Constraint | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return Constraint.json_schema(_styled({"type": "object"}))
+        return Constraint.json_schema({"type": "object"})
     spec = response_format.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
         raise ValueError("response_format json_schema needs 'json_schema': {'name': ..., 'schema': {...}}")
@@ -179,7 +181,7 @@ def response_format_constraint(response_format: Any) -> Constraint | None:
     if schema is True or schema == {}:
         schema = {}
     elif schema is not False:
-        schema = _styled(closed_schema(schema))
+        schema = closed_schema(schema)
     return Constraint.json_schema(schema)
 
 

@@ -170,6 +170,7 @@ class _GatedEngine(Engine):
     def __init__(self, runner: "SlotRunner"):
         self._runner = runner
         self.eos_token_ids = runner.engine.eos_token_ids
+        self.constraint_kinds = runner.engine.constraint_kinds  # constraints pass through to it
 
     def stop_token_ids(self, sampling: SamplingParams) -> list[int]:
         return self._runner.engine.stop_token_ids(sampling)
