@@ -534,19 +534,17 @@ class EmbeddedEngine(Engine):
     def _mask(self, logits: torch.Tensor, reqs: list[_Request]) -> list[int]:
         """Set the logits of tokens each constrained row's grammar forbids to ``-inf`` (in place);
         return those rows. A row whose grammar fails is left unmasked and ends with its error."""
-        rows, allowed = [], []
+        rows = []
         for row, r in enumerate(reqs):
             if r.matcher is None or r.error is not None:
                 continue
             try:
-                allowed.append(r.matcher.allowed(logits.shape[1]))
-                rows.append(row)
+                allowed = r.matcher.allowed(logits.shape[1])
             except EngineError as exc:
                 r.error = exc
-        if rows:
-            idx = torch.tensor(rows, device=logits.device)
-            keep = torch.stack(allowed).to(logits.device)
-            logits[idx] = logits[idx].masked_fill(~keep, float("-inf"))
+                continue
+            logits[row].masked_fill_(~allowed.to(logits.device), float("-inf"))  # a view: in place
+            rows.append(row)
         return rows
 
     def _advance_matcher(self, r: _Request, token: int) -> None:

@@ -10,6 +10,9 @@ no dependencies (xgrammar pulls in triton, useless on a CPU), needs no per-schem
 same time (mean 15 us on the tiny model's 1.5k vocabulary, 43 us on SmolLM2's, measured over
 random walks through a tool-call schema). It reads JSON schemas, regular expressions and Lark
 grammars, and Lark may embed JSON schemas (``%json {...}``): what a Hermes tool call needs.
+In the engine a constrained token costs about 0.13 ms more on SmolLM2's vocabulary (mask 0.08,
+applying it to the logits 0.04, advancing the matcher 0.005; one CPU thread), against about
+10 ms for a decode step of 8 rows on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -17,13 +20,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
 import torch
 
 from verlog.backends.base import Constraint, EngineError, InvalidConstraintError
 
 __all__ = ["JSON_STYLE", "ConstraintMatcher", "GrammarCompiler"]
-
-_BITS = torch.arange(32, dtype=torch.int32)
 
 #: how constrained JSON is laid out unless a schema says otherwise (its ``x-guidance`` key): as
 #: ``json.dumps`` writes it, ``{"a": 1, "b": [2, 3]}``, with no other whitespace. A grammar that let
@@ -133,13 +135,15 @@ class ConstraintMatcher:
         lt.fill_next_token_bitmask(self._inner, self._bitmask, 0)
         if self._inner.is_error():
             raise EngineError(f"the {self.constraint.kind} constraint failed: {self._inner.get_error()}")
-        bits = ((self._bitmask[0][:, None] >> _BITS) & 1).bool().flatten()[: self._token_count]
-        row = torch.zeros(width, dtype=torch.bool)
+        # bit j of 32-bit word i is token 32 i + j: little-endian bytes, bits unpacked lowest first
+        # (numpy, single-threaded: a torch op over the vocabulary would wake its thread pool)
+        bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")
+        row = np.zeros(width, dtype=bool)
         n = min(width, self._token_count)
         row[:n] = bits[:n]
-        if not bool(row.any()):
+        if not row.any():
             raise EngineError(f"the {self.constraint.kind} constraint allows no token at this point")
-        return row
+        return torch.from_numpy(row)
 
     def accept(self, token: int) -> None:
         """Advance past the chosen ``token`` (one the last :meth:`allowed` permitted)."""
