@@ -239,6 +239,14 @@ async def test_serve_model_forced_tool_calls_with_the_openai_client(engine, tiny
             model="tiny", messages=[{"role": "user", "content": "weather?"}], response_format=Weather,
             seed=s, max_tokens=200) for s in SEEDS])
         assert all(isinstance(r.choices[0].message.parsed, Weather) for r in replies)
+        # streamed: the pieces join into the same valid object
+        stream = await oai.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "weather?"}], seed=4, max_tokens=200, stream=True,
+            response_format={"type": "json_schema", "json_schema": {"name": "Weather",
+                                                                    "schema": Weather.model_json_schema()}})
+        pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+        assert len([p for p in pieces if p]) > 1
+        Weather.model_validate_json("".join(pieces))
         # json_object: any object (a random model rarely closes one within the budget; when the
         # budget ends first, finish_reason says "length")
         replies = await asyncio.gather(*[oai.chat.completions.create(
