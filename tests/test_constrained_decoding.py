@@ -350,3 +350,20 @@ async def test_a_training_graph_that_forces_a_tool_call_records_constrained_turn
         # the closing tag is the only token the grammar allows there: probability 1 once masked
         close = turn.response_ids.index(tiny_tokenizer.convert_tokens_to_ids("</tool_call>"))
         assert turn.logprobs[close] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_closed_schema_closes_objects_that_do_not_say():
+    schema = {
+        "type": "object",
+        "properties": {"properties": {"type": "object", "properties": {"x": {"type": "integer"}}},
+                       "open": {"type": "object", "properties": {}, "additionalProperties": True},
+                       "items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+        "$defs": {"Item": {"type": "object", "properties": {"y": {"type": "string"}}}},
+    }
+    closed = closed_schema(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["properties"]["additionalProperties"] is False  # a property named "properties"
+    assert "additionalProperties" not in closed["properties"]["properties"]["properties"]  # a map, not a schema
+    assert closed["properties"]["open"]["additionalProperties"] is True  # said explicitly: kept
+    assert closed["$defs"]["Item"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the caller's schema is not changed
