@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from verlog.config import AlgorithmConfig, LoRAConfig  # noqa: E402
 from verlog.rollout.slots import SlotBatch  # noqa: E402
 from verlog.rollout.turn import Turn  # noqa: E402
-from verlog.train.actor_critic import load_actor, load_critic, load_reference  # noqa: E402
+from verlog.weights.actor_critic import load_actor, load_critic, load_reference  # noqa: E402
 from verlog.train.ppo import Learner, ppo_update, score_batch  # noqa: E402
 from verlog.train.storage import RolloutStorage  # noqa: E402
-from verlog.train.trainer import _adamw  # noqa: E402
+from verlog.train.ppo import adamw  # noqa: E402
 
 
 def peak_gb() -> float:
@@ -62,8 +62,8 @@ def main() -> None:
     opts = SimpleNamespace(betas=(0.9, 0.999), weight_decay=0.0)
     algo = AlgorithmConfig(mini_batch_turns=8, micro_batch_tokens=args.micro_batch_tokens, kl_coef=0.001)
     learner = Learner(
-        actor, critic, _adamw(actor, SimpleNamespace(lr=1e-5, **vars(opts))),
-        _adamw(critic, SimpleNamespace(lr=1e-4, **vars(opts))), reference, algo,
+        actor, critic, adamw(actor, SimpleNamespace(lr=1e-5, **vars(opts))),
+        adamw(critic, SimpleNamespace(lr=1e-4, **vars(opts))), reference, algo,
         pad_id=0, device=torch.device("cpu"),
     )
     g = torch.Generator().manual_seed(0)

@@ -154,7 +154,7 @@ async def _capped_batch(tokenizer, model, cap=3, num_envs=4, turns_per_env=6):
 
 def _learner(model_dir, gamma_step: float, critic_lr: float = 5e-2) -> Learner:
     from verlog.models import load_causal_lm
-    from verlog.train.actor_critic import load_critic
+    from verlog.weights.actor_critic import load_critic
 
     actor = load_causal_lm(model_dir)
     critic = load_critic(model_dir, dtype="float32", device="cpu")

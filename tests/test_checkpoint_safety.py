@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from verlog.train import checkpoint as ckpt
-from verlog.train.checkpoint import CheckpointError
+from verlog.weights import checkpoint as ckpt
+from verlog.weights.checkpoint import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 

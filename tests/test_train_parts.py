@@ -13,9 +13,9 @@ from verlog.algo import TurnBatch, dual_gae
 from verlog.config import AlgorithmConfig
 from verlog.rollout.slots import SlotBatch
 from verlog.rollout.turn import Turn
-from verlog.train import checkpoint as ckpt
+from verlog.weights import checkpoint as ckpt
 from verlog.train.forward import micro_batches, pack_rows, policy_logprobs, values_at_positions
-from verlog.train.actor_critic import ValueModel
+from verlog.weights.actor_critic import ValueModel
 from verlog.train.ppo import Learner, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
 
@@ -166,38 +166,58 @@ def shared_prompt_batch(num_envs=3, turns_per_env=4, prefix_len=40, seed=1) -> S
     return batch
 
 
-def test_shared_prefix_pass_equals_the_unshared_one(toy):
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient-checkpointing"])
+def test_shared_prefix_pass_equals_the_unshared_one(toy, checkpointing):
     """Logprobs, values and parameter gradients with the instruction computed once per
-    micro-batch equal those of the plain pass (1e-5 relative)."""
+    micro-batch equal those of the plain pass (1e-5 relative), with and without gradient
+    checkpointing; checkpointed, the shared pass keeps a fraction of the activations."""
     lm, _ = toy
     s = RolloutStorage.from_batch(shared_prompt_batch())
     rows = pack_rows(s.sequences, 0, "cpu", first_read=s.prompt_lengths - 1, min_shared=8)
     plain = pack_rows(s.sequences, 0, "cpu")
     assert rows.offset >= 40 and plain.offset == 0
     torch.manual_seed(0)
-    critic = ValueModel.from_causal_lm(copy.deepcopy(lm))
+    lm = copy.deepcopy(lm).train()
+    critic = ValueModel.from_causal_lm(copy.deepcopy(lm)).train()
     torch.nn.init.normal_(critic.value_head.weight)
+    if checkpointing:
+        lm.gradient_checkpointing_enable()
+        critic.gradient_checkpointing_enable()
     width = s.response_ids.shape[1]
 
     def run(packed):
         lm.zero_grad(set_to_none=True)
         critic.zero_grad(set_to_none=True)
-        logp, entropy = policy_logprobs(lm, packed, s.prompt_lengths, s.response_ids, temperature=torch.full((s.size,), 0.8),
-                                        with_entropy=True)
-        values = values_at_positions(critic, packed, s.prompt_lengths, width + 1)
+        saved = []
+
+        def pack(t):
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logp, entropy = policy_logprobs(lm, packed, s.prompt_lengths, s.response_ids,
+                                            temperature=torch.full((s.size,), 0.8), with_entropy=True)
+            values = values_at_positions(critic, packed, s.prompt_lengths, width + 1)
         loss = (logp * s.response_mask).sum() + (entropy * s.response_mask).sum() + (values * s.value_mask).sum()
         loss.backward()
         grads = {n: p.grad.clone() for n, p in [*lm.named_parameters(), *critic.named_parameters()] if p.grad is not None}
-        return logp.detach() * s.response_mask, values.detach() * s.value_mask, grads
+        return logp.detach() * s.response_mask, values.detach() * s.value_mask, grads, sum(saved)
 
-    logp_a, values_a, grads_a = run(plain)
-    logp_b, values_b, grads_b = run(rows)
+    logp_a, values_a, grads_a, _ = run(plain)
+    logp_b, values_b, grads_b, saved_b = run(rows)
     assert torch.allclose(logp_a, logp_b, rtol=1e-5, atol=1e-6)
     assert torch.allclose(values_a, values_b, rtol=1e-5, atol=1e-6)
     assert grads_a.keys() == grads_b.keys()
     for name in grads_a:
         rel = (grads_a[name] - grads_b[name]).norm() / grads_a[name].norm().clamp(min=1e-12)
         assert rel < 1e-5, (name, float(rel))
+    if checkpointing:  # the layers' activations were not kept: a fraction of the same pass without
+        lm.gradient_checkpointing_disable()
+        critic.backbone.gradient_checkpointing_disable()
+        *_, saved_full = run(rows)
+        assert saved_b < 0.6 * saved_full, (saved_b, saved_full)
+    # the layers are left as they were (Hugging Face's own checkpointing, no override)
+    assert all("forward" not in vars(m) for m in lm.modules())
 
 
 def test_score_and_update_are_the_same_with_shared_prefixes(toy):

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from verlog.train import checkpoint as ckpt
+from verlog.weights import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_ENVS, TURNS = 4, 3

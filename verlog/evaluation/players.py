@@ -40,7 +40,7 @@ class EngineModel:
 
     def __init__(self, config: VerlogConfig, checkpoint: str | None, *, temperature: float | None = None,
                  max_tokens: int | None = None):
-        from verlog.train.checkpoint import resolve_checkpoint
+        from verlog.weights.checkpoint import resolve_checkpoint
 
         self.config = config
         self.folder: Path | None = resolve_checkpoint(checkpoint) if checkpoint is not None else None
@@ -57,7 +57,7 @@ class EngineModel:
         """Load the policy's weights and start the engine."""
         from verlog.agent import build_engine, pick_device
         from verlog.models import load_tokenizer
-        from verlog.train.actor_critic import load_actor
+        from verlog.weights.actor_critic import load_actor
 
         config, folder = self.config, self.folder
         device = pick_device(config.model.device)

@@ -10,25 +10,39 @@ micro-batch share their first ``S`` tokens (and every position read lies after t
 tokens run once: their keys and values (computed with gradients in a training pass) are
 repeated over the rows, and only each row's rest goes through the model. Autograd sums the
 rows' gradients into the one prefix computation, so logprobs, values and parameter gradients
-equal the unshared pass up to float rounding. A model training with gradient checkpointing
-recomputes layers during backward, which a cache filled in the forward pass cannot follow: its
-gradient passes run unshared.
+equal the unshared pass up to float rounding.
+
+The caches of a shared pass never change once written (``PrefixRecorder`` keeps the first keys and
+values a layer computes and returns its input; ``FrozenPrefix`` returns the prefix followed by the
+rows' own keys and values without storing them), so a layer recomputed during backward under
+gradient checkpointing sees exactly what it saw in the forward pass. Hugging Face's checkpointed
+layers drop any cache they are given; for the shared pass each checkpointed layer is instead run
+through ``torch.utils.checkpoint`` (non-reentrant, which carries gradients to the cached prefix)
+with its cache (``cache_safe_checkpointing``). A checkpointed shared pass therefore keeps only
+each layer's inputs, like the unshared one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
+from transformers.cache_utils import Cache, DynamicLayer
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from verlog.algo import entropy_from_logits
 
 __all__ = [
     "PackedRows",
+    "FrozenPrefix",
+    "PrefixRecorder",
     "backbone_hidden",
-    "can_share_prefix",
+    "cache_safe_checkpointing",
     "common_prefix_len",
     "last_token_values",
     "micro_batches",
@@ -122,27 +136,72 @@ def pack_rows(
     return PackedRows(rest, mask, prefix)
 
 
+class PrefixRecorder(DynamicLayer):
+    """One layer's cache for the prefix pass: keeps the first keys and values it is given and
+    returns its input, so the pass (and any recomputation of it) attends to exactly its own tokens."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states, value_states
+        return key_states, value_states
+
+
+class FrozenPrefix(DynamicLayer):
+    """One layer's cache for the rows' pass: the prefix's keys and values (``[B, heads, S, d]``),
+    returned followed by the rows' own at every call; nothing is stored, so a recomputed layer
+    gets the same result."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.keys, self.values = keys, values
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+
+def _checkpointed_layer_call(forward, *args, **kwargs):
+    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+@contextlib.contextmanager
+def cache_safe_checkpointing(backbone: nn.Module) -> Iterator[None]:
+    """While the block runs, layers that train with Hugging Face's gradient checkpointing (which
+    would drop the cache) are checkpointed by ``torch.utils.checkpoint`` with their cache instead.
+    The recomputation during backward calls the layer's own ``forward``, so it may run after the
+    block has ended."""
+    switched = [m for m in backbone.modules() if getattr(m, "gradient_checkpointing", False) is True and m.training]
+    for module in switched:
+        module.gradient_checkpointing = False  # the model itself would turn the cache off too
+        if isinstance(module, GradientCheckpointingLayer):
+            module.forward = functools.partial(_checkpointed_layer_call, module.forward)
+    try:
+        yield
+    finally:
+        for module in switched:
+            vars(module).pop("forward", None)  # back to the class's method
+            module.gradient_checkpointing = True
+
+
 def backbone_hidden(backbone: nn.Module, rows: PackedRows) -> torch.Tensor:
     """Last hidden states ``[B, W, H]`` of a transformer backbone at positions ``offset ..``."""
     if rows.prefix_ids is None:
         return backbone(input_ids=rows.input_ids, attention_mask=rows.attention_mask, use_cache=False).last_hidden_state
-    cache = backbone(input_ids=rows.prefix_ids, use_cache=True).past_key_values
-    cache.batch_repeat_interleave(rows.input_ids.shape[0])  # differentiable: gradients sum back
-    width = rows.input_ids.shape[1]
-    position_ids = (rows.offset + torch.arange(width, device=rows.input_ids.device)).expand(rows.input_ids.shape[0], -1)
-    return backbone(
-        input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=position_ids,
-        past_key_values=cache, use_cache=True,
-    ).last_hidden_state
-
-
-def can_share_prefix(model: nn.Module) -> bool:
-    """Whether ``model``'s current pass may share a prefix cache: not while it trains with
-    gradient checkpointing (recomputed layers would write the cache again)."""
-    checkpointing = getattr(model, "is_gradient_checkpointing", False)
-    backbone = getattr(model, "backbone", None)  # the critic
-    checkpointing = checkpointing or getattr(backbone, "is_gradient_checkpointing", False)
-    return not (checkpointing and model.training and torch.is_grad_enabled())
+    batch, width = rows.input_ids.shape
+    with cache_safe_checkpointing(backbone):
+        recorded = Cache(layer_class_to_replicate=PrefixRecorder)
+        backbone(input_ids=rows.prefix_ids, past_key_values=recorded, use_cache=True)
+        # expand, not copy: gradients of every row sum back into the one prefix computation
+        frozen = Cache(layers=[
+            FrozenPrefix(layer.keys.expand(batch, -1, -1, -1), layer.values.expand(batch, -1, -1, -1))
+            for layer in recorded.layers
+        ])
+        position_ids = (rows.offset + torch.arange(width, device=rows.input_ids.device)).expand(batch, -1)
+        return backbone(
+            input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=position_ids,
+            past_key_values=frozen, use_cache=True,
+        ).last_hidden_state
 
 
 def positions(prompt_lengths: torch.Tensor, width: int, seq_len: int) -> torch.Tensor:

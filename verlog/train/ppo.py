@@ -19,7 +19,6 @@ from verlog.algo import aggregation_weight, clipped_value_loss, kl_in_reward, ma
 from verlog.config import AlgorithmConfig
 from verlog.train.forward import (
     PackedRows,
-    can_share_prefix,
     common_prefix_len,
     last_token_values,
     micro_batches,
@@ -28,8 +27,20 @@ from verlog.train.forward import (
     values_at_positions,
 )
 from verlog.train.storage import RolloutStorage
+from verlog.weights.actor_critic import trainable_parameters
 
-__all__ = ["Learner", "ppo_update", "score_batch"]
+__all__ = ["Learner", "adamw", "ppo_update", "score_batch"]
+
+
+def adamw(model: torch.nn.Module, opts) -> torch.optim.Optimizer:
+    """AdamW over ``model``'s trainable parameters (``opts`` has ``lr``, ``betas``, ``weight_decay``),
+    fused (one kernel per tensor: no temporary copies of every parameter) where supported."""
+    params = trainable_parameters(model)
+    kwargs = {"lr": opts.lr, "betas": tuple(opts.betas), "weight_decay": opts.weight_decay}
+    try:
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.AdamW(params, foreach=False, **kwargs)
 
 
 @dataclass
@@ -48,18 +59,17 @@ class Learner:
     critic_max_grad_norm: float | None = None
 
 
-def _rows(s: RolloutStorage, group: list[int], learner: Learner, model: nn.Module) -> PackedRows:
-    """The turns ``group`` laid out for ``model``'s pass, their shared leading tokens computed once."""
-    share = learner.algo.shared_prefix_min_tokens if can_share_prefix(model) else 0
+def _rows(s: RolloutStorage, group: list[int], learner: Learner) -> PackedRows:
+    """The turns ``group`` laid out for one pass, their shared leading tokens computed once."""
     return pack_rows([s.sequences[r] for r in group], learner.pad_id, learner.device,
-                     first_read=s.prompt_lengths[group] - 1, min_shared=share)
+                     first_read=s.prompt_lengths[group] - 1, min_shared=learner.algo.shared_prefix_min_tokens)
 
 
-def _micro_batches(s: RolloutStorage, rows: Sequence[int], learner: Learner, *models: nn.Module) -> list[list[int]]:
+def _micro_batches(s: RolloutStorage, rows: Sequence[int], learner: Learner) -> list[list[int]]:
     """``rows`` in groups that fit ``micro_batch_tokens``, counting the prefix every turn of the
-    batch shares once (it is computed once per group) when every model of the pass shares it."""
+    batch shares once (it is computed once per group)."""
     algo, shared = learner.algo, 0
-    if algo.shared_prefix_min_tokens and all(can_share_prefix(m) for m in models):
+    if algo.shared_prefix_min_tokens:
         shared = common_prefix_len(s.sequences, int(s.prompt_lengths.min()) - 1)
         shared = shared if shared >= algo.shared_prefix_min_tokens else 0
     lengths = [len(seq) - shared for seq in s.sequences]
@@ -70,9 +80,9 @@ def _micro_batches(s: RolloutStorage, rows: Sequence[int], learner: Learner, *mo
 def _policy_logprobs(lm: nn.Module, s: RolloutStorage, learner: Learner) -> torch.Tensor:
     """Teacher-forced logprobs ``[B, T]`` of every turn's response under ``lm``."""
     out = torch.zeros(s.response_ids.shape)
-    for group in _micro_batches(s, range(s.size), learner, lm):
+    for group in _micro_batches(s, range(s.size), learner):
         logp, _ = policy_logprobs(
-            lm, _rows(s, group, learner, lm), s.prompt_lengths[group], s.response_ids[group],
+            lm, _rows(s, group, learner), s.prompt_lengths[group], s.response_ids[group],
             temperature=s.temperatures[group],
         )
         out[group] = logp.cpu()
@@ -84,8 +94,8 @@ def compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> No
     """The critic's values at every value position ``[B, T + 1]``, of each slot's held prompt, and
     of the state after each truncated turn whose next prompt is known (``NaN`` elsewhere)."""
     values = torch.zeros(s.size, s.response_ids.shape[1] + 1)
-    for group in _micro_batches(s, range(s.size), learner, critic):
-        rows = _rows(s, group, learner, critic)
+    for group in _micro_batches(s, range(s.size), learner):
+        rows = _rows(s, group, learner)
         values[group] = values_at_positions(critic, rows, s.prompt_lengths[group], values.shape[1]).cpu()
     s.values = values * s.value_mask
     share = learner.algo.shared_prefix_min_tokens
@@ -176,9 +186,7 @@ def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int
         order = rows[torch.randperm(len(rows), generator=generator)]
         for start in range(0, len(order), algo.mini_batch_turns):
             mini = order[start:start + algo.mini_batch_turns].tolist()
-            models = [m for m in (learner.actor if update_actor else None, learner.critic if train_critic else None)
-                      if m is not None]
-            groups = _micro_batches(s, mini, learner, *models)
+            groups = _micro_batches(s, mini, learner)
             # one model at a time, so only one model's gradients exist at once
             if update_actor:
                 tokens = max(aggregation_weight(s.policy_mask[mini], algo.loss_aggregation), 1.0)
@@ -202,7 +210,7 @@ def _actor_step(s: RolloutStorage, micro: list[int], learner: Learner, share: fl
     algo, dev = learner.algo, learner.device
     token_mask = s.policy_mask[micro].to(dev)
     logp, entropy = policy_logprobs(
-        learner.actor, _rows(s, micro, learner, learner.actor), s.prompt_lengths[micro], s.response_ids[micro],
+        learner.actor, _rows(s, micro, learner), s.prompt_lengths[micro], s.response_ids[micro],
         temperature=s.temperatures[micro], with_entropy=algo.entropy_coef > 0,
     )
     policy_loss, metrics = policy_loss_fn(algo.policy_loss)(
@@ -223,7 +231,7 @@ def _critic_step(s: RolloutStorage, micro: list[int], learner: Learner, share: f
     """Clipped value loss on one micro-batch; backward."""
     algo, dev = learner.algo, learner.device
     width = s.values.shape[1]
-    values = values_at_positions(learner.critic, _rows(s, micro, learner, learner.critic), s.prompt_lengths[micro], width)
+    values = values_at_positions(learner.critic, _rows(s, micro, learner), s.prompt_lengths[micro], width)
     loss, metrics = clipped_value_loss(
         values, s.values[micro].to(dev), s.returns[micro].to(dev), s.value_mask[micro].to(dev),
         clip=algo.value_clip, first_value_weight=algo.first_value_weight,

@@ -42,10 +42,10 @@ from verlog.config import ConfigError, VerlogConfig
 from verlog.evaluation import TaskResult, evaluate, print_results
 from verlog.models import load_tokenizer
 from verlog.rollout.slots import SlotRunner
-from verlog.train import checkpoint as ckpt
+from verlog.weights import checkpoint as ckpt
 from verlog.train.metrics import RunLogger, memory_metrics, rollout_metrics
-from verlog.train.actor_critic import load_actor, load_critic, load_reference, trainable_parameters
-from verlog.train.ppo import Learner, ppo_update, score_batch
+from verlog.weights.actor_critic import load_actor, load_critic, load_reference
+from verlog.train.ppo import Learner, adamw, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
 
 __all__ = ["TrainResult", "train"]
@@ -185,7 +185,7 @@ class _Run:
             if model is not None and opts.gradient_checkpointing:
                 model.gradient_checkpointing_enable()
         learner = Learner(
-            actor, critic, _adamw(actor, config.actor), _adamw(critic, config.critic) if critic else None,
+            actor, critic, adamw(actor, config.actor), adamw(critic, config.critic) if critic else None,
             reference, algo, pad_id=_pad_id(tokenizer), device=device,
             actor_max_grad_norm=config.actor.max_grad_norm, critic_max_grad_norm=config.critic.max_grad_norm,
         )
@@ -327,16 +327,6 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _adamw(model: torch.nn.Module, opts) -> torch.optim.Optimizer:
-    """AdamW, fused (one kernel per tensor: no temporary copies of every parameter) where supported."""
-    params = trainable_parameters(model)
-    kwargs = {"lr": opts.lr, "betas": tuple(opts.betas), "weight_decay": opts.weight_decay}
-    try:
-        return torch.optim.AdamW(params, fused=True, **kwargs)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.AdamW(params, foreach=False, **kwargs)
 
 
 def _pad_id(tokenizer: Any) -> int:

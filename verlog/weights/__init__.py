@@ -1,0 +1,4 @@
+"""Model weights shared by training and evaluation: the actor (a causal LM, optionally with
+LoRA), the critic and the frozen reference policy (``actor_critic``), and the checkpoint folders
+a training run writes and ``--resume`` / ``verlog eval`` read back (``checkpoint``). Neither the
+trainer nor the evaluator owns them, so each imports this package and not the other."""
