@@ -5,12 +5,16 @@ random-init model, once with 32 episodes running concurrently (their calls batch
 the engine) and once one episode at a time. Prints turns/s for both and the ratio (goal >= 8x).
 Usage: python benchmarks/engine_batching.py [--episodes 32] [--turns 8] [--max-tokens 16]
 
-Measured 2026-11-23 on 2 CPU cores shared with other work (load average 11-12; the process got
-about a quarter of a core): 6.9x-7.9x over two runs, 8.7x in a profiled run. The engine's own
-split explains the ceiling: a decode step of ~23 requests (the mean batch: episodes step their
-games at different moments, so the batch is rarely full) costs 2.2-3x a step of one request
-(24-33 ms vs 11 ms), and the batched run also spends 15-30 % of its engine time in prefill passes
-admitting requests as they arrive.
+It also times the engine alone (no graph, no game) decoding with 1 row and with every row busy:
+a decode step's cost grows with its rows, which bounds what batching can gain on decoding.
+
+Measured 2026-11-23 on 2 CPU cores, the engine on one thread (the other runs the event loop),
+another benchmark holding one core: 5.6x; the engine alone took 0.87 ms per decode step with one
+row and 4.0 ms with 32 (0.1 ms per extra row, mostly attention and the layer matmuls of the tiny
+model), so batching gains at most 6.9x on decoding even with every step full and 6.5x at the 23
+rows the episodes kept in a step (they step their games between calls and answer at different
+lengths). Earlier runs on a less loaded machine gave 6.9x-7.9x (8.7x once, profiled): the part
+above the decode bound is prefill and graph work that overlaps the engine's.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ import argparse
 import asyncio
 import time
 
+import torch
+
 from rollout_overhead import build_loop, start
 
+from verlog.backends.base import SamplingParams
 from verlog.backends.embedded import EmbeddedEngine
 from verlog.llm import VerlogChatModel
 from verlog.models import load_causal_lm, load_tokenizer
@@ -42,12 +49,25 @@ async def turns_per_second(engine, tokenizer, episodes: int, turns: int, concurr
     return done / elapsed, (engine.stats.generated_tokens - before[1]) / max(steps, 1)
 
 
+async def decode_step_ms(engine, rows: int, prompt_tokens: int = 160, new_tokens: int = 48) -> float:
+    """The engine's own time per decode step with ``rows`` requests started together (no games,
+    no graph: what batching can gain at best with that many rows in every step)."""
+    g = torch.Generator().manual_seed(rows)
+    prompts = [torch.randint(10, 1000, (prompt_tokens,), generator=g).tolist() for _ in range(rows)]
+    steps, decode_s = engine.stats.steps, engine.stats.decode_s
+    sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
+    await asyncio.gather(*[engine.generate(p, sampling) for p in prompts])
+    return 1000 * (engine.stats.decode_s - decode_s) / max(engine.stats.steps - steps, 1)
+
+
 async def main(episodes: int, turns: int, max_tokens: int) -> None:
     tokenizer = load_tokenizer("tiny")
     engine = EmbeddedEngine(load_causal_lm("tiny"), tokenizer, max_batch_size=episodes)
     await turns_per_second(engine, tokenizer, 2, 2, 2, max_tokens)  # warm-up
     batched, mean_batch = await turns_per_second(engine, tokenizer, episodes, turns, episodes, max_tokens)
     single, _ = await turns_per_second(engine, tokenizer, episodes, turns, 1, max_tokens)
+    one_row = min([await decode_step_ms(engine, 1) for _ in range(3)])
+    full = min([await decode_step_ms(engine, episodes) for _ in range(3)])
     engine.close()
     total = episodes * turns
     print(f"tiny model, {total} turns of up to {max_tokens} tokens each")
@@ -55,6 +75,13 @@ async def main(episodes: int, turns: int, max_tokens: int) -> None:
     print(f"  1 episode at a time    : {single:8.1f} turns/s")
     ratio = batched / single
     print(f"batching speed-up        : {ratio:.1f}x (target >= 8x) {'OK' if ratio >= 8 else 'MISSED'}")
+    # a decode step's cost grows about linearly with its rows: t(B) = t(1) + (B - 1) * per_row
+    per_row = (full - one_row) / (episodes - 1)
+    ceiling = lambda rows: rows * one_row / (one_row + (rows - 1) * per_row)  # noqa: E731
+    print(f"engine alone: a decode step costs {one_row:.2f} ms with 1 row, {full:.2f} ms with {episodes}; "
+          f"so batching alone gains at most {ceiling(episodes):.1f}x on decoding with every step full, "
+          f"{ceiling(mean_batch):.1f}x at the {mean_batch:.1f} rows the episodes kept in a step (the rest of "
+          "the speed-up is prefill, graph and tokenizer work overlapping the engine's)")
 
 
 if __name__ == "__main__":
