@@ -229,14 +229,24 @@ def policy_logprobs(
     width = response_ids.shape[1]
     index = positions(prompt_lengths.to(hidden.device) - rows.offset, width, hidden.shape[1])
     picked = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-    logits = lm.get_output_embeddings()(picked).float()
-    if isinstance(temperature, torch.Tensor):
-        logits = logits / temperature.to(logits).view(-1, 1, 1)
-    elif temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, response_ids.to(hidden.device).unsqueeze(-1)).squeeze(-1)
-    entropy = entropy_from_logits(logits) if with_entropy else None
-    return logp, entropy
+    targets = response_ids.to(hidden.device)
+
+    def head(picked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = lm.get_output_embeddings()(picked).float()
+        if isinstance(temperature, torch.Tensor):
+            logits = logits / temperature.to(logits).view(-1, 1, 1)
+        elif temperature != 1.0:
+            logits = logits / temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return logp, (entropy_from_logits(logits) if with_entropy else logp.new_zeros(()))
+
+    if torch.is_grad_enabled() and getattr(lm, "is_gradient_checkpointing", False):
+        # the vocabulary-wide logits are the pass's largest activations (a [B, T, V] tensor per
+        # softmax): with gradient checkpointing they are recomputed in backward, not kept
+        logp, entropy = torch.utils.checkpoint.checkpoint(head, picked, use_reentrant=False)
+    else:
+        logp, entropy = head(picked)
+    return logp, (entropy if with_entropy else None)
 
 
 def values_at_positions(critic: nn.Module, rows: PackedRows, prompt_lengths: torch.Tensor, width: int) -> torch.Tensor:
