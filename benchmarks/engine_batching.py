@@ -5,16 +5,19 @@ random-init model, once with 32 episodes running concurrently (their calls batch
 the engine) and once one episode at a time. Prints turns/s for both and the ratio (goal >= 8x).
 Usage: python benchmarks/engine_batching.py [--episodes 32] [--turns 8] [--max-tokens 16]
 
-It also times the engine alone (no graph, no game) decoding with 1 row and with every row busy:
-a decode step's cost grows with its rows, which bounds what batching can gain on decoding.
+It also times the engine alone (no graph, no game) decoding with 1 row and with every row busy
+(a decode step's cost grows with its rows, which bounds what batching can gain on decoding), and
+the same episodes against an engine that answers at once (what the event loop alone can drive).
 
-Measured 2026-11-23 on 2 CPU cores, the engine on one thread (the other runs the event loop),
-another benchmark holding one core: 5.6x; the engine alone took 0.87 ms per decode step with one
-row and 4.0 ms with 32 (0.1 ms per extra row, mostly attention and the layer matmuls of the tiny
-model), so batching gains at most 6.9x on decoding even with every step full and 6.5x at the 23
-rows the episodes kept in a step (they step their games between calls and answer at different
-lengths). Earlier runs on a less loaded machine gave 6.9x-7.9x (8.7x once, profiled): the part
-above the decode bound is prefill and graph work that overlaps the engine's.
+Measured 2026-11-24 on the 2-core machine with nothing else running, three runs: 5.9x, 6.3x,
+6.5x, 6.5x (272-304 turns/s against 42-48), 27-28 of 32 requests in a decode step on average.
+The engine alone took 0.9-1.0 ms per decode step with one row and 3.5-4.1 ms with 32: each row
+adds ~0.1 ms (attention and the layer matmuls of the tiny model on one thread), so batching can
+gain at most 7.3-8.4x on decoding even with every step full, 7.1-8.2x at the rows the episodes
+kept. The event loop is not the limit (1,180-1,280 turns/s with an instant engine). Giving the
+engine both cores (``cpu_threads=2``) makes a full step cheaper (2.7 ms) but the engine then
+competes with the event loop for them: 5.8x, with 22 rows a step. On this machine 8x is out of
+reach; on a GPU a decode step's cost hardly grows with its rows.
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ from verlog.backends.embedded import EmbeddedEngine
 from verlog.llm import VerlogChatModel
 from verlog.models import load_causal_lm, load_tokenizer
 from verlog.rollout import run_episodes
+from verlog.testing.scripted_engine import ScriptedEngine
 
 
 async def turns_per_second(engine, tokenizer, episodes: int, turns: int, concurrency: int, max_tokens: int) -> tuple[float, float]:
     model = VerlogChatModel(engine=engine, tokenizer=tokenizer, max_tokens=max_tokens)
     graph = build_loop(model, turns, report=True)
-    before = engine.stats.steps, engine.stats.generated_tokens
+    stats = getattr(engine, "stats", None)  # the scripted engine keeps none
+    before = (stats.steps, stats.generated_tokens) if stats else (0, 0)
     t0 = time.perf_counter()
     results = await run_episodes(
         graph, [start(turns)] * episodes, concurrency=concurrency, graph_config={"recursion_limit": 10 * turns}
@@ -45,8 +50,10 @@ async def turns_per_second(engine, tokenizer, episodes: int, turns: int, concurr
     elapsed = time.perf_counter() - t0
     done = sum(len(e.turns) for e in results)
     assert done == episodes * turns and not any(e.failed for e in results)
-    steps = engine.stats.steps - before[0]
-    return done / elapsed, (engine.stats.generated_tokens - before[1]) / max(steps, 1)
+    if stats is None:
+        return done / elapsed, 0.0
+    steps = stats.steps - before[0]
+    return done / elapsed, (stats.generated_tokens - before[1]) / max(steps, 1)
 
 
 async def decode_step_ms(engine, rows: int, prompt_tokens: int = 160, new_tokens: int = 48) -> float:
@@ -66,6 +73,10 @@ async def main(episodes: int, turns: int, max_tokens: int) -> None:
     await turns_per_second(engine, tokenizer, 2, 2, 2, max_tokens)  # warm-up
     batched, mean_batch = await turns_per_second(engine, tokenizer, episodes, turns, episodes, max_tokens)
     single, _ = await turns_per_second(engine, tokenizer, episodes, turns, 1, max_tokens)
+    # the same episodes with an engine that answers at once: what the event loop alone can drive
+    # (graph supersteps, chat template and tokenizer, turn recording all run on it)
+    scripted = ScriptedEngine(tokenizer, ["I move forward now and then I look around me."])
+    loop_only, _ = await turns_per_second(scripted, tokenizer, episodes, turns, episodes, max_tokens)
     one_row = min([await decode_step_ms(engine, 1) for _ in range(3)])
     full = min([await decode_step_ms(engine, episodes) for _ in range(3)])
     engine.close()
@@ -82,6 +93,8 @@ async def main(episodes: int, turns: int, max_tokens: int) -> None:
           f"so batching alone gains at most {ceiling(episodes):.1f}x on decoding with every step full, "
           f"{ceiling(mean_batch):.1f}x at the {mean_batch:.1f} rows the episodes kept in a step (the rest of "
           "the speed-up is prefill, graph and tokenizer work overlapping the engine's)")
+    print(f"event loop alone (an engine that answers at once): {loop_only:.1f} turns/s, so at most "
+          f"{loop_only / single:.1f}x over one episode at a time whatever the engine does")
 
 
 if __name__ == "__main__":
