@@ -9,15 +9,16 @@ It also times the engine alone (no graph, no game) decoding with 1 row and with 
 (a decode step's cost grows with its rows, which bounds what batching can gain on decoding), and
 the same episodes against an engine that answers at once (what the event loop alone can drive).
 
-Measured 2026-11-24 on the 2-core machine with nothing else running, three runs: 5.9x, 6.3x,
+Measured 2026-11-24 on the 2-core machine with nothing else running, four runs: 5.9x, 6.3x,
 6.5x, 6.5x (272-304 turns/s against 42-48), 27-28 of 32 requests in a decode step on average.
 The engine alone took 0.9-1.0 ms per decode step with one row and 3.5-4.1 ms with 32: each row
 adds ~0.1 ms (attention and the layer matmuls of the tiny model on one thread), so batching can
 gain at most 7.3-8.4x on decoding even with every step full, 7.1-8.2x at the rows the episodes
 kept. The event loop is not the limit (1,180-1,280 turns/s with an instant engine). Giving the
 engine both cores (``cpu_threads=2``) makes a full step cheaper (2.7 ms) but the engine then
-competes with the event loop for them: 5.8x, with 22 rows a step. On this machine 8x is out of
-reach; on a GPU a decode step's cost hardly grows with its rows.
+competes with the event loop for them: 5.8x, with 22 rows a step. On this machine 8x sits at the
+decode bound itself, which prefill passes (admitting each new turn) keep the runs below; on a GPU
+a decode step's cost hardly grows with its rows.
 """
 
 from __future__ import annotations
