@@ -174,6 +174,14 @@ async def test_verlog_serve_runs_babyai_with_the_turns_of_training(engine, tiny_
     assert streamed_answers == answers[0]
 
 
+def test_repo_langgraph_json_names_every_graph_file():
+    """docs/serving.md promises every graph of graphs/ behind LangGraph's own tooling."""
+    named = json.loads((ROOT / "langgraph.json").read_text())["graphs"]
+    files = {p.stem for p in (ROOT / "graphs").glob("*.py") if not p.stem.startswith("_")}
+    assert set(named) == files
+    assert all(target == f"verlog.serve.langgraph_app:{name}" for name, target in named.items())
+
+
 async def test_repo_langgraph_json_serves_the_graphs(engine, tiny_tokenizer, tmp_path):
     """`langgraph dev` with the project's langgraph.json: every graph loads; guess_number
     (which trims its history) gives training's turns under seeded sampling."""
