@@ -181,7 +181,10 @@ def _lines(path: Path) -> list[dict]:
 
 
 def _start_and_kill(cmd: list[str], episodes: Path, at_least: int, sig: int) -> subprocess.Popen:
-    process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # a shell starts background jobs with SIGINT ignored, and Python keeps an inherited "ignore":
+    # the command gets the disposition a user's terminal gives it
+    process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while len(_lines(episodes)) < at_least:
         assert process.poll() is None, process.stdout.read()
