@@ -48,7 +48,9 @@ def test_example_configs_compose_with_verls_defaults_and_pass_its_checks(name, t
     assert algo.use_kl_in_reward and algo.kl_ctrl.kl_coef == 0.001 and algo.adv_estimator == "gae"
     rollout = config.actor_rollout_ref.rollout
     assert (rollout.name, rollout.temperature, rollout.response_length) == ("sglang", 1.0, 512)
-    assert (s.gae.gamma_step, s.gae.lam_step, s.gae.gamma_token, s.gae.lam_token) == (0.99, 0.95, 1.0, 1.0)
+    a = s.advantage
+    assert (a.gamma_step, a.lam_step, a.gamma_token, a.lam_token) == (0.99, 0.95, 1.0, 1.0)
+    assert config.critic.enable is True  # gae trains with a critic: verl builds its worker
     assert (s.critic_warmup.buffer_multiplier, s.critic_warmup.iterations) == (40, 5)
     expected = {"verl_crafter.yaml": (128, 16)}.get(name, (32, 8))
     assert (s.num_envs, s.turns_per_env) == expected
@@ -91,11 +93,16 @@ def test_wandb_mode_reaches_every_ray_worker_through_the_runtime_env(monkeypatch
     "override, named",
     [
         ("actor_rollout_ref.actor.clip_ratoi=0.1", "clip_ratoi"),
-        ("verlog.gae.lam_token=0.9", "verlog.gae.lam_token"),
+        ("verlog.advantage.lam_token=0.9", "verlog.advantage.lam_token"),
+        ("verlog.gae.lam_token=1.0", "verlog.advantage"),
         ("verlog.num_envs=0", "verlog.num_envs"),
         ("verlog.turns_per_envs=4", "verlog.turns_per_envs"),
         ("actor_rollout_ref.rollout.multi_turn.langgraph.graph_config.recursion_limt=5", "recursion_limt"),
-        ("algorithm.adv_estimator=grpo", "algorithm.adv_estimator"),
+        ("algorithm.adv_estimator=remax", "algorithm.adv_estimator"),
+        ("algorithm.adv_estimator=reinforce_plus_plus", "reinforce_pp"),
+        ("algorithm.adv_estimator=grpo", "verlog.group_size"),  # groups of one slot: every advantage 0
+        ("verlog.group_size=3", "verlog.group_size"),  # does not divide the 32 slots
+        ("critic.enable=false", "critic.enable"),
         # babyai's build_graph takes **settings; calculator's does not take babyai's task
         ("actor_rollout_ref.rollout.multi_turn.langgraph.path=graphs/calculator.py", "graph_kwargs"),
         ("actor_rollout_ref.rollout.multi_turn.langgraph.path=graphs/nope.py", "nope.py"),
@@ -107,6 +114,59 @@ def test_bad_keys_are_named(override, named, capsys):
     assert main(["train", "--engine", "verl", str(ROOT / "configs" / "verl_babyai.yaml"), OFFLINE_MODEL, override,
                  "--dry-run"]) == 2
     assert named in capsys.readouterr().err.replace("\n", "")
+
+
+ESTIMATOR_CASES = {
+    # name: (overrides, verl builds a critic)
+    "gae": ([], True),
+    "zero": ([], True),
+    "reinforce_pp": ([], False),
+    "grpo": (["verlog.group_size=8"], False),
+    "rloo": (["verlog.group_size=8"], False),
+    "gigpo": (["verlog.group_size=8"], False),
+}
+
+
+def test_every_registered_estimator_is_accepted_and_decides_whether_verl_builds_a_critic(tiny_dir):
+    """Each estimator of verlog's registry composes, passes verlog's and verl's checks, and verl
+    (its own ``need_critic``, which decides whether the critic worker is created) builds a critic
+    exactly when the estimator has one."""
+    from verl.trainer.ppo.utils import need_critic
+
+    from verlog.algo.estimators import estimator_names
+    from verlog.integrations.verl.launch import compose_verl_config, launch
+    from verlog.integrations.verl.trainer import check_verl_config
+
+    assert set(ESTIMATOR_CASES) == set(estimator_names())
+    path = ROOT / "configs" / "verl_babyai.yaml"
+    for name, (overrides, critic) in ESTIMATOR_CASES.items():
+        args = [OFFLINE_MODEL, f"algorithm.adv_estimator={name}", *overrides]
+        config = compose_verl_config(path, args)
+        assert check_verl_config(config).estimator == name
+        assert need_critic(config) is critic, name
+        assert launch(path, args, dry_run=True, echo=lambda _: None) == 0
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["algorithm.adv_estimator=rloo", "verlog.group_size=8", "critic.enable=true"],
+         "critic.enable=true: algorithm.adv_estimator=rloo has no critic"),
+        (["algorithm.adv_estimator=zero", "critic.enable=false"], "critic.enable=false: algorithm.adv_estimator=zero"),
+        (["algorithm.adv_estimator=reinforce_pp", "verlog.advantage.drop_uniform_groups=true"],
+         "verlog.advantage.drop_uniform_groups: .* estimator 'reinforce_pp' has no groups"),
+        (["algorithm.adv_estimator=gigpo"], "verlog.group_size=1: algorithm.adv_estimator=gigpo compares"),
+        (["actor_rollout_ref.rollout.n=2", "verlog.group_size=5"], r"32 x 2 = 64"),
+    ],
+)
+def test_estimator_settings_that_cannot_run_are_refused_in_one_line(overrides, message):
+    from verlog.config import ConfigError
+    from verlog.integrations.verl.launch import compose_verl_config
+    from verlog.integrations.verl.trainer import check_verl_config
+
+    with pytest.raises(ConfigError, match=message) as err:
+        check_verl_config(compose_verl_config(ROOT / "configs" / "verl_babyai.yaml", [OFFLINE_MODEL, *overrides]))
+    assert "\n" not in str(err.value)
 
 
 def test_a_config_without_a_graph_is_refused(tmp_path):

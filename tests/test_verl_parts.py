@@ -144,8 +144,8 @@ def test_layout_right_aligns_short_trajectories_and_matches_dual_gae_on_each():
     rewards[0, 1], rewards[4, 0] = 1.0, 0.5
     batch, layout = rows_to_turn_batch(mask, values, rewards, infos)
     assert layout.trajectories == ["a", "b"] and layout.turn_counts == [3, 2] and layout.has_bootstrap == [True, False]
-    assert batch.lengths.tolist() == [[3, 2, 1], [0, 4, 2]]  # b is right-aligned behind an empty terminated turn
-    assert batch.terminated.tolist() == [[False, False, False], [True, False, True]]
+    assert batch.lengths.tolist() == [[3, 2, 1], [0, 4, 2]]  # b is right-aligned behind an empty turn
+    assert batch.terminated.tolist() == [[False, False, False], [False, False, True]]  # part of b's first episode
     assert batch.bootstrap_values.tolist() == pytest.approx([values[1, 0].item(), 0.0])
 
     adv, _ = dual_gae(batch)
@@ -253,7 +253,7 @@ def test_critic_pretraining_pads_with_verls_balance_batch_before_values_and_gae(
 
     from verlog.algo import CriticWarmup
     from verlog.integrations.verl.local import MemoryTransferQueue
-    from verlog.integrations.verl.settings import VerlSettings
+    from verlog.integrations.verl.settings import EstimatorSettings, VerlSettings
     from verlog.integrations.verl.trainer import VerlogPPOTrainer
 
     store = MemoryTransferQueue()
@@ -275,7 +275,7 @@ def test_critic_pretraining_pads_with_verls_balance_batch_before_values_and_gae(
         "trainer": {"critic_warmup": 0},
         "algorithm": {"use_kl_in_reward": False, "kl_penalty": "kl"},
     })
-    trainer.spec = SimpleNamespace(settings=VerlSettings())
+    trainer.spec = SimpleNamespace(settings=VerlSettings(), advantage_settings=lambda: EstimatorSettings())
     trainer.slot_episodes = {}
     trainer.use_critic = True
     trainer.tokenizer = SimpleNamespace(eos_token_id=0)
@@ -359,7 +359,7 @@ def test_a_truncated_turn_bootstraps_from_its_next_state_row_and_a_terminated_on
 
     from verlog.integrations.verl.advantage import compute_turn_advantages
     from verlog.integrations.verl.samples import RowInfo
-    from verlog.integrations.verl.settings import VerlGAEConfig
+    from verlog.integrations.verl.settings import EstimatorSettings
 
     def infos(truncated: bool):
         done = dict(terminated=not truncated, truncated=truncated)
@@ -371,7 +371,7 @@ def test_a_truncated_turn_bootstraps_from_its_next_state_row_and_a_terminated_on
 
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [0, 0, 0]], dtype=torch.bool)
     values = torch.tensor([[0.2, 0.3, 0.1], [0.5, 0.4, 0.0], [2.0, 0.0, 0.0]])
-    gae = VerlGAEConfig(whiten_advantages=False)
+    gae = EstimatorSettings(estimator="gae", whiten_advantages=False)
     results = {}
     for truncated in (True, False):
         data = DataProto.from_dict({"response_mask": mask.float(), "values": values.clone()})

@@ -330,7 +330,7 @@ def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, mode):
     assert len(batch) == 10 and sum(bool(t.get("is_padding")) for t in batch.tags) == 3
 
     expected_adv, expected_ret, where = _expected_advantages(
-        world, keys, values, kl if kl_in_reward else None, trainer.spec.settings.gae
+        world, keys, values, kl if kl_in_reward else None, trainer.spec.settings.advantage
     )
     for key in keys:
         row = store.rows["train"][key]
@@ -529,7 +529,7 @@ def test_a_truncated_turn_sends_its_next_state_as_a_value_row(sync_world):
         batch = KVBatchMeta(keys=keys, tags=[dict(store.tags["train"][k]) for k in keys], partition_id="train")
         trainer._compute_advantage(batch, metrics, initial_policy=True)
     assert metrics["verlog/truncated_turns_bootstrapped"] == NUM_ENVS
-    gamma = trainer.spec.settings.gae.gamma_step
+    gamma = trainer.spec.settings.advantage.gamma_step
     for rows in _by_slot(SimpleNamespace(store=store, keys={1: keys}), 1).values():
         (last_key, last, _), (next_key, _, _) = rows[2], rows[3]
         assert last["returns"][-1].item() == pytest.approx(0.5 + gamma * keys.index(next_key))

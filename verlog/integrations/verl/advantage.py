@@ -1,11 +1,13 @@
-"""The verl trainer's advantage step for verlog rows: dual-discount GAE from ``verlog.algo``.
+"""The verl trainer's advantage step for verlog rows: verlog's estimator registry on verl's batch.
 
-``compute_turn_advantages(data, infos, gae)`` takes a verl ``DataProto`` of per-turn rows with the
-critic's ``values`` (and, for KL-in-reward, ``old_log_probs`` / ``ref_log_prob``) and fills in what
-verl's actor and critic updates read: ``token_level_scores`` (each turn's environment reward on
-its last token), ``token_level_rewards`` (minus verl's KL penalty when enabled), ``advantages``
-and ``returns``. The maths is ``verlog.algo.dual_gae`` (and ``whiten``) on the rows laid out as a
-``TurnBatch`` (``verlog.integrations.verl.layout``); nothing here re-derives it.
+``compute_turn_advantages(data, infos, settings)`` takes a verl ``DataProto`` of per-turn rows
+(with the critic's ``values`` when the estimator has a critic; ``old_log_probs`` / ``ref_log_prob``
+for KL-in-reward) and fills in what verl's actor and critic updates read: ``token_level_scores``
+(each turn's environment reward on its last token), ``token_level_rewards`` (minus verl's KL
+penalty when enabled), ``advantages``, ``returns`` and, when the estimator leaves turns out of the
+policy loss, ``response_mask``. The maths is ``verlog.algo.estimators.estimate_advantages`` — the
+call the embedded trainer makes — on the rows laid out as a ``TurnBatch`` plus ``TurnData``
+(``verlog.integrations.verl.layout``); nothing here re-derives it.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from verlog.algo import dual_gae, whiten
-from verlog.integrations.verl.layout import RowLayout, rows_to_turn_batch, token_scores
+from verlog.algo.estimators import AdvantageSettings, estimate_advantages, get_estimator
+from verlog.integrations.verl.layout import RowLayout, rows_to_turn_batch, token_scores, turn_data
 from verlog.integrations.verl.samples import RowInfo
-from verlog.integrations.verl.settings import VerlGAEConfig
 
 __all__ = ["compute_turn_advantages", "rollout_metrics"]
 
@@ -26,25 +27,34 @@ __all__ = ["compute_turn_advantages", "rollout_metrics"]
 def compute_turn_advantages(
     data: Any,
     infos: Sequence[RowInfo | None],
-    gae: VerlGAEConfig,
+    settings: AdvantageSettings,
     *,
     kl_ctrl: Any = None,
     kl_penalty: str = "kl",
 ) -> tuple[Any, dict[str, float]]:
-    """Dual-discount GAE over a verl batch of verlog rows (in place; returns ``(data, metrics)``).
+    """``settings.estimator`` over a verl batch of verlog rows (in place; returns ``(data, metrics)``).
 
     Args:
-        data: a ``DataProto`` whose batch has right-padded ``response_mask`` and ``values``
-            (``[B, T]``), plus ``old_log_probs`` and ``ref_log_prob`` when ``kl_ctrl`` is given.
+        data: a ``DataProto`` whose batch has the right-padded ``response_mask`` (``[B, T]``), the
+            critic's ``values`` when the estimator needs a critic, plus ``old_log_probs`` and
+            ``ref_log_prob`` when ``kl_ctrl`` is given.
         infos: verlog's facts about each row (``samples.row_info``), ``None`` for rows to leave
             out (verl's padding rows).
-        gae: the discounts and whether to whiten advantages over the batch's tokens.
+        settings: the estimator and its settings (``settings.EstimatorSettings``).
         kl_ctrl: verl's KL controller for KL-in-reward (``algorithm.use_kl_in_reward``), or None.
+
+    Written: ``advantages``; ``returns`` (the critic's targets; without a critic the advantages,
+    as verl's own critic-free estimators write them, for its metrics); ``response_mask`` less the
+    turns the estimator leaves out of the policy loss (e.g. GRPO's incomplete episodes), when it
+    leaves any out. Metrics: the estimator's own under ``verlog/adv/``, and the rollout's.
     """
     from verl.trainer.ppo.ray_trainer import apply_kl_penalty
 
+    estimator = get_estimator(settings.estimator)
     mask = data.batch["response_mask"]
-    data.batch["token_level_scores"] = token_scores(mask, infos).to(data.batch["values"].dtype)
+    values = data.batch["values"] if estimator.needs_critic else None
+    dtype = values.dtype if values is not None else torch.float32
+    data.batch["token_level_scores"] = token_scores(mask, infos).to(dtype)
     metrics: dict[str, float] = {}
     if kl_ctrl is not None:
         data, kl_metrics = apply_kl_penalty(data, kl_ctrl=kl_ctrl, kl_penalty=kl_penalty)
@@ -52,17 +62,18 @@ def compute_turn_advantages(
     else:
         data.batch["token_level_rewards"] = data.batch["token_level_scores"]
 
-    batch, layout = rows_to_turn_batch(mask, data.batch["values"], data.batch["token_level_rewards"], infos)
-    advantages, returns = dual_gae(
-        batch, gamma_step=gae.gamma_step, lam_step=gae.lam_step,
-        gamma_token=gae.gamma_token, lam_token=gae.lam_token,
-    )
-    if gae.whiten_advantages:
-        advantages = whiten(advantages, batch.response_mask)
+    batch, layout = rows_to_turn_batch(mask, values, data.batch["token_level_rewards"], infos)
+    estimate = estimate_advantages(settings, batch, turn_data(infos, layout))
     width = mask.shape[1]
-    float_mask = mask.to(data.batch["values"].dtype)
-    data.batch["advantages"] = layout.scatter(advantages, width).to(float_mask.dtype) * float_mask
-    data.batch["returns"] = layout.scatter(returns, width).to(float_mask.dtype) * float_mask
+    float_mask = mask.to(dtype)
+    data.batch["advantages"] = layout.scatter(estimate.advantages, width).to(dtype) * float_mask
+    returns = estimate.advantages if estimate.returns is None else estimate.returns
+    data.batch["returns"] = layout.scatter(returns, width).to(dtype) * float_mask
+    if estimate.included is not None:
+        per_turn = estimate.included.unsqueeze(-1).expand(-1, -1, width)
+        used = layout.scatter(per_turn.to(torch.int8), width).bool()
+        data.batch["response_mask"] = (mask.bool() & used).to(mask.dtype)
+    metrics.update({f"verlog/adv/{name}": float(value) for name, value in estimate.metrics.items()})
     metrics.update(rollout_metrics(infos, layout))
     if batch.truncation_values is not None:
         metrics["verlog/truncated_turns_bootstrapped"] = float(torch.isfinite(batch.truncation_values).sum())

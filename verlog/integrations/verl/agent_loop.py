@@ -13,7 +13,9 @@ Two kinds of rows come from verlog's dataset (``verlog.integrations.verl.dataset
   gives exactly ``verlog.turns_per_env`` turns, then its next model call is held until the next
   step (after the weights are updated), so an episode cut by the boundary continues under the
   new weights. The held call's prompt comes back as a bootstrap row whose critic value
-  bootstraps the cut turn. Slot ``i``'s ``j``-th episode plays ``slot_seed(seed, j, i, S)``; the
+  bootstraps the cut turn. Slot ``i`` (``i = row * rollout.n + session``) is in group
+  ``g = i // verlog.group_size``, and its ``j``-th episode plays ``slot_seed(seed, j, g, G)`` (``G``
+  groups): the slots of a group play the same seeds, the groups grpo, rloo and gigpo compare. The
   episodes a slot has started are reported with each sample (the trainer saves them with its
   checkpoints) and a slot created afresh goes on from the count its row carries.
 * **episode** rows (validation, or training with ``verlog.turns_per_env: null``): one whole
@@ -210,16 +212,22 @@ class LangGraphAgentLoop(AgentLoopBase):
         return fallback, fallback
 
     def _training_outputs(
-        self, turns: list[Turn], *, call_id: str, prefix: str, steps: tuple[int, int], summary: dict[str, Any]
+        self, turns: list[Turn], *, call_id: str, prefix: str, steps: tuple[int, int], summary: dict[str, Any],
+        seeds: list[int], starts_episode: bool,
     ) -> list[Any]:
         """The rows of a training sample: one per turn (time order), then one value-query row per
-        truncated turn whose next prompt is known (``next_state_output``)."""
+        truncated turn whose next prompt is known (``next_state_output``).
+
+        ``seeds``: each turn's episode's seed; ``starts_episode``: whether the first turn opens its
+        episode (False when it continues one from the previous batch); a later turn opens one
+        when the turn before it ended the previous episode."""
         for turn in turns:
             check_turn_temperature(turn, self.spec.rollout_temperature)
         outputs = [
             turn_output(
                 t, trajectory=call_id, position=i, episode_id=prefix + t.episode_id, steps=steps,
-                summary=summary if i == 0 else None,
+                summary=summary if i == 0 else None, seed=seeds[i],
+                starts_episode=starts_episode if i == 0 else turns[i - 1].episode_id != t.episode_id,
             )
             for i, t in enumerate(turns)
         ]
@@ -258,7 +266,12 @@ class LangGraphAgentLoop(AgentLoopBase):
         summary["seconds"] = time.perf_counter() - started
         summary["episodes_started"] = {key: slot.runner.episodes_started[0]}
         turns = batch.turns[0]
-        outputs = self._training_outputs(turns, call_id=call_id, prefix=prefix, steps=steps, summary=summary)
+        # the runner counts its one slot's episodes (its "seeds" are j = 0, 1, ...): the real seeds
+        seeds = [self._slot_seed(index, session, j) for j in batch.seeds[0]]
+        outputs = self._training_outputs(
+            turns, call_id=call_id, prefix=prefix, steps=steps, summary=summary, seeds=seeds,
+            starts_episode=batch.starts_episode[0],
+        )
         last = turns[-1]
         if not last.done:  # the boundary cut the episode: its next prompt is waiting at the gate
             outputs.append(
@@ -273,8 +286,6 @@ class LangGraphAgentLoop(AgentLoopBase):
         self, key: str, index: int, session: int, sampling_params: dict[str, Any], info: dict[str, Any]
     ) -> _Slot:
         settings = self.spec.settings
-        slot_id = index * self._n() + session  # over all rows and sessions
-        stride = settings.num_envs * self._n()
         seen: list[int] = []
         engine = self._engine(f"{uuid.uuid4().hex[:8]}-s{index}.{session}-", on_output=_note_steps(seen))
         graph_file = self.graph_file
@@ -285,7 +296,7 @@ class LangGraphAgentLoop(AgentLoopBase):
             return self._graph(models[-1])
 
         def make_input(j: int) -> Any:  # the slot's j-th episode
-            return graph_file.episode_input(slot_seed(settings.seed, j, slot_id, stride))
+            return graph_file.episode_input(self._slot_seed(index, session, j))
 
         runner = SlotRunner(
             engine, build, make_input, num_envs=1, turns_per_env=int(settings.turns_per_env or 1),
@@ -303,6 +314,14 @@ class LangGraphAgentLoop(AgentLoopBase):
         _SLOTS[key] = slot
         return slot
 
+    def _group(self, index: int, session: int) -> int:
+        """The slot group of dataset row ``index``'s session ``session``."""
+        return (index * self._n() + session) // self.spec.settings.group_size
+
+    def _slot_seed(self, index: int, session: int, j: int) -> int:
+        """The seed of the ``j``-th episode of row ``index``'s session ``session`` (its group's)."""
+        return slot_seed(self.spec.settings.seed, j, self._group(index, session), self.spec.num_groups)
+
     def _pad_id(self) -> int:
         tok = self.verlog_tokenizer
         for candidate in (getattr(tok, "eos_token_id", None), getattr(tok, "pad_token_id", None)):
@@ -319,9 +338,9 @@ class LangGraphAgentLoop(AgentLoopBase):
         evaluation = info.get("verlog_role") == "episode"
         if evaluation:
             seed = settings.eval_seed + index + session * settings.eval_episodes
-        else:  # training rows without fixed-turn batching: fresh seeds every step
+        else:  # training rows without fixed-turn batching: fresh seeds every step, one per slot group
             step = int(row.get("global_steps", 1))
-            seed = settings.seed + ((step - 1) * settings.num_envs + index) * self._n() + session
+            seed = settings.seed + (step - 1) * self.spec.num_groups + self._group(index, session)
         seen: list[int] = []
         engine = self._engine(f"{uuid.uuid4().hex[:8]}-", on_output=_note_steps(seen))
         model = self._chat_model(engine, sampling_params)
@@ -347,7 +366,8 @@ class LangGraphAgentLoop(AgentLoopBase):
             ]
         else:
             outputs = self._training_outputs(
-                episode.turns, call_id=call_id, prefix=engine.request_prefix, steps=steps, summary=summary
+                episode.turns, call_id=call_id, prefix=engine.request_prefix, steps=steps, summary=summary,
+                seeds=[seed] * len(episode.turns), starts_episode=True,
             )
         final = outputs[len(episode.turns) - 1]
         final.reward_score = float(episode.total_reward) if evaluation else final.reward_score
@@ -357,15 +377,17 @@ class LangGraphAgentLoop(AgentLoopBase):
         return outputs
 
 
-def slot_seed(seed: int, j: int, slot_id: int, stride: int) -> int:
-    """The seed of slot ``slot_id``'s ``j``-th episode (``stride`` slots in all).
+def slot_seed(seed: int, j: int, group: int, groups: int) -> int:
+    """The seed of the ``j``-th episode of the slots of group ``group`` (``groups`` groups in all;
+    with ``verlog.group_size: 1`` every slot is its own group).
 
-    Every seed ``seed .. seed + (j + 1) * stride - 1`` is played exactly once by the first ``j + 1``
-    episodes of all slots, and slot ``i`` moves to another residue each episode
-    (``(i + j) % stride``), so seeds that make a game fail are spread over the slots instead of
-    pinning one slot to them.
+    Every seed ``seed .. seed + (j + 1) * groups - 1`` is played by the first ``j + 1`` episodes of
+    every group, each by one group (by all of its slots), and group ``g`` moves to another residue
+    each episode (``(g + j) % groups``), so seeds that make a game fail are spread over the slots
+    instead of pinning one slot to them. The embedded trainer's ``SlotRunner`` seeds its slot
+    groups by the same formula.
     """
-    return seed + j * stride + (slot_id + j) % stride
+    return seed + j * groups + (group + j) % groups
 
 
 def _row_extra(row: dict[str, Any]) -> dict[str, Any]:

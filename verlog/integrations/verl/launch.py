@@ -4,7 +4,8 @@ A verlog-on-verl config file is verl's own config (any key of verl's packaged ``
 defaults: ``actor_rollout_ref``, ``critic``, ``algorithm``, ``trainer``, ...) plus
 
 * ``actor_rollout_ref.rollout.multi_turn.langgraph`` / ``chat_template_kwargs``: the graph;
-* ``verlog:``: slots, turns per slot, seeds, dual-discount GAE, critic pre-training
+* ``verlog:``: slots, turns per slot, seeds and slot groups, the estimator's settings, critic
+  pre-training (the estimator itself is ``algorithm.adv_estimator``, one of verlog's registry)
   (``verlog.integrations.verl.settings.VerlSettings``; ``verlog.verl_defaults`` picks verl's
   packaged config to start from, ``ppo_trainer`` or ``ppo_megatron_trainer``).
 
@@ -12,7 +13,8 @@ defaults: ``actor_rollout_ref``, ``critic``, ``algorithm``, ``trainer``, ...) pl
 file and ``key.path=value`` overrides into them in struct mode, so a misspelt verl key is an
 error naming it, then sets what verlog's pieces need (``wire_verlog``): the agent loop, the
 dataset of slot rows (whose module registers the agent loop in verl's workers), the trainer,
-the batch shape, the Ray runtime environment. ``launch`` validates the result with verl's own
+the batch shape, whether verl builds a critic (``critic.enable``: exactly when the estimator has
+one), the Ray runtime environment. ``launch`` validates the result with verl's own
 checks and runs verl's ``run_ppo`` with ``VerlogTaskRunner``; ``launch(..., dry_run=True)``
 prints the composed config as YAML on stdout and everything else on stderr, and needs no model
 weights.
@@ -165,6 +167,9 @@ def wire_verlog(config: Any, keep: set[str] = frozenset()) -> AgentSpec:
     }
     preferred = {
         "actor_rollout_ref.rollout.calculate_log_probs": True,
+        # verl builds its critic worker when critic.enable says so (else only for its own "gae"):
+        # exactly when verlog's estimator has a critic (check_verl_config refuses a contradiction)
+        "critic.enable": _estimator_has_critic(spec.estimator),
     }
     with open_dict(config):
         for key, value in forced.items():
@@ -176,6 +181,12 @@ def wire_verlog(config: Any, keep: set[str] = frozenset()) -> AgentSpec:
         if steps is not None and int(config.trainer.total_epochs) < int(steps):
             config.trainer.total_epochs = int(steps)  # one step per epoch: the dataset is the slots
     return spec
+
+
+def _estimator_has_critic(name: str) -> bool:
+    from verlog.algo.estimators import get_estimator
+
+    return get_estimator(name).needs_critic
 
 
 def check_graph(spec: AgentSpec) -> None:

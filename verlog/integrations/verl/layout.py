@@ -10,8 +10,10 @@ no part.
 Layout, for ``N`` trajectories of at most ``K`` turns:
 
 * turns are right-aligned: a trajectory with ``n < K`` turns starts with ``K - n`` empty turns
-  marked terminated (no token, no value, nothing flows across them), so every trajectory's last
-  real turn is turn ``K - 1`` and bootstraps from ``bootstrap_values``;
+  (no token, no reward, no value, not done), so every trajectory's last real turn is turn
+  ``K - 1`` and bootstraps from ``bootstrap_values``. The empty turns belong to the trajectory's
+  first episode (its group, no anchor; its ``episode_starts`` flag): they add nothing to it, and
+  nothing flows out of them (every recursion runs backwards in time, and they come first);
 * ``V_{k,j}`` for ``j < L_k`` is verl's critic value of response position ``j`` (read at the token
   before it, so ``V_{k,0}`` is the last prompt token's); ``V_{k,L_k}`` is not computed by verl and
   is set to 0: with ``lam_token == 1`` it cancels out of every advantage and return;
@@ -19,6 +21,9 @@ Layout, for ``N`` trajectories of at most ``K`` turns:
 * ``truncation_values[i, k]`` is the ``V_{.,0}`` of turn ``k``'s next-state row (the prompt that
   would have followed a truncated turn), ``NaN`` where there is none (``dual_gae`` then
   bootstraps that truncated turn from 0).
+
+Without a critic (``values`` None) the ``TurnBatch`` has no values at all. ``turn_data`` gives the
+per-turn facts estimators may need (``verlog.algo.estimators.TurnData``) in the same layout.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from verlog.algo.estimators import TurnData
 from verlog.algo.gae import TurnBatch
 from verlog.integrations.verl.samples import BOOTSTRAP, NEXT_STATE, TURN, RowInfo
 
-__all__ = ["RowLayout", "rows_to_turn_batch", "token_scores"]
+__all__ = ["RowLayout", "rows_to_turn_batch", "token_scores", "turn_data"]
 
 
 def token_scores(response_mask: Tensor, infos: Sequence[RowInfo | None]) -> Tensor:
@@ -56,6 +62,13 @@ class RowLayout:
     #: per trajectory: its number of real turns, and whether it has a bootstrap row
     turn_counts: list[int]
     has_bootstrap: list[bool]
+    #: per trajectory: the batch rows of its turns, in time order
+    turn_rows: list[list[int]]
+
+    @property
+    def num_turns(self) -> int:
+        """Turns per trajectory in the ``TurnBatch`` (``K``)."""
+        return max(self.turn_counts, default=0)
 
     def scatter(self, per_turn: Tensor, width: int) -> Tensor:
         """``[N, K, >=width]`` -> ``[B, width]`` (rows that are not turns get zeros)."""
@@ -68,7 +81,7 @@ class RowLayout:
 
 def rows_to_turn_batch(
     response_mask: Tensor,
-    values: Tensor,
+    values: Tensor | None,
     token_rewards: Tensor,
     infos: Sequence[RowInfo | None],
 ) -> tuple[TurnBatch, RowLayout]:
@@ -76,7 +89,8 @@ def rows_to_turn_batch(
 
     Args:
         response_mask: ``[B, T]`` (1 on a turn's response tokens, a prefix of each row).
-        values: ``[B, T]`` verl's critic values of the response positions.
+        values: ``[B, T]`` verl's critic values of the response positions; None without a critic
+            (the ``TurnBatch`` then has no values, bootstrap or truncation values).
         token_rewards: ``[B, T]`` rewards per token (the environment's on a turn's last token,
             plus any KL penalty verl put in the reward).
         infos: per row, verlog's ``RowInfo`` (``None`` for rows to ignore, e.g. verl's padding).
@@ -117,7 +131,7 @@ def rows_to_turn_batch(
     mask = torch.zeros((n, k, t), dtype=torch.bool)
     rewards = torch.zeros((n, k, t), dtype=torch.float32)
     vals = torch.zeros((n, k, t + 1), dtype=torch.float32)
-    terminated = torch.ones((n, k), dtype=torch.bool)  # the empty turns padding a short trajectory
+    terminated = torch.zeros((n, k), dtype=torch.bool)
     truncated = torch.zeros((n, k), dtype=torch.bool)
     bootstrap = torch.zeros(n, dtype=torch.float32)
     truncation = torch.full((n, k), float("nan"), dtype=torch.float32)
@@ -137,14 +151,15 @@ def rows_to_turn_batch(
                 raise ValueError(f"row {row} of trajectory {names[i]!r}: response_mask is not a prefix")
             mask[i, kk] = row_mask
             rewards[i, kk] = torch.where(row_mask, token_rewards[row].float(), 0.0)
-            vals[i, kk, :length] = values[row, :length].float()
+            if values is not None:
+                vals[i, kk, :length] = values[row, :length].float()
             terminated[i, kk] = info.terminated
             truncated[i, kk] = info.truncated and not info.terminated
             slot_of[row], turn_of[row] = i, kk
             next_row = nexts.get((info.episode_id, info.turn_index))
             if next_row is not None:
                 matched += 1
-                if truncated[i, kk]:
+                if truncated[i, kk] and values is not None:
                     truncation[i, kk] = values[next_row, 0].float()
         if matched != len(nexts):
             raise ValueError(f"trajectory {names[i]!r}: a next-state row names no turn of it")
@@ -154,13 +169,48 @@ def rows_to_turn_batch(
                     f"trajectory {names[i]!r}: its last turn is not done and it has no bootstrap row "
                     "(the value of the prompt that follows it)"
                 )
-            bootstrap[i] = values[boot, 0].float()
+            if values is not None:
+                bootstrap[i] = values[boot, 0].float()
+    critic = values is not None
     batch = TurnBatch(
         token_rewards=rewards, response_mask=mask, terminated=terminated, truncated=truncated,
-        values=vals, bootstrap_values=bootstrap, truncation_values=truncation,
+        values=vals if critic else None, bootstrap_values=bootstrap if critic else None,
+        truncation_values=truncation if critic else None,
     )
     layout = RowLayout(
         slot=slot_of, turn=turn_of, trajectories=names, turn_counts=[len(r) for r in turn_rows],
-        has_bootstrap=[b is not None for b in boot_rows],
+        has_bootstrap=[b is not None for b in boot_rows], turn_rows=turn_rows,
     )
     return batch, layout
+
+
+def turn_data(infos: Sequence[RowInfo | None], layout: RowLayout) -> TurnData:
+    """The per-turn facts of the estimators (``TurnData``) in ``layout``'s ``[N, K]`` shape.
+
+    * ``groups``: each turn's episode's seed (``RowInfo.seed``). A turn whose seed is unknown, and
+      a trajectory without turns, gets a group of its own; a trajectory's leading empty turns
+      take its first turn's group (they belong to its first episode).
+    * ``episode_starts``: whether each trajectory's first turn opens its episode.
+    * ``anchors``: one id per distinct anchor key of the batch (``RowInfo.anchor``), ``-1`` where
+      the environment reported none and on the empty turns.
+    """
+    n, k = len(layout.trajectories), layout.num_turns
+    keys: list[list[object]] = []
+    anchors: list[list[object]] = []
+    starts = torch.ones(n, dtype=torch.bool)
+    for i, rows in enumerate(layout.turn_rows):
+        turns = [infos[row] for row in rows]
+        own = [("seed", t.seed) if t.seed is not None else ("alone", i, j) for j, t in enumerate(turns)]
+        first = own[0] if own else ("alone", i, -1)
+        keys.append([first] * (k - len(turns)) + own)
+        anchors.append([None] * (k - len(turns)) + [t.anchor for t in turns])
+        if turns:
+            starts[i] = turns[0].starts_episode
+    group_ids: dict[object, int] = {}
+    groups = [[group_ids.setdefault(key, len(group_ids)) for key in row] for row in keys]
+    anchor_ids: dict[object, int] = {}
+    states = [[-1 if a is None else anchor_ids.setdefault(a, len(anchor_ids)) for a in row] for row in anchors]
+    return TurnData(
+        groups=torch.tensor(groups, dtype=torch.long).view(n, k), episode_starts=starts,
+        anchors=torch.tensor(states, dtype=torch.long).view(n, k),
+    )

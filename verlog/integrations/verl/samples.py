@@ -22,6 +22,12 @@ its next-state rows, then the bootstrap row.
 verl copies the last output's ``reward_score`` onto the others of the same list (it assumes one
 reward per trajectory), so a turn's own reward is carried in ``verlog_reward`` and the trainer
 rewrites ``rm_scores`` from it.
+
+A turn row also carries what the advantage estimators of ``verlog.algo.estimators`` may need
+besides rewards (``TurnData``): the seed of its episode (``verlog_seed``: episodes of one seed
+form a group for grpo, rloo and gigpo), whether it opens its episode (``verlog_starts_episode``:
+False for the first turn of an episode continued from an earlier batch) and the anchor state the
+environment reported with its reward (``verlog_anchor``, from ``info["anchor"]``: gigpo).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ __all__ = [
     "NEXT_STATE",
     "TURN",
     "RowInfo",
+    "anchor_key",
     "bootstrap_output",
     "episode_summary",
     "next_state_output",
@@ -53,15 +60,31 @@ REWARD = "verlog_reward"
 TERMINATED = "verlog_terminated"
 TRUNCATED = "verlog_truncated"
 SUMMARY = "verlog_summary"  # on the first row of a call: episodes ended / failed meanwhile
+SEED = "verlog_seed"  # a turn's episode's seed (its group), None where unknown
+STARTS_EPISODE = "verlog_starts_episode"  # the turn opens its episode
+ANCHOR = "verlog_anchor"  # the key of the state the turn acted in (``info["anchor"]``), None: none
+#: the ``Turn.info`` key under which an environment names the state a turn acted in (GiGPO)
+ANCHOR_INFO_KEY = "anchor"
 
 TURN: Literal["turn"] = "turn"
 BOOTSTRAP: Literal["bootstrap"] = "bootstrap"
 NEXT_STATE: Literal["next_state"] = "next_state"
 
 
+def anchor_key(info: dict[str, Any] | None) -> Any:
+    """The anchor state a turn's environment reported (``info["anchor"]``) as a value rows can
+    carry: the value itself when it is a str, int, float or bool, else its ``repr`` (the embedded
+    trainer compares anchors the same way); None where there is none."""
+    anchor = (info or {}).get(ANCHOR_INFO_KEY)
+    if anchor is None or isinstance(anchor, (str, int, float, bool)):
+        return anchor
+    return repr(anchor)
+
+
 def _extra(
     *, kind: str, trajectory: str, position: int, episode_id: str, turn_index: int, reward: float,
     terminated: bool, truncated: bool, steps: tuple[int, int], summary: dict[str, Any] | None,
+    seed: int | None = None, starts_episode: bool = False, anchor: Any = None,
 ) -> dict[str, Any]:
     return {
         KIND: kind,
@@ -73,6 +96,9 @@ def _extra(
         TERMINATED: bool(terminated),
         TRUNCATED: bool(truncated),
         SUMMARY: summary,
+        SEED: None if seed is None else int(seed),
+        STARTS_EPISODE: bool(starts_episode),
+        ANCHOR: anchor,
         # verl tags every row with the weights' versions it was generated with
         "min_global_steps": int(steps[0]),
         "max_global_steps": int(steps[1]),
@@ -82,9 +108,10 @@ def _extra(
 
 def turn_output(
     turn: Turn, *, trajectory: str, position: int, episode_id: str, steps: tuple[int, int],
-    summary: dict[str, Any] | None = None,
+    summary: dict[str, Any] | None = None, seed: int | None = None, starts_episode: bool = False,
 ) -> Any:
-    """The verl sample of one turn: its exact ids and logprobs, reward and done flags."""
+    """The verl sample of one turn: its exact ids and logprobs, reward and done flags, and what
+    estimators group it by (``seed``, ``starts_episode``: it opens its episode; its anchor)."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
     return AgentLoopOutput(
@@ -98,7 +125,8 @@ def turn_output(
         extra_fields=_extra(
             kind=TURN, trajectory=trajectory, position=position, episode_id=episode_id,
             turn_index=turn.turn_index, reward=turn.reward, terminated=turn.terminated,
-            truncated=turn.truncated, steps=steps, summary=summary,
+            truncated=turn.truncated, steps=steps, summary=summary, seed=seed, starts_episode=starts_episode,
+            anchor=anchor_key(turn.info),
         ),
     )
 
@@ -174,6 +202,12 @@ class RowInfo:
     terminated: bool
     truncated: bool
     summary: dict[str, Any] | None
+    #: the seed of the turn's episode (its group), None where unknown
+    seed: int | None = None
+    #: the turn opens its episode (False: it continues one from an earlier turn or batch)
+    starts_episode: bool = False
+    #: the anchor state's key (``anchor_key``), None where the environment reported none
+    anchor: Any = None
 
 
 def row_info(extra_fields: Any) -> RowInfo | None:
@@ -191,4 +225,7 @@ def row_info(extra_fields: Any) -> RowInfo | None:
         terminated=bool(fields[TERMINATED]),
         truncated=bool(fields[TRUNCATED]),
         summary=fields.get(SUMMARY),
+        seed=None if fields.get(SEED) is None else int(fields[SEED]),
+        starts_episode=bool(fields.get(STARTS_EPISODE, False)),
+        anchor=fields.get(ANCHOR),
     )

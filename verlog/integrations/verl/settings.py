@@ -4,8 +4,11 @@ A verl run of a verlog graph is configured by verl's own hydra config plus two v
 
 * ``actor_rollout_ref.rollout.multi_turn.langgraph`` (+ ``chat_template_kwargs``): the graph,
   exactly the ``multi_turn`` block of a verlog config (``verlog.config.MultiTurnConfig``);
-* ``verlog:`` (a top-level key): fixed-turn batching, seeds, dual-discount GAE and the critic
-  pre-training schedule (``VerlSettings``).
+* ``verlog:`` (a top-level key): fixed-turn batching, seeds and slot groups, the advantage
+  estimator's settings and the critic pre-training schedule (``VerlSettings``).
+
+The estimator itself is verl's key, ``algorithm.adv_estimator``, naming one of verlog's registry
+(``verlog.algo.estimators``: gae, grpo, gigpo, rloo, reinforce_pp, zero).
 
 Both are validated here with errors that name the bad key by its full dotted path. Nothing in
 this module imports verl: the agent loop, the trainer and the launcher all read their settings
@@ -16,13 +19,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from verlog.config import ConfigError, CriticWarmupConfig, MultiTurnConfig, _describe
 
-__all__ = ["AGENT_NAME", "TRAINER_NAME", "AgentSpec", "VerlGAEConfig", "VerlSettings", "agent_spec", "plain"]
+__all__ = [
+    "AGENT_NAME",
+    "ESTIMATOR_KEY",
+    "TRAINER_NAME",
+    "AgentSpec",
+    "EstimatorSettings",
+    "VerlAdvantageConfig",
+    "VerlSettings",
+    "agent_spec",
+    "plain",
+]
 
 #: the agent loop's name in verl's registry (``agent_name`` of verlog's dataset rows)
 AGENT_NAME = "verlog_langgraph"
@@ -33,33 +46,42 @@ TRAINER_NAME = "verlog"
 MULTI_TURN_KEY = "actor_rollout_ref.rollout.multi_turn"
 #: the keys of that block verlog owns (the others are verl's own)
 MULTI_TURN_OWN_KEYS = ("langgraph", "chat_template_kwargs")
+#: the verl key naming the advantage estimator (one of verlog's registry under this trainer)
+ESTIMATOR_KEY = "algorithm.adv_estimator"
+#: verl's names of estimators verlog has under another name
+VERL_ESTIMATOR_NAMES = {"reinforce_plus_plus": "reinforce_pp", "grpo_vectorized": "grpo", "rloo_vectorized": "rloo"}
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class VerlGAEConfig(_Section):
-    """Dual-discount GAE (verlog.algo.dual_gae) in the verl trainer."""
+class VerlAdvantageConfig(_Section):
+    """The advantage estimator's settings (``verlog.advantage``): the keys of the embedded
+    trainer's ``algorithm:`` block that estimators read, with the same meaning and defaults."""
 
-    gamma_step: float = Field(0.99, ge=0, le=1, description="discount across turns")
-    lam_step: float = Field(0.95, ge=0, le=1)
-    gamma_token: float = Field(1.0, ge=0, le=1, description="discount inside a response")
-    lam_token: float = Field(1.0, ge=0, le=1)
-    whiten_advantages: bool = True
+    gamma_step: float = Field(0.99, ge=0, le=1, description="discount across turns (gae, zero, reinforce_pp)")
+    lam_step: float = Field(0.95, ge=0, le=1, description="GAE's lambda across turns (gae, zero)")
+    gamma_token: float = Field(1.0, ge=0, le=1, description="discount inside a response (gae, zero, reinforce_pp)")
+    lam_token: float = Field(1.0, ge=0, le=1, description="GAE's lambda inside a response: 1 under verl (gae, zero)")
+    whiten_advantages: bool = Field(True, description="advantages to mean 0, std 1 over the tokens the policy loss uses")
+    group_norm: Literal["mean_std", "mean"] | None = Field(
+        None, description="grpo/gigpo: divide group-centred returns by the group's std (mean_std) or not (mean); "
+        "null: each paper's default (grpo: mean_std, gigpo: mean)"
+    )
+    gigpo_step_weight: float = Field(1.0, ge=0, description="gigpo: weight omega of the step-level advantage")
+    gigpo_gamma: float = Field(0.95, ge=0, le=1, description="gigpo: discount of the step returns")
+    drop_uniform_groups: bool = Field(
+        False, description="DAPO's dynamic sampling: groups whose episodes all have the same return leave the "
+        "policy loss (group estimators; dropped, not refilled)"
+    )
 
-    @field_validator("lam_token")
-    @classmethod
-    def _needs_unit_lam_token(cls, value: float) -> float:
-        # verl's critic returns values at the positions before each response token (V_{k,0} ..
-        # V_{k,L-1}), not after the last one; dual GAE needs V_{k,L} unless lam_token == 1,
-        # where it cancels out exactly (see docs/verl.md).
-        if value != 1.0:
-            raise ValueError(
-                "must be 1.0 under verl: verl's critic gives no value after a response's last token, "
-                "which dual-discount GAE needs when lam_token < 1"
-            )
-        return value
+
+class EstimatorSettings(VerlAdvantageConfig):
+    """``verlog.advantage`` plus the estimator's name (``algorithm.adv_estimator``): what
+    ``verlog.algo.estimators.estimate_advantages`` reads (its ``AdvantageSettings``)."""
+
+    estimator: str = "gae"
 
 
 class VerlSettings(_Section):
@@ -70,13 +92,18 @@ class VerlSettings(_Section):
         8, ge=1, description="turns each slot gives to every batch; null: one whole episode per sample"
     )
     seed: int = Field(
-        0, description="slot i's j-th episode plays seed + j * S + (i + j) % S, S = num_envs * rollout.n"
+        0, description="slot i's j-th episode plays seed + j * G + (g + j) % G: g = i // group_size its group, "
+        "G = num_envs * rollout.n / group_size the number of groups"
+    )
+    group_size: int = Field(
+        1, ge=1, description="consecutive slots (num_envs * rollout.n in all) playing the same seeds: the groups "
+        "grpo, rloo and gigpo compare"
     )
     episode_timeout_s: float | None = Field(600.0, gt=0, description="per episode, not counting time held at a batch boundary")
     max_consecutive_failures: int = Field(20, ge=1, description="a slot failing this often in a row fails its verl sample")
     eval_episodes: int = Field(32, ge=1, description="validation episodes (verl's val set)")
     eval_seed: int = Field(1_000_000, description="seed of the first validation episode")
-    gae: VerlGAEConfig = Field(default_factory=VerlGAEConfig)
+    advantage: VerlAdvantageConfig = Field(default_factory=VerlAdvantageConfig)
     critic_warmup: CriticWarmupConfig = Field(default_factory=CriticWarmupConfig)
 
 
@@ -96,6 +123,22 @@ class AgentSpec:
     rollout_temperature: float = 1.0
     #: verl's rollout.name: the inference server (``sglang``, ``vllm``...)
     rollout_name: str = "sglang"
+    #: ``algorithm.adv_estimator``: the estimator of verlog's registry that computes the advantages
+    estimator: str = "gae"
+
+    @property
+    def num_slots(self) -> int:
+        """Env slots in all: ``num_envs`` dataset rows x ``rollout.n`` sessions each."""
+        return self.settings.num_envs * max(1, self.rollout_n)
+
+    @property
+    def num_groups(self) -> int:
+        """Slot groups (``group_size`` consecutive slots each, playing the same seeds)."""
+        return self.num_slots // self.settings.group_size
+
+    def advantage_settings(self) -> EstimatorSettings:
+        """What the estimator registry reads: ``verlog.advantage`` and the estimator's name."""
+        return EstimatorSettings(estimator=self.estimator, **self.settings.advantage.model_dump())
 
 
 def plain(node: Any) -> Any:
@@ -145,7 +188,25 @@ def read_multi_turn(config: Any) -> MultiTurnConfig:
 
 def read_settings(config: Any) -> VerlSettings:
     """The ``verlog:`` block of a verl config (defaults where it is absent)."""
-    return _validate(VerlSettings, plain(_select(config, "verlog")), "verlog")
+    block = plain(_select(config, "verlog"))
+    if isinstance(block, Mapping) and "gae" in block:
+        raise ConfigError("verlog.gae is now verlog.advantage: the settings of every estimator, GAE's included")
+    return _validate(VerlSettings, block, "verlog")
+
+
+def read_estimator(config: Any) -> str:
+    """``algorithm.adv_estimator``, checked against verlog's estimator registry (torch-free)."""
+    from verlog.algo.estimators.registry import estimator_names
+
+    name = str(_select(config, ESTIMATOR_KEY, "gae"))
+    if name not in estimator_names():
+        hint = f" (verlog's name for it: {VERL_ESTIMATOR_NAMES[name]})" if name in VERL_ESTIMATOR_NAMES else ""
+        raise ConfigError(
+            f"{ESTIMATOR_KEY}={name!r}{hint}: trainer.v1.trainer_mode={TRAINER_NAME} computes advantages with "
+            f"verlog's estimators, one of: {', '.join(estimator_names())} (verl's own estimators score one reward "
+            "per sample and do not fit per-turn rows; see docs/verl.md)"
+        )
+    return name
 
 
 def agent_spec(config: Any) -> AgentSpec:
@@ -155,7 +216,7 @@ def agent_spec(config: Any) -> AgentSpec:
     if not model_path:
         raise ConfigError("actor_rollout_ref.model.path is missing: the policy model's folder")
     rollout = _select(config, "actor_rollout_ref.rollout")
-    return AgentSpec(
+    spec = AgentSpec(
         multi_turn=multi_turn,
         settings=read_settings(config),
         model_path=str(model_path),
@@ -164,7 +225,14 @@ def agent_spec(config: Any) -> AgentSpec:
         response_length=int(_select(rollout, "response_length", 512)),
         rollout_temperature=float(_select(rollout, "temperature", 1.0)),
         rollout_name=str(_select(rollout, "name", "sglang")),
+        estimator=read_estimator(config),
     )
+    if spec.num_slots % spec.settings.group_size:
+        raise ConfigError(
+            f"verlog.group_size ({spec.settings.group_size}) must divide the env slots, verlog.num_envs x "
+            f"actor_rollout_ref.rollout.n = {spec.settings.num_envs} x {max(1, spec.rollout_n)} = {spec.num_slots}"
+        )
+    return spec
 
 
 def resolve_graph_path(path: str, *bases: Path) -> str:

@@ -1,15 +1,18 @@
 """``VerlogPPOTrainer``: verl's synchronous v1 PPO trainer with verlog's advantages and critic
 pre-training (registered with verl as ``trainer.v1.trainer_mode: verlog``).
 
-It changes three things in verl's ``PPOTrainerSync`` and leaves the rest (Ray worker groups,
+It changes these things in verl's ``PPOTrainerSync`` and leaves the rest (Ray worker groups,
 FSDP/Megatron engines, SGLang/vLLM replicas, weight sync, checkpoints, validation) to verl:
 
 1. **Advantages** (``_compute_advantage``): the batch's per-turn rows are read from verl's
    TransferQueue, grouped by the agent-loop call they came from (one env slot's consecutive
-   turns, ordered by turn) and given to ``verlog.algo.dual_gae`` as a ``TurnBatch``
-   (``verlog.integrations.verl.advantage``); advantages, returns, rewards go back to the queue
-   for verl's actor and critic updates.
-2. **Critic pre-training** (``step``, first step only): Verlog's schedule. ``W`` batches are
+   turns, ordered by turn) and given to verlog's estimator registry as a ``TurnBatch`` and its
+   ``TurnData`` (``verlog.integrations.verl.advantage``; the estimator is
+   ``algorithm.adv_estimator``, one of ``verlog.algo.estimators``); advantages, returns, rewards
+   (and the policy-loss mask, when the estimator leaves turns out) go back to the queue for
+   verl's actor and critic updates. verl builds a critic exactly when the estimator has one
+   (``check_verl_config``).
+2. **Critic pre-training** (``step``, first step only, estimators with a critic): Verlog's schedule. ``W`` batches are
    collected with the initial policy (``verlog.critic_warmup.buffer_multiplier``), then ``S``
    critic-only updates (``iterations``) each recompute values and GAE over the whole buffer and
    fit the critic on a random ``subset_fraction`` of its rows (``verlog.algo.CriticWarmup``).
@@ -45,10 +48,11 @@ from verl.utils.debug import marked_timer
 from verl.workers.utils.padding import response_to_nested
 
 from verlog.algo import CriticWarmup
+from verlog.algo.estimators import check_estimator_settings, get_estimator
 from verlog.config import ConfigError
 from verlog.integrations.verl.advantage import compute_turn_advantages
 from verlog.integrations.verl.samples import TURN, RowInfo, row_info
-from verlog.integrations.verl.settings import TRAINER_NAME, AgentSpec, agent_spec
+from verlog.integrations.verl.settings import ESTIMATOR_KEY, TRAINER_NAME, AgentSpec, agent_spec
 
 __all__ = ["SLOTS_FILE", "VerlogPPOTrainer", "check_verl_config", "row_infos"]
 
@@ -59,13 +63,46 @@ SLOTS_FILE = "verlog_slots.json"
 
 
 def check_verl_config(config: Any) -> AgentSpec:
-    """Validate what this trainer needs from a verl config (errors name the key)."""
+    """Validate what this trainer needs from a verl config (errors name the key, in one line).
+
+    The estimator (``algorithm.adv_estimator``) must be one of verlog's registry and its settings
+    (``verlog.advantage``) must combine (``check_estimator_settings``); verl must build a critic
+    exactly when the estimator has one (verl's own ``need_critic``: ``critic.enable``, which the
+    launcher sets from the estimator); the group estimators need slot groups
+    (``verlog.group_size`` > 1); GAE's ``lam_token`` must be 1 (verl's critic has no value after a
+    response's last token).
+    """
+    from verl.trainer.ppo.utils import need_critic
+
     spec = agent_spec(config)
-    estimator = str(config.algorithm.adv_estimator)
-    if estimator != "gae":
+    estimator = get_estimator(spec.estimator)
+    settings = spec.advantage_settings()
+    try:
+        check_estimator_settings(settings)
+    except ValueError as exc:  # the registry names the embedded trainer's key, algorithm.<name>
+        raise ConfigError(str(exc).replace("algorithm.", "verlog.advantage.", 1)) from None
+    critic = bool(need_critic(config))
+    if estimator.needs_critic and not critic:
         raise ConfigError(
-            f"algorithm.adv_estimator={estimator!r}: trainer.v1.trainer_mode={TRAINER_NAME} trains with verlog's "
-            "dual-discount GAE and a critic; set algorithm.adv_estimator=gae"
+            f"critic.enable=false: {ESTIMATOR_KEY}={estimator.name} trains with a critic; "
+            "leave critic.enable unset (the launcher sets it from the estimator)"
+        )
+    if critic and not estimator.needs_critic:
+        raise ConfigError(
+            f"critic.enable=true: {ESTIMATOR_KEY}={estimator.name} has no critic (verl would build and train one "
+            "for nothing); leave critic.enable unset (the launcher sets it from the estimator)"
+        )
+    if estimator.needs_critic and settings.lam_token != 1.0:
+        raise ConfigError(
+            f"verlog.advantage.lam_token={settings.lam_token:g}: must be 1.0 under verl with {ESTIMATOR_KEY}="
+            f"{estimator.name}: verl's critic gives no value after a response's last token, which dual-discount "
+            "GAE needs when lam_token < 1"
+        )
+    if estimator.compares_groups and spec.settings.group_size == 1:
+        raise ConfigError(
+            f"verlog.group_size=1: {ESTIMATOR_KEY}={estimator.name} compares the episodes of a slot group (slots "
+            "playing the same seeds); with groups of one slot every advantage is 0: set verlog.group_size > 1 "
+            f"dividing verlog.num_envs x rollout.n = {spec.num_slots}"
         )
     return spec
 
@@ -103,14 +140,15 @@ class VerlogPPOTrainer(PPOTrainerSync):
         return super()._build_replay_buffer()
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
-        if self.critic_warmup.enabled and self.global_steps <= 1 and not getattr(self, "_critic_pretrained", False):
+        # no critic, nothing to pre-train (as in the embedded trainer)
+        if self.use_critic and self.critic_warmup.enabled and self.global_steps <= 1 and not getattr(self, "_critic_pretrained", False):
             self._critic_pretrained = True
             with marked_timer("verlog_critic_pretrain", timing_raw, color="cyan"):
                 self._pretrain_critic(metrics)
         return super().step(metrics, timing_raw)
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict, *, initial_policy: bool = False) -> KVBatchMeta:
-        """Dual-discount GAE over the batch's per-turn rows (``verlog.algo.dual_gae``).
+        """The estimator's advantages over the batch's per-turn rows (``verlog.algo.estimators``).
 
         ``initial_policy``: the batch was generated by the initial weights and the actor has not
         moved (critic pre-training): the policy equals the reference, so KL-in-reward is exactly
@@ -120,7 +158,9 @@ class VerlogPPOTrainer(PPOTrainerSync):
 
         algorithm = self.config.algorithm
         use_kl = bool(algorithm.use_kl_in_reward) and not initial_policy
-        fields = ["response_mask", "values", "extra_fields"]
+        settings = self.spec.advantage_settings()
+        critic = get_estimator(settings.estimator).needs_critic
+        fields = ["response_mask", "extra_fields"] + (["values"] if critic else [])
         if use_kl:
             fields += ["old_log_probs", "ref_log_prob"]
         correction = None if initial_policy else self._rollout_correction()
@@ -132,9 +172,10 @@ class VerlogPPOTrainer(PPOTrainerSync):
         infos = row_infos(extra, batch.tags, nested_mask.offsets().diff().tolist())
         data = DataProto(batch=data.to_padded_tensor())
 
-        # GAE on the turns as sampled (each response mask a prefix) ...
+        # the estimator on the turns as sampled (each response mask a prefix) ...
+        sampled_mask = data.batch["response_mask"]
         data, adv_metrics = compute_turn_advantages(
-            data, infos, self.spec.settings.gae,
+            data, infos, settings,
             kl_ctrl=self.kl_ctrl_in_reward if use_kl else None, kl_penalty=algorithm.kl_penalty,
         )
         metrics.update(adv_metrics)
@@ -147,9 +188,14 @@ class VerlogPPOTrainer(PPOTrainerSync):
 
             data, corr_metrics = compute_rollout_correction_and_add_to_batch(data, correction)
             metrics.update(corr_metrics)
-            written.append("response_mask")
             if "rollout_is_weights" in data.batch:
                 written.append("rollout_is_weights")
+        if correction is not None or data.batch["response_mask"] is not sampled_mask:
+            # tokens left out of the policy loss (the estimator's excluded turns, rejected tokens):
+            # verl's losses read response_mask, and its engines count a batch's tokens (the
+            # token-mean's denominator) from loss_mask, stored as the sampled response_mask
+            data.batch["loss_mask"] = data.batch["response_mask"]
+            written += ["response_mask", "loss_mask"]
         output = TensorDict(
             {name: response_to_nested(data.batch[name], nested_mask) for name in written}, batch_size=len(batch)
         )
