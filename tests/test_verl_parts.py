@@ -159,6 +159,50 @@ def test_layout_right_aligns_short_trajectories_and_matches_dual_gae_on_each():
     torch.testing.assert_close(scattered[2, :3], adv[0, 0, :3])
 
 
+def test_turn_data_of_a_short_trajectory_continuing_an_episode():
+    """A short trajectory sits right-aligned behind empty turns that belong to its first
+    episode: its seed group, no anchor, and its episode-start flag. Here b's first turn ends an
+    episode begun in an earlier batch, so GRPO leaves it out of the policy loss (were the empty
+    turn a finished episode of its own, b's first turn would open a complete episode and be
+    compared with a's episode of seed 7)."""
+    from dataclasses import replace
+
+    from verl.protocol import DataProto
+
+    from verlog.integrations.verl.advantage import compute_turn_advantages
+    from verlog.integrations.verl.layout import rows_to_turn_batch, turn_data
+    from verlog.integrations.verl.settings import EstimatorSettings
+
+    def turn(trajectory, position, seed, starts, reward=0.0, terminated=False, anchor=None):
+        info = _info(trajectory, position, reward=reward, terminated=terminated)
+        return replace(info, seed=seed, starts_episode=starts, anchor=anchor)
+
+    infos = [
+        turn("b", 1, 9, True, reward=0.5, terminated=True, anchor="s0"),
+        turn("a", 0, 7, True, reward=0.0, terminated=True, anchor="s0"),
+        None,  # verl's padding row
+        turn("a", 1, 8, True, anchor="s1"),
+        turn("b", 0, 7, False, reward=1.0, terminated=True),
+        turn("a", 2, 8, False, reward=2.0, terminated=True, anchor="s1"),
+    ]
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 0]])
+    batch, layout = rows_to_turn_batch(mask.bool(), None, torch.zeros(6, 3), infos)
+    assert batch.values is None and batch.bootstrap_values is None  # no critic, no values
+    data = turn_data(infos, layout)
+    g7, g8, g9 = data.groups[0, 0].item(), data.groups[0, 1].item(), data.groups[1, 2].item()
+    s0, s1 = data.anchors[0, 0].item(), data.anchors[0, 1].item()
+    assert len({g7, g8, g9}) == 3 and s0 != s1 and min(s0, s1) >= 0
+    assert data.groups.tolist() == [[g7, g8, g8], [g7, g7, g9]]  # b's empty turn: its first turn's group
+    assert data.anchors.tolist() == [[s0, s1, s1], [-1, -1, s0]]
+    assert data.episode_starts.tolist() == [True, False]
+
+    out = DataProto.from_dict({"response_mask": mask.clone()})
+    out, metrics = compute_turn_advantages(out, infos, EstimatorSettings(estimator="grpo", whiten_advantages=False))
+    assert out.batch["response_mask"].tolist() == [[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1], [0, 0, 0], [1, 0, 0]]
+    assert out.batch["advantages"].abs().sum() == 0  # every group has one complete episode: no baseline
+    assert metrics["verlog/adv/policy_token_frac"] == pytest.approx(7 / 9)
+
+
 def test_layout_needs_the_bootstrap_row_of_a_cut_trajectory():
     from verlog.integrations.verl.layout import rows_to_turn_batch
 

@@ -604,3 +604,265 @@ def test_whole_episode_training_rows_carry_next_state_rows(tmp_path, tiny_dir):
     for rows in _by_slot(world, 1).values():
         assert [e["verlog_kind"] for _, _, e in rows] == ["turn", "turn", "next_state"]
         assert rows[-1][2]["reward_extra_info"]["episode_turns"] == 2.0
+
+
+# ---------------------------------------------------------------------- every estimator, slot groups
+
+GROUP_GRAPH = '''
+"""Episode `seed` lasts 2 + seed % 2 turns; a turn's reward depends on the model's answer (so the
+episodes of one seed differ), except in seed 1 (its episodes all return 1: a uniform group); from
+step 1 on the environment names the state it acted in."""
+from typing import Any
+from langchain_core.messages import HumanMessage
+from langgraph.graph import END, START, StateGraph
+from typing_extensions import TypedDict
+from verlog.rollout.events import areport_reward
+
+
+class State(TypedDict):
+    seed: int
+    step: int
+    answer: str
+
+
+def make_input(seed: int) -> dict[str, Any]:
+    return {"seed": seed, "step": 0, "answer": ""}
+
+
+def build_graph(model):
+    async def policy(state: State):
+        answer = await model.ainvoke([HumanMessage(f"game {state['seed']}, step {state['step']}: move?")])
+        return {"answer": answer.content}
+
+    async def env(state: State):
+        step = state["step"] + 1
+        done = step >= 2 + state["seed"] % 2
+        info = {"anchor": f"{state['seed']}:{state['step']}"} if state["step"] >= 1 else {}
+        shaped = len(state["answer"]) % 5 / 4 if state["seed"] != 1 else 0.0
+        await areport_reward(shaped + (1.0 if done else 0.0), terminated=done, info=info)
+        return {"step": step}
+
+    graph = StateGraph(State)
+    graph.add_node("policy", policy)
+    graph.add_node("env", env)
+    graph.add_edge(START, "policy")
+    graph.add_edge("policy", "env")
+    graph.add_conditional_edges("env", lambda s: END if s["step"] >= 2 + s["seed"] % 2 else "policy")
+    return graph.compile()
+'''
+
+GROUP_ENVS, GROUP_SIZE = 4, 2
+
+
+@pytest.fixture(scope="module")
+def group_world(tmp_path_factory, tiny_dir):
+    """Two verl training steps of 4 slots x 3 turns in groups of 2 (slots 0-1, 2-3 play the same
+    seeds), through verl's agent-loop worker. Group 0 plays seeds 0, 3, 4, group 1 seeds 1, 2, 5:
+
+        step 1  group 0: seed 0 (2 turns, done), seed 3 turn 0 (cut)   group 1: seed 1 (3 turns, done)
+        step 2  group 0: seed 3 turns 1-2 (continued, done), seed 4 turn 0 (cut)
+                group 1: seed 2 (2 turns, done), seed 5 turn 0 (cut)
+    """
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from verlog.backends.embedded import EmbeddedEngine
+    from verlog.integrations.verl.agent_loop import close_slots
+    from verlog.integrations.verl.dataset import VerlogRows
+    from verlog.integrations.verl.launch import compose_verl_config
+    from verlog.integrations.verl.local import EngineServerClient, MemoryTransferQueue
+    from verlog.models import load_causal_lm, load_tokenizer
+
+    root = tmp_path_factory.mktemp("verl_groups")
+    (root / "groups.py").write_text(GROUP_GRAPH)
+    config_file = root / "groups.yaml"
+    config_file.write_text(yaml.safe_dump({
+        "verlog": {"num_envs": GROUP_ENVS, "turns_per_env": TURNS, "group_size": GROUP_SIZE},
+        "actor_rollout_ref": {
+            "model": {"path": "tiny"},
+            "rollout": {"name": "sglang", "prompt_length": 256, "response_length": 8,
+                        "multi_turn": {"langgraph": {"path": "groups.py", "graph_config": {"recursion_limit": 30}}}},
+        },
+        "algorithm": {"use_kl_in_reward": True},
+        "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
+    }))
+    config = compose_verl_config(config_file)
+    store = MemoryTransferQueue()
+    tokenizer = load_tokenizer(tiny_dir)
+    keys_by_step: dict[int, list[str]] = {}
+
+    async def run():
+        engine = EmbeddedEngine(load_causal_lm(tiny_dir), tokenizer, max_batch_size=8, seed=0)
+        worker = AgentLoopWorkerTQ.__ray_actor_class__(config, EngineServerClient(engine), None, None)
+        try:
+            for step in (1, 2):
+                rows = VerlogRows(config.data.train_files)
+                data = collate_fn([rows[i] for i in range(len(rows))])
+                data["uid"] = np.array([uuid.uuid4().hex for _ in range(len(rows))], dtype=object)
+                batch = tu.get_tensordict(data)
+                tu.assign_non_tensor_data(batch, "global_steps", step)
+                before = set(store.trajectory_keys("train"))
+                await asyncio.wait_for(worker.generate_sequences(batch), 120)
+                while worker.background_tasks:
+                    await asyncio.sleep(0.02)
+                keys_by_step[step] = [k for k in store.trajectory_keys("train") if k not in before]
+        finally:
+            await close_slots()
+            await engine.aclose()
+
+    with store.patch():
+        asyncio.run(run())
+    return SimpleNamespace(config=config, store=store, keys=keys_by_step, tokenizer=tokenizer)
+
+
+def _prompt_facts(world, row):
+    """(seed, step) a turn row's prompt names: what the graph played, read from what the model saw."""
+    text = world.tokenizer.decode(row["prompts"].tolist())
+    seed, step = text.split("game ")[1].split(": move?")[0].split(", step ")
+    return int(seed), int(step)
+
+
+def test_slots_of_a_group_play_the_same_seeds_and_rows_carry_seed_start_and_anchor(group_world):
+    """Slots 0-1 and 2-3 play the same seeds (``verlog.group_size: 2``); each turn row carries its
+    episode's seed, whether it opens its episode (the first turn of step 2's group 0 continues
+    seed 3) and the anchor state its environment reported."""
+    played = {}
+    for step in (1, 2):
+        for slot, rows in _by_slot(group_world, step).items():
+            turns = [(row, e) for _, row, e in rows if e["verlog_kind"] == "turn"]
+            facts = [_prompt_facts(group_world, row) for row, _ in turns]
+            played[(step, slot)] = [seed for seed, _ in facts]
+            for (row, e), (seed, s) in zip(turns, facts):
+                assert e["verlog_seed"] == seed
+                assert e["verlog_starts_episode"] == (s == 0)
+                assert e["verlog_anchor"] == (f"{seed}:{s}" if s >= 1 else None)
+    assert played[(1, 0)] == played[(1, 1)] == [0, 0, 3] and played[(1, 2)] == played[(1, 3)] == [1, 1, 1]
+    assert played[(2, 0)] == played[(2, 1)] == [3, 3, 4] and played[(2, 2)] == played[(2, 3)] == [2, 2, 5]
+
+
+#: every estimator of the registry, and DAPO's dynamic sampling with Dr. GRPO's normalization
+#: (without KL in the reward, which would make every group's returns differ)
+ESTIMATOR_SETTINGS = {
+    "gae": {},
+    "zero": {},
+    "reinforce_pp": {},
+    "grpo": {},
+    "grpo+dapo": {"drop_uniform_groups": True, "group_norm": "mean"},
+    "rloo": {},
+    "gigpo": {"gigpo_gamma": 0.9, "gigpo_step_weight": 0.5},
+}
+
+
+def _embedded_estimate(world, keys, values, kl, algo):
+    """The embedded trainer's path on the same turns: its ``RolloutStorage`` of the slots' turns
+    (seeds, episode starts and anchors read from the prompts the model saw, not from verlog's
+    row fields), KL folded into the token rewards, verl's values (``V_{k,L}`` 0), and
+    ``RolloutStorage.compute_advantages``."""
+    from verlog.rollout.slots import SlotBatch
+    from verlog.rollout.turn import Turn
+    from verlog.train.storage import RolloutStorage
+
+    slots = _by_slot(SimpleNamespace(store=world.store, keys={0: keys}), 0)
+    turns, seeds, starts, boot, order = [], [], [], [], []
+    for slot in sorted(slots):
+        rows = [(key, row, e) for key, row, e in slots[slot] if e["verlog_kind"] == "turn"]
+        facts = [_prompt_facts(world, row) for _, row, _ in rows]
+        turns.append([
+            Turn(e["verlog_episode_id"], e["verlog_turn_index"], row["prompts"].tolist(), row["responses"].tolist(),
+                 row["rollout_log_probs"].tolist(), reward=e["verlog_reward"], terminated=e["verlog_terminated"],
+                 info={"anchor": f"{seed}:{step}"} if step >= 1 else {})
+            for (_, row, e), (seed, step) in zip(rows, facts)
+        ])
+        seeds.append([seed for seed, _ in facts])
+        starts.append(facts[0][1] == 0)
+        boot_rows = [key for key, _, e in slots[slot] if e["verlog_kind"] == "bootstrap"]
+        boot.append(values[boot_rows[0]][0].item() if boot_rows else 0.0)
+        order += [key for key, _, _ in rows]
+    storage = RolloutStorage.from_batch(SlotBatch(turns, [[0]] * len(turns), starts, seeds))
+    width = storage.response_ids.shape[1]
+    storage.values = torch.zeros(storage.size, width + 1)
+    for i, key in enumerate(order):
+        n = len(values[key])
+        storage.values[i, :n] = values[key]
+        storage.token_rewards[i, :n] -= kl[key]
+    storage.bootstrap_values = torch.tensor(boot)
+    metrics = storage.compute_advantages(algo)
+    return storage, {key: i for i, key in enumerate(order)}, metrics
+
+
+@pytest.mark.parametrize("case", list(ESTIMATOR_SETTINGS))
+def test_every_estimator_on_verl_rows_equals_the_embedded_trainers(group_world, case):
+    """verl's batch as the trainer sees it (verl's padding rows, rows reordered, KL in the reward)
+    through ``algorithm.adv_estimator`` -> the advantages, returns and policy-loss masks the
+    trainer writes back equal the embedded trainer's ``RolloutStorage.compute_advantages`` (the
+    registry's ``estimate_advantages``) on the same turns, step after step (step 2 continues an
+    episode of step 1: not an episode start); the estimator's metrics too."""
+    from omegaconf import open_dict
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+
+    from verlog.algo.estimators import estimator_names, get_estimator
+    from verlog.config import AlgorithmConfig
+    from verlog.integrations.verl.trainer import VerlogPPOTrainer, check_verl_config
+
+    assert {c.split("+")[0] for c in ESTIMATOR_SETTINGS} == set(estimator_names())
+    name, overrides = case.split("+")[0], ESTIMATOR_SETTINGS[case]
+    critic, use_kl = get_estimator(name).needs_critic, not overrides.get("drop_uniform_groups")
+    config = copy.deepcopy(group_world.config)
+    with open_dict(config):
+        config.algorithm.use_kl_in_reward = use_kl
+        config.algorithm.adv_estimator = name
+        config.critic.enable = critic
+        config.verlog.advantage = {**config.verlog.get("advantage", {}), **overrides}
+    trainer = object.__new__(VerlogPPOTrainer)
+    trainer.config, trainer.spec = config, check_verl_config(config)
+    trainer.slot_episodes = {}
+    trainer.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
+    settings = trainer.spec.advantage_settings()
+    algo = AlgorithmConfig(**settings.model_dump())  # the embedded trainer's config, same values
+    gen = torch.Generator().manual_seed(11)
+    nonzero = 0
+    for step in (1, 2):
+        store = copy.deepcopy(group_world.store)
+        keys = list(group_world.keys[step])
+        values, kl = {}, {}
+        for key in keys:  # what verl's critic and actor passes would have written
+            row = store.rows["train"][key]
+            length = len(row["responses"])
+            values[key] = torch.randn(length, generator=gen)
+            old = row["rollout_log_probs"] + 0.01 * torch.randn(length, generator=gen)
+            ref = old - 0.5 * torch.rand(length, generator=gen)
+            row.update(old_log_probs=old, ref_log_prob=ref, **({"values": values[key]} if critic else {}))
+            kl[key] = 0.001 * (old - ref) if use_kl else torch.zeros(length)
+        metrics: dict = {}
+        with store.patch():
+            batch = KVBatchMeta(keys=keys, tags=[dict(store.tags["train"][k]) for k in keys], partition_id="train")
+            batch = upsample_batch_to_divisible_size(batch, 5, group_world.tokenizer.eos_token_id)
+            batch.reorder(list(torch.randperm(len(batch), generator=gen)))  # as verl's balancing does
+            trainer._compute_advantage(batch, metrics)
+        assert sum(bool(t.get("is_padding")) for t in batch.tags) > 0
+
+        storage, where, expected_metrics = _embedded_estimate(group_world, keys, values, kl, algo)
+        for key in keys:
+            row = store.rows["train"][key]
+            if key not in where:  # bootstrap rows train nothing
+                assert row["advantages"].abs().sum() == 0
+                continue
+            i, n = where[key], len(row["responses"])
+            torch.testing.assert_close(row["advantages"], storage.advantages[i, :n], atol=1e-5, rtol=1e-5)
+            returns = storage.returns if critic else storage.advantages  # verl's metrics read returns
+            torch.testing.assert_close(row["returns"], returns[i, :n], atol=1e-5, rtol=1e-5)
+            policy = storage.policy_mask[i, :n].long()
+            assert row["response_mask"].long().tolist() == policy.tolist()
+            assert row["loss_mask"].long().tolist() == policy.tolist()  # verl's token count for token-mean
+            nonzero += int(row["advantages"].abs().sum() > 0)
+        for key in batch.keys:
+            if key not in keys:  # verl's padding rows
+                assert store.rows["train"][key]["advantages"].abs().sum() == 0
+        for metric, value in expected_metrics.items():
+            assert metrics[f"verlog/adv/{metric}"] == pytest.approx(value, abs=1e-6), metric
+        if overrides.get("drop_uniform_groups") and step == 1:  # seed 1's group returns 1.0 twice
+            assert metrics["verlog/adv/dropped_group_frac"] == 0.5
+    assert (nonzero == 0) == (name == "zero")
