@@ -558,7 +558,8 @@ def test_slot_seeds_rotate_and_go_on_after_a_restart(sync_world):
 
 def test_whole_episode_training_rows_carry_next_state_rows(tmp_path, tiny_dir):
     """``verlog.turns_per_env: null``: each row plays one whole episode; its truncated last turn is
-    followed by its next-state row, and the episode's metrics sit on the last output (verl reads them there)."""
+    followed by its next-state row, and the episode's metrics sit on the last output (verl reads them
+    there). Slots of a group (``group_size: 2``) play the same seed; each episode opens at its first row."""
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
     from verl.utils import tensordict_utils as tu
     from verl.utils.dataset.rl_dataset import collate_fn
@@ -571,7 +572,7 @@ def test_whole_episode_training_rows_carry_next_state_rows(tmp_path, tiny_dir):
 
     (tmp_path / "capped.py").write_text(SYNC_GRAPH)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({
-        "verlog": {"num_envs": 2, "turns_per_env": None},
+        "verlog": {"num_envs": 4, "turns_per_env": None, "group_size": 2, "seed": 10},
         "actor_rollout_ref": {
             "model": {"path": "tiny"},
             "rollout": {"name": "sglang", "prompt_length": 256, "response_length": 4,
@@ -601,9 +602,15 @@ def test_whole_episode_training_rows_carry_next_state_rows(tmp_path, tiny_dir):
     with store.patch():
         asyncio.run(run())
     world = SimpleNamespace(store=store, keys={1: store.trajectory_keys("train")})
-    for rows in _by_slot(world, 1).values():
+    seeds = {}
+    for slot, rows in _by_slot(world, 1).items():
         assert [e["verlog_kind"] for _, _, e in rows] == ["turn", "turn", "next_state"]
         assert rows[-1][2]["reward_extra_info"]["episode_turns"] == 2.0
+        assert [e["verlog_starts_episode"] for _, _, e in rows[:2]] == [True, False]
+        seeds[slot] = {e["verlog_seed"] for _, _, e in rows[:2]}
+        text = load_tokenizer(tiny_dir).decode(rows[0][1]["prompts"].tolist())
+        assert seeds[slot] == {int(text.split("game ")[1].split(",")[0])}  # the seed the graph played
+    assert seeds == {0: {10}, 1: {10}, 2: {11}, 3: {11}}
 
 
 # ---------------------------------------------------------------------- every estimator, slot groups
