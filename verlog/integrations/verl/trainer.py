@@ -183,19 +183,21 @@ class VerlogPPOTrainer(PPOTrainerSync):
         # each turn's own reward (verl copied the call's last reward onto all of its rows)
         data.batch["rm_scores"] = data.batch["token_level_scores"]
         written = ["advantages", "returns", "token_level_rewards", "rm_scores"]
+        if data.batch["response_mask"] is not sampled_mask:
+            # the estimator left turns out of the policy loss: verl's losses read response_mask, and
+            # its engines count a batch's tokens (the token-mean's denominator) from loss_mask,
+            # stored as the sampled response_mask: both lose those turns
+            data.batch["loss_mask"] = data.batch["response_mask"]
+            written += ["response_mask", "loss_mask"]
         if correction is not None:  # ... then verl's rollout correction may mask tokens out of the losses
             from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 
             data, corr_metrics = compute_rollout_correction_and_add_to_batch(data, correction)
             metrics.update(corr_metrics)
+            if "response_mask" not in written:
+                written.append("response_mask")
             if "rollout_is_weights" in data.batch:
                 written.append("rollout_is_weights")
-        if correction is not None or data.batch["response_mask"] is not sampled_mask:
-            # tokens left out of the policy loss (the estimator's excluded turns, rejected tokens):
-            # verl's losses read response_mask, and its engines count a batch's tokens (the
-            # token-mean's denominator) from loss_mask, stored as the sampled response_mask
-            data.batch["loss_mask"] = data.batch["response_mask"]
-            written += ["response_mask", "loss_mask"]
         output = TensorDict(
             {name: response_to_nested(data.batch[name], nested_mask) for name in written}, batch_size=len(batch)
         )
