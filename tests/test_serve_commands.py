@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,21 @@ def test_commands_fail_clearly(capsys):
     assert "unknown model spec 'no-such-checkpoint'" in capsys.readouterr().err
     assert main(["serve", "graphs/missing.py", "--base-url", "http://127.0.0.1:1/v1", "--model", "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_taken_port_instead_of_printing_an_address_it_will_not_bind(capsys, tmp_path):
+    """LangGraph's server moves to another port when its port is taken; `verlog serve` would then
+    have printed an address that leads to whatever holds the port: it stops with one error line."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["serve", str(ROOT / "graphs" / "calculator.py"), "--base-url", "http://127.0.0.1:1/v1",
+                     "--model", "x", "--port", str(port), "--state-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"error: cannot serve on 127.0.0.1:{port}: the port is taken" in err and "--port" in err
+    assert "serving graph" not in err  # nothing announced
 
 
 def test_serve_settings_keep_the_key_off_the_disk(tmp_path):

@@ -32,6 +32,8 @@ from verlog.llm import VerlogChatModel
 from verlog.rollout import run_episode
 from verlog.serve import OpenAIServer, serve_in_thread
 
+from langgraph_server import free_port, running
+
 pytest.importorskip("langchain_openai")
 pytest.importorskip("langgraph_api")
 langgraph_sdk = pytest.importorskip("langgraph_sdk")
@@ -60,41 +62,6 @@ def engine(tiny_model, tiny_tokenizer):
     engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
     yield engine
     engine.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def running(cmd: list[str], env: dict[str, str], cwd: Path, port: int, log: Path) -> Iterator[str]:
-    """Run a LangGraph server process until its ``/ok`` answers; yield its URL; stop it."""
-    url = f"http://127.0.0.1:{port}"
-    with open(log, "w") as out:
-        process = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/ok", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the server did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.25)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 async def training_turns(engine, tokenizer, graph_path: Path, seeds, graph_kwargs, **sampling) -> dict[int, Any]:

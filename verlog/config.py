@@ -51,8 +51,9 @@ class LangGraphConfig(_Section):
 
     path: str = Field(description="a graphs/*.py file exposing build_graph(model, **graph_kwargs)")
     graph_config: dict[str, Any] = Field(
-        default_factory=lambda: {"recursion_limit": 100},
-        description=f"the run config of each episode; keys: {', '.join(RUN_CONFIG_KEYS)}",
+        default_factory=dict,
+        description=f"the run config of each episode; keys: {', '.join(RUN_CONFIG_KEYS)}; without a "
+        "recursion_limit, the graph's own (verlog's game graphs carry their longest episode's), else 100",
     )
     graph_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of build_graph")
 
@@ -76,10 +77,10 @@ class LangGraphConfig(_Section):
         unknown = sorted(set(value) - set(RUN_CONFIG_KEYS))
         if unknown:
             raise ValueError(f"unknown run-config key(s) {unknown}; allowed: {', '.join(RUN_CONFIG_KEYS)}")
-        limit = value.get("recursion_limit", 100)
+        limit = value.get("recursion_limit", 1)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ValueError(f"recursion_limit must be an integer >= 1, got {limit!r}")
-        return {"recursion_limit": limit, **value}
+        return value
 
 
 class MultiTurnConfig(_Section):

@@ -12,15 +12,28 @@
 
 The graph files ``graphs/babyai.py``, ``graphs/babaisai.py`` and ``graphs/crafter.py`` are thin
 wrappers choosing the game. Every node and router is ``async``: in an async run LangGraph
-executes sync functions in a thread pool, a thread hop per step. The live game objects stay outside the graph state (keyed by a
-per-episode id) so the state remains plain, checkpointable data. Games are built and reset in
-a worker thread (TextWorld generates a game on first use); steps run on the event loop.
+executes sync functions in a thread pool, a thread hop per step.
+
+**Games live outside the state, and can be rebuilt from it.** The live game objects are kept in
+the graph's own table (keyed by a per-episode id), so the state stays plain, checkpointable data;
+the state also holds what rebuilds the game: its seed (drawn in ``reset`` when the input gives
+none) and the answers it was stepped with (``actions``). A step whose game is not in the table
+(a restarted server resuming a thread from its checkpoint, another worker, a game evicted from
+the table) replays those answers on a fresh game of the same seed and checks it reaches the
+observation the state holds; a game that does not (not deterministic under its seed) fails the
+step with a clear error instead of playing on from another state. Finished games are closed at
+once; the table keeps at most ``MAX_LIVE_GAMES`` games and closes those idle for
+``IDLE_GAME_S`` seconds (a failed run's game), as both can be rebuilt. Games are built, reset
+and replayed in a worker thread (TextWorld generates a game on first use); steps run on the
+event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
+import time
 import uuid
 from collections import OrderedDict
 from typing import Any
@@ -35,8 +48,11 @@ from verlog.envs.family import check_protocol
 from verlog.envs.registry import make_env
 from verlog.rollout.events import areport_reward
 
-#: most games kept alive at once by one graph (episodes that crashed are evicted oldest first)
-MAX_LIVE_GAMES = 4096
+#: most games kept alive at once by one graph (the least recently stepped go first; a thread
+#: that goes on rebuilds its game from the state)
+MAX_LIVE_GAMES = 1024
+#: a game not stepped for this long is closed (its run failed or was abandoned; rebuilt if it goes on)
+IDLE_GAME_S = 900.0
 
 
 class GameState(TypedDict, total=False):
@@ -44,6 +60,8 @@ class GameState(TypedDict, total=False):
 
     seed: int
     game_id: str
+    #: the answers the game was stepped with, in order (with ``seed``: what rebuilds the game)
+    actions: list[str]
     instruction: str
     observation: str
     #: what of ``observation`` the history keeps (BALROG drops NetHack's inventory from past ones)
@@ -104,28 +122,52 @@ def build_env_graph(
     if balrog and history_turns is None:
         raise ValueError("protocol='balrog' keeps a fixed number of past observations: give history_turns (BALROG: 16)")
     policy_model = model.bind(max_tokens=max_tokens) if max_tokens else model
-    games: OrderedDict[str, TextEnv] = OrderedDict()
+    games = GameTable()
 
-    def game_of(state: GameState) -> TextEnv:
-        try:
-            return games[state["game_id"]]
-        except KeyError:
-            raise RuntimeError(f"game {state.get('game_id')!r} is not running (graph state from another process?)") from None
-
-    def start_game(seed: int | None) -> tuple[TextEnv, str]:
+    def start_game(seed: int) -> tuple[TextEnv, str]:
         env = make_env(env_name, protocol=protocol, **(env_kwargs or {}))
         return env, env.reset(seed)
 
+    def rebuild_game(state: GameState) -> TextEnv:
+        """The game of ``state`` rebuilt from its seed and answers (see the module docstring)."""
+        if "actions" not in state or state.get("seed") is None:
+            raise RuntimeError(
+                f"game {state.get('game_id')!r} is not running and the state cannot rebuild it "
+                "(no seed or answer log: a state saved by an older verlog?)"
+            )
+        env, observation = start_game(state["seed"])
+        for answer in state["actions"]:
+            observation = env.step(answer).observation
+        expected = state["observation"]
+        if balrog and observation != expected and expected.endswith(observation):
+            observation = expected  # BALROG's invalid-answer note is put before the game's text
+        if observation != expected:
+            env.close()
+            raise RuntimeError(
+                f"{env_name}: replaying the {len(state['actions'])} answers of game {state.get('game_id')!r} "
+                f"(seed {state['seed']}) did not reach the saved observation: the game is not deterministic "
+                "under its seed, so this thread cannot go on in a new process"
+            )
+        return env
+
+    async def game_of(state: GameState) -> TextEnv:
+        env = games.get(state["game_id"])
+        if env is None:  # another process's (or an evicted) game: rebuild it from the state
+            env = await asyncio.to_thread(rebuild_game, state)
+            games.add(state["game_id"], env)
+        return env
+
     async def reset(state: GameState) -> dict:
+        # the seed is drawn here when the input gives none, so that the state can rebuild the game
+        seed = state.get("seed")
+        seed = random.randrange(2**31) if seed is None else seed
         # in a worker thread: building a game can take seconds (TextWorld generates and compiles
         # one on first use), which must not stall the other episodes on the event loop
-        env, observation = await asyncio.to_thread(start_game, state.get("seed"))
+        env, observation = await asyncio.to_thread(start_game, seed)
         game_id = uuid.uuid4().hex
-        games[game_id] = env
-        while len(games) > MAX_LIVE_GAMES:
-            games.popitem(last=False)[1].close()
+        games.add(game_id, env)
         return {
-            "game_id": game_id, "observation": observation,
+            "seed": seed, "game_id": game_id, "actions": [], "observation": observation,
             "history_observation": str(getattr(env, "history_observation", None) or observation),
             "instruction": env.instruction if instruction is None
             else instruction.replace("{mission}", str(getattr(env, "mission", ""))),
@@ -150,7 +192,7 @@ def build_env_graph(
         return {"answer": answer.content if isinstance(answer.content, str) else str(answer.content)}
 
     async def environment(state: GameState) -> dict:
-        env = game_of(state)
+        env = await game_of(state)
         result = env.step(state["answer"])
         feedback, observation, answer = "", result.observation, state["answer"]
         invalid = not result.info.get("valid_action", True)
@@ -161,10 +203,10 @@ def build_env_graph(
         elif invalid:
             feedback = invalid_answer_feedback(str(result.info.get("action")))
         if result.done:
-            games.pop(state["game_id"], None)
-            env.close()
+            games.close(state["game_id"])
         past = state.get("history_observation", state["observation"]) if balrog else state["observation"]
         update = {
+            "actions": [*state.get("actions", []), state["answer"]],
             "history": [*state["history"], (past, answer)],
             "observation": observation,
             "history_observation": str(result.info.get("history_observation") or observation),
@@ -196,12 +238,72 @@ def build_env_graph(
         return END if state["done"] else "memory"
 
     graph.add_conditional_edges("environment", next_step, ["memory", END])
-    return graph.compile()
+    # the graph carries the recursion limit its longest episode needs, so every runner of it
+    # (LangGraph's server in any stream mode, ``graph.invoke``, verlog's runners when their config
+    # sets none) lets an episode end at the game's own step cap
+    cap = step_cap(env_name, protocol, env_kwargs or {})
+    return graph.compile().with_config(recursion_limit=recursion_limit_for(cap))
+
+
+class GameTable:
+    """The live games of one graph, by episode id: least recently stepped first, at most
+    ``MAX_LIVE_GAMES``, none idle longer than ``IDLE_GAME_S`` (every game dropped is closed)."""
+
+    def __init__(self, max_games: int | None = None, idle_s: float | None = None) -> None:
+        self.max_games = MAX_LIVE_GAMES if max_games is None else max_games
+        self.idle_s = IDLE_GAME_S if idle_s is None else idle_s
+        self._games: OrderedDict[str, tuple[TextEnv, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._games)
+
+    def __contains__(self, game_id: str) -> bool:
+        return game_id in self._games
+
+    def get(self, game_id: str) -> TextEnv | None:
+        """The game, marked as just used; ``None`` if it is not live."""
+        entry = self._games.pop(game_id, None)
+        if entry is None:
+            return None
+        self._games[game_id] = (entry[0], time.monotonic())
+        return entry[0]
+
+    def add(self, game_id: str, env: TextEnv) -> None:
+        """Keep ``env``; close the games over the size cap and those idle too long."""
+        self._games[game_id] = (env, time.monotonic())
+        horizon = time.monotonic() - self.idle_s
+        while self._games:
+            oldest_id, (oldest, used) = next(iter(self._games.items()))
+            if len(self._games) <= self.max_games and used >= horizon:
+                break
+            del self._games[oldest_id]
+            oldest.close()
+
+    def close(self, game_id: str) -> None:
+        """Close and forget a game (its episode ended)."""
+        entry = self._games.pop(game_id, None)
+        if entry is not None:
+            entry[0].close()
 
 
 def recursion_limit_for(max_steps: int) -> int:
     """A recursion limit that lets an episode of ``max_steps`` steps finish (3 nodes per step)."""
     return 3 * max_steps + 10
+
+
+def step_cap(env_name: str, protocol: str, env_kwargs: dict[str, Any]) -> int:
+    """The most steps an episode of ``env_name`` can last with these settings: the game's own cap,
+    read from a game built (and, where the level sets the cap, as in BALROG's BabyAI, reset) once."""
+    env = make_env(env_name, protocol=protocol, **env_kwargs)
+    try:
+        if not env.max_steps:
+            env.reset(0)
+        cap = int(env.max_steps)
+    finally:
+        env.close()
+    if cap < 1:
+        raise ValueError(f"{env_name}: the game reports no step cap (max_steps={cap}); give max_steps")
+    return cap
 
 
 def build_game_graph(

@@ -22,11 +22,27 @@ from verlog.rollout.recorder import TurnRecorder
 from verlog.rollout.turn import Episode
 
 
+#: the recursion limit of a run whose config sets none, of a graph that carries none of its own
+DEFAULT_RECURSION_LIMIT = 100
+
+
+def recursion_limit_of(graph: Any, graph_config: dict[str, Any] | None = None) -> int:
+    """The recursion limit a run of ``graph`` gets: ``graph_config``'s, else the graph's own (a
+    compiled graph's ``with_config(recursion_limit=...)``, as verlog's game graphs carry the limit
+    of their longest episode), else :data:`DEFAULT_RECURSION_LIMIT`."""
+    if graph_config and graph_config.get("recursion_limit") is not None:
+        return int(graph_config["recursion_limit"])
+    own = (getattr(graph, "config", None) or {}).get("recursion_limit")
+    return int(own) if own is not None else DEFAULT_RECURSION_LIMIT
+
+
 def episode_config(
-    graph_config: dict[str, Any] | None, episode_id: str, recorder: TurnRecorder
+    graph_config: dict[str, Any] | None, episode_id: str, recorder: TurnRecorder, graph: Any = None
 ) -> RunnableConfig:
-    """The run config of one episode: the user's ``graph_config`` plus the recorder and ids."""
+    """The run config of one episode: the user's ``graph_config`` plus the recorder and ids (and
+    the recursion limit, :func:`recursion_limit_of`)."""
     config: dict[str, Any] = dict(graph_config or {})
+    config["recursion_limit"] = recursion_limit_of(graph, graph_config)
     config["callbacks"] = [*(config.get("callbacks") or []), recorder]
     config["metadata"] = {**(config.get("metadata") or {}), EPISODE_ID_KEY: episode_id}
     configurable = dict(config.get("configurable") or {})
@@ -55,7 +71,7 @@ async def run_episode(
     """
     episode_id = episode_id or (recorder.episode_id if recorder else uuid.uuid4().hex)
     recorder = recorder or TurnRecorder(episode_id, keep_messages=keep_messages)
-    config = episode_config(graph_config, episode_id, recorder)
+    config = episode_config(graph_config, episode_id, recorder, graph)
     started = time.perf_counter()
     clock = clock or time.perf_counter
     deadline = None if timeout_s is None else clock() + timeout_s
@@ -77,7 +93,7 @@ async def run_episode(
         await asyncio.gather(task, return_exceptions=True)
         episode = recorder.episode("timeout", error=f"episode timed out after {timeout_s} s")
     elif isinstance(task.exception(), GraphRecursionError):
-        limit = config.get("recursion_limit", "default")
+        limit = config["recursion_limit"]
         episode = recorder.episode("recursion_limit", error=f"recursion limit {limit} reached: {task.exception()}")
     elif task.exception() is not None:  # any failure of the graph or its model calls
         exc = task.exception()

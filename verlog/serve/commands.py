@@ -191,7 +191,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=None, help="default temperature of every model call")
     p.add_argument("--max-tokens", type=int, default=None, help="default max_tokens of every model call")
     p.add_argument("--seed", type=int, default=None, help="sampling seed sent with every model call")
-    p.add_argument("--recursion-limit", type=int, default=100, help="LangGraph recursion limit of each run")
+    p.add_argument("--recursion-limit", type=int, default=None,
+                   help="LangGraph recursion limit of each run (default: the graph's own: verlog's game graphs carry "
+                   "the limit of their longest episode; 100 for a graph that sets none)")
     p.add_argument("--jobs", type=int, default=8, help="runs executed at once")
     p.add_argument("--allow-blocking", action="store_true",
                    help="let graph nodes make blocking calls (LangGraph's dev server refuses them by default)")

@@ -22,6 +22,13 @@ any OpenAI-compatible endpoint (verlog's ``serve-model``, vLLM, SGLang, OpenAI),
 ``VERLOG_API_KEY``              its API key (default: ``EMPTY``)
 ``VERLOG_TEMPERATURE``, ``VERLOG_MAX_TOKENS``, ``VERLOG_SEED``, ``VERLOG_TIMEOUT_S``,
 ``VERLOG_MAX_RETRIES``          defaults of every call (nodes still override with ``.bind``)
+``VERLOG_RECURSION_LIMIT``      every run's recursion limit (default: each graph's own, else 100)
+
+**Recursion limits.** Each served graph runs with its own limit (verlog's game graphs carry the
+limit of their longest episode, e.g. 394 for BabyAI's 128 steps) unless a run's config sets one,
+in every stream mode: with ``stream_mode`` including ``"events"`` LangGraph's server runs
+``astream_events``, whose config defaults fill in LangChain's 25 before the graph sees its own
+limit; :func:`with_own_recursion_limit` keeps the graph's instead.
 
 Rewards reported by environment nodes (``areport_reward``) are LangChain custom events: with no
 training recorder listening they change nothing, and a client streaming with
@@ -40,7 +47,7 @@ from verlog.graph_file import load_graph_file
 
 log = logging.getLogger(__name__)
 
-__all__ = ["chat_model_from_env", "build_served_graph", "graph_kwargs_from_env"]
+__all__ = ["chat_model_from_env", "build_served_graph", "graph_kwargs_from_env", "with_own_recursion_limit"]
 
 
 def chat_model_from_env(environ: dict[str, str] | None = None) -> Any:
@@ -87,9 +94,50 @@ def graph_kwargs_from_env() -> dict[str, Any]:
     return kwargs
 
 
+def recursion_limit_from_env() -> int | None:
+    """``$VERLOG_RECURSION_LIMIT`` (``verlog serve --recursion-limit``), or ``None``."""
+    raw = os.environ.get("VERLOG_RECURSION_LIMIT") or ""
+    if not raw:
+        return None
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise ValueError(f"$VERLOG_RECURSION_LIMIT={raw!r} must be an integer >= 1")
+    return limit
+
+
+def with_own_recursion_limit(graph: Any, limit: int | None = None) -> Any:
+    """``graph`` running with ``limit`` (default: its own, else 100) whenever a run's config sets
+    none, also under ``astream_events`` (which LangGraph's server uses for ``stream_mode``
+    ``"events"``, and which otherwise gives the graph LangChain's default of 25)."""
+    from langgraph.pregel import Pregel
+
+    from verlog.rollout.runner import recursion_limit_of
+
+    if not isinstance(graph, Pregel):  # not a compiled LangGraph graph: LangGraph's server runs it as it is
+        return graph
+    limit = limit if limit is not None else recursion_limit_of(graph)
+    graph = graph.with_config(recursion_limit=limit)
+    base = type(graph)
+
+    async def astream_events(self: Any, input: Any, config: Any = None, **kwargs: Any):
+        config = dict(config or {})
+        if config.get("recursion_limit") is None:
+            config["recursion_limit"] = self.config["recursion_limit"]
+        async for event in base.astream_events(self, input, config, **kwargs):
+            yield event
+
+    served = type(base.__name__, (base,), {"astream_events": astream_events, "__module__": base.__module__})
+    return served(**{k: v for k, v in graph.__dict__.items() if k != "__orig_class__"})
+
+
 def build_served_graph(path: str | Path, model: Any, **graph_kwargs: Any) -> Any:
-    """Build the graph file at ``path`` around ``model`` (the file is used unchanged)."""
-    return load_graph_file(path).build(model, **graph_kwargs)
+    """Build the graph file at ``path`` around ``model`` (the file is used unchanged), with its
+    recursion limit kept in every stream mode (:func:`with_own_recursion_limit`)."""
+    graph = load_graph_file(path).build(model, **graph_kwargs)
+    return with_own_recursion_limit(graph, recursion_limit_from_env())
 
 
 def _build_all() -> dict[str, Any]:

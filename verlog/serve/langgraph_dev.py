@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -44,7 +45,8 @@ class GraphServeSettings:
     temperature: float | None = None
     max_tokens: int | None = None
     seed: int | None = None
-    recursion_limit: int = 100
+    #: every run's recursion limit; ``None``: the graph's own (see :func:`verlog.serve.langgraph_app.with_own_recursion_limit`)
+    recursion_limit: int | None = None
     jobs_per_worker: int | None = None
     allow_blocking: bool = False
     state_dir: Path | None = None
@@ -84,8 +86,9 @@ def server_environment(settings: GraphServeSettings, base: dict[str, str] | None
         "VERLOG_GRAPHS_DIR": "",  # serve only this graph
         "VERLOG_BASE_URL": settings.base_url,
         "VERLOG_MODEL": settings.model,
-        "LANGGRAPH_DEFAULT_RECURSION_LIMIT": str(settings.recursion_limit),
     })
+    if settings.recursion_limit is not None:
+        env["VERLOG_RECURSION_LIMIT"] = str(settings.recursion_limit)
     if settings.api_key:
         env["VERLOG_API_KEY"] = settings.api_key
     for name, value in (("VERLOG_TEMPERATURE", settings.temperature), ("VERLOG_MAX_TOKENS", settings.max_tokens),
@@ -124,10 +127,34 @@ def check_installed() -> None:
         )
 
 
+def port_is_free(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be bound, tested as LangGraph's server tests it before binding."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_port(settings: GraphServeSettings) -> None:
+    """Fail when the port is taken: LangGraph's server would then quietly bind another port, and
+    the address ``verlog serve`` prints would lead clients to whatever holds this one."""
+    if not port_is_free(settings.host, settings.port):
+        raise RuntimeError(
+            f"cannot serve on {settings.host}:{settings.port}: the port is taken (another server?); "
+            "choose a free one with --port"
+        )
+
+
 def prepare(settings: GraphServeSettings) -> tuple[list[str], dict[str, str], Path]:
-    """Check the graph file, write ``langgraph.json``; return (command, environment, working dir)."""
+    """Check the graph file and the port, write ``langgraph.json``; return (command, environment,
+    working dir)."""
     check_installed()
     load_graph_file(settings.graph)  # a broken file fails here, with verlog's clear message
+    check_port(settings)
     folder = state_dir_for(settings)
     folder.mkdir(parents=True, exist_ok=True)
     config_path = folder / "langgraph.json"
