@@ -280,3 +280,33 @@ def test_registry_builds_balrogs_variant_under_its_protocol(name: str, cls: type
     from verlog.envs.registry import make_env
 
     assert isinstance(make_env(name, protocol="balrog"), cls)
+
+
+async def test_the_invalid_answer_note_heads_the_long_term_part_as_in_balrog() -> None:
+    """BALROG prepends its note to the observation's long-term context: the current observation
+    shows the inventory (short-term), then the note, then the rest; the history keeps the note."""
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+
+    from verlog.envs import balrog_protocol
+    from verlog.envs.agent_graph import build_game_graph
+
+    prompts: list = []
+
+    class Recording(GenericFakeChatModel):
+        async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):  # type: ignore[override]
+            prompts.append(messages)
+            return await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+    answers = ["Let me think.", "south", "east"]
+    graph = build_game_graph(Recording(messages=iter(AIMessage(a) for a in answers)), "minihack:MazeWalk-9x9",
+                             protocol="balrog", max_steps=3)
+    state = await graph.ainvoke({"seed": 0})
+    note = balrog_protocol.invalid_answer_note("north")
+    current = prompts[1][-1].content  # after the invalid answer
+    inventory, rest = current.split(note)
+    assert inventory.startswith("Current Observation:\ninventory:\n") and rest.startswith("message:\n")
+    past = prompts[2][-3].content  # the same observation, now in the history: the note, no inventory
+    assert past == f"Observation:\n{note}{rest.split(chr(10) + chr(10) + balrog_protocol.ANSWER_RULE)[0]}"
+    assert "inventory:" not in past
+    assert state["history"][1][0].startswith(note)

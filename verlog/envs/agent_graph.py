@@ -43,7 +43,7 @@ from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
 from verlog.envs import balrog_protocol
-from verlog.envs.base import TextEnv
+from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
 from verlog.envs.registry import make_env
 from verlog.rollout.events import areport_reward
@@ -137,11 +137,8 @@ def build_env_graph(
             )
         env, observation = start_game(state["seed"])
         for answer in state["actions"]:
-            observation = env.step(answer).observation
-        expected = state["observation"]
-        if balrog and observation != expected and expected.endswith(observation):
-            observation = expected  # BALROG's invalid-answer note is put before the game's text
-        if observation != expected:
+            observation = shown(env.step(answer))[0]
+        if observation != state["observation"]:
             env.close()
             raise RuntimeError(
                 f"{env_name}: replaying the {len(state['actions'])} answers of game {state.get('game_id')!r} "
@@ -149,6 +146,25 @@ def build_env_graph(
                 "under its seed, so this thread cannot go on in a new process"
             )
         return env
+
+    def shown(result: StepResult) -> tuple[str, str, str]:
+        """What the state keeps of a step: ``(observation, history_observation, feedback)``.
+
+        Under BALROG's protocol an invalid answer's note goes where BALROG puts it: at the head of
+        the observation's long-term part (what the history keeps: for NetHack and MiniHack, all
+        but the inventory, which the current observation shows first), so the history keeps it
+        too. Under verlog's, the note is ``feedback``, shown once before the next observation.
+        """
+        observation = result.observation
+        past = str(result.info.get("history_observation") or observation)
+        if result.info.get("valid_action", True):
+            return observation, past, ""
+        executed = str(result.info.get("action"))
+        if not balrog:
+            return observation, past, invalid_answer_feedback(executed)
+        head = observation[: len(observation) - len(past)] if observation.endswith(past) else ""
+        noted = balrog_protocol.invalid_answer_note(executed) + past
+        return (head + noted if head else balrog_protocol.invalid_answer_note(executed) + observation), noted, ""
 
     async def game_of(state: GameState) -> TextEnv:
         env = games.get(state["game_id"])
@@ -194,14 +210,9 @@ def build_env_graph(
     async def environment(state: GameState) -> dict:
         env = await game_of(state)
         result = env.step(state["answer"])
-        feedback, observation, answer = "", result.observation, state["answer"]
-        invalid = not result.info.get("valid_action", True)
-        if balrog:  # BALROG puts its note into the observation and keeps the cleaned answer
-            answer = balrog_protocol.clean_answer(answer)
-            if invalid:
-                observation = balrog_protocol.invalid_answer_note(str(result.info.get("action"))) + observation
-        elif invalid:
-            feedback = invalid_answer_feedback(str(result.info.get("action")))
+        observation, history_observation, feedback = shown(result)
+        # BALROG's history keeps the answer as it checked it
+        answer = balrog_protocol.clean_answer(state["answer"]) if balrog else state["answer"]
         if result.done:
             games.close(state["game_id"])
         past = state.get("history_observation", state["observation"]) if balrog else state["observation"]
@@ -209,7 +220,7 @@ def build_env_graph(
             "actions": [*state.get("actions", []), state["answer"]],
             "history": [*state["history"], (past, answer)],
             "observation": observation,
-            "history_observation": str(result.info.get("history_observation") or observation),
+            "history_observation": history_observation,
             "feedback": feedback,
             "steps": state["steps"] + 1,
             "episode_return": state["episode_return"] + result.reward,
