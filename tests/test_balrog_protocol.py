@@ -20,7 +20,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from verlog.envs import balrog_protocol
 from verlog.envs.base import play_steps
 from verlog.envs.family import BalrogSettings, EnvFamily, families, get_family, register_family
-from verlog.envs.play import make_bot, model_message
+from verlog.envs.play import RULE, make_bot, model_message
 from verlog.envs.registry import list_envs, make_env
 
 SUITE = Path(__file__).resolve().parents[1] / "configs" / "suites" / "balrog.yaml"
@@ -272,6 +272,39 @@ def test_play_shows_only_what_the_model_reads() -> None:
     assert "Valid actions" not in text and "Current Observation:" in text
     assert balrog_protocol.ANSWER_RULE in text
     assert model_message("obs", "", "verlog") == "Current Observation:\nobs"
+
+
+@pytest.mark.parametrize("name", ["babyai:goto", "crafter", "babaisai:goto_win"])
+def test_play_random_and_bots_answer_in_balrogs_format(name: str) -> None:
+    """Scripted players answer ``ACTION: <action>`` (verlog's format); under BALROG's protocol
+    ``verlog play`` passes the action alone, which BALROG's exact-match rule accepts."""
+    from verlog.envs.play import play
+
+    for agent in ("random", "bot"):
+        lines: list[str] = []
+        summary = play(name, seed=3, agent=agent, max_steps=12, print_fn=lines.append, protocol="balrog")
+        answers = [line for line in lines if line.startswith("> ")]
+        assert answers and not any("ACTION" in a for a in answers), answers
+        assert not any("(invalid answer)" in line for line in lines), agent
+        assert summary["steps"] == len(answers)
+    assert balrog_protocol.bare_answer("I go on.\nACTION: go forward ") == "go forward"
+    assert balrog_protocol.bare_answer(" north") == "north"
+
+
+def test_play_puts_balrogs_note_where_the_graph_does() -> None:
+    """After an invalid answer NetHack's next message shows the inventory, then BALROG's note,
+    then the rest, as the graph's prompt does (the note heads the long-term part)."""
+    pytest.importorskip("minihack")
+    from verlog.envs.play import play
+
+    lines: list[str] = []
+    typed = iter(["zap", "quit"])
+    play("minihack:MazeWalk-9x9", seed=0, agent="human", input_fn=lambda _prompt: next(typed),
+         print_fn=lines.append, protocol="balrog")
+    second = next(line for line in lines if line.startswith(f"{RULE}\nTURN 2"))
+    note = balrog_protocol.invalid_answer_note("north")
+    before, after = second.split(note)
+    assert "inventory:" in before and after.startswith("message:\n") and "inventory:" not in after
 
 
 # --------------------------------------------------------------------------------------------

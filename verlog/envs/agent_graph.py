@@ -95,6 +95,27 @@ def invalid_answer_feedback(executed: str) -> str:
     return f"Your last answer named no valid action, so '{executed}' was done instead."
 
 
+def shown_step(result: StepResult, protocol: str) -> tuple[str, str, str]:
+    """What a game graph keeps of a step: ``(observation, history_observation, feedback)``.
+
+    Under BALROG's protocol an invalid answer's note goes where BALROG puts it: at the head of the
+    observation's long-term part (what the history keeps: for NetHack and MiniHack, all but the
+    inventory, which only the current observation shows, first), so the history keeps it too.
+    Under verlog's, the note is ``feedback``, shown once before the next observation.
+    """
+    observation = result.observation
+    past = str(result.info.get("history_observation") or observation)
+    if result.info.get("valid_action", True):
+        return observation, past, ""
+    executed = str(result.info.get("action"))
+    if protocol != "balrog":
+        return observation, past, invalid_answer_feedback(executed)
+    note = balrog_protocol.invalid_answer_note(executed)
+    if observation.endswith(past):  # the short-term part (if any) comes first, then the long-term
+        return observation[: len(observation) - len(past)] + note + past, note + past, ""
+    return note + observation, note + past, ""
+
+
 def build_env_graph(
     model: Any,
     env_name: str,
@@ -148,23 +169,7 @@ def build_env_graph(
         return env
 
     def shown(result: StepResult) -> tuple[str, str, str]:
-        """What the state keeps of a step: ``(observation, history_observation, feedback)``.
-
-        Under BALROG's protocol an invalid answer's note goes where BALROG puts it: at the head of
-        the observation's long-term part (what the history keeps: for NetHack and MiniHack, all
-        but the inventory, which the current observation shows first), so the history keeps it
-        too. Under verlog's, the note is ``feedback``, shown once before the next observation.
-        """
-        observation = result.observation
-        past = str(result.info.get("history_observation") or observation)
-        if result.info.get("valid_action", True):
-            return observation, past, ""
-        executed = str(result.info.get("action"))
-        if not balrog:
-            return observation, past, invalid_answer_feedback(executed)
-        head = observation[: len(observation) - len(past)] if observation.endswith(past) else ""
-        noted = balrog_protocol.invalid_answer_note(executed) + past
-        return (head + noted if head else balrog_protocol.invalid_answer_note(executed) + observation), noted, ""
+        return shown_step(result, protocol)
 
     async def game_of(state: GameState) -> TextEnv:
         env = games.get(state["game_id"])

@@ -23,7 +23,7 @@ The wording of the instruction and of the notes is verlog's own (the facts are B
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Any, Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
@@ -51,6 +51,26 @@ def parse_answer(answer: str, valid_actions: Sequence[str]) -> str | None:
     or ``None`` when it names none."""
     cleaned = clean_answer(answer)
     return cleaned if cleaned in valid_actions else None
+
+
+def bare_answer(answer: str) -> str:
+    """An answer in verlog's format (reasoning, then ``ACTION: <action>``) as BALROG's naive agent
+    gives it: the action alone (an answer without ``ACTION:`` is returned stripped)."""
+    return answer.rpartition("ACTION:")[2].strip()
+
+
+class BareAnswers:
+    """A scripted player (oracle, random valid actions) answering in BALROG's format: the
+    ``ACTION:`` part of its answers alone, which BALROG's exact-match rule accepts."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+
+    def reset(self) -> None:
+        self.agent.reset()
+
+    def act(self, observation: str) -> str:
+        return bare_answer(self.agent.act(observation))
 
 
 def invalid_answer_note(default_action: str) -> str:

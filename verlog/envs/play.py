@@ -16,7 +16,7 @@ import re
 from typing import Any, Callable
 
 from verlog.envs import balrog_protocol
-from verlog.envs.agent_graph import build_prompt, invalid_answer_feedback
+from verlog.envs.agent_graph import build_prompt, shown_step
 from verlog.envs.base import TextAgent, TextEnv
 from verlog.envs.family import get_family
 from verlog.envs.registry import make_env
@@ -37,9 +37,10 @@ def make_bot(env: TextEnv, name: str | None = None) -> TextAgent | None:
 
 def model_message(observation: str, feedback: str, protocol: str) -> str:
     """The newest user message a game graph sends the model for ``observation`` (``feedback``:
-    the note after an invalid answer), exactly as the graphs build it."""
+    verlog's note after an invalid answer; BALROG's is inside the observation), exactly as the
+    graphs build it."""
     if protocol == "balrog":
-        return balrog_protocol.build_prompt("", [], feedback + observation)[-1].text
+        return balrog_protocol.build_prompt("", [], observation)[-1].text
     return build_prompt("", [], observation, 0, feedback)[-1].text
 
 
@@ -74,6 +75,8 @@ def play(
         from verlog.envs.nle_agents import RandomTextAgent
 
         bot = RandomTextAgent(env.valid_actions, seed=seed or 0)
+    if bot is not None and protocol == "balrog":  # bots answer in verlog's format
+        bot = balrog_protocol.BareAnswers(bot)
     if bot is not None:
         bot.reset()
 
@@ -99,11 +102,7 @@ def play(
         info = result.info
         valid = "" if info.get("valid_action", True) else " (invalid answer)"
         print_fn(f"executed: {info.get('action')}{valid}  reward: {result.reward:+.2f}")
-        observation, feedback = result.observation, ""
-        if not info.get("valid_action", True):
-            executed = str(info.get("action"))
-            feedback = (balrog_protocol.invalid_answer_note(executed) if protocol == "balrog"
-                        else invalid_answer_feedback(executed))
+        observation, _, feedback = shown_step(result, protocol)
         if result.done:
             end = "terminated" if result.terminated else "truncated"
             print_fn(f"{RULE}\nFINAL OBSERVATION\n{RULE}\n{observation}")
