@@ -210,7 +210,29 @@ class CriticConfig(OptimConfig):
     gradient_checkpointing: bool = False
 
 
-class AlgorithmConfig(_Section):
+class AdvantageConfig(_Section):
+    """The settings advantage estimators read (``verlog.algo.estimators``' ``AdvantageSettings``
+    less the estimator's name): the embedded trainer's ``algorithm:`` block and verl's
+    ``verlog.advantage`` share them, with the same meanings and defaults."""
+
+    gamma_step: float = Field(0.99, ge=0, le=1)
+    lam_step: float = Field(0.95, ge=0, le=1)
+    gamma_token: float = Field(1.0, ge=0, le=1)
+    lam_token: float = Field(1.0, ge=0, le=1)
+    whiten_advantages: bool = True
+    group_norm: Literal["mean_std", "mean"] | None = Field(
+        None, description="grpo/gigpo: divide group-centred returns by the group's std (mean_std) or not (mean); "
+        "null: each paper's default (grpo: mean_std, gigpo: mean)"
+    )
+    gigpo_step_weight: float = Field(1.0, ge=0, description="gigpo: weight omega of the step-level advantage")
+    gigpo_gamma: float = Field(0.95, ge=0, le=1, description="gigpo: discount of the step returns")
+    drop_uniform_groups: bool = Field(
+        False, description="DAPO's dynamic sampling: groups whose episodes all have the same return leave the "
+        "policy loss (group estimators; dropped, not refilled: fixed-turn batches)"
+    )
+
+
+class AlgorithmConfig(AdvantageConfig):
     """Advantages and PPO losses. The defaults are Verlog's (github.com/WentseChen/Verlog, for
     3B instruct models): dual-discount GAE with gamma_step 0.99, lam_step 0.95, gamma_token =
     lam_token = 1 (the recursion is written out in ``verlog/algo/gae.py``), whitened advantages,
@@ -222,11 +244,6 @@ class AlgorithmConfig(_Section):
         "GAE with the critic), grpo, gigpo, rloo, reinforce_pp (no critic), zero (advantages zeroed: a control "
         "that must not learn); see docs/algorithms.md",
     )
-    gamma_step: float = Field(0.99, ge=0, le=1)
-    lam_step: float = Field(0.95, ge=0, le=1)
-    gamma_token: float = Field(1.0, ge=0, le=1)
-    lam_token: float = Field(1.0, ge=0, le=1)
-    whiten_advantages: bool = True
     ppo_epochs: int = Field(1, ge=1)
     mini_batch_turns: int = Field(256, ge=1, description="turns per optimizer step")
     micro_batch_tokens: int = Field(16384, ge=1, description="token budget of one forward/backward pass")
@@ -244,16 +261,6 @@ class AlgorithmConfig(_Section):
     )
     loss_aggregation: Literal["token_mean", "sequence_mean"] = Field(
         "token_mean", description="token_mean: every token weighs the same (DAPO); sequence_mean: per turn first (GRPO, GSPO)"
-    )
-    group_norm: Literal["mean_std", "mean"] | None = Field(
-        None, description="grpo/gigpo: divide group-centred returns by the group's std (mean_std) or not (mean); "
-        "null: each paper's default (grpo: mean_std, gigpo: mean)"
-    )
-    gigpo_step_weight: float = Field(1.0, ge=0, description="gigpo: weight omega of the step-level advantage")
-    gigpo_gamma: float = Field(0.95, ge=0, le=1, description="gigpo: discount of the step returns")
-    drop_uniform_groups: bool = Field(
-        False, description="DAPO's dynamic sampling: groups whose episodes all have the same return leave the "
-        "policy loss (group estimators; dropped, not refilled: fixed-turn batches)"
     )
     value_clip: float | None = Field(0.5, gt=0, description="value-loss clip (null: off)")
     first_value_weight: float = Field(3.0, gt=0, description="weight of a turn's V(s_k) in the value loss")

@@ -23,7 +23,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from verlog.config import ConfigError, CriticWarmupConfig, MultiTurnConfig, _describe
+from verlog.config import AdvantageConfig, ConfigError, CriticWarmupConfig, MultiTurnConfig, _describe
 
 __all__ = [
     "AGENT_NAME",
@@ -56,25 +56,10 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class VerlAdvantageConfig(_Section):
+class VerlAdvantageConfig(AdvantageConfig):
     """The advantage estimator's settings (``verlog.advantage``): the keys of the embedded
-    trainer's ``algorithm:`` block that estimators read, with the same meaning and defaults."""
-
-    gamma_step: float = Field(0.99, ge=0, le=1, description="discount across turns (gae, zero, reinforce_pp)")
-    lam_step: float = Field(0.95, ge=0, le=1, description="GAE's lambda across turns (gae, zero)")
-    gamma_token: float = Field(1.0, ge=0, le=1, description="discount inside a response (gae, zero, reinforce_pp)")
-    lam_token: float = Field(1.0, ge=0, le=1, description="GAE's lambda inside a response: 1 under verl (gae, zero)")
-    whiten_advantages: bool = Field(True, description="advantages to mean 0, std 1 over the tokens the policy loss uses")
-    group_norm: Literal["mean_std", "mean"] | None = Field(
-        None, description="grpo/gigpo: divide group-centred returns by the group's std (mean_std) or not (mean); "
-        "null: each paper's default (grpo: mean_std, gigpo: mean)"
-    )
-    gigpo_step_weight: float = Field(1.0, ge=0, description="gigpo: weight omega of the step-level advantage")
-    gigpo_gamma: float = Field(0.95, ge=0, le=1, description="gigpo: discount of the step returns")
-    drop_uniform_groups: bool = Field(
-        False, description="DAPO's dynamic sampling: groups whose episodes all have the same return leave the "
-        "policy loss (group estimators; dropped, not refilled)"
-    )
+    trainer's ``algorithm:`` block that estimators read, with the same meaning and defaults
+    (``lam_token`` must stay 1 under verl with a critic: ``check_verl_config``)."""
 
 
 class EstimatorSettings(VerlAdvantageConfig):
