@@ -69,6 +69,34 @@ def build_graph(model, fail_seeds=()):
 NUM_ENVS, TURNS = 2, 3
 
 
+def dataset_batch(files, step, validate=False, episodes_started=None):
+    """A rollout batch of verlog's dataset rows, as verl's trainer builds one for step ``step``."""
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from verlog.integrations.verl.dataset import VerlogRows
+
+    rows = VerlogRows(files)
+    if episodes_started is not None:  # as the trainer restores them from a checkpoint
+        rows.episodes_started = episodes_started
+    data = collate_fn([rows[i] for i in range(len(rows))])
+    data["uid"] = np.array([uuid.uuid4().hex for _ in range(len(rows))], dtype=object)
+    batch = tu.get_tensordict(data)
+    tu.assign_non_tensor_data(batch, "global_steps", step)
+    if validate:
+        tu.assign_non_tensor_data(batch, "validate", True)
+    return batch
+
+
+async def rollout_step(worker, store, batch, partition="train") -> list[str]:
+    """One agent-loop call of verl's worker on ``batch``; the trajectory keys it added."""
+    before = set(store.trajectory_keys(partition))
+    await asyncio.wait_for(worker.generate_sequences(batch), 120)
+    while worker.background_tasks:
+        await asyncio.sleep(0.02)
+    return [k for k in store.trajectory_keys(partition) if k not in before]
+
+
 def _rows(store, partition, keys):
     """Stored rows by key, with their extra fields as plain dicts."""
     return {k: store.rows[partition][k] for k in keys}
@@ -78,12 +106,9 @@ def _rows(store, partition, keys):
 def world(tmp_path_factory, tiny_dir):
     """Two verl training steps and one validation batch through verl's real agent-loop worker."""
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
-    from verl.utils import tensordict_utils as tu
-    from verl.utils.dataset.rl_dataset import collate_fn
 
     from verlog.backends.embedded import EmbeddedEngine
     from verlog.integrations.verl.agent_loop import close_slots
-    from verlog.integrations.verl.dataset import VerlogRows
     from verlog.integrations.verl.launch import compose_verl_config
     from verlog.integrations.verl.local import EngineServerClient, MemoryTransferQueue
     from verlog.models import load_causal_lm, load_tokenizer
@@ -110,31 +135,15 @@ def world(tmp_path_factory, tiny_dir):
     tokenizer = load_tokenizer(tiny_dir)
     keys_by_step: dict[int, list[str]] = {}
 
-    def dataset_batch(files, step, validate=False):  # as verl's trainer builds a rollout batch
-        rows = VerlogRows(files)
-        data = collate_fn([rows[i] for i in range(len(rows))])
-        data["uid"] = np.array([uuid.uuid4().hex for _ in range(len(rows))], dtype=object)
-        batch = tu.get_tensordict(data)
-        tu.assign_non_tensor_data(batch, "global_steps", step)
-        if validate:
-            tu.assign_non_tensor_data(batch, "validate", True)
-        return batch
-
     async def run():
         engine = EmbeddedEngine(load_causal_lm(tiny_dir), tokenizer, max_batch_size=8, seed=0)
         client = EngineServerClient(engine)
         worker = AgentLoopWorkerTQ.__ray_actor_class__(config, client, None, None)
         try:
             for step in (1, 2):
-                before = set(store.trajectory_keys("train"))
                 client.global_steps = step - 1  # the weights a sync step generates with
-                await worker.generate_sequences(dataset_batch(config.data.train_files, step))
-                while worker.background_tasks:
-                    await asyncio.sleep(0.02)
-                keys_by_step[step] = [k for k in store.trajectory_keys("train") if k not in before]
-            await worker.generate_sequences(dataset_batch(config.data.val_files, 2, validate=True))
-            while worker.background_tasks:
-                await asyncio.sleep(0.02)
+                keys_by_step[step] = await rollout_step(worker, store, dataset_batch(config.data.train_files, step))
+            await rollout_step(worker, store, dataset_batch(config.data.val_files, 2, validate=True))
         finally:
             await close_slots()
             await engine.aclose()
@@ -404,12 +413,9 @@ def build_graph(model, cap=3):
 def sync_world(tmp_path_factory, tiny_dir):
     """Two verl training steps of a graph whose nodes are all sync, through verl's agent-loop worker."""
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
-    from verl.utils import tensordict_utils as tu
-    from verl.utils.dataset.rl_dataset import collate_fn
 
     from verlog.backends.embedded import EmbeddedEngine
     from verlog.integrations.verl.agent_loop import close_slots
-    from verlog.integrations.verl.dataset import VerlogRows
     from verlog.integrations.verl.launch import compose_verl_config
     from verlog.integrations.verl.local import EngineServerClient, MemoryTransferQueue
     from verlog.models import load_causal_lm, load_tokenizer
@@ -437,16 +443,7 @@ def sync_world(tmp_path_factory, tiny_dir):
         worker = AgentLoopWorkerTQ.__ray_actor_class__(config, client, None, None)
         try:
             for step in (1, 2):
-                rows = VerlogRows(config.data.train_files)
-                data = collate_fn([rows[i] for i in range(len(rows))])
-                data["uid"] = np.array([uuid.uuid4().hex for _ in range(len(rows))], dtype=object)
-                batch = tu.get_tensordict(data)
-                tu.assign_non_tensor_data(batch, "global_steps", step)
-                before = set(store.trajectory_keys("train"))
-                await asyncio.wait_for(worker.generate_sequences(batch), 120)
-                while worker.background_tasks:
-                    await asyncio.sleep(0.02)
-                keys_by_step[step] = [k for k in store.trajectory_keys("train") if k not in before]
+                keys_by_step[step] = await rollout_step(worker, store, dataset_batch(config.data.train_files, step))
             # a restart: the slots are gone; the rows carry the counters the last step reported
             # (as the trainer restores them from a checkpoint), so seeds go on
             reported = {}
@@ -454,17 +451,8 @@ def sync_world(tmp_path_factory, tiny_dir):
                 summary = store.rows["train"][key]["extra_fields"]["verlog_summary"]
                 reported.update((summary or {}).get("episodes_started", {}))
             await close_slots()
-            rows = VerlogRows(config.data.train_files)
-            rows.episodes_started = reported
-            data = collate_fn([rows[i] for i in range(len(rows))])
-            data["uid"] = np.array([uuid.uuid4().hex for _ in range(len(rows))], dtype=object)
-            batch = tu.get_tensordict(data)
-            tu.assign_non_tensor_data(batch, "global_steps", 3)
-            before = set(store.trajectory_keys("train"))
-            await asyncio.wait_for(worker.generate_sequences(batch), 120)
-            while worker.background_tasks:
-                await asyncio.sleep(0.02)
-            keys_by_step[3] = [k for k in store.trajectory_keys("train") if k not in before]
+            keys_by_step[3] = await rollout_step(
+                worker, store, dataset_batch(config.data.train_files, 3, episodes_started=reported))
         finally:
             await close_slots()
             await engine.aclose()
@@ -561,11 +549,8 @@ def test_whole_episode_training_rows_carry_next_state_rows(tmp_path, tiny_dir):
     followed by its next-state row, and the episode's metrics sit on the last output (verl reads them
     there). Slots of a group (``group_size: 2``) play the same seed; each episode opens at its first row."""
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
-    from verl.utils import tensordict_utils as tu
-    from verl.utils.dataset.rl_dataset import collate_fn
 
     from verlog.backends.embedded import EmbeddedEngine
-    from verlog.integrations.verl.dataset import VerlogRows
     from verlog.integrations.verl.launch import compose_verl_config
     from verlog.integrations.verl.local import EngineServerClient, MemoryTransferQueue
     from verlog.models import load_causal_lm, load_tokenizer
@@ -588,14 +573,7 @@ def test_whole_episode_training_rows_carry_next_state_rows(tmp_path, tiny_dir):
         engine = EmbeddedEngine(load_causal_lm(tiny_dir), load_tokenizer(tiny_dir), max_batch_size=8, seed=0)
         worker = AgentLoopWorkerTQ.__ray_actor_class__(config, EngineServerClient(engine), None, None)
         try:
-            rows = VerlogRows(config.data.train_files)
-            data = collate_fn([rows[i] for i in range(len(rows))])
-            data["uid"] = np.array([uuid.uuid4().hex for _ in range(len(rows))], dtype=object)
-            batch = tu.get_tensordict(data)
-            tu.assign_non_tensor_data(batch, "global_steps", 1)
-            await asyncio.wait_for(worker.generate_sequences(batch), 120)
-            while worker.background_tasks:
-                await asyncio.sleep(0.02)
+            await rollout_step(worker, store, dataset_batch(config.data.train_files, 1))
         finally:
             await engine.aclose()
 
@@ -671,12 +649,9 @@ def group_world(tmp_path_factory, tiny_dir):
                 group 1: seed 2 (2 turns, done), seed 5 turn 0 (cut)
     """
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
-    from verl.utils import tensordict_utils as tu
-    from verl.utils.dataset.rl_dataset import collate_fn
 
     from verlog.backends.embedded import EmbeddedEngine
     from verlog.integrations.verl.agent_loop import close_slots
-    from verlog.integrations.verl.dataset import VerlogRows
     from verlog.integrations.verl.launch import compose_verl_config
     from verlog.integrations.verl.local import EngineServerClient, MemoryTransferQueue
     from verlog.models import load_causal_lm, load_tokenizer
@@ -704,16 +679,7 @@ def group_world(tmp_path_factory, tiny_dir):
         worker = AgentLoopWorkerTQ.__ray_actor_class__(config, EngineServerClient(engine), None, None)
         try:
             for step in (1, 2):
-                rows = VerlogRows(config.data.train_files)
-                data = collate_fn([rows[i] for i in range(len(rows))])
-                data["uid"] = np.array([uuid.uuid4().hex for _ in range(len(rows))], dtype=object)
-                batch = tu.get_tensordict(data)
-                tu.assign_non_tensor_data(batch, "global_steps", step)
-                before = set(store.trajectory_keys("train"))
-                await asyncio.wait_for(worker.generate_sequences(batch), 120)
-                while worker.background_tasks:
-                    await asyncio.sleep(0.02)
-                keys_by_step[step] = [k for k in store.trajectory_keys("train") if k not in before]
+                keys_by_step[step] = await rollout_step(worker, store, dataset_batch(config.data.train_files, step))
         finally:
             await close_slots()
             await engine.aclose()
