@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from verlog.cli import main
 from verlog.config import ConfigError
@@ -238,3 +239,28 @@ def test_eval_against_serve_model_resumes_after_a_kill(served_tiny, tmp_path, ca
     assert f"{total} finished earlier, 0 to play" in _said(capsys) and len(_lines(episodes)) == total
     assert main([*args, "--temperature", "0.2"]) == 2
     assert "played with other settings" in _said(capsys)
+
+
+def test_graph_kwargs_win_over_a_suites_and_say_the_run_is_not_its_protocol(served_tiny, tmp_path, capsys):
+    """``--graph-kwargs`` (a smoke run: short caps and answers) update every task's graph settings
+    last; a suite setting they change is named on the console and in the summary."""
+    suite = tmp_path / "mini.yaml"
+    suite.write_text(yaml.safe_dump({"babyai": {
+        "config": str(ROOT / "configs" / "babyai.yaml"),
+        "overrides": {"rollout.episode_timeout_s": None},
+        "graph_kwargs": {"protocol": "balrog", "history_turns": 16, "max_tokens": 8192, "max_steps": None},
+        "tasks": [{"name": "goto", "graph_kwargs": {"task": "goto"}}, {"name": "open", "graph_kwargs": {"task": "open"}}],
+    }}))
+    out = tmp_path / "out"
+    args = ["eval", "--suite", str(suite), "--base-url", served_tiny, "--model", "tiny", "--episodes", "2",
+            "--graph-kwargs", '{"max_steps": 3, "max_tokens": 4}', "--out", str(out), "--no-chart"]
+    assert main(args) == 0
+    said = _said(capsys)
+    assert "--graph-kwargs changes the suite's max_steps, max_tokens: these scores are not the suite's protocol" in said
+    records = _lines(out / "episodes.jsonl")
+    assert len(records) == 4 and all(r["status"] == "ok" and r["turns"] == 3 for r in records)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["graph_kwargs_override"] == {"max_steps": 3, "max_tokens": 4}
+    assert summary["not_the_suites_protocol"] == ["max_steps", "max_tokens"]
+    assert main([*args[:-5], "--graph-kwargs", "[3]", "--out", str(out), "--no-chart"]) == 2
+    assert "error: --graph-kwargs must be a JSON object" in _said(capsys)

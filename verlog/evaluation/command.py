@@ -3,7 +3,7 @@
     verlog eval CONFIG [CONFIG ...] [key=value ...] [--suite balrog]
                 [--checkpoint DIR | --base-url URL --model NAME [--api-key KEY]]
                 [--episodes N] [--concurrency N] [--temperature T] [--max-tokens N]
-                [--out DIR] [--fresh] [--json FILE] [--no-chart]
+                [--graph-kwargs JSON] [--out DIR] [--fresh] [--json FILE] [--no-chart]
 
 Every finished episode is appended to ``OUT/episodes.jsonl``. Run the same command again after
 an interruption and the finished episodes are read back, not played again; episodes that ended
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -60,6 +61,10 @@ def add_eval_command(sub: Any) -> None:
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature (default: eval.temperature, else sampling.temperature)")
     p.add_argument("--max-tokens", type=int, default=None, help="most tokens per answer (default: sampling.max_tokens)")
+    p.add_argument("--graph-kwargs", default=None, metavar="JSON",
+                   help="keyword arguments of every task's build_graph, applied last (they win over the suite's "
+                   "and the configs'), e.g. '{\"max_steps\": 10, \"max_tokens\": 32}' for a smoke run; changing "
+                   "a suite's settings makes its scores not its protocol's (the run says so)")
     p.add_argument("--out", default=None, help="output folder (default: CHECKPOINT/eval, else runs/eval/MODEL)")
     p.add_argument("--fresh", action="store_true", help="discard the episodes already in the output folder")
     p.add_argument("--json", default=None, help="also write the summary JSON to this file")
@@ -83,6 +88,19 @@ def split_targets(targets: Sequence[str]) -> tuple[list[str], list[str]]:
     return configs, overrides
 
 
+def graph_kwargs_option(raw: str | None) -> dict[str, Any]:
+    """``--graph-kwargs``: a JSON object of keyword arguments (``{}`` when not given)."""
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise EvalError(f"--graph-kwargs is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise EvalError(f"--graph-kwargs must be a JSON object of build_graph keyword arguments, got {raw!r}")
+    return value
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name or name).strip("_") or "model"
 
@@ -96,7 +114,18 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     if args.episodes is not None and args.episodes < 1:
         raise EvalError(f"--episodes must be at least 1, got {args.episodes}")
     configs, overrides = split_targets(args.targets)
+    graph_kwargs = graph_kwargs_option(getattr(args, "graph_kwargs", None))
     tasks = plan_tasks(configs, overrides, suite=args.suite)
+    # --graph-kwargs win over the suite's and the configs' own; a suite's setting they change is named
+    changed = sorted({k for t in tasks for k, v in graph_kwargs.items() if t.graph_kwargs.get(k, v) != v}
+                     if args.suite else [])
+    for t in tasks:
+        t.graph_kwargs = {**t.graph_kwargs, **graph_kwargs}
+    if changed:
+        console.print(
+            f"[yellow]--graph-kwargs changes the suite's {', '.join(changed)}: these scores are not the suite's "
+            "protocol (a smoke run)[/]", soft_wrap=True,
+        )
     if not args.no_chart:
         require_matplotlib()
     first = tasks[0].config
@@ -147,6 +176,7 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
         "model": model.label, "episodes": {t.label: len(seeds[t.key]) for t in tasks},
         "seeds": {t.label: [seeds[t.key][0], seeds[t.key][-1]] for t in tasks},
         "sampling": {t.label: model.sampling(t.config) for t in tasks},
+        **({"graph_kwargs_override": graph_kwargs, "not_the_suites_protocol": changed} if graph_kwargs else {}),
         "episodes_file": str(log.path),
     }
     return _report(args, about, tasks, list(records.values()), out, console)
