@@ -52,7 +52,7 @@ from verlog.rollout.events import areport_reward
 #: that goes on rebuilds its game from the state)
 MAX_LIVE_GAMES = 1024
 #: a game not stepped for this long is closed (its run failed or was abandoned; rebuilt if it goes on)
-IDLE_GAME_S = 900.0
+IDLE_GAME_S = 3600.0
 
 
 class GameState(TypedDict, total=False):
