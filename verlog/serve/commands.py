@@ -87,6 +87,8 @@ def _run_serve_model(args: argparse.Namespace) -> int:
         max_concurrency=args.max_concurrency,
         max_queue=args.max_queue,
         request_timeout_s=args.request_timeout_s or None,
+        max_messages=args.max_messages,
+        read_timeout_s=args.read_timeout_s,
     )
     server = OpenAIServer(
         engine, tokenizer, model_name=name, api_key=api_key, limits=limits,
@@ -133,6 +135,11 @@ def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--max-concurrency", type=int, default=64, help="requests generating at once")
     g.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond those (more get 429)")
     g.add_argument("--request-timeout-s", type=float, default=600.0, help="stop a generation after this (0: never)")
+    g.add_argument("--max-messages", type=int, default=2048,
+                   help="most messages in one request (checked before the prompt is rendered)")
+    g.add_argument("--read-timeout-s", type=float, default=15.0,
+                   help="a client must send a request's headers, then its body, within this many seconds "
+                   "(else the connection is closed, or answered 408); idle keep-alive connections close after it")
     p.set_defaults(func=_serve_model)
     return p
 

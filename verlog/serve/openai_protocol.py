@@ -9,13 +9,19 @@ A parameter that this server cannot honour (``n > 1``, penalties, ``logit_bias``
 ``top_logprobs``) is refused with a 400 naming it rather than silently ignored. ``response_format``
 ``json_schema`` / ``json_object`` is enforced by the engine's token mask (400 on an engine that
 cannot enforce it).
+
+Before any of that, :func:`decode_body` turns the raw body into JSON with bounds that make a
+hostile body cheap to refuse: no ``NaN``/``Infinity``, nesting at most :data:`MAX_JSON_DEPTH`
+levels (the path of the first too-deep value is named), at most ``max_messages`` messages.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
+from functools import lru_cache
 from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -33,9 +39,12 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        #: extra response headers (``Retry-After`` on 429)
+        self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -47,8 +56,15 @@ def error_body(message: str, *, type: str, param: str | None = None, code: str |
 
 
 # ------------------------------------------------------------------------------- request schema
+#: the deepest JSON nesting a request may have (OpenAI's own bodies need well under 20 levels;
+#: tool and response schemas get the rest)
+MAX_JSON_DEPTH = 64
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON types as OpenAI documents them ("max_tokens": "10" or "stream": "yes" are refused)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class FunctionCall(_Strict):
@@ -100,11 +116,11 @@ class ChatCompletionRequest(_Strict):
     messages: list[ChatMessage] = Field(min_length=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = None
+    top_k: int | None = Field(default=None, ge=-1, le=(1 << 31) - 1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=_INT64_MIN, le=_INT64_MAX)  # a 64-bit seed, as OpenAI's
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(default=None, ge=1)
@@ -139,6 +155,50 @@ def _loc(loc: tuple[Any, ...]) -> str:
         else:
             out += f".{part}" if out else str(part)
     return out
+
+
+def decode_body(raw: bytes, *, max_messages: int | None = None) -> Any:
+    """The JSON of a request body, refused (400) when it is not JSON, uses ``NaN``/``Infinity``,
+    nests deeper than :data:`MAX_JSON_DEPTH` levels or holds more than ``max_messages`` messages.
+
+    These checks come before field validation and prompt rendering, whose cost grows with them."""
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        body = json.loads(raw, parse_constant=no_constant)
+    except RecursionError:
+        raise APIError(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    too_deep = _too_deep(body, MAX_JSON_DEPTH)
+    if too_deep is not None:
+        raise APIError(400, f"'{too_deep or 'the request body'}' nests deeper than {MAX_JSON_DEPTH} levels "
+                       "of JSON arrays/objects", param=too_deep or None)
+    if max_messages is not None and isinstance(body, dict):
+        messages = body.get("messages")
+        if isinstance(messages, list) and len(messages) > max_messages:
+            raise APIError(400, f"'messages' has {len(messages)} messages; this server accepts at most "
+                           f"{max_messages} per request", param="messages", code="too_many_messages")
+    return body
+
+
+def _too_deep(value: Any, limit: int) -> str | None:
+    """The path of the first array/object nested more than ``limit`` levels deep in ``value``
+    (``""``: the body itself), or ``None``. Iterative: a deep value cannot exhaust the stack."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    while stack:
+        node, depth, path = stack.pop()
+        if isinstance(node, dict):
+            items: Any = ((f"{path}.{k}" if path else str(k), v) for k, v in node.items())
+        elif isinstance(node, list):
+            items = ((f"{path}[{i}]", v) for i, v in enumerate(node))
+        else:
+            continue
+        if depth > limit:
+            return path
+        stack.extend((v, depth + 1, p) for p, v in items if isinstance(v, (dict, list)))
+    return None
 
 
 def parse_request(body: Any) -> ChatCompletionRequest:
@@ -248,26 +308,96 @@ def openai_tool_calls(message: AIMessage) -> list[dict[str, Any]]:
     ]
 
 
-def visible_content(message: AIMessage) -> str:
-    """The message's text as a client sees it: malformed ``<tool_call>`` blocks, which have no
-    OpenAI form, are given back as text so the client sees what the model wrote."""
+def answer_parts(message: AIMessage, text: str) -> tuple[str, list[dict[str, Any]]]:
+    """The ``content`` and OpenAI ``tool_calls`` a client gets for ``message``, whose answer the
+    model wrote as ``text``.
+
+    When a ``<tool_call>`` block is malformed (bad JSON, no name, ...) the turn has no faithful
+    OpenAI form: the client gets ``text`` verbatim as content and no tool calls (as vLLM's Hermes
+    parser does), so it sees exactly what the model wrote."""
+    if message.invalid_tool_calls:
+        return text, []
     content = message.content if isinstance(message.content, str) else ""
-    bad = [f"<tool_call>\n{c.get('args') or ''}\n</tool_call>" for c in message.invalid_tool_calls]
-    return "\n".join([content, *bad]) if content and bad else (content or "\n".join(bad))
+    return content, openai_tool_calls(message)
 
 
-def finish_reason(message: AIMessage, engine_reason: str) -> str:
-    if message.tool_calls:
+def finish_reason(has_tool_calls: bool, engine_reason: str) -> str:
+    if has_tool_calls:
         return "tool_calls"
     return "length" if engine_reason == "length" else "stop"
 
 
-def token_logprobs(tokenizer: Any, ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
-    """OpenAI's ``logprobs.content`` entries for generated tokens (no alternatives)."""
+@lru_cache(maxsize=1)
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's, used by Llama 3, Qwen, SmolLM, ...): each of the 256
+    byte values is written as one printable character; returns character -> byte.
+
+    Bytes that are printable Latin-1 stand for themselves; the others (controls, space, soft
+    hyphen, ...) take the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    alphabet = {chr(b): b for b in printable}
+    others = (b for b in range(256) if b not in set(printable))
+    alphabet.update({chr(0x100 + n): b for n, b in enumerate(others)})
+    return alphabet
+
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+class TokenBytes:
+    """The raw bytes of a token, as OpenAI's logprobs ``bytes`` give them.
+
+    A token that is part of a multi-byte UTF-8 character (``\xe2\x82`` of ``€``) decodes to the
+    replacement character; its ``bytes`` must still be its own. Byte-level BPE vocabularies are
+    read through their 256-character alphabet, SentencePiece byte-fallback pieces (``<0xE2>``)
+    are their byte, added/special tokens their text; other tokens fall back to their decoded text.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.added = {i: getattr(t, "content", str(t))
+                      for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()}
+        self.byte_level = _is_byte_level(tokenizer)
+
+    def __call__(self, token_id: int) -> bytes:
+        if token_id in self.added:
+            return self.added[token_id].encode("utf-8")
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str):
+            if self.byte_level:
+                alphabet = _byte_level_alphabet()
+                if all(c in alphabet for c in piece):
+                    return bytes(alphabet[c] for c in piece)
+            fallback = _BYTE_FALLBACK.fullmatch(piece)
+            if fallback:
+                return bytes([int(fallback.group(1), 16)])
+        return self.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+
+def _is_byte_level(tokenizer: Any) -> bool:
+    """Whether a (fast) tokenizer decodes with byte-level BPE's alphabet."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = getattr(backend, "decoder", None)
+    if decoder is None:
+        return False
+    if type(decoder).__name__ == "ByteLevel":
+        return True
+    try:  # a Sequence decoder: look inside its serialized form
+        return '"ByteLevel"' in json.dumps(json.loads(backend.to_str()).get("decoder"))
+    except Exception:  # an exotic backend: treat as not byte-level
+        return False
+
+
+def token_logprobs(tokenizer: Any, ids: list[int], logprobs: list[float],
+                   token_bytes: TokenBytes | None = None) -> list[dict[str, Any]]:
+    """OpenAI's ``logprobs.content`` entries for generated tokens (no alternatives): ``token``
+    is the token's decoded text, ``bytes`` its raw bytes (see :class:`TokenBytes`)."""
+    token_bytes = token_bytes or TokenBytes(tokenizer)
     out = []
     for tid, lp in zip(ids, logprobs):
         text = tokenizer.decode([tid], skip_special_tokens=False)
-        out.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []})
+        out.append({"token": text, "logprob": lp, "bytes": list(token_bytes(tid)), "top_logprobs": []})
     return out
 
 

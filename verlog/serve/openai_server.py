@@ -19,8 +19,15 @@ tokenizer's chat template and turns the engine's ids into text and tool calls, s
 request here and a greedy call in a training episode give the same answer.
 
 Bad requests get OpenAI's error JSON with a 4xx status (400 schema / unsupported parameter /
-prompt too long, 401 API key, 404 unknown model or path, 413 body too large, 429 too many
-requests waiting) and the server keeps serving.
+prompt too long / too many messages / JSON nested too deep, 401 API key, 404 unknown model or
+path, 408 body not sent in time, 413 body too large, 415 not JSON, 429 too many requests, with
+``Retry-After``) and the server keeps serving.
+
+A bad or slow client cannot stall the others: a request's body is decoded, validated and its
+prompt rendered and tokenized on a worker thread, never on the event loop (``/health`` and
+streaming answers go on meanwhile); a connection must send its headers, and then its body,
+within ``read_timeout_s`` (else it is closed, or answered 408); requests are counted against
+the queue limit from their arrival, so a flood is refused (429) before any of it is parsed.
 """
 
 from __future__ import annotations
@@ -31,7 +38,10 @@ import dataclasses
 import hmac
 import json
 import logging
+import math
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
@@ -58,8 +68,13 @@ class ServerLimits:
         max_tokens_cap: largest ``max_tokens`` a request may ask (400 above it).
         default_max_tokens: the response budget when a request sets none.
         max_concurrency: requests generating at once (the engine batches them together).
-        max_queue: requests allowed to wait for a generation slot; more get 429.
+        max_queue: requests allowed to wait (for their prompt to be rendered, for a generation
+            slot) beyond those generating; more get 429 with ``Retry-After``.
         request_timeout_s: a generation still running after this long is stopped (504).
+        max_messages: most messages in one request (400 above it, checked before rendering).
+        read_timeout_s: a connection must send a request's headers within this long of opening
+            (or of its previous answer: idle keep-alive connections are closed then too), and
+            the body within this long of the headers (408, connection closed).
     """
 
     max_body_bytes: int = 1 << 20
@@ -69,13 +84,17 @@ class ServerLimits:
     max_concurrency: int = 64
     max_queue: int = 256
     request_timeout_s: float | None = 600.0
+    max_messages: int = 2048
+    read_timeout_s: float = 15.0
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens", "max_concurrency"):
+        for name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens", "max_concurrency", "max_messages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerLimits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queue < 0:
             raise ValueError(f"ServerLimits.max_queue must be >= 0, got {self.max_queue}")
+        if not self.read_timeout_s > 0:
+            raise ValueError(f"ServerLimits.read_timeout_s must be > 0, got {self.read_timeout_s}")
         if self.default_max_tokens > self.max_tokens_cap:
             raise ValueError(
                 f"ServerLimits.default_max_tokens ({self.default_max_tokens}) exceeds max_tokens_cap "
@@ -84,33 +103,53 @@ class ServerLimits:
 
 
 class _Admission:
-    """At most ``running`` requests generate at once; at most ``waiting`` more wait (else 429)."""
+    """At most ``running`` requests generate at once and at most ``waiting`` more are admitted
+    (being read, rendered, or waiting for a slot); the rest get 429 before any work is done.
+
+    ``Retry-After`` is the typical time a generation takes here (a smoothed average, 1 s before
+    any has finished; between 1 and 60 s): about when a slot frees up."""
 
     def __init__(self, running: int, waiting: int):
         self.running, self.waiting = running, waiting
         self.active = 0
         self.queued = 0
         self._semaphore: asyncio.Semaphore | None = None
+        self._typical_s = 1.0
+
+    def retry_after_s(self) -> int:
+        return min(60, max(1, math.ceil(self._typical_s)))
 
     @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.running)
-        if self.active >= self.running and self.queued >= self.waiting:
+    async def admit(self) -> AsyncIterator[None]:
+        """Count a request as waiting until it generates or is done; 429 if there is no room."""
+        if self.active + self.queued >= self.running + self.waiting:
+            retry = self.retry_after_s()
             raise APIError(
                 429, f"the server is busy ({self.active} requests generating, {self.queued} waiting); "
-                "retry later", type="rate_limit_error", code="server_busy",
+                f"retry in {retry} s", type="rate_limit_error", code="server_busy",
+                headers={"Retry-After": str(retry)},
             )
         self.queued += 1
         try:
-            await self._semaphore.acquire()
+            yield
         finally:
             self.queued -= 1
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Inside :meth:`admit`: wait for a generation slot and hold it."""
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.running)
+        await self._semaphore.acquire()
+        self.queued -= 1  # generating now, not waiting (admit's exit gives the count back)
         self.active += 1
+        started = time.monotonic()
         try:
             yield
         finally:
+            self._typical_s = 0.8 * self._typical_s + 0.2 * (time.monotonic() - started)
             self.active -= 1
+            self.queued += 1
             self._semaphore.release()
 
 
@@ -141,6 +180,18 @@ class _TokenStream:
     async def aclose(self) -> None:
         """Stop the generation (the client went away, the time limit passed)."""
         await self._items.aclose()
+
+
+@dataclass(frozen=True)
+class _PreparedCall:
+    """A validated request, ready for the engine: its prompt ids, the answer text they prefill,
+    its sampling settings (constraint included), whether tool calls are parsed."""
+
+    request: proto.ChatCompletionRequest
+    prompt_ids: list[int]
+    prefix: str
+    sampling: SamplingParams
+    has_tools: bool
 
 
 def _held_back(text: str, markers: list[str]) -> int:
@@ -196,6 +247,9 @@ class OpenAIServer(LocalServer):
             self.max_context - 1 if self.max_context else None
         )
         self._admission = _Admission(self.limits.max_concurrency, self.limits.max_queue)
+        self._token_bytes = proto.TokenBytes(tokenizer)
+        #: where request bodies are decoded and prompts rendered and tokenized (off the event loop)
+        self._prepare_pool: ThreadPoolExecutor | None = None
         self.created = proto.now()
         #: counters: requests answered, by HTTP status
         self.responses: dict[int, int] = {}
@@ -206,9 +260,29 @@ class OpenAIServer(LocalServer):
         """What OpenAI clients take as ``base_url``: ``http://host:port/v1``."""
         return f"{self.url}/v1"
 
+    async def start(self) -> "OpenAIServer":
+        if self._prepare_pool is None:
+            self._prepare_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="verlog-openai-prepare")
+        await super().start()
+        return self
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._prepare_pool is not None:
+            pool, self._prepare_pool = self._prepare_pool, None
+            pool.shutdown(wait=False, cancel_futures=True)
+
     def app(self) -> web.Application:
         """The aiohttp application (routes and error handling)."""
-        app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._errors])
+        timeout = self.limits.read_timeout_s
+        app = web.Application(
+            client_max_size=self.limits.max_body_bytes, middlewares=[self._errors],
+            # aiohttp closes a connection whose handler is still waiting for a request's headers
+            # when its keep-alive time is up, counted from the connection's start or its last
+            # answer: the headers' read timeout. A body left unread after an early answer is
+            # drained for at most as long.
+            handler_args={"keepalive_timeout": timeout, "lingering_time": timeout},
+        )
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model:.+}", self._model)
@@ -222,7 +296,13 @@ class OpenAIServer(LocalServer):
         try:
             response = await handler(request)
         except APIError as exc:
-            response = web.json_response(exc.body(), status=exc.status)
+            response = web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+            if exc.status == 408:  # the rest of the body may never come: answer, then hang up
+                response.force_close()
+                await response.prepare(request)
+                await response.write_eof()
+                if request.transport is not None:
+                    request.transport.close()
         except web.HTTPRequestEntityTooLarge:
             response = web.json_response(proto.error_body(
                 f"the request body exceeds this server's limit of {self.limits.max_body_bytes} bytes",
@@ -255,15 +335,20 @@ class OpenAIServer(LocalServer):
             raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
 
-    async def _json_body(self, request: web.Request) -> Any:
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The raw body: JSON only (415), within the size limit (413), sent in time (408)."""
+        if request.headers.get("Content-Type") is not None and request.content_type != "application/json" \
+                and not request.content_type.endswith("+json"):
+            raise APIError(415, f"unsupported Content-Type '{request.content_type}': send the request as JSON "
+                           "with 'Content-Type: application/json'", code="unsupported_media_type")
         length = request.content_length
         if length is not None and length > self.limits.max_body_bytes:
             raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body_bytes, actual_size=length)
-        raw = await request.read()
         try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+            return await asyncio.wait_for(request.read(), self.limits.read_timeout_s)
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body did not arrive within {self.limits.read_timeout_s} s "
+                           "(--read-timeout-s)", code="request_timeout") from None
 
     # ------------------------------------------------------------------ endpoints
     async def _health(self, request: web.Request) -> web.Response:
@@ -290,7 +375,48 @@ class OpenAIServer(LocalServer):
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self._check_auth(request)
-        body = await self._json_body(request)
+        async with self._admission.admit():  # 429 now if the server is full: nothing read or parsed yet
+            raw = await self._read_body(request)
+            pool = self._prepare_pool
+            if pool is None:
+                raise APIError(503, "the server is stopping", type="server_error")
+            call = await asyncio.get_running_loop().run_in_executor(pool, self._prepare, raw)
+            req, prompt_ids, prefix, sampling, has_tools = (
+                call.request, call.prompt_ids, call.prefix, call.sampling, call.has_tools)
+            if sampling.constraint is not None:  # a schema the engine cannot compile is the request's fault
+                try:
+                    await asyncio.to_thread(self.engine.validate_constraint, sampling.constraint)
+                except EngineError as exc:
+                    raise APIError(400, str(exc), param="response_format" if req.response_format else "tools") from None
+            async with self._admission.slot():
+                if req.stream:
+                    return await self._stream(request, req, prompt_ids, prefix, sampling, has_tools)
+                generation = await self._generate(prompt_ids, sampling)
+        message = self.chat_model.to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
+        content, calls = proto.answer_parts(message, self._answer_text(generation, sampling, prefix))
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": content if content or not calls else None,
+                        **({"tool_calls": calls} if calls else {})},
+            "logprobs": None,
+            "finish_reason": proto.finish_reason(bool(calls), generation.finish_reason),
+        }
+        if req.logprobs:
+            choice["logprobs"] = {"content": proto.token_logprobs(
+                self.tokenizer, generation.token_ids, generation.logprobs, self._token_bytes)}
+        return web.json_response({
+            "id": proto.completion_id(),
+            "object": "chat.completion",
+            "created": proto.now(),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": proto.usage(len(prompt_ids), len(generation.token_ids)),
+        })
+
+    def _prepare(self, raw: bytes) -> _PreparedCall:
+        """Decode, validate and render a request body (on a worker thread: its cost grows with
+        the body, which must not hold up the event loop); raises :class:`APIError`."""
+        body = proto.decode_body(raw, max_messages=self.limits.max_messages)
         req = proto.parse_request(body)
         if req.model != self.model_name:
             raise self._unknown_model(req.model)
@@ -304,39 +430,13 @@ class OpenAIServer(LocalServer):
         except Exception as exc:  # the chat template refused the conversation (jinja's errors)
             raise APIError(400, f"the model's chat template cannot render these messages: {exc}",
                            param="messages") from None
-        prompt_ids, prefix = plan.prompt_ids, plan.prefix
-        if plan.constraint is not None:  # a schema the engine cannot compile is the request's fault
-            try:
-                await asyncio.to_thread(self.engine.validate_constraint, plan.constraint)
-            except EngineError as exc:
-                raise APIError(400, str(exc), param="response_format" if response_format else "tools") from None
-        has_tools = bool(tools) and req.tool_choice != "none"
-        sampling = dataclasses.replace(self._sampling(req, len(prompt_ids)), constraint=plan.constraint)
-        async with self._admission.slot():
-            if req.stream:
-                return await self._stream(request, req, prompt_ids, prefix, sampling, has_tools)
-            generation = await self._generate(prompt_ids, sampling)
-        message = self.chat_model.to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
-        content = proto.visible_content(message)
-        calls = proto.openai_tool_calls(message)
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": content if content or not calls else None,
-                        **({"tool_calls": calls} if calls else {})},
-            "logprobs": None,
-            "finish_reason": proto.finish_reason(message, generation.finish_reason),
-        }
-        if req.logprobs:
-            choice["logprobs"] = {"content": proto.token_logprobs(
-                self.tokenizer, generation.token_ids, generation.logprobs)}
-        return web.json_response({
-            "id": proto.completion_id(),
-            "object": "chat.completion",
-            "created": proto.now(),
-            "model": self.model_name,
-            "choices": [choice],
-            "usage": proto.usage(len(prompt_ids), len(generation.token_ids)),
-        })
+        sampling = dataclasses.replace(self._sampling(req, len(plan.prompt_ids)), constraint=plan.constraint)
+        return _PreparedCall(req, plan.prompt_ids, plan.prefix, sampling, bool(tools) and req.tool_choice != "none")
+
+    def _answer_text(self, generation: Generation, sampling: SamplingParams, prefix: str) -> str:
+        """The answer exactly as the model wrote it (forced prefix, no end/stop tokens)."""
+        return prefix + self.chat_model.answer_text(
+            generation.token_ids, sampling, finished=generation.finish_reason == "stop")
 
     def _sampling(self, req: proto.ChatCompletionRequest, prompt_tokens: int) -> SamplingParams:
         if self.max_prompt_tokens is not None and prompt_tokens > self.max_prompt_tokens:
@@ -412,7 +512,7 @@ class OpenAIServer(LocalServer):
             nonlocal reported
             if not want_logprobs:
                 return None
-            out = proto.token_logprobs(self.tokenizer, ids[reported:], lps[reported:])
+            out = proto.token_logprobs(self.tokenizer, ids[reported:], lps[reported:], self._token_bytes)
             reported = len(ids)
             return out
 
@@ -445,13 +545,13 @@ class OpenAIServer(LocalServer):
             return response
         generation = stream.generation
         message = self.chat_model.to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
-        content = proto.visible_content(message)
+        content, calls = proto.answer_parts(message, self._answer_text(generation, sampling, prefix))
         rest = content[len(sent):] if content.startswith(sent) else ""
         if rest or (want_logprobs and reported < len(ids)):
             await emit(proto.chunk(cid, created, name, {"content": rest}, logprobs=logprobs_since()))
-        for index, call in enumerate(proto.openai_tool_calls(message)):
+        for index, call in enumerate(calls):
             await emit(proto.chunk(cid, created, name, {"tool_calls": [{"index": index, **call}]}))
-        await emit(proto.chunk(cid, created, name, {}, finish=proto.finish_reason(message, generation.finish_reason)))
+        await emit(proto.chunk(cid, created, name, {}, finish=proto.finish_reason(bool(calls), generation.finish_reason)))
         if req.stream_options is not None and req.stream_options.include_usage:
             await emit({"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
                         "choices": [], "usage": proto.usage(len(prompt_ids), len(generation.token_ids))})
