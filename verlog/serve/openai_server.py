@@ -114,10 +114,10 @@ class _Admission:
         self.active = 0
         self.queued = 0
         self._semaphore: asyncio.Semaphore | None = None
-        self._typical_s = 1.0
+        self._typical_s: float | None = None
 
     def retry_after_s(self) -> int:
-        return min(60, max(1, math.ceil(self._typical_s)))
+        return min(60, max(1, math.ceil(self._typical_s or 1.0)))
 
     @contextlib.asynccontextmanager
     async def admit(self) -> AsyncIterator[None]:
@@ -147,7 +147,8 @@ class _Admission:
         try:
             yield
         finally:
-            self._typical_s = 0.8 * self._typical_s + 0.2 * (time.monotonic() - started)
+            took = time.monotonic() - started
+            self._typical_s = took if self._typical_s is None else 0.8 * self._typical_s + 0.2 * took
             self.active -= 1
             self.queued += 1
             self._semaphore.release()
