@@ -162,11 +162,14 @@ def _closed_within(sock: socket.socket, seconds: float, *, trickle: bytes = b"")
 
 def _good_request(port: int) -> dict:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("POST", "/v1/chat/completions", json.dumps({"model": "tiny", "messages": HI, "max_tokens": 4}),
-                  {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    assert response.status == 200
-    return json.loads(response.read())
+    try:
+        conn.request("POST", "/v1/chat/completions", json.dumps({"model": "tiny", "messages": HI, "max_tokens": 4}),
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200
+        return json.loads(response.read())
+    finally:
+        conn.close()
 
 
 def test_slow_clients_are_cut_off_at_the_read_timeout(engine, tiny_tokenizer):
@@ -217,6 +220,7 @@ def test_slow_clients_are_cut_off_at_the_read_timeout(engine, tiny_tokenizer):
         conn.request("GET", "/health")
         assert conn.getresponse().read() and conn.sock is not None
         assert _closed_within(conn.sock, 6.0) is not None
+        conn.close()
         assert _good_request(port)["choices"][0]["message"]["role"] == "assistant"
     assert not any(code >= 500 for code in server.responses)
 
@@ -305,8 +309,14 @@ def _without(name: str) -> dict:
     return {k: v for k, v in OK.items() if k != name}
 
 
-ASSISTANT_CALL = {"role": "assistant", "content": None, "tool_calls": [
-    {"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": "{oops"}}]}
+def _assistant_call(arguments: str) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": arguments}}]}
+
+
+def _tool(parameters: Any) -> list[dict]:
+    return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+
 
 #: (what, body, headers, status, param: the field the error names, or a prefix of it with "*")
 BAD_REQUESTS: list[tuple[str, Any, dict[str, str], int, str | None]] = [
@@ -337,8 +347,14 @@ BAD_REQUESTS: list[tuple[str, Any, dict[str, str], int, str | None]] = [
      "messages[0].mood"),
     ("tool message without id", _with(messages=[*HI, {"role": "tool", "content": "4"}]), {}, 400,
      "messages[1].tool_call_id"),
-    ("tool call arguments not JSON", _with(messages=[*HI, ASSISTANT_CALL]), {}, 400,
+    ("tool call arguments not JSON", _with(messages=[*HI, _assistant_call("{oops")]), {}, 400,
      "messages[1].tool_calls[0].function.arguments"),
+    ("tool call arguments nested 100k deep", _with(messages=[*HI, _assistant_call("[" * 100_000 + "]" * 100_000)]),
+     {}, 400, "messages[1].tool_calls[0].function.arguments"),
+    ("content part text a number", _with(messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}]),
+     {}, 400, "messages[0].content[0].text"),
+    ("content a lone surrogate", b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]}', {}, 400,
+     "messages[0].content"),
     ("too many messages", _with(messages=HI * 51), {}, 400, "messages"),
     ("prompt too long", _with(messages=[{"role": "user", "content": "word " * 400}]), {}, 400, "messages"),
     ("temperature a string", _with(temperature="hot"), {}, 400, "temperature"),
@@ -374,15 +390,26 @@ BAD_REQUESTS: list[tuple[str, Any, dict[str, str], int, str | None]] = [
      "tools[0].type"),
     ("tool name invalid", _with(tools=[{"type": "function", "function": {"name": "bad name!"}}]), {}, 400,
      "tools[0].function.name"),
-    ("tool parameters a list", _with(tools=[{"type": "function", "function": {"name": "f", "parameters": [1]}}]),
-     {}, 400, "tools[0].function.parameters"),
+    ("tool parameters a list", _with(tools=_tool([1])), {}, 400, "tools[0].function.parameters"),
+    ("tool properties a number", _with(tools=_tool({"type": "object", "properties": 5})), {}, 400,
+     "tools[0].function.parameters"),
+    ("tool schema type a number", _with(tools=_tool({"type": 5}), tool_choice="required"), {}, 400,
+     "tools[0].function.parameters"),
+    ("forced tool with a dangling $ref", _with(tools=_tool({"type": "object", "properties": {"a": {"$ref": "#/x"}}}),
+                                               tool_choice="required"), {}, 400, "tools"),
     ("tool_choice unknown", _with(tools=[CALCULATE], tool_choice="always"), {}, 400, "tool_choice"),
     ("tool_choice without tools", _with(tool_choice="required"), {}, 400, "tool_choice"),
     ("tool_choice names no tool", _with(tools=[CALCULATE], tool_choice={"type": "function", "function": {"name": "x"}}),
      {}, 400, "tool_choice"),
     ("tool_choice malformed", _with(tools=[CALCULATE], tool_choice={"type": "function"}), {}, 400, "tool_choice"),
+    ("tool_choice function a string", _with(tools=[CALCULATE], tool_choice={"type": "function", "function": "f"}),
+     {}, 400, "tool_choice"),
     ("response_format unknown", _with(response_format={"type": "xml"}), {}, 400, "response_format.type"),
     ("response_format a string", _with(response_format="json"), {}, 400, "response_format"),
+    ("response_format schema a number", _with(response_format={"type": "json_schema", "json_schema": {"schema": 5}}),
+     {}, 400, "response_format.json_schema.schema"),
+    ("response_format schema bad regex", _with(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "string", "pattern": "(("}}}), {}, 400, "response_format"),
     ("response_format with a forced call",
      _with(tools=[CALCULATE], tool_choice="required", response_format={"type": "json_object"}), {}, 400,
      "response_format"),

@@ -99,6 +99,17 @@ class ToolDef(_Strict):
     function: FunctionDef
 
 
+class NamedFunction(_Strict):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice`` forcing one tool: ``{"type": "function", "function": {"name": ...}}``."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class StreamOptions(_Strict):
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
@@ -125,7 +136,7 @@ class ChatCompletionRequest(_Strict):
     stream_options: StreamOptions | None = None
     n: int | None = Field(default=None, ge=1)
     tools: list[ToolDef] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -141,7 +152,7 @@ class ChatCompletionRequest(_Strict):
     prompt_cache_key: str | None = None
 
 
-_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "none", "dict", "list"})
+_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "NamedToolChoice"})
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -214,10 +225,67 @@ def parse_request(body: Any) -> ChatCompletionRequest:
             raise APIError(400, f"Unrecognized request argument supplied: {param}", param=param) from None
         if first["type"] == "missing":
             raise APIError(400, f"Missing required parameter: '{param}'.", param=param) from None
+        if param.startswith("tool_choice"):
+            raise APIError(400, f"Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or "
+                           f"{{'type': 'function', 'function': {{'name': ...}}}} (got {body.get('tool_choice')!r:.200})",
+                           param="tool_choice") from None
         raise APIError(400, f"Invalid value for '{param}': {first['msg']} (got {first.get('input')!r:.200})",
                        param=param) from None
     _refuse_unsupported(request)
+    for i, tool in enumerate(request.tools or ()):
+        _check_schema(tool.function.parameters, f"tools[{i}].function.parameters")
+    if request.response_format is not None and isinstance(request.response_format.json_schema, dict):
+        _check_schema(request.response_format.json_schema.get("schema"), "response_format.json_schema.schema")
     return request
+
+
+#: JSON-schema keywords whose value is a schema / a list of schemas / an object of schemas
+_SCHEMA_KEYWORDS = ("additionalProperties", "items", "not", "contains", "propertyNames", "if", "then", "else",
+                    "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def _check_schema(schema: Any, where: str) -> None:
+    """Refuse (400, naming the place) a JSON schema whose keywords have the wrong JSON types
+    (``"properties": 5``, ``"required": "a"``, ...): the chat template and the constrained
+    decoder read them. Whether the schema makes sense is left to the constraint compiler."""
+    def bad(path: str, what: str) -> APIError:
+        return APIError(400, f"Invalid schema at '{path}': {what}", param=where)
+
+    stack = [(schema, where)]
+    while stack:
+        node, path = stack.pop()
+        if node is None or isinstance(node, bool):
+            continue
+        if not isinstance(node, dict):
+            raise bad(path, f"a schema must be an object or a boolean (got {type(node).__name__})")
+        kind = node.get("type")
+        if kind is not None and not (isinstance(kind, str) or (isinstance(kind, list)
+                                                              and all(isinstance(k, str) for k in kind))):
+            raise bad(f"{path}.type", "must be a string or a list of strings")
+        required = node.get("required")
+        if required is not None and not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
+            raise bad(f"{path}.required", "must be a list of property names")
+        if "enum" in node and not isinstance(node["enum"], list):
+            raise bad(f"{path}.enum", "must be a list")
+        for key in _SCHEMA_KEYWORDS:
+            if key in node:
+                value = node[key]
+                if key == "items" and isinstance(value, list):  # draft-7 tuple form
+                    stack.extend((v, f"{path}.items[{i}]") for i, v in enumerate(value))
+                else:
+                    stack.append((value, f"{path}.{key}"))
+        for key in _SCHEMA_LISTS:
+            if key in node:
+                if not isinstance(node[key], list):
+                    raise bad(f"{path}.{key}", "must be a list of schemas")
+                stack.extend((v, f"{path}.{key}[{i}]") for i, v in enumerate(node[key]))
+        for key in _SCHEMA_MAPS:
+            if key in node:
+                if not isinstance(node[key], dict):
+                    raise bad(f"{path}.{key}", "must be an object of schemas")
+                stack.extend((v, f"{path}.{key}.{name}") for name, v in node[key].items())
 
 
 def _refuse_unsupported(r: ChatCompletionRequest) -> None:
@@ -250,11 +318,22 @@ def message_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
     parts = []
     for i, part in enumerate(content):
         kind = part.get("type")
-        if kind != "text" or not isinstance(part.get("text"), str):
+        if kind != "text":
             raise APIError(400, f"{where}.content[{i}]: only text parts are supported (got type {kind!r})",
                            param=f"{where}.content[{i}].type")
+        if not isinstance(part.get("text"), str):
+            raise APIError(400, f"{where}.content[{i}].text must be a string (got {part.get('text')!r:.100})",
+                           param=f"{where}.content[{i}].text")
         parts.append(part["text"])
     return "".join(parts)
+
+
+def _check_unicode(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate, sent as a \ud800 escape
+        raise APIError(400, f"{where}.content is not valid Unicode: {exc.reason} at position {exc.start}",
+                       param=f"{where}.content") from None
 
 
 def to_langchain_messages(request: ChatCompletionRequest) -> list[BaseMessage]:
@@ -263,6 +342,7 @@ def to_langchain_messages(request: ChatCompletionRequest) -> list[BaseMessage]:
     for i, m in enumerate(request.messages):
         where = f"messages[{i}]"
         text = message_text(m.content, where)
+        _check_unicode(text, where)
         if m.role in ("system", "developer"):
             out.append(SystemMessage(text))
         elif m.role == "user":
@@ -277,8 +357,12 @@ def to_langchain_messages(request: ChatCompletionRequest) -> list[BaseMessage]:
                 except json.JSONDecodeError as exc:
                     args = None
                     error = f"is not JSON ({exc})"
+                except RecursionError:
+                    args, error = None, f"nests deeper than {MAX_JSON_DEPTH} levels"
                 else:
                     error = None if isinstance(args, dict) else "is not a JSON object"
+                    if error is None and _too_deep(args, MAX_JSON_DEPTH) is not None:
+                        error = f"nests deeper than {MAX_JSON_DEPTH} levels"
                 if error:
                     param = f"{where}.tool_calls[{j}].function.arguments"
                     raise APIError(400, f"{param} {error}", param=param)

@@ -424,8 +424,9 @@ class OpenAIServer(LocalServer):
         messages = proto.to_langchain_messages(req)
         tools = body["tools"] if req.tools else None  # as sent: the template renders them verbatim
         response_format = req.response_format.model_dump(exclude_none=True) if req.response_format else None
+        choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, proto.NamedToolChoice) else req.tool_choice
         try:  # a forced tool call or a JSON response format is held to its schema by a token mask
-            plan = self.chat_model.plan_call(messages, tools, req.tool_choice, response_format)
+            plan = self.chat_model.plan_call(messages, tools, choice, response_format)
         except ValueError as exc:  # tool_choice naming no offered tool, a response_format that cannot be had
             raise APIError(400, str(exc), param="response_format" if response_format else "tool_choice") from None
         except Exception as exc:  # the chat template refused the conversation (jinja's errors)
