@@ -173,7 +173,9 @@ def _good_request(port: int) -> dict:
 
 
 def test_slow_clients_are_cut_off_at_the_read_timeout(engine, tiny_tokenizer):
-    server = OpenAIServer(engine, tiny_tokenizer, model_name="tiny", limits=ServerLimits(read_timeout_s=1.0))
+    # room for 4 requests: slow uploads must not take it (50 of the crowd below are sending bodies)
+    limits = ServerLimits(read_timeout_s=1.0, max_concurrency=2, max_queue=2)
+    server = OpenAIServer(engine, tiny_tokenizer, model_name="tiny", limits=limits)
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     with serve_in_thread(server):
         port = server.port
@@ -205,6 +207,7 @@ def test_slow_clients_are_cut_off_at_the_read_timeout(engine, tiny_tokenizer):
             assert closed is not None and closed < 5.0, closed
 
         # a crowd of half-sent requests is closed all the same, and good requests go on meanwhile
+        # (a body still arriving holds no place in the queue)
         crowd = [_connect(port) for _ in range(100)]
         for i, sock in enumerate(crowd):
             sock.sendall(head + (b"Content-Length: 500\r\n\r\n{" if i % 2 else b"Content-Le"))

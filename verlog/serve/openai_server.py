@@ -26,8 +26,8 @@ path, 408 body not sent in time, 413 body too large, 415 not JSON, 429 too many 
 A bad or slow client cannot stall the others: a request's body is decoded, validated and its
 prompt rendered and tokenized on a worker thread, never on the event loop (``/health`` and
 streaming answers go on meanwhile); a connection must send its headers, and then its body,
-within ``read_timeout_s`` (else it is closed, or answered 408); requests are counted against
-the queue limit from their arrival, so a flood is refused (429) before any of it is parsed.
+within ``read_timeout_s`` (else it is closed, or answered 408); when the queue is full a request
+is refused (429) before its body is read or parsed.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ class ServerLimits:
 
 class _Admission:
     """At most ``running`` requests generate at once and at most ``waiting`` more are admitted
-    (being read, rendered, or waiting for a slot); the rest get 429 before any work is done.
+    (being rendered, or waiting for a slot); the rest get 429, checked before the body is read
+    and again once it has arrived (a slow upload does not hold a place).
 
     ``Retry-After`` is the typical time a generation takes here (a smoothed average, 1 s before
     any has finished; between 1 and 60 s): about when a slot frees up."""
@@ -119,9 +120,8 @@ class _Admission:
     def retry_after_s(self) -> int:
         return min(60, max(1, math.ceil(self._typical_s or 1.0)))
 
-    @contextlib.asynccontextmanager
-    async def admit(self) -> AsyncIterator[None]:
-        """Count a request as waiting until it generates or is done; 429 if there is no room."""
+    def check(self) -> None:
+        """429 (with ``Retry-After``) if there is no room for one more request."""
         if self.active + self.queued >= self.running + self.waiting:
             retry = self.retry_after_s()
             raise APIError(
@@ -129,6 +129,11 @@ class _Admission:
                 f"retry in {retry} s", type="rate_limit_error", code="server_busy",
                 headers={"Retry-After": str(retry)},
             )
+
+    @contextlib.asynccontextmanager
+    async def admit(self) -> AsyncIterator[None]:
+        """Count a request as waiting until it generates or is done; 429 if there is no room."""
+        self.check()
         self.queued += 1
         try:
             yield
@@ -376,8 +381,9 @@ class OpenAIServer(LocalServer):
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self._check_auth(request)
-        async with self._admission.admit():  # 429 now if the server is full: nothing read or parsed yet
-            raw = await self._read_body(request)
+        self._admission.check()  # 429 now if the server is full: nothing read or parsed yet
+        raw = await self._read_body(request)
+        async with self._admission.admit():
             pool = self._prepare_pool
             if pool is None:
                 raise APIError(503, "the server is stopping", type="server_error")
