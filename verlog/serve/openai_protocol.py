@@ -131,7 +131,7 @@ class ChatCompletionRequest(_Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=_INT64_MIN, le=_INT64_MAX)  # a 64-bit seed, as OpenAI's
+    seed: int | None = Field(default=None, ge=_INT64_MIN, le=_INT64_MAX)  # a signed 64-bit seed
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(default=None, ge=1)
@@ -182,15 +182,15 @@ def decode_body(raw: bytes, *, max_messages: int | None = None) -> Any:
         raise APIError(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}") from None
-    too_deep = _too_deep(body, MAX_JSON_DEPTH)
-    if too_deep is not None:
-        raise APIError(400, f"'{too_deep or 'the request body'}' nests deeper than {MAX_JSON_DEPTH} levels "
-                       "of JSON arrays/objects", param=too_deep or None)
     if max_messages is not None and isinstance(body, dict):
         messages = body.get("messages")
         if isinstance(messages, list) and len(messages) > max_messages:
             raise APIError(400, f"'messages' has {len(messages)} messages; this server accepts at most "
                            f"{max_messages} per request", param="messages", code="too_many_messages")
+    too_deep = _too_deep(body, MAX_JSON_DEPTH)
+    if too_deep is not None:
+        raise APIError(400, f"'{too_deep or 'the request body'}' nests deeper than {MAX_JSON_DEPTH} levels "
+                       "of JSON arrays/objects", param=too_deep or None)
     return body
 
 
