@@ -263,4 +263,4 @@ def test_graph_kwargs_win_over_a_suites_and_say_the_run_is_not_its_protocol(serv
     assert summary["graph_kwargs_override"] == {"max_steps": 3, "max_tokens": 4}
     assert summary["not_the_suites_protocol"] == ["max_steps", "max_tokens"]
     assert main([*args[:-5], "--graph-kwargs", "[3]", "--out", str(out), "--no-chart"]) == 2
-    assert "error: --graph-kwargs must be a JSON object" in _said(capsys)
+    assert "error: --graph-kwargs (build_graph's keyword arguments) must be a JSON object" in _said(capsys)

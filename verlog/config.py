@@ -15,6 +15,7 @@ The agent is chosen by the ``multi_turn`` block::
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -28,6 +29,18 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def json_object(text: str, what: str) -> dict[str, Any]:
+    """``text`` parsed as a JSON object (command-line flags, environment variables); a
+    ``ValueError`` naming ``what`` when it is not JSON or not an object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a JSON object, got {text!r}")
+    return value
 
 
 def _keyword_mapping(value: Any, what: str, example: str) -> dict[str, Any]:

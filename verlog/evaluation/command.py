@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -90,15 +89,12 @@ def split_targets(targets: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def graph_kwargs_option(raw: str | None) -> dict[str, Any]:
     """``--graph-kwargs``: a JSON object of keyword arguments (``{}`` when not given)."""
-    if not raw:
-        return {}
+    from verlog.config import json_object
+
     try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise EvalError(f"--graph-kwargs is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise EvalError(f"--graph-kwargs must be a JSON object of build_graph keyword arguments, got {raw!r}")
-    return value
+        return json_object(raw, "--graph-kwargs (build_graph's keyword arguments)") if raw else {}
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
 
 
 def _slug(name: str) -> str:

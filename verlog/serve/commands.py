@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 import os
 import sys
 from pathlib import Path
@@ -29,13 +28,12 @@ def _is_loopback(host: str) -> bool:
 
 
 def _json_object(text: str) -> dict[str, Any]:
+    from verlog.config import json_object
+
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
+        return json_object(text, "the value")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _say(message: str) -> None:

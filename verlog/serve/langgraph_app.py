@@ -37,7 +37,6 @@ training recorder listening they change nothing, and a client streaming with
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -84,14 +83,9 @@ def chat_model_from_env(environ: dict[str, str] | None = None) -> Any:
 
 def graph_kwargs_from_env() -> dict[str, Any]:
     """``$VERLOG_GRAPH_KWARGS``: a JSON object of ``build_graph`` keyword arguments."""
-    raw = os.environ.get("VERLOG_GRAPH_KWARGS") or "{}"
-    try:
-        kwargs = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"$VERLOG_GRAPH_KWARGS is not JSON: {exc}") from None
-    if not isinstance(kwargs, dict):
-        raise ValueError(f"$VERLOG_GRAPH_KWARGS must be a JSON object, got {raw!r}")
-    return kwargs
+    from verlog.config import json_object
+
+    return json_object(os.environ.get("VERLOG_GRAPH_KWARGS") or "{}", "$VERLOG_GRAPH_KWARGS")
 
 
 def recursion_limit_from_env() -> int | None:
