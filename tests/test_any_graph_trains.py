@@ -133,10 +133,14 @@ def _capped_graph(model, cap: int):
 
 
 async def _capped_batch(tokenizer, model, cap=3, num_envs=4, turns_per_env=6):
+    """The capped task's turns. ``model``: the policy's model (sampled by the embedded engine), or
+    ``None`` for a scripted one-token answer (the same turns whatever the machine's load: unseeded
+    requests share one random stream, drawn in the order the engine batches them)."""
     from verlog.backends.embedded import EmbeddedEngine
     from verlog.llm import VerlogChatModel
+    from verlog.testing import ScriptedEngine
 
-    engine = EmbeddedEngine(model, tokenizer, seed=0)
+    engine = ScriptedEngine(tokenizer, ["a"]) if model is None else EmbeddedEngine(model, tokenizer, seed=0)
     chat = {}
 
     def build(e):
@@ -179,12 +183,12 @@ def test_swapping_terminated_and_truncated_changes_the_advantages(tiny_tokenizer
     assert not torch.allclose(truncated.advantages, terminated.advantages)
 
 
-def test_truncation_aware_critic_learns_the_value_of_a_capped_task(tiny_tokenizer, tiny_model, tiny_dir):
+def test_truncation_aware_critic_learns_the_value_of_a_capped_task(tiny_tokenizer, tiny_dir):
     """One state, reward 1 a step, gamma 0.9, cut after 3 steps: the state's value is 1 / (1 - 0.9)
     = 10 (the cap is not part of the state). Bootstrapping the cut turns from the value of the
     state after the cut learns it; treating the cut as an ending would learn about 2.6."""
     torch.manual_seed(0)
-    batch = asyncio.run(_capped_batch(tiny_tokenizer, tiny_model))
+    batch = asyncio.run(_capped_batch(tiny_tokenizer, None))
     learner = _learner(tiny_dir, gamma_step=0.9)
     storage = RolloutStorage.from_batch(batch)
     for _ in range(80):  # critic-only iterations on one buffer, values and GAE recomputed each time

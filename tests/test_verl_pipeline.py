@@ -771,6 +771,38 @@ def test_every_estimator_on_verl_rows_equals_the_embedded_trainers(group_world, 
     trainer writes back equal the embedded trainer's ``RolloutStorage.compute_advantages`` (the
     registry's ``estimate_advantages``) on the same turns, step after step (step 2 continues an
     episode of step 1: not an episode start); the estimator's metrics too."""
+    metrics = _check_estimator_on_verl_rows(group_world, case)
+    if ESTIMATOR_SETTINGS[case].get("drop_uniform_groups"):  # seed 1's group returns 1.0 twice
+        # (group 0's answers are sampled: their returns may happen to tie too, then both drop)
+        assert metrics[1]["verlog/adv/dropped_group_frac"] >= 0.5
+
+
+def test_dapo_dropping_every_group_skips_the_update_instead_of_crashing(group_world):
+    """Every group's returns tie (the reward is only the win, and a group's slots play the same
+    seeds): DAPO leaves every turn out of the policy loss. verl's rollout correction refuses an
+    empty mask and its token-mean would divide 0 by 0, so the trainer writes the empty masks (as
+    the embedded trainer computes them), skips the correction and the actor update, and says so."""
+    from verlog.integrations.verl.trainer import VerlogPPOTrainer
+
+    store = copy.deepcopy(group_world.store)
+    for key in (k for keys in group_world.keys.values() for k in keys):
+        extra = store.rows["train"][key]["extra_fields"]
+        extra["verlog_reward"] = 1.0 if extra["verlog_terminated"] else 0.0
+    tied = SimpleNamespace(**{**vars(group_world), "store": store})
+    metrics = _check_estimator_on_verl_rows(tied, "grpo+dapo")
+    for step in (1, 2):
+        assert metrics[step]["verlog/adv/dropped_group_frac"] == 1.0
+        assert metrics[step]["verlog/adv/policy_token_frac"] == 0.0
+        assert not any(key.startswith("rollout_corr/") for key in metrics[step])
+    trainer = object.__new__(VerlogPPOTrainer)  # no worker group: a call to verl's update would fail
+    trainer.global_steps, trainer._policy_tokens = 1, 0
+    skipped: dict = {}
+    assert trainer._update_actor("the batch", skipped) == "the batch"
+    assert skipped == {"verlog/actor_update_skipped": 1.0}
+
+
+def _check_estimator_on_verl_rows(group_world, case):
+    """The comparison of the test above for one estimator setting; each step's trainer metrics."""
     from omegaconf import open_dict
     from transfer_queue import KVBatchMeta
     from verl.trainer.ppo import core_algos
@@ -796,7 +828,7 @@ def test_every_estimator_on_verl_rows_equals_the_embedded_trainers(group_world, 
     settings = trainer.spec.advantage_settings()
     algo = AlgorithmConfig(**settings.model_dump())  # the embedded trainer's config, same values
     gen = torch.Generator().manual_seed(11)
-    nonzero = 0
+    nonzero, by_step = 0, {}
     for step in (1, 2):
         store = copy.deepcopy(group_world.store)
         keys = list(group_world.keys[step])
@@ -836,7 +868,7 @@ def test_every_estimator_on_verl_rows_equals_the_embedded_trainers(group_world, 
                 assert store.rows["train"][key]["advantages"].abs().sum() == 0
         for metric, value in expected_metrics.items():
             assert metrics[f"verlog/adv/{metric}"] == pytest.approx(value, abs=1e-6), metric
-        if overrides.get("drop_uniform_groups") and step == 1:  # seed 1's group returns 1.0 twice
-            # (group 0's answers are sampled: their returns may happen to tie too, then both drop)
-            assert metrics["verlog/adv/dropped_group_frac"] >= 0.5
-    assert (nonzero == 0) == (name == "zero")
+        by_step[step] = metrics
+    dropped_all = all(m.get("verlog/adv/policy_token_frac", 1.0) == 0.0 for m in by_step.values())
+    assert (nonzero == 0) == (name == "zero" or dropped_all)
+    return by_step

@@ -131,6 +131,8 @@ class VerlogPPOTrainer(PPOTrainerSync):
         )
         #: episodes started per env slot (``"{row}:{session}"``), as the latest rows reported
         self.slot_episodes: dict[str, int] = {}
+        #: tokens the latest advantages left in the policy loss (0: the actor update is skipped)
+        self._policy_tokens: int | None = None
         super().__init__(config)
 
     # ------------------------------------------------------------------ verl hooks
@@ -189,7 +191,10 @@ class VerlogPPOTrainer(PPOTrainerSync):
             # stored as the sampled response_mask: both lose those turns
             data.batch["loss_mask"] = data.batch["response_mask"]
             written += ["response_mask", "loss_mask"]
-        if correction is not None:  # ... then verl's rollout correction may mask tokens out of the losses
+        # every turn left out (e.g. DAPO dropped every group: all of them tied): no policy token to
+        # correct or train; verl's correction refuses an empty mask and its token-mean would be 0/0
+        self._policy_tokens = int(data.batch["response_mask"].sum())
+        if correction is not None and self._policy_tokens:  # ... then verl's correction may mask tokens out
             from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 
             data, corr_metrics = compute_rollout_correction_and_add_to_batch(data, correction)
@@ -202,6 +207,16 @@ class VerlogPPOTrainer(PPOTrainerSync):
             {name: response_to_nested(data.batch[name], nested_mask) for name in written}, batch_size=len(batch)
         )
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """verl's actor update, skipped when the estimator left every turn of the batch out of the
+        policy loss (nothing to learn from; the embedded trainer's update is zero there too)."""
+        if self._policy_tokens == 0:
+            metrics["verlog/actor_update_skipped"] = 1.0
+            logger.warning("step %s: every turn is out of the policy loss; the actor update is skipped", self.global_steps)
+            return batch
+        metrics["verlog/actor_update_skipped"] = 0.0
+        return super()._update_actor(batch, metrics)
 
     def _rollout_correction(self) -> Any:
         """verl's rollout-correction config when it applies (decoupled mode with engine logprobs)."""
