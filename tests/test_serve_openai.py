@@ -22,6 +22,7 @@ from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.graph_file import load_graph_file
 from verlog.llm import VerlogChatModel
 from verlog.serve import OpenAIServer, ServerLimits, serve_in_thread
+from openai_tools import CALCULATE
 
 openai = pytest.importorskip("openai")
 langchain_openai = pytest.importorskip("langchain_openai")
@@ -29,14 +30,6 @@ ChatOpenAI = langchain_openai.ChatOpenAI
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL_ANSWER = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "(3 + 4) * 12"}}\n</tool_call>'
-CALCULATE = {
-    "type": "function",
-    "function": {
-        "name": "calculate",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
 
 
 @pytest.fixture(scope="module")

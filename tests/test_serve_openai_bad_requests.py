@@ -25,18 +25,11 @@ from verlog.serve import OpenAIServer, ServerLimits, serve_in_thread
 from verlog.serve.commands import main as serve_main
 from verlog.serve.openai_protocol import MAX_JSON_DEPTH, TokenBytes
 from verlog.testing.scripted_engine import ScriptedEngine
+from openai_tools import CALCULATE
 
 openai = pytest.importorskip("openai")
 
 HI = [{"role": "user", "content": "hi"}]
-CALCULATE = {
-    "type": "function",
-    "function": {
-        "name": "calculate",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
 #: the bytes of U+FFFD, what a token that is part of a character decodes to
 REPLACEMENT = list("\ufffd".encode())
 

@@ -102,9 +102,10 @@ def _rows(store, partition, keys):
     return {k: store.rows[partition][k] for k in keys}
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory, tiny_dir):
-    """Two verl training steps and one validation batch through verl's real agent-loop worker."""
+def _rollout_world(root, graph_name: str, graph_text: str, settings: dict, tiny_dir, *, validate: bool = False):
+    """verl's real agent-loop worker running ``graph_text`` for two training steps (and one
+    validation batch if ``validate``) with the tiny model on the embedded engine; ``settings``:
+    the verl config file's contents (``graph_name``.py is written next to it)."""
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
     from verlog.backends.embedded import EmbeddedEngine
@@ -113,23 +114,9 @@ def world(tmp_path_factory, tiny_dir):
     from verlog.integrations.verl.local import EngineServerClient, MemoryTransferQueue
     from verlog.models import load_causal_lm, load_tokenizer
 
-    root = tmp_path_factory.mktemp("verl")
-    (root / "countdown.py").write_text(GRAPH)
-    config_file = root / "countdown.yaml"
-    config_file.write_text(yaml.safe_dump({
-        "verlog": {"num_envs": NUM_ENVS, "turns_per_env": TURNS, "eval_episodes": 2, "eval_seed": 1000},
-        "actor_rollout_ref": {
-            "model": {"path": "tiny"},
-            "rollout": {
-                "name": "sglang", "prompt_length": 256, "response_length": 6,
-                "multi_turn": {"langgraph": {
-                    "path": "countdown.py", "graph_config": {"recursion_limit": 60},
-                    "graph_kwargs": {"fail_seeds": [2, 1001]},
-                }},
-            },
-        },
-        "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
-    }))
+    (root / f"{graph_name}.py").write_text(graph_text)
+    config_file = root / f"{graph_name}.yaml"
+    config_file.write_text(yaml.safe_dump(settings))
     config = compose_verl_config(config_file)
     store = MemoryTransferQueue()
     tokenizer = load_tokenizer(tiny_dir)
@@ -143,7 +130,8 @@ def world(tmp_path_factory, tiny_dir):
             for step in (1, 2):
                 client.global_steps = step - 1  # the weights a sync step generates with
                 keys_by_step[step] = await rollout_step(worker, store, dataset_batch(config.data.train_files, step))
-            await rollout_step(worker, store, dataset_batch(config.data.val_files, 2, validate=True))
+            if validate:
+                await rollout_step(worker, store, dataset_batch(config.data.val_files, 2, validate=True))
         finally:
             await close_slots()
             await engine.aclose()
@@ -152,6 +140,25 @@ def world(tmp_path_factory, tiny_dir):
     with store.patch():
         client = asyncio.run(run())
     return SimpleNamespace(config=config, store=store, client=client, keys=keys_by_step, tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tiny_dir):
+    """Two verl training steps and one validation batch through verl's real agent-loop worker."""
+    return _rollout_world(tmp_path_factory.mktemp("verl"), "countdown", GRAPH, {
+        "verlog": {"num_envs": NUM_ENVS, "turns_per_env": TURNS, "eval_episodes": 2, "eval_seed": 1000},
+        "actor_rollout_ref": {
+            "model": {"path": "tiny"},
+            "rollout": {
+                "name": "sglang", "prompt_length": 256, "response_length": 6,
+                "multi_turn": {"langgraph": {
+                    "path": "countdown.py", "graph_config": {"recursion_limit": 60},
+                    "graph_kwargs": {"fail_seeds": [2, 1001]},
+                }},
+            },
+        },
+        "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
+    }, tiny_dir, validate=True)
 
 
 def _by_slot(world, step):
@@ -648,18 +655,7 @@ def group_world(tmp_path_factory, tiny_dir):
         step 2  group 0: seed 3 turns 1-2 (continued, done), seed 4 turn 0 (cut)
                 group 1: seed 2 (2 turns, done), seed 5 turn 0 (cut)
     """
-    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
-
-    from verlog.backends.embedded import EmbeddedEngine
-    from verlog.integrations.verl.agent_loop import close_slots
-    from verlog.integrations.verl.launch import compose_verl_config
-    from verlog.integrations.verl.local import EngineServerClient, MemoryTransferQueue
-    from verlog.models import load_causal_lm, load_tokenizer
-
-    root = tmp_path_factory.mktemp("verl_groups")
-    (root / "groups.py").write_text(GROUP_GRAPH)
-    config_file = root / "groups.yaml"
-    config_file.write_text(yaml.safe_dump({
+    return _rollout_world(tmp_path_factory.mktemp("verl_groups"), "groups", GROUP_GRAPH, {
         "verlog": {"num_envs": GROUP_ENVS, "turns_per_env": TURNS, "group_size": GROUP_SIZE},
         "actor_rollout_ref": {
             "model": {"path": "tiny"},
@@ -668,25 +664,7 @@ def group_world(tmp_path_factory, tiny_dir):
         },
         "algorithm": {"use_kl_in_reward": True},
         "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
-    }))
-    config = compose_verl_config(config_file)
-    store = MemoryTransferQueue()
-    tokenizer = load_tokenizer(tiny_dir)
-    keys_by_step: dict[int, list[str]] = {}
-
-    async def run():
-        engine = EmbeddedEngine(load_causal_lm(tiny_dir), tokenizer, max_batch_size=8, seed=0)
-        worker = AgentLoopWorkerTQ.__ray_actor_class__(config, EngineServerClient(engine), None, None)
-        try:
-            for step in (1, 2):
-                keys_by_step[step] = await rollout_step(worker, store, dataset_batch(config.data.train_files, step))
-        finally:
-            await close_slots()
-            await engine.aclose()
-
-    with store.patch():
-        asyncio.run(run())
-    return SimpleNamespace(config=config, store=store, keys=keys_by_step, tokenizer=tokenizer)
+    }, tiny_dir)
 
 
 def _prompt_facts(world, row):
