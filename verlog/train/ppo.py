@@ -188,8 +188,12 @@ def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int
             mini = order[start:start + algo.mini_batch_turns].tolist()
             groups = _micro_batches(s, mini, learner)
             # one model at a time, so only one model's gradients exist at once
-            if update_actor:
-                tokens = max(aggregation_weight(s.policy_mask[mini], algo.loss_aggregation), 1.0)
+            # a mini-batch whose turns are all out of the policy loss (DAPO's dropped groups, ...)
+            # does not step the actor: an optimizer step on zero gradients still moves the weights
+            # (Adam's momentum, weight decay)
+            policy_weight = aggregation_weight(s.policy_mask[mini], algo.loss_aggregation) if update_actor else 0.0
+            if policy_weight > 0:
+                tokens = max(policy_weight, 1.0)
                 for micro in groups:
                     share = aggregation_weight(s.policy_mask[micro], algo.loss_aggregation) / tokens
                     record(_actor_step(s, micro, learner, share), share)
