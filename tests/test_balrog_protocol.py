@@ -23,7 +23,8 @@ from verlog.envs.family import BalrogSettings, EnvFamily, families, get_family, 
 from verlog.envs.play import RULE, make_bot, model_message
 from verlog.envs.registry import list_envs, make_env
 
-SUITE = Path(__file__).resolve().parents[1] / "configs" / "suites" / "balrog.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "configs" / "suites" / "balrog.yaml"
 BABYAI_CAPS = {"goto": 64, "pickup": 64, "open": 128, "putnext": 128, "pick_up_seq_go_to": 128}
 
 
@@ -86,9 +87,34 @@ def test_suite_file_matches_the_families() -> None:
         assert entry["overrides"]["eval.episodes"] == settings.episodes_per_task
         caps = set(settings.max_steps.values())
         assert shared["max_steps"] == (caps.pop() if caps else None)
-        assert entry["overrides"]["multi_turn.langgraph.graph_config.recursion_limit"] >= 3 * (shared["max_steps"] or 128) + 10
+        # the graphs carry the recursion limit of their step cap: a suite (or --graph-kwargs) that
+        # changes max_steps needs no recursion limit of its own, which would go stale
+        assert not any("recursion_limit" in key for key in entry["overrides"])
         tasks = [next(iter(t["graph_kwargs"].values())) for t in entry.get("tasks", [])]
         assert tasks == [t for t in settings.verlog_tasks() if t]
+
+
+@pytest.mark.parametrize("family", ["babyai", "textworld", "minihack"])
+def test_suite_graphs_let_episodes_reach_their_cap_whatever_max_steps_is(family: str) -> None:
+    """A suite task's graph, built with the suite's settings or a smoke run's ``max_steps``,
+    carries a recursion limit its longest episode fits in (3 supersteps a step)."""
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    from verlog.graph_file import load_graph_file
+
+    entry = yaml.safe_load(SUITE.read_text())[family]
+    config = yaml.safe_load((SUITE.parent / entry["config"]).read_text())
+    graph_file = load_graph_file(ROOT / config["multi_turn"]["langgraph"]["path"])
+    task = entry["tasks"][-1]["graph_kwargs"]
+    for max_steps in (entry["graph_kwargs"]["max_steps"], 100, 300):
+        kwargs = {**entry["graph_kwargs"], **task, "max_steps": max_steps}
+        graph = graph_file.build(FakeListChatModel(responses=["x"]), **kwargs)
+        cap = max_steps
+        if cap is None:  # the level's own (BabyAI under BALROG: minigrid's, 128 for this task)
+            env = make_env(f"{family}:{next(iter(task.values()))}", protocol="balrog")
+            env.reset(0)
+            cap = env.max_steps
+        assert graph.config["recursion_limit"] >= 3 * cap + 1, (family, max_steps)
 
 
 # --------------------------------------------------------------------------------------------
