@@ -210,7 +210,7 @@ class VerlogPPOTrainer(PPOTrainerSync):
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's actor update, skipped when the estimator left every turn of the batch out of the
-        policy loss (nothing to learn from; the embedded trainer's update is zero there too)."""
+        policy loss (nothing to learn from; the embedded trainer skips such a step too)."""
         if self._policy_tokens == 0:
             metrics["verlog/actor_update_skipped"] = 1.0
             logger.warning("step %s: every turn is out of the policy loss; the actor update is skipped", self.global_steps)
