@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
 
+from verlog.config import json_object
 from verlog.evaluation.players import EndpointModel, EngineModel
 from verlog.evaluation.progress import EvalProgress
 from verlog.evaluation.report import plot_progression, require_matplotlib, summary_table, write_json
@@ -89,8 +90,6 @@ def split_targets(targets: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def graph_kwargs_option(raw: str | None) -> dict[str, Any]:
     """``--graph-kwargs``: a JSON object of keyword arguments (``{}`` when not given)."""
-    from verlog.config import json_object
-
     try:
         return json_object(raw, "--graph-kwargs (build_graph's keyword arguments)") if raw else {}
     except ValueError as exc:

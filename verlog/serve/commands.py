@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from verlog.config import json_object
+
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -28,8 +30,6 @@ def _is_loopback(host: str) -> bool:
 
 
 def _json_object(text: str) -> dict[str, Any]:
-    from verlog.config import json_object
-
     try:
         return json_object(text, "the value")
     except ValueError as exc:

@@ -42,6 +42,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from verlog.config import json_object
 from verlog.graph_file import load_graph_file
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,6 @@ def chat_model_from_env(environ: dict[str, str] | None = None) -> Any:
 
 def graph_kwargs_from_env() -> dict[str, Any]:
     """``$VERLOG_GRAPH_KWARGS``: a JSON object of ``build_graph`` keyword arguments."""
-    from verlog.config import json_object
-
     return json_object(os.environ.get("VERLOG_GRAPH_KWARGS") or "{}", "$VERLOG_GRAPH_KWARGS")
 
 

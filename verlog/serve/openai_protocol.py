@@ -421,7 +421,7 @@ def _byte_level_alphabet() -> dict[str, int]:
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
                  *range(ord("\xae"), ord("\xff") + 1)]
     alphabet = {chr(b): b for b in printable}
-    others = (b for b in range(256) if b not in set(printable))
+    others = sorted(set(range(256)) - set(printable))
     alphabet.update({chr(0x100 + n): b for n, b in enumerate(others)})
     return alphabet
 
@@ -443,16 +443,15 @@ class TokenBytes:
         self.added = {i: getattr(t, "content", str(t))
                       for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()}
         self.byte_level = _is_byte_level(tokenizer)
+        self._alphabet = _byte_level_alphabet() if self.byte_level else {}
 
     def __call__(self, token_id: int) -> bytes:
         if token_id in self.added:
             return self.added[token_id].encode("utf-8")
         piece = self.tokenizer.convert_ids_to_tokens(token_id)
         if isinstance(piece, str):
-            if self.byte_level:
-                alphabet = _byte_level_alphabet()
-                if all(c in alphabet for c in piece):
-                    return bytes(alphabet[c] for c in piece)
+            if self.byte_level and all(c in self._alphabet for c in piece):
+                return bytes(self._alphabet[c] for c in piece)
             fallback = _BYTE_FALLBACK.fullmatch(piece)
             if fallback:
                 return bytes([int(fallback.group(1), 16)])
@@ -473,14 +472,12 @@ def _is_byte_level(tokenizer: Any) -> bool:
         return False
 
 
-def token_logprobs(tokenizer: Any, ids: list[int], logprobs: list[float],
-                   token_bytes: TokenBytes | None = None) -> list[dict[str, Any]]:
+def token_logprobs(token_bytes: TokenBytes, ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
     """OpenAI's ``logprobs.content`` entries for generated tokens (no alternatives): ``token``
     is the token's decoded text, ``bytes`` its raw bytes (see :class:`TokenBytes`)."""
-    token_bytes = token_bytes or TokenBytes(tokenizer)
     out = []
     for tid, lp in zip(ids, logprobs):
-        text = tokenizer.decode([tid], skip_special_tokens=False)
+        text = token_bytes.tokenizer.decode([tid], skip_special_tokens=False)
         out.append({"token": text, "logprob": lp, "bytes": list(token_bytes(tid)), "top_logprobs": []})
     return out
 

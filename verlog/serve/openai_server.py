@@ -112,17 +112,23 @@ class _Admission:
 
     def __init__(self, running: int, waiting: int):
         self.running, self.waiting = running, waiting
+        #: requests admitted (waiting or generating) and, of those, generating
+        self.admitted = 0
         self.active = 0
-        self.queued = 0
         self._semaphore: asyncio.Semaphore | None = None
         self._typical_s: float | None = None
+
+    @property
+    def queued(self) -> int:
+        """Admitted requests not generating yet (being rendered, or waiting for a slot)."""
+        return self.admitted - self.active
 
     def retry_after_s(self) -> int:
         return min(60, max(1, math.ceil(self._typical_s or 1.0)))
 
     def check(self) -> None:
         """429 (with ``Retry-After``) if there is no room for one more request."""
-        if self.active + self.queued >= self.running + self.waiting:
+        if self.admitted >= self.running + self.waiting:
             retry = self.retry_after_s()
             raise APIError(
                 429, f"the server is busy ({self.active} requests generating, {self.queued} waiting); "
@@ -132,13 +138,13 @@ class _Admission:
 
     @contextlib.asynccontextmanager
     async def admit(self) -> AsyncIterator[None]:
-        """Count a request as waiting until it generates or is done; 429 if there is no room."""
+        """Count a request as admitted until it is done; 429 if there is no room."""
         self.check()
-        self.queued += 1
+        self.admitted += 1
         try:
             yield
         finally:
-            self.queued -= 1
+            self.admitted -= 1
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -146,7 +152,6 @@ class _Admission:
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.running)
         await self._semaphore.acquire()
-        self.queued -= 1  # generating now, not waiting (admit's exit gives the count back)
         self.active += 1
         started = time.monotonic()
         try:
@@ -155,7 +160,6 @@ class _Admission:
             took = time.monotonic() - started
             self._typical_s = took if self._typical_s is None else 0.8 * self._typical_s + 0.2 * took
             self.active -= 1
-            self.queued += 1
             self._semaphore.release()
 
 
@@ -410,7 +414,7 @@ class OpenAIServer(LocalServer):
         }
         if req.logprobs:
             choice["logprobs"] = {"content": proto.token_logprobs(
-                self.tokenizer, generation.token_ids, generation.logprobs, self._token_bytes)}
+                self._token_bytes, generation.token_ids, generation.logprobs)}
         return web.json_response({
             "id": proto.completion_id(),
             "object": "chat.completion",
@@ -520,7 +524,7 @@ class OpenAIServer(LocalServer):
             nonlocal reported
             if not want_logprobs:
                 return None
-            out = proto.token_logprobs(self.tokenizer, ids[reported:], lps[reported:], self._token_bytes)
+            out = proto.token_logprobs(self._token_bytes, ids[reported:], lps[reported:])
             reported = len(ids)
             return out
 

@@ -193,9 +193,8 @@ def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int
             # (Adam's momentum, weight decay)
             policy_weight = aggregation_weight(s.policy_mask[mini], algo.loss_aggregation) if update_actor else 0.0
             if policy_weight > 0:
-                tokens = max(policy_weight, 1.0)
                 for micro in groups:
-                    share = aggregation_weight(s.policy_mask[micro], algo.loss_aggregation) / tokens
+                    share = aggregation_weight(s.policy_mask[micro], algo.loss_aggregation) / policy_weight
                     record(_actor_step(s, micro, learner, share), share)
                 norm = _step(learner.actor, learner.actor_optimizer, learner.actor_max_grad_norm)
                 record({"actor_grad_norm": norm}, 1.0)
