@@ -12,7 +12,9 @@ knowledge base), so two games generated or loaded at once in one process corrupt
 (``IndexError: pop from empty list``, parse errors). A child process shares nothing with the
 games being played here, and several children can build games in parallel (at most one per CPU
 core at a time). Loading and playing games in this process is serialised by
-:data:`ENGINE_LOCK` (see :mod:`verlog.envs.textworld_env`).
+:data:`ENGINE_LOCK` (see :mod:`verlog.envs.textworld_env`). The child answers TextWorld's
+constraint checks with :mod:`verlog.envs.textworld_chaining`, which gives the same games from
+the same seeds, 10 to 100 times faster for BALROG's level-30 treasure hunter.
 
 **Candidate seeds**: a seed whose settings admit no game (TextWorld raises
 ``QuestGenerationError``), or whose game fails a filter of the settings (``walkthrough_length``),
@@ -145,8 +147,15 @@ def _build_in_child(family: str, settings: Mapping[str, Any], seed: int, root: P
 
 def build_game_here(family: str, settings: Mapping[str, Any], seed: int, root: Path | None = None) -> tuple[Path, int]:
     """:func:`build_game` in this very process (what the child process runs). Not thread-safe
-    with any other TextWorld use in the process: call it from a process of its own."""
+    with any other TextWorld use in the process: call it from a process of its own. It swaps
+    verlog's equivalent constraint check into TextWorld's quest generator
+    (:mod:`verlog.envs.textworld_chaining`; same games, a level-30 treasure hunter in seconds
+    instead of minutes)."""
     from textworld.generator import QuestGenerationError
+
+    from verlog.envs.textworld_chaining import install
+
+    install()
 
     for candidate in candidates(seed):
         final = game_dir(family, settings, candidate, root)
