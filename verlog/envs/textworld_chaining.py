@@ -85,13 +85,13 @@ def _matches(state: Any, rule: Any, new_facts: Sequence[Any] | None) -> Iterator
                 yield from _extend(state, rule, rest, mapping, used, free)
 
 
-_SIGNATURES: dict[tuple[int, Any], frozenset] = {}
+_SIGNATURES: dict[tuple[Any, Any], frozenset] = {}  # (type hierarchy, signature) -> signatures
 
 
 def _signatures(types: Any, pred: Any) -> frozenset:
     """The fact signatures a precondition matches: its own and its types' subtypes' (cached per
     type hierarchy and signature)."""
-    key = (id(types), pred.signature)
+    key = (types, pred.signature)  # the hierarchy itself (hashed by identity), kept alive here
     found = _SIGNATURES.get(key)
     if found is None:
         signature_type = type(pred.signature)
