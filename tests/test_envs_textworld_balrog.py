@@ -238,6 +238,50 @@ def test_walkthrough_agent_wins_a_game_with_a_hyphenated_door() -> None:
     assert any("frosted-glass" in step for step in env.walkthrough) and results[-1].info["success"]
 
 
+def test_walkthrough_agent_drops_each_key_after_its_last_use() -> None:
+    from verlog.envs.textworld_env import keys_dropped_after_use
+
+    plan = [
+        "take key", "unlock gate with key", "open gate", "take non-euclidean key from box",
+        "unlock gateway with non-euclidean key", "open gateway", "take keycard",
+    ]
+    assert keys_dropped_after_use(plan) == [
+        "take key", "unlock gate with key", "drop key", "open gate", "take non-euclidean key from box",
+        "unlock gateway with non-euclidean key", "drop non-euclidean key", "open gateway", "take keycard",
+    ]
+    # a key used again is dropped after its last use only
+    twice = ["take latchkey", "unlock box with latchkey", "go west", "unlock door with latchkey", "go west"]
+    assert keys_dropped_after_use(twice) == twice[:4] + ["drop latchkey", "go west"]
+
+
+def test_walkthrough_agent_takes_without_naming_an_ambiguous_container() -> None:
+    class Game:
+        balrog = True
+        walkthrough = ["take Canadian latchkey from chest", "unlock Canadian chest with Canadian latchkey"]
+
+        def valid_actions(self) -> list[str]:
+            return self.walkthrough
+
+    agent = TextWorldWalkthroughAgent(Game())  # type: ignore[arg-type]
+    agent.reset()
+    assert agent.act("") == "take Canadian latchkey from chest"
+    assert agent.act("Which do you mean, the Canadian chest or the chest?") == "take Canadian latchkey"
+    assert agent.act("You take the Canadian latchkey from the chest.") == "unlock Canadian chest with Canadian latchkey"
+
+
+@pytest.mark.slow
+def test_fresh_treasure_hunters_that_need_the_agents_care_are_won_and_one_is_unwinnable() -> None:
+    """Level-30 games where BALROG's cleaning makes names collide: 100117 and 100128 need the
+    dropped keys, 100188 the plain ``take``; in 100180 a ``portal`` stands beside the locked
+    ``non-euclidean portal``, which no typeable answer can name."""
+    env = TextWorldTextEnv("treasure_hunter", protocol="balrog", pool_size=None)
+    for seed in (100117, 100128, 100188):
+        assert play_steps(env, TextWorldWalkthroughAgent(env), seed)[-1].info["won"], seed
+    results = play_steps(env, TextWorldWalkthroughAgent(env), 100180)
+    assert not results[-1].info["won"]
+    assert any("Which do you mean, portal or non-euclidean portal?" in r.observation for r in results)
+
+
 def test_walkthrough_plan_drops_steps_that_change_nothing() -> None:
     from verlog.envs.textworld_env import shortened_walkthrough
 

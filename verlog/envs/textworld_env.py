@@ -19,9 +19,10 @@ the recipe drawn from the game seed; every seed is its own game. The model reads
 for each command (banner, goal and status bar removed), then ``Location``, ``Inventory``, the
 score and the valid actions (TextWorld's admissible commands, the only commands accepted); the
 game's goal text is in the instruction. An answer naming no valid action runs ``look`` and pays
-the invalid-action penalty. Why level 26: a level-30 game takes from about a minute to several
-minutes to generate here (TextWorld's backward quest search backtracks); level 26 keeps the
-20-room house with its locks, with a 12-step quest.
+the invalid-action penalty. Why level 26: a level-30 game's generation time has a long tail
+(median 6 s, but 2 of 20 seeds took 2 and 7 minutes: TextWorld's backward quest search
+backtracks), level 26 takes about 3 s; level 26 keeps the 20-room house with its locks, with a
+12-step quest.
 
 **balrog** (``protocol="balrog"``: BALROG's evaluation). The games are made as BALROG's were
 (its scripts in ``conglu1997/intelligent-go-explore``, ``textworld/misc/make_*.py``):
@@ -489,6 +490,10 @@ def balrog_instruction(family: str) -> str:
     raise _unknown_family(family)
 
 
+#: how TextWorld's parser answers a command whose words fit more than one thing in sight
+AMBIGUOUS = "Which do you mean"
+
+
 class TextWorldWalkthroughAgent:
     """Plays the game's own walkthrough, one command per turn.
 
@@ -504,21 +509,41 @@ class TextWorldWalkthroughAgent:
 
     Under BALROG's protocol an answer loses every character but letters and spaces, so a command
     naming a ``frosted-glass door`` cannot be typed: the agent leaves such words out (``open
-    door``), which TextWorld's parser resolves when only one such thing is in sight.
+    door``), which TextWorld's parser resolves when only one such thing is in sight. So that the
+    keys it carries stay apart (``key`` and ``non-euclidean key`` both type as ``key``), it drops
+    each key after the last command that uses it (:func:`keys_dropped_after_use`). When the
+    parser finds a ``take X from Y`` ambiguous (``Y`` is a ``chest`` beside a ``Canadian chest``),
+    it types ``take X``. A game that
+    shows two things whose names differ only by such a word at once (a ``portal`` beside a
+    ``non-euclidean portal``) cannot be won under that cleaning by any player: the parser asks
+    which one is meant, and only the untypeable word tells them apart.
     """
 
     def __init__(self, env: TextWorldTextEnv) -> None:
         self.env = env
         self._plan: list[str] = []
+        self._retry: str | None = None
 
     def reset(self) -> None:
-        self._plan = shortened_walkthrough(self.env.walkthrough)
+        plan = shortened_walkthrough(self.env.walkthrough)
+        self._plan = keys_dropped_after_use(plan) if self.env.balrog else plan
+        self._retry = None
 
     def act(self, observation: str) -> str:
+        retry, self._retry = self._retry, None
+        if retry is not None and AMBIGUOUS in observation:
+            # "take latchkey from chest" beside a "Canadian chest": the walkthrough's own words
+            # are ambiguous to the parser; "take latchkey" takes it from the open container
+            return self._typed(retry)
         valid = set(self.env.valid_actions())
         while len(self._plan) > 1 and valid and self._plan[0] not in valid:
             self._plan.pop(0)
         command = self._plan.pop(0) if self._plan else "look"
+        if command.startswith("take ") and " from " in command:
+            self._retry = command.split(" from ", 1)[0]
+        return self._typed(command)
+
+    def _typed(self, command: str) -> str:
         if not self.env.balrog:
             return f"ACTION: {command}"
         if balrog_command(command) != command:
@@ -527,6 +552,24 @@ class TextWorldWalkthroughAgent:
 
 
 _OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east"}
+_PREPOSITIONS = re.compile(r" (?:from|with|into|in|on) ")
+
+
+def _objects(command: str) -> list[str]:
+    """The things a command names (``unlock box with latchkey`` -> ``box``, ``latchkey``)."""
+    return _PREPOSITIONS.split(command.split(" ", 1)[1]) if " " in command else []
+
+
+def keys_dropped_after_use(plan: list[str]) -> list[str]:
+    """``plan`` with ``drop K`` after the last command that unlocks something with key ``K``."""
+    out: list[str] = []
+    for i, command in enumerate(plan):
+        out.append(command)
+        if command.startswith("unlock ") and " with " in command:
+            key = command.rsplit(" with ", 1)[1]
+            if not any(key in _objects(later) for later in plan[i + 1:]):
+                out.append(f"drop {key}")
+    return out
 
 
 def _undoes(first: str, second: str) -> bool:
