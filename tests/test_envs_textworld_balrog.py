@@ -9,6 +9,7 @@ concurrent episodes through the agent graph with no error.
 from __future__ import annotations
 
 import asyncio
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import pytest
@@ -17,6 +18,7 @@ pytest.importorskip("textworld")
 
 from verlog.envs.base import play_steps  # noqa: E402
 from verlog.envs.textworld_env import (  # noqa: E402
+    AMBIGUOUS,
     BALROG_POOL_SIZE,
     BALROG_TASK_NAMES,
     DEFAULT_MAX_STEPS,
@@ -195,6 +197,25 @@ def test_balrog_walkthrough_wins_99_percent_of_200_fresh_games(family: str) -> N
     env = TextWorldTextEnv(family, protocol="balrog", pool_size=None)
     wins = sum(bool(play_steps(env, TextWorldWalkthroughAgent(env), seed)[-1].info.get("success")) for seed in range(200))
     assert wins >= 198, f"{family}: {wins}/200"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(14400)
+def test_balrog_treasure_hunter_walkthrough_wins_every_winnable_game_of_200_fresh_ones() -> None:
+    """Level 30, every seed its own game (about an hour to generate the 200 on one core). A lost
+    game must be one BALROG's cleaning makes unwinnable: the parser asked which of two things was
+    meant, and only a word with a character the cleaning removes tells them apart."""
+    env = TextWorldTextEnv("treasure_hunter", protocol="balrog", pool_size=None)
+    lost = []
+    for seed in range(100_000, 100_200):
+        results = play_steps(env, TextWorldWalkthroughAgent(env), seed)
+        if not results[-1].info["won"]:
+            options = [r.observation.split(AMBIGUOUS, 1)[1].split("?", 1)[0]
+                       for r in results if AMBIGUOUS in r.observation]
+            # "Which do you mean, portal or non-euclidean portal?": the untypeable "-" tells them apart
+            assert options and all(re.search(r"[^A-Za-z\s,]", o) for o in options), (seed, options)
+            lost.append(seed)
+    assert len(lost) <= 3, lost  # 100080, 100148, 100180 (measured 2026-11-25)
 
 
 @pytest.mark.slow
