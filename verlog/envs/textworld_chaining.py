@@ -24,8 +24,9 @@ without a known-valid parent, at all of them, in the state's own order) and stop
 It answers exactly what TextWorld's ``_Chainer.check_state`` answers for every state, so the
 generator makes the same game, byte for byte, from the same seed; the tests compare the two
 checks on random states and on whole generated games. :func:`install` swaps it into TextWorld's
-chainer; only the child process that generates games calls it
-(:mod:`verlog.envs.textworld_games`).
+chainer (written against the pinned ``textworld==1.7.0``: it relies on ``_Chainer.apply(node,
+action)`` and ``_Chainer.check_state(state)``, which those tests exercise); only the child process
+that generates games calls it (:mod:`verlog.envs.textworld_games`).
 """
 
 from __future__ import annotations

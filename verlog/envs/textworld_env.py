@@ -513,10 +513,9 @@ class TextWorldWalkthroughAgent:
     keys it carries stay apart (``key`` and ``non-euclidean key`` both type as ``key``), it drops
     each key after the last command that uses it (:func:`keys_dropped_after_use`). When the
     parser finds a ``take X from Y`` ambiguous (``Y`` is a ``chest`` beside a ``Canadian chest``),
-    it types ``take X``. A game that
-    shows two things whose names differ only by such a word at once (a ``portal`` beside a
-    ``non-euclidean portal``) cannot be won under that cleaning by any player: the parser asks
-    which one is meant, and only the untypeable word tells them apart.
+    it types ``take X``. A game that shows two things whose names differ only by such a word at
+    once (a ``portal`` beside a ``non-euclidean portal``) cannot be won under that cleaning by any
+    player: the parser asks which one is meant, and only the untypeable word tells them apart.
     """
 
     def __init__(self, env: TextWorldTextEnv) -> None:
