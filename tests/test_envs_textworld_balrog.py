@@ -221,7 +221,7 @@ def test_balrog_treasure_hunter_walkthrough_wins_every_winnable_game_of_200_fres
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
 def test_balrog_treasure_hunter_pool_walkthrough_wins() -> None:
-    """BALROG's 25 level-30 treasure hunter games (minutes each to generate on first use)."""
+    """BALROG's 25 level-30 treasure hunter games (seconds to minutes each to generate on first use)."""
     env = TextWorldTextEnv("treasure_hunter", protocol="balrog")
     won = []
     for seed in range(BALROG_POOL_SIZE):
