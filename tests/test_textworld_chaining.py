@@ -1,6 +1,7 @@
-"""verlog's constraint check for TextWorld's quest generator answers exactly what TextWorld's own
-check answers: on random states (full and incremental search), and on whole generated games,
-which must come out identical from the same seed."""
+"""What verlog changes in TextWorld's generator, in the generating process: its constraint check
+answers exactly what TextWorld's own check answers (on random states, full and incremental search,
+and on whole generated games, which must come out identical from the same seed), and a walkthrough
+search that never ends rejects its candidate seed."""
 
 from __future__ import annotations
 
@@ -117,3 +118,19 @@ def test_every_family_makes_the_same_game_with_either_check(monkeypatch, family,
     textworlds = _game_json(family, settings, seed)
     _install_for_this_test(monkeypatch)
     assert _game_json(family, settings, seed) == textworlds
+
+
+def test_a_walkthrough_search_that_never_ends_rejects_the_candidate(monkeypatch) -> None:
+    """TextWorld's ``ActionDependencyTree.flatten`` cycles forever on the level-30 treasure hunter
+    of seed 21; the generating process stops it at a fixed count so the seed moves on."""
+    from textworld.generator import QuestGenerationError
+    from textworld.generator import game as tw_game
+
+    from verlog.envs import textworld_games
+
+    _install_for_this_test(monkeypatch)
+    monkeypatch.setattr(tw_game.ActionDependencyTree, "flatten", tw_game.ActionDependencyTree.flatten)
+    textworld_games._bound_walkthrough_search()
+    with pytest.raises(QuestGenerationError, match="walkthrough search did not end"):
+        _generate("treasure_hunter", {"level": 30, "only_last_action": True}, 21)
+    assert _generate("treasure_hunter", {"level": 30, "only_last_action": True}, 100011).metadata["walkthrough"]

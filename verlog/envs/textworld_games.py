@@ -17,7 +17,8 @@ constraint checks with :mod:`verlog.envs.textworld_chaining`, which gives the sa
 the same seeds, 10 to 100 times faster for BALROG's level-30 treasure hunter.
 
 **Candidate seeds**: a seed whose settings admit no game (TextWorld raises
-``QuestGenerationError``), or whose game fails a filter of the settings (``walkthrough_length``),
+``QuestGenerationError``, or its walkthrough search does not end: :data:`MAX_WALKTHROUGH_SEARCH`),
+or whose game fails a filter of the settings (``walkthrough_length``),
 moves on to the next candidate ``seed + k * 1_000_003``, deterministically; the seed actually
 used is returned (and reported as ``info["game_seed"]``). A rejected candidate is remembered by a
 ``seed-<n>.failed`` file, so it is not generated twice.
@@ -61,6 +62,12 @@ VERLOG_KEYS = ("only_last_action", "walkthrough_length")
 #: candidate seeds tried per requested seed before giving up
 MAX_GENERATION_TRIES = 20
 SEED_STRIDE = 1_000_003  # candidate k of seed s is s + k * stride
+
+#: more commands than this from TextWorld's walkthrough search means it never ends: its
+#: ``ActionDependencyTree.flatten`` can cycle between an action and its reverse (the level-30
+#: treasure hunter of seed 21 yields over 100,000; finished games yield 20-55), and such a
+#: candidate is rejected as one that admits no quest (a count, so every machine rejects the same)
+MAX_WALKTHROUGH_SEARCH = 10_000
 
 #: one lock for every call into TextWorld's engine in this process (loading a game parses its
 #: logic with TextWorld's module-level parser; resets and steps run its state tracking)
@@ -156,6 +163,7 @@ def build_game_here(family: str, settings: Mapping[str, Any], seed: int, root: P
     from verlog.envs.textworld_chaining import install
 
     install()
+    _bound_walkthrough_search()
 
     for candidate in candidates(seed):
         final = game_dir(family, settings, candidate, root)
@@ -167,8 +175,8 @@ def build_game_here(family: str, settings: Mapping[str, Any], seed: int, root: P
         final.parent.mkdir(parents=True, exist_ok=True)
         try:
             game = _generate(family, settings, candidate)
-        except QuestGenerationError:
-            _write_atomic(failed, "QuestGenerationError\n")
+        except QuestGenerationError as exc:
+            _write_atomic(failed, f"QuestGenerationError: {str(exc).strip().splitlines()[0]}\n")
             continue
         wanted = settings.get("walkthrough_length")
         walkthrough = list(game.metadata.get("walkthrough") or [])
@@ -182,6 +190,29 @@ def build_game_here(family: str, settings: Mapping[str, Any], seed: int, root: P
         f"TextWorld could not generate a {family} game for seed {seed} "
         f"({MAX_GENERATION_TRIES} candidate seeds tried) with settings {dict(settings)}"
     )
+
+
+def _bound_walkthrough_search() -> None:
+    """Make TextWorld's walkthrough search (``ActionDependencyTree.flatten``, run while a game is
+    made) raise ``QuestGenerationError`` past :data:`MAX_WALKTHROUGH_SEARCH` commands instead of
+    running forever. For the generating child process only."""
+    from textworld.generator import QuestGenerationError
+    from textworld.generator import game as tw_game
+
+    flatten = tw_game.ActionDependencyTree.flatten
+    if getattr(flatten, "_verlog", False):
+        return
+
+    def bounded(self: Any) -> Any:
+        for count, action in enumerate(flatten(self), 1):
+            if count > MAX_WALKTHROUGH_SEARCH:
+                raise QuestGenerationError(
+                    f"TextWorld's walkthrough search did not end ({MAX_WALKTHROUGH_SEARCH:,} commands)")
+            yield action
+
+    bounded._verlog = True  # type: ignore[attr-defined]
+    bounded.__doc__ = flatten.__doc__
+    tw_game.ActionDependencyTree.flatten = bounded
 
 
 def _generate(family: str, settings: Mapping[str, Any], seed: int) -> Any:
