@@ -13,15 +13,15 @@ knowledge base), so two games generated or loaded at once in one process corrupt
 games being played here, and several children can build games in parallel (at most one per CPU
 core at a time). Loading and playing games in this process is serialised by
 :data:`ENGINE_LOCK` (see :mod:`verlog.envs.textworld_env`). The child answers TextWorld's
-constraint checks with :mod:`verlog.envs.textworld_chaining`, which gives the same games from
+constraint checks with :mod:`verlog.envs.textworld_generator`, which gives the same games from
 the same seeds, 10 to 100 times faster for BALROG's level-30 treasure hunter.
 
 **Candidate seeds**: a seed whose settings admit no game (TextWorld raises
-``QuestGenerationError``, or its walkthrough search does not end: :data:`MAX_WALKTHROUGH_SEARCH`),
-or whose game fails a filter of the settings (``walkthrough_length``),
-moves on to the next candidate ``seed + k * 1_000_003``, deterministically; the seed actually
-used is returned (and reported as ``info["game_seed"]``). A rejected candidate is remembered by a
-``seed-<n>.failed`` file, so it is not generated twice.
+``QuestGenerationError``, or its walkthrough search does not end: see
+:mod:`verlog.envs.textworld_generator`), or whose game fails a filter of the settings
+(``walkthrough_length``), moves on to the next candidate ``seed + k * 1_000_003``,
+deterministically; the seed actually used is returned (and reported as ``info["game_seed"]``). A
+rejected candidate is remembered by a ``seed-<n>.failed`` file, so it is not generated twice.
 
 **Settings** are the challenge's own keyword arguments (``level``; ``recipe``, ``take``, ``go``,
 ``open``, ``cook``, ``cut``, ``drop``, ``split``, ``recipe_seed``) plus two of verlog's:
@@ -62,12 +62,6 @@ VERLOG_KEYS = ("only_last_action", "walkthrough_length")
 #: candidate seeds tried per requested seed before giving up
 MAX_GENERATION_TRIES = 20
 SEED_STRIDE = 1_000_003  # candidate k of seed s is s + k * stride
-
-#: more commands than this from TextWorld's walkthrough search means it never ends: its
-#: ``ActionDependencyTree.flatten`` can cycle between an action and its reverse (the level-30
-#: treasure hunter of seed 21 yields over 100,000; finished games yield 20-55), and such a
-#: candidate is rejected as one that admits no quest (a count, so every machine rejects the same)
-MAX_WALKTHROUGH_SEARCH = 10_000
 
 #: one lock for every call into TextWorld's engine in this process (loading a game parses its
 #: logic with TextWorld's module-level parser; resets and steps run its state tracking)
@@ -155,15 +149,14 @@ def _build_in_child(family: str, settings: Mapping[str, Any], seed: int, root: P
 def build_game_here(family: str, settings: Mapping[str, Any], seed: int, root: Path | None = None) -> tuple[Path, int]:
     """:func:`build_game` in this very process (what the child process runs). Not thread-safe
     with any other TextWorld use in the process: call it from a process of its own. It swaps
-    verlog's equivalent constraint check into TextWorld's quest generator
-    (:mod:`verlog.envs.textworld_chaining`; same games, a level-30 treasure hunter in seconds
-    instead of minutes)."""
+    verlog's changes into TextWorld's generator (:mod:`verlog.envs.textworld_generator`: the same
+    games, a level-30 treasure hunter in seconds instead of minutes, and no endless walkthrough
+    search)."""
     from textworld.generator import QuestGenerationError
 
-    from verlog.envs.textworld_chaining import install
+    from verlog.envs.textworld_generator import install
 
     install()
-    _bound_walkthrough_search()
 
     for candidate in candidates(seed):
         final = game_dir(family, settings, candidate, root)
@@ -190,29 +183,6 @@ def build_game_here(family: str, settings: Mapping[str, Any], seed: int, root: P
         f"TextWorld could not generate a {family} game for seed {seed} "
         f"({MAX_GENERATION_TRIES} candidate seeds tried) with settings {dict(settings)}"
     )
-
-
-def _bound_walkthrough_search() -> None:
-    """Make TextWorld's walkthrough search (``ActionDependencyTree.flatten``, run while a game is
-    made) raise ``QuestGenerationError`` past :data:`MAX_WALKTHROUGH_SEARCH` commands instead of
-    running forever. For the generating child process only."""
-    from textworld.generator import QuestGenerationError
-    from textworld.generator import game as tw_game
-
-    flatten = tw_game.ActionDependencyTree.flatten
-    if getattr(flatten, "_verlog", False):
-        return
-
-    def bounded(self: Any) -> Any:
-        for count, action in enumerate(flatten(self), 1):
-            if count > MAX_WALKTHROUGH_SEARCH:
-                raise QuestGenerationError(
-                    f"TextWorld's walkthrough search did not end ({MAX_WALKTHROUGH_SEARCH:,} commands)")
-            yield action
-
-    bounded._verlog = True  # type: ignore[attr-defined]
-    bounded.__doc__ = flatten.__doc__
-    tw_game.ActionDependencyTree.flatten = bounded
 
 
 def _generate(family: str, settings: Mapping[str, Any], seed: int) -> Any:

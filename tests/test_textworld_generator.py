@@ -13,25 +13,29 @@ import pytest
 pytest.importorskip("textworld")
 
 import textworld  # noqa: E402
-from textworld.generator import World, chaining  # noqa: E402
+from textworld.generator import QuestGenerationError, World, chaining  # noqa: E402
+from textworld.generator import game as tw_game  # noqa: E402
 from textworld.generator.data import KnowledgeBase  # noqa: E402
 from textworld.challenges.tw_treasure_hunter import treasure_hunter  # noqa: E402
 from textworld.logic import Proposition, Variable  # noqa: E402
 
-from verlog.envs import textworld_chaining  # noqa: E402
+from verlog.envs import textworld_generator  # noqa: E402
 from verlog.envs.textworld_games import _generate  # noqa: E402
 
 TREASURE_KB = treasure_hunter.KB_PATH
 TEXTWORLD_CHECK = chaining._Chainer.check_state
 TEXTWORLD_APPLY = chaining._Chainer.apply
+TEXTWORLD_FLATTEN = tw_game.ActionDependencyTree.flatten
 
 
 def _install_for_this_test(monkeypatch) -> None:
-    """verlog's check swapped in for the test only (TextWorld's is put back afterwards)."""
+    """verlog's changes applied for the test only (TextWorld's methods are put back afterwards)."""
     monkeypatch.setattr(chaining._Chainer, "apply", TEXTWORLD_APPLY)
     monkeypatch.setattr(chaining._Chainer, "check_state", TEXTWORLD_CHECK)
-    textworld_chaining.install()
+    monkeypatch.setattr(tw_game.ActionDependencyTree, "flatten", TEXTWORLD_FLATTEN)
+    textworld_generator.install()
     assert chaining._Chainer.check_state is not TEXTWORLD_CHECK
+    assert tw_game.ActionDependencyTree.flatten is not TEXTWORLD_FLATTEN
 
 
 def _world_state(kb: KnowledgeBase, seed: int):
@@ -76,17 +80,17 @@ def test_the_check_agrees_with_textworlds_on_random_states() -> None:
     for seed in range(12):
         base = _world_state(kb, seed)
         base_violates = not TEXTWORLD_CHECK(chaining._Chainer(base, options.chaining), base)
-        assert textworld_chaining.violates_a_constraint(base, constraints) == base_violates
+        assert textworld_generator.violates_a_constraint(base, constraints) == base_violates
         for trial in range(25):
             new = _random_facts(base, constraints, rng, rng.randint(1, 3))
             state = base.copy()
             state.add_facts(new)
             textworld_says = not TEXTWORLD_CHECK(chaining._Chainer(state, options.chaining), state)
             answers[textworld_says] += 1
-            assert textworld_chaining.violates_a_constraint(state, constraints) == textworld_says, (seed, trial, new)
+            assert textworld_generator.violates_a_constraint(state, constraints) == textworld_says, (seed, trial, new)
             if not base_violates:  # the incremental search needs a parent that passes
                 anchored_checks += 1
-                got = textworld_chaining.violates_a_constraint(state, constraints, new_facts=new)
+                got = textworld_generator.violates_a_constraint(state, constraints, new_facts=new)
                 assert got == textworld_says, (seed, trial, new)
     # both answers occur, so a check that always says one thing would fail
     assert answers[True] > 20 and answers[False] > 20, answers
@@ -98,21 +102,17 @@ def _game_json(family: str, settings: dict, seed: int) -> str:
     return json.dumps(game.serialize(), sort_keys=True, default=str)
 
 
-def test_a_level_30_treasure_hunter_is_the_same_game_with_either_check(monkeypatch) -> None:
-    settings = {"level": 30, "only_last_action": True}
-    textworlds = _game_json("treasure_hunter", settings, 100011)
-    _install_for_this_test(monkeypatch)
-    assert _game_json("treasure_hunter", settings, 100011) == textworlds
+LEVEL_30 = {"level": 30, "only_last_action": True}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family,settings,seed", [
-    ("treasure_hunter", {"level": 30, "only_last_action": True}, 100006),
-    ("treasure_hunter", {"level": 30, "only_last_action": True}, 100105),
-    ("treasure_hunter", {"level": 20}, 7),
-    ("coin_collector", {"level": 220, "only_last_action": True}, 3),
-    ("cooking", {"recipe": 5, "take": 5, "go": 12, "open": True, "cook": True, "cut": True, "drop": False,
-                 "split": "test", "recipe_seed": 0}, 3),
+    ("treasure_hunter", LEVEL_30, 100011),
+    pytest.param("treasure_hunter", LEVEL_30, 100006, marks=pytest.mark.slow),
+    pytest.param("treasure_hunter", LEVEL_30, 100105, marks=pytest.mark.slow),
+    pytest.param("treasure_hunter", {"level": 20}, 7, marks=pytest.mark.slow),
+    pytest.param("coin_collector", {"level": 220, "only_last_action": True}, 3, marks=pytest.mark.slow),
+    pytest.param("cooking", {"recipe": 5, "take": 5, "go": 12, "open": True, "cook": True, "cut": True,
+                             "drop": False, "split": "test", "recipe_seed": 0}, 3, marks=pytest.mark.slow),
 ])
 def test_every_family_makes_the_same_game_with_either_check(monkeypatch, family, settings, seed) -> None:
     textworlds = _game_json(family, settings, seed)
@@ -123,14 +123,7 @@ def test_every_family_makes_the_same_game_with_either_check(monkeypatch, family,
 def test_a_walkthrough_search_that_never_ends_rejects_the_candidate(monkeypatch) -> None:
     """TextWorld's ``ActionDependencyTree.flatten`` cycles forever on the level-30 treasure hunter
     of seed 21; the generating process stops it at a fixed count so the seed moves on."""
-    from textworld.generator import QuestGenerationError
-    from textworld.generator import game as tw_game
-
-    from verlog.envs import textworld_games
-
     _install_for_this_test(monkeypatch)
-    monkeypatch.setattr(tw_game.ActionDependencyTree, "flatten", tw_game.ActionDependencyTree.flatten)
-    textworld_games._bound_walkthrough_search()
     with pytest.raises(QuestGenerationError, match="walkthrough search did not end"):
-        _generate("treasure_hunter", {"level": 30, "only_last_action": True}, 21)
-    assert _generate("treasure_hunter", {"level": 30, "only_last_action": True}, 100011).metadata["walkthrough"]
+        _generate("treasure_hunter", LEVEL_30, 21)
+    assert _generate("treasure_hunter", LEVEL_30, 100011).metadata["walkthrough"]

@@ -1,10 +1,11 @@
-"""A faster, exactly equivalent constraint check for TextWorld's quest generator.
+"""What verlog changes in TextWorld's game generator, in the process that generates games only.
 
-TextWorld builds a quest by chaining actions backwards from the goal
-(``textworld.generator.chaining``, a depth-first search). Every candidate state is checked twice
-against the game's *constraints*, rules whose only effect is ``fail()``: ``open(c) & closed(c)
--> fail()``, or "no room has five doors", ``link(r, d1, r1) & ... & link(r, d5, r5) -> fail()``.
-A state is rejected when some constraint can be instantiated in it.
+**1. A faster, exactly equivalent constraint check.** TextWorld builds a quest by chaining
+actions backwards from the goal (``textworld.generator.chaining``, a depth-first search). Every
+candidate state is checked twice against the game's *constraints*, rules whose only effect is
+``fail()``: ``open(c) & closed(c) -> fail()``, or "no room has five doors", ``link(r, d1, r1) &
+... & link(r, d5, r5) -> fail()``. A state is rejected when some constraint can be instantiated
+in it.
 
 TextWorld answers that question by listing every instantiation of every constraint over the
 whole state, sorting the state's facts at each precondition. For a level-30 treasure hunter (20
@@ -23,33 +24,44 @@ answer:
 without a known-valid parent, at all of them, in the state's own order) and stops at the first.
 It answers exactly what TextWorld's ``_Chainer.check_state`` answers for every state, so the
 generator makes the same game, byte for byte, from the same seed; the tests compare the two
-checks on random states and on whole generated games. :func:`install` swaps it into TextWorld's
-chainer (written against the pinned ``textworld==1.7.0``: it relies on ``_Chainer.apply(node,
-action)`` and ``_Chainer.check_state(state)``, which those tests exercise); only the child process
-that generates games calls it (:mod:`verlog.envs.textworld_games`).
+checks on random states and on whole generated games.
+
+**2. A bound on the walkthrough search.** While a game is made, TextWorld flattens the quest's
+dependency tree into a walkthrough (``ActionDependencyTree.flatten``), which can cycle forever
+between an action and its reverse (the level-30 treasure hunter of seed 21 yields over 100,000
+commands; finished games yield 20-55). Past :data:`MAX_WALKTHROUGH_SEARCH` commands it raises
+``QuestGenerationError``, so the game builder rejects the candidate seed as one that admits no
+quest; being a count, the bound rejects the same candidates on every machine.
+
+:func:`install` applies both to TextWorld's classes (written against the pinned
+``textworld==1.7.0``: it relies on ``_Chainer.apply(node, action)``,
+``_Chainer.check_state(state)`` and ``ActionDependencyTree.flatten()``, which the tests
+exercise). Only the child process that generates games calls it
+(:mod:`verlog.envs.textworld_games`): TextWorld's classes are shared by the whole process.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Sequence
+import functools
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
-_FAIL = None  # textworld.logic.Proposition("fail", []), built on first use
+#: more commands than this from TextWorld's walkthrough search means it never ends
+MAX_WALKTHROUGH_SEARCH = 10_000
 
 
+@functools.cache
 def _fail_fact() -> Any:
-    global _FAIL
-    if _FAIL is None:
-        from textworld.logic import Proposition
+    """TextWorld's ``fail()`` fact, what every constraint adds."""
+    from textworld.logic import Proposition
 
-        _FAIL = Proposition("fail", [])
-    return _FAIL
+    return Proposition("fail", [])
 
 
 def violates_a_constraint(state: Any, constraints: Iterable[Any], new_facts: Sequence[Any] | None = None) -> bool:
     """Whether some constraint rule (``... -> fail()``) can be instantiated in ``state``.
 
-    ``new_facts``: when given, ``state`` minus these facts is known to violate no constraint, so
-    only instantiations that use one of them are searched. ``None`` searches all of them.
+    ``new_facts``: when given, facts of ``state`` without which it is known to violate no
+    constraint, so only instantiations that use one of them are searched. ``None`` searches all.
     """
     fail = _fail_fact()
     for rule in constraints:
@@ -78,7 +90,7 @@ def _matches(state: Any, rule: Any, new_facts: Sequence[Any] | None) -> Iterator
         allowed = _signatures(types, pred)
         rest = [j for j in range(len(rule.preconditions)) if j != i]
         for fact in new_facts:
-            if fact.signature not in allowed or not state.is_fact(fact):
+            if fact.signature not in allowed:
                 continue
             mapping: dict = {}
             used: set = set()
@@ -135,23 +147,20 @@ def _extend(state: Any, rule: Any, todo: list[int], mapping: dict, used: set, fr
 
 
 def install() -> None:
-    """Make TextWorld's chainer use :func:`violates_a_constraint` in this process.
-
-    ``_Chainer.apply(node, action)`` checks ``node.state + pre(action)`` and then that state
-    after ``action``. ``node.state`` passed the check when its node was made, except the root's
-    (the initial state), which is checked in full once per chainer.
-    """
+    """Apply verlog's constraint check and walkthrough bound to TextWorld's classes in this
+    process (see the module docstring); calling it again changes nothing."""
     from textworld.generator import chaining
+    from textworld.generator import game as tw_game
 
-    if getattr(chaining._Chainer.apply, "_verlog", False):
-        return
     textworld_apply = chaining._Chainer.apply
 
     def apply(self: Any, node: Any, action: Any) -> Any:
+        """TextWorld's apply, telling check_state the parent state when it is known to pass: a
+        node's state passed when the node was made; the root's (the initial state) is checked
+        in full once per chainer."""
         valid_parent = node.action is not None
         if not valid_parent:
-            if getattr(self, "_verlog_root", None) is not node.state:
-                self._verlog_root = node.state
+            if not hasattr(self, "_verlog_root_valid"):
                 self._verlog_root_valid = not violates_a_constraint(node.state, self.constraints)
             valid_parent = self._verlog_root_valid
         self._verlog_check = (node.state, action.preconditions + action.postconditions) if valid_parent else None
@@ -161,15 +170,33 @@ def install() -> None:
             self._verlog_check = None
 
     def check_state(self: Any, state: Any) -> bool:
+        """TextWorld's constraint check, answered by :func:`violates_a_constraint`."""
         known = getattr(self, "_verlog_check", None)
         if known is None:
             return not violates_a_constraint(state, self.constraints)
         parent, touched = known
-        new_facts = [fact for fact in touched if not parent.is_fact(fact)]
+        new_facts = [fact for fact in touched if state.is_fact(fact) and not parent.is_fact(fact)]
         return not violates_a_constraint(state, self.constraints, new_facts)
 
-    apply._verlog = True  # type: ignore[attr-defined]
-    apply.__doc__ = "TextWorld's apply, with the parent state known to pass the constraint check."
-    check_state.__doc__ = "TextWorld's constraint check, answered by verlog's violates_a_constraint."
-    chaining._Chainer.apply = apply
-    chaining._Chainer.check_state = check_state
+    textworld_flatten = tw_game.ActionDependencyTree.flatten
+
+    def flatten(self: Any) -> Any:
+        """TextWorld's walkthrough search, stopped past :data:`MAX_WALKTHROUGH_SEARCH` commands."""
+        from textworld.generator import QuestGenerationError
+
+        for count, action in enumerate(textworld_flatten(self), 1):
+            if count > MAX_WALKTHROUGH_SEARCH:
+                raise QuestGenerationError(
+                    f"TextWorld's walkthrough search did not end ({MAX_WALKTHROUGH_SEARCH:,} commands)")
+            yield action
+
+    _replace(chaining._Chainer, "apply", apply)
+    _replace(chaining._Chainer, "check_state", check_state)
+    _replace(tw_game.ActionDependencyTree, "flatten", flatten)
+
+
+def _replace(cls: type, name: str, method: Callable) -> None:
+    """Set ``cls.name`` to ``method`` unless verlog's version is already there."""
+    if not getattr(getattr(cls, name), "_verlog", False):
+        method._verlog = True  # type: ignore[attr-defined]
+        setattr(cls, name, method)
