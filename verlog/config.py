@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -159,6 +159,148 @@ class RolloutConfig(_Section):
     concurrency: int = Field(32, ge=1)
     episode_timeout_s: float | None = Field(600.0, gt=0)
     seed: int = 0
+
+
+#: the roles a data split plays: training rows, periodic validation, the final evaluation
+SplitName = Literal["train", "validation", "test"]
+SPLITS: tuple[str, ...] = get_args(SplitName)
+#: file formats a split may be read from (``auto``: by the path's suffix; a folder is ``disk``)
+DATA_FORMATS = ("auto", "json", "parquet", "csv", "disk")
+
+
+class DataSourceConfig(_Section):
+    """One split's rows: a JSONL/JSON, Parquet or CSV file (or a glob of them), or a Hugging Face
+    ``datasets`` folder written by ``save_to_disk``. Read with the ``datasets`` library."""
+
+    path: str = Field(description="a file, a glob of files, or a datasets folder (save_to_disk)")
+    format: Literal["auto", "json", "parquet", "csv", "disk"] = Field(
+        "auto", description="json (also JSONL), parquet, csv or disk (a save_to_disk folder); auto: by the "
+        "suffix (.jsonl/.json, .parquet, .csv; a folder is disk)"
+    )
+    split: str | None = Field(
+        None, description="the split to take from a datasets folder holding several (a DatasetDict)"
+    )
+    limit: int | None = Field(None, ge=1, description="use only the first N rows")
+
+
+def _source(value: Any) -> Any:
+    return {"path": value} if isinstance(value, str) else value
+
+
+class DataInputConfig(_Section):
+    """How a row becomes the graph's input when the graph file has no ``make_input(row)``: a
+    ``messages`` state (what LangGraph's prebuilt agents take) from the ``prompt`` column."""
+
+    prompt: str = Field(
+        "prompt", description="the column holding the prompt: a string (one user message) or a list of chat "
+        "messages ({role, content})"
+    )
+    system: str | None = Field(None, description="a system message put before the prompt")
+    state: dict[str, str] = Field(
+        default_factory=dict, description="more keys of the input state, each taken from a column, e.g. "
+        "{target: answer}"
+    )
+
+
+class DataConfig(_Section):
+    """The task rows episodes play (instead of ``make_input(seed)``): a training split played in
+    shuffled epochs, a validation split for the periodic evaluations and a test split for the
+    final one (``verlog eval``). Group estimators play each training row ``group_size`` times."""
+
+    train: DataSourceConfig | None = None
+    validation: DataSourceConfig | None = None
+    test: DataSourceConfig | None = None
+    input: DataInputConfig = Field(default_factory=DataInputConfig)
+    shuffle: bool = Field(True, description="a new order of the training rows every epoch")
+    seed: int = Field(0, description="seed of the epochs' orders")
+
+    @field_validator("train", "validation", "test", mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return _source(value)
+
+    def split(self, name: str) -> DataSourceConfig | None:
+        """The source of split ``name`` (one of ``SPLITS``)."""
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; one of {', '.join(SPLITS)}")
+        return getattr(self, name)
+
+
+class RewardFunctionConfig(_Section):
+    """A reward function run once an episode ends: ``path/to/file.py:function`` or
+    ``package.module:function``, sync or async (see ``verlog.rewards``)."""
+
+    function: str = Field(description="file.py:function or package.module:function")
+    name: str | None = Field(None, description="its name in metrics (default: the function's name)")
+    weight: float = Field(1.0, description="its reward is multiplied by this before the rewards are summed")
+    timeout_s: float | None = Field(60.0, gt=0, description="longer marks the episode failed (null: no limit)")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments of the function")
+
+    @field_validator("function")
+    @classmethod
+    def _check_function(cls, value: str) -> str:
+        target, sep, name = value.rpartition(":")
+        if not sep or not target or not name.isidentifier():
+            raise ValueError("must be file.py:function or package.module:function, e.g. rewards.py:correct")
+        return value
+
+
+class JudgeEndpointConfig(_Section):
+    """An OpenAI-compatible chat-completions endpoint (``verlog serve-model``, vLLM, SGLang, OpenAI...)."""
+
+    base_url: str = Field(description="e.g. http://127.0.0.1:8000/v1")
+    model: str = Field(description="the model name the endpoint serves")
+    api_key_env: str | None = Field(None, description="the environment variable holding the API key")
+
+
+class JudgeConfig(_Section):
+    """An LLM judge, run outside the graph (its calls are never training turns).
+
+    ``rubric``: each episode scored on its own against the rubric (0-1). ``ranking``: the episodes
+    of one group (one task, ``trainer.group_size`` episodes) scored relative to each other in one
+    call, no labels needed (the idea of ART's RULER); it trains only (evaluation has no groups)."""
+
+    kind: Literal["rubric", "ranking"] = "rubric"
+    name: str | None = Field(None, description="its name in metrics (default: judge_<kind>)")
+    weight: float = 1.0
+    endpoint: JudgeEndpointConfig | None = None
+    embedded: str | None = Field(
+        None, description="an embedded model judges instead of an endpoint: policy (the model being trained, "
+        "its current weights) or a model path (tiny, smollm2, a folder)"
+    )
+    rubric: str | None = Field(None, description="what a good episode is (default: a general rubric)")
+    reference_column: str | None = Field(None, description="a column of the row shown to the judge as the reference")
+    temperature: float = Field(0.0, ge=0)
+    max_tokens: int = Field(512, ge=1)
+    concurrency: int = Field(4, ge=1, description="judge calls at once")
+    timeout_s: float = Field(120.0, gt=0, description="per call, retries included")
+    retries: int = Field(2, ge=0)
+    cache: bool = Field(True, description="keep verdicts in the run folder: a resumed run does not pay twice")
+
+    @model_validator(mode="after")
+    def _one_model(self) -> "JudgeConfig":
+        if (self.endpoint is None) == (self.embedded is None):
+            raise ValueError("give exactly one of endpoint ({base_url, model}) and embedded (policy or a model path)")
+        return self
+
+
+class RewardConfig(_Section):
+    """Rewards computed outside the graph once an episode ends, added to those the graph reports
+    itself (``areport_reward``): weighted reward functions and LLM judges."""
+
+    functions: list[RewardFunctionConfig] = Field(default_factory=list)
+    judges: list[JudgeConfig] = Field(default_factory=list)
+
+    @field_validator("functions", mode="before")
+    @classmethod
+    def _function_shorthand(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"function": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @property
+    def empty(self) -> bool:
+        return not self.functions and not self.judges
 
 
 class TrainerConfig(_Section):
@@ -315,10 +457,20 @@ class EvalTaskConfig(_Section):
         return _keyword_mapping(value, "keyword arguments of build_graph", "{task: goto}")
 
 
+#: evaluation episodes per task of seed-made games when ``eval.episodes`` is not set
+DEFAULT_EVAL_EPISODES = 32
+
+
 class EvalConfig(_Section):
     """Evaluation episodes: held-out seeds, sampling temperature, when to run."""
 
-    episodes: int = Field(32, ge=1, description="episodes per task")
+    episodes: int | None = Field(
+        None, ge=1, description="episodes per task (default: 32 seeds; with a data split, all of its rows)"
+    )
+    split: Literal["test", "validation"] = Field(
+        "test", description="with a data section: the split of the final evaluation and of verlog eval (the "
+        "periodic ones, eval_every, play the validation split)"
+    )
     seed: int = Field(1_000_000, description="first seed (held out: far from training seeds)")
     validation_seed: int = Field(
         2_000_000, description="first seed of the periodic evaluations (eval_every), apart from the final ones"
@@ -330,6 +482,13 @@ class EvalConfig(_Section):
     tasks: list[EvalTaskConfig] = Field(
         default_factory=list, description="tasks to evaluate (default: the training graph's own)"
     )
+
+    def episode_count(self, rows: int | None = None) -> int:
+        """Episodes per task: ``episodes``, else every row of a data split (``rows``), else
+        ``DEFAULT_EVAL_EPISODES``; never more than the split's rows (a row is played once)."""
+        if rows is None:
+            return self.episodes or DEFAULT_EVAL_EPISODES
+        return min(self.episodes or rows, rows)
 
 
 class WandbConfig(_Section):
@@ -348,6 +507,8 @@ class VerlogConfig(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     multi_turn: MultiTurnConfig
+    data: DataConfig | None = None
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     actor: ActorConfig = Field(default_factory=ActorConfig)
@@ -461,10 +622,28 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> VerlogConfig
     """
     path = Path(path)
     config = config_from_dict(apply_overrides(read_yaml_mapping(path), overrides), source=str(path))
-    graph_path = Path(config.multi_turn.langgraph.path)
-    if not graph_path.is_absolute() and not graph_path.exists():
-        for base in (path.parent, path.parent.parent):
-            if (base / graph_path).exists():
-                config.multi_turn.langgraph.path = str(base / graph_path)
-                break
+    bases = (path.parent, path.parent.parent)
+    config.multi_turn.langgraph.path = resolve_path(config.multi_turn.langgraph.path, bases)
+    if config.data is not None:
+        for name in SPLITS:
+            source = config.data.split(name)
+            if source is not None:
+                source.path = resolve_path(source.path, bases)
+    for function in config.reward.functions:
+        target, _, name = function.function.rpartition(":")
+        if target.endswith(".py"):
+            function.function = f"{resolve_path(target, bases)}:{name}"
     return config
+
+
+def resolve_path(path: str, bases: Sequence[Path]) -> str:
+    """A relative ``path`` as given when it exists from the current directory, else joined to the
+    first of ``bases`` where it exists (a config's folder and its parent: configs/x.yaml may say
+    graphs/x.py or data/x.jsonl); unchanged when it exists nowhere (the error comes on use).
+    Globs (``data/*.jsonl``) are kept as given."""
+    if Path(path).is_absolute() or Path(path).exists() or any(c in path for c in "*?["):
+        return path
+    for base in bases:
+        if (base / path).exists():
+            return str(base / path)
+    return path

@@ -106,18 +106,21 @@ def _short_kwargs(graph_kwargs: dict[str, Any]) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def load_graph_file(path: str | Path) -> GraphFile:
-    """Import a graph file by path and check it exposes ``build_graph``."""
+def import_python_file(path: str | Path, what: str = "graph file") -> ModuleType:
+    """Import a ``.py`` file by path (executed afresh each call); a ``GraphFileError`` naming
+    ``what`` when it is missing or fails to import. A file inside a
+    ``graphs/`` folder may import its project's packages (``tools.x``): the project folder is put
+    on ``sys.path``."""
     path = Path(path).resolve()
     if not path.is_file():
-        raise GraphFileError(f"graph file {str(path)!r} does not exist")
+        raise GraphFileError(f"{what} {str(path)!r} does not exist")
     if path.suffix != ".py":
-        raise GraphFileError(f"graph file {str(path)!r} is not a .py file")
+        raise GraphFileError(f"{what} {str(path)!r} is not a .py file")
     project = path.parent.parent
     if path.parent.name == "graphs" and str(project) not in sys.path:
         sys.path.insert(0, str(project))  # so the file can `import tools.x`
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    name = f"verlog_graph_{path.stem}_{digest}"
+    name = f"verlog_file_{path.stem}_{digest}"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -126,7 +129,14 @@ def load_graph_file(path: str | Path) -> GraphFile:
         spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(name, None)
-        raise GraphFileError(f"graph file {path} failed to import: {type(exc).__name__}: {exc}") from exc
+        raise GraphFileError(f"{what} {path} failed to import: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def load_graph_file(path: str | Path) -> GraphFile:
+    """Import a graph file by path and check it exposes ``build_graph``."""
+    path = Path(path).resolve()
+    module = import_python_file(path)
     build = getattr(module, "build_graph", None)
     if not callable(build):
         raise GraphFileError(

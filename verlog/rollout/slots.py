@@ -42,7 +42,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from langchain_core.runnables import Runnable
 
@@ -50,6 +50,7 @@ from verlog.backends.base import Engine, Generation, SamplingParams
 from verlog.graph_file import GraphFileError
 from verlog.rollout.recorder import PromptRenderer, TurnRecorder
 from verlog.rollout.runner import run_episode
+from verlog.rollout.schedule import slot_seed
 from verlog.rollout.turn import Episode, Turn
 
 __all__ = ["SlotBatch", "SlotFailureError", "SlotRunner"]
@@ -216,10 +217,16 @@ class SlotRunner:
         graph_config: the run config of each episode (``recursion_limit``...).
         timeout_s: an episode's time limit, not counting time held at the boundary.
         seed: the first seed. Slot group ``g`` (``group_size`` consecutive slots playing the same
-            seeds, e.g. GRPO groups) plays in its ``j``-th episode seed
-            ``seed + j * G + (g + j) % G`` (``G`` groups): every seed is played once, and a group
+            seeds, e.g. GRPO groups) plays in its round ``j`` seed ``seed + j * G + (g + j) % G``
+            (``G`` groups, ``verlog.rollout.schedule``): every seed is played once, and a group
             does not stay on one residue class, so seed-dependent failures spread over the slots.
-        group_size: consecutive slots that play the same seeds; 1 = all differ.
+        group_size: consecutive slots that play the same seeds; 1 = all differ. The slots of a
+            group stay in step: a slot starting an episode joins the newest round its group has
+            begun (when another slot has already begun it) rather than one its group left behind,
+            so episodes of one task keep ending in the same batches (what group estimators compare).
+        on_episode_end: ``await on_episode_end(episode, seed)`` once an episode has ended well,
+            before its turns can be cut into a batch (e.g. reward functions adding to its turns);
+            if it raises, the episode fails (its error is the exception's message).
         max_consecutive_failures: a slot failing this many episodes in a row raises
             ``SlotFailureError`` from ``collect``.
         keep_messages: keep each call's input messages on its turn.
@@ -243,6 +250,7 @@ class SlotRunner:
         max_consecutive_failures: int = 20,
         keep_messages: bool = False,
         render_prompt: PromptRenderer | None = None,
+        on_episode_end: Callable[[Episode, int], Awaitable[None]] | None = None,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -258,6 +266,9 @@ class SlotRunner:
         self.max_consecutive_failures = max_consecutive_failures
         self.keep_messages = keep_messages
         self.render_prompt = render_prompt
+        self.on_episode_end = on_episode_end
+        #: the newest round begun by each slot group
+        self._newest_round: dict[int, int] = {}
         #: totals over the run (saved in checkpoints)
         self.counters: dict[str, Any] = {"batches": 0, "turns": 0, "episodes": 0, "failed": {}}
         self._slots = [_Slot(i) for i in range(num_envs)]
@@ -425,10 +436,15 @@ class SlotRunner:
 
     # ------------------------------------------------------------------ the slots
     def _next_seed(self, slot: _Slot) -> int:
+        """The seed of the slot's next episode: its next round, or its group's newest round when
+        another slot of the group has begun that one already (the group stays in step)."""
         groups = self.num_envs // self.group_size
         group, j = slot.index // self.group_size, slot.episodes_started
-        slot.episodes_started += 1
-        return self.seed + j * groups + (group + j) % groups
+        if self.group_size > 1:
+            j = max(j, self._newest_round.get(group, -1))
+            self._newest_round[group] = j
+        slot.episodes_started = j + 1
+        return slot_seed(self.seed, j, group, groups)
 
     async def _run_slot(self, slot: _Slot) -> None:
         """Play episodes in ``slot`` forever (until cancelled)."""
@@ -456,6 +472,12 @@ class SlotRunner:
                     )
                 finally:
                     self._cancel_foreign(episode_id)
+                if self.on_episode_end is not None and not episode.failed and episode.turns:
+                    try:
+                        await self.on_episode_end(episode, seed)
+                    except Exception as exc:  # e.g. a reward function failed: never a made-up reward
+                        failed = recorder.episode("error", error=str(exc) or type(exc).__name__)
+                        failed.seconds, episode = episode.seconds, failed
             self._segments.pop(episode_id, None)  # its calls no longer pass the gate
             if episode.failed or not episode.turns:
                 slot.segments.remove(segment)  # its turns in this batch are dropped
@@ -495,11 +517,12 @@ class SlotRunner:
         slot starts a new episode with its next seed)."""
         if self._tasks:
             raise RuntimeError("load_state_dict must come before the first collect()")
-        started = state["episodes_started"]
+        started = [int(n) for n in state["episodes_started"]]
         if len(started) != self.num_envs:
             raise ValueError(f"state has {len(started)} slots, runner has {self.num_envs}")
-        for slot, n in zip(self._slots, started):
-            slot.episodes_started = int(n)
+        for slot in self._slots:  # the slots of a group start in step, on a round none has begun
+            first = slot.index - slot.index % self.group_size
+            slot.episodes_started = max(started[first:first + self.group_size])
         counters = state["counters"]
         self.counters = {**counters, "failed": dict(counters.get("failed", {}))}
 

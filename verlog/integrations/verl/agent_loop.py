@@ -52,6 +52,7 @@ from verlog.graph_file import GraphFile, load_graph_file
 from verlog.llm.chat_model import VerlogChatModel
 from verlog.rollout.recorder import TurnRecorder
 from verlog.rollout.runner import run_episode
+from verlog.rollout.schedule import slot_seed
 from verlog.rollout.slots import SlotFailureError, SlotRunner
 from verlog.rollout.turn import Episode, Turn
 from verlog.integrations.verl.engine import LLMServerEngine
@@ -375,19 +376,6 @@ class LangGraphAgentLoop(AgentLoopBase):
         for output in {id(final): final, id(outputs[-1]): outputs[-1]}.values():
             output.extra_fields["reward_extra_info"] = _episode_metrics(episode)
         return outputs
-
-
-def slot_seed(seed: int, j: int, group: int, groups: int) -> int:
-    """The seed of the ``j``-th episode of the slots of group ``group`` (``groups`` groups in all;
-    with ``verlog.group_size: 1`` every slot is its own group).
-
-    Every seed ``seed .. seed + (j + 1) * groups - 1`` is played by the first ``j + 1`` episodes of
-    every group, each by one group (by all of its slots), and group ``g`` moves to another residue
-    each episode (``(g + j) % groups``), so seeds that make a game fail are spread over the slots
-    instead of pinning one slot to them. The embedded trainer's ``SlotRunner`` seeds its slot
-    groups by the same formula.
-    """
-    return seed + j * groups + (group + j) % groups
 
 
 def _row_extra(row: dict[str, Any]) -> dict[str, Any]:

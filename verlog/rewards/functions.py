@@ -1,0 +1,130 @@
+"""Reward functions named in a config (``reward.functions``), loaded and called safely.
+
+A reward function is any Python function, sync or async, in a file (``rewards.py:correct``) or an
+installed module (``my_pkg.rewards:correct``). It is called once an episode ends, with the
+keyword arguments its signature names, taken from:
+
+* the episode (``verlog.rewards.Trajectory``): ``state`` (the graph's final state), ``messages``
+  (its ``messages``), ``completion`` (the last AI message's text), ``prompt`` (the first human
+  message's text), ``row`` (the dataset row), ``key`` (row index or seed), ``turns`` (the recorded
+  model calls), ``info`` (what the graph reported), ``trajectory`` (all of it);
+* the row's columns, by name (``answer``, ``reward_model``...);
+* the entry's ``kwargs`` in the config.
+
+A ``**kwargs`` parameter receives all of them. It returns a number, a bool (reward 1/0 and
+success), a dict with ``reward`` (and ``success``, ``turn_rewards``, ``info``) or a
+``RewardResult``. A sync function runs in a worker thread, so a slow one does not stall the other
+episodes. Raising, returning something else or running past ``timeout_s`` is a ``RewardError``:
+the episode is recorded as failed, never trained with a made-up reward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from verlog.config import ConfigError, RewardFunctionConfig
+from verlog.graph_file import GraphFileError, import_python_file
+from verlog.rewards.result import RewardResult, Trajectory, as_result
+
+__all__ = ["TRAJECTORY_FIELDS", "RewardError", "RewardFunction", "load_function"]
+
+#: the keyword arguments every reward function may take, besides the row's columns
+TRAJECTORY_FIELDS = ("state", "messages", "completion", "prompt", "row", "key", "turns", "info", "trajectory")
+
+
+class RewardError(RuntimeError):
+    """A reward function or judge failed on one episode (raised, timed out, returned nonsense):
+    the episode is failed, not scored."""
+
+
+def load_function(target: str, where: str = "reward.functions") -> Callable[..., Any]:
+    """The callable named by ``file.py:name`` or ``package.module:name``; ``ConfigError`` naming
+    ``where`` otherwise."""
+    module_name, _, name = target.rpartition(":")
+    try:
+        if module_name.endswith(".py") or "/" in module_name or Path(module_name).is_file():
+            module = import_python_file(module_name, what="reward file")
+        else:
+            module = importlib.import_module(module_name)
+    except GraphFileError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    except ImportError as exc:
+        raise ConfigError(f"{where}: cannot import {module_name!r}: {exc}") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                       and getattr(v, "__module__", None) == module.__name__)
+        raise ConfigError(f"{where}: {module_name} has no function {name!r} (its functions: {', '.join(found) or 'none'})")
+    return function
+
+
+class RewardFunction:
+    """One configured reward function: call it on a ``Trajectory`` to get a checked ``RewardResult``."""
+
+    def __init__(self, config: RewardFunctionConfig, where: str = "reward.functions"):
+        self.config = config
+        self.where = where
+        self.function = load_function(config.function, where)
+        self.name = config.name or getattr(self.function, "__name__", "reward")
+        self.weight = config.weight
+        try:
+            self.signature = inspect.signature(self.function)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: {config.function} has no inspectable signature") from None
+        params = self.signature.parameters.values()
+        positional = [p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+        if positional:
+            raise ConfigError(f"{where}: {config.function} takes positional-only arguments {positional}; "
+                              "reward functions are called with keyword arguments")
+        self.takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        self.wanted = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                             inspect.Parameter.KEYWORD_ONLY)]
+        self.required = [p.name for p in params if p.default is inspect.Parameter.empty
+                         and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        self.is_async = inspect.iscoroutinefunction(self.function)
+
+    def check_arguments(self, columns: Iterable[str] = ()) -> None:
+        """Refuse, before any episode, an argument that nothing will provide (``ConfigError``)."""
+        known = set(TRAJECTORY_FIELDS) | set(columns) | set(self.config.kwargs)
+        missing = [name for name in self.required if name not in known]
+        if missing:
+            cols = ", ".join(columns) or "none: no data section"
+            raise ConfigError(
+                f"{self.where}: {self.config.function} needs {', '.join(repr(m) for m in missing)}, which is neither an "
+                f"episode field ({', '.join(TRAJECTORY_FIELDS)}), a column of the rows ({cols}) nor one of its kwargs"
+            )
+
+    def arguments(self, trajectory: Trajectory) -> dict[str, Any]:
+        """The keyword arguments of a call on ``trajectory``."""
+        available: dict[str, Any] = dict(trajectory.row or {})
+        available.update({
+            "state": trajectory.state, "messages": trajectory.messages, "completion": trajectory.completion,
+            "prompt": trajectory.prompt, "row": trajectory.row, "key": trajectory.key,
+            "turns": list(trajectory.turns), "info": dict(trajectory.info), "trajectory": trajectory,
+        })
+        available.update(self.config.kwargs)
+        if self.takes_all:
+            return available
+        return {name: available[name] for name in self.wanted if name in available}
+
+    async def __call__(self, trajectory: Trajectory) -> RewardResult:
+        kwargs = self.arguments(trajectory)
+        label = f"reward function {self.name} ({self.config.function})"
+        try:
+            if self.is_async:
+                call = self.function(**kwargs)
+            else:
+                call = asyncio.to_thread(self.function, **kwargs)
+            value = await asyncio.wait_for(call, timeout=self.config.timeout_s)
+        except asyncio.TimeoutError:
+            raise RewardError(f"{label} took longer than {self.config.timeout_s} s (timeout_s)") from None
+        except Exception as exc:
+            raise RewardError(f"{label} raised {type(exc).__name__}: {exc}") from exc
+        try:
+            return as_result(value, len(trajectory.turns))
+        except (TypeError, ValueError) as exc:
+            raise RewardError(f"{label}: {exc}") from None
