@@ -270,12 +270,31 @@ class JudgeConfig(_Section):
     )
     rubric: str | None = Field(None, description="what a good episode is (default: a general rubric)")
     reference_column: str | None = Field(None, description="a column of the row shown to the judge as the reference")
-    temperature: float = Field(0.0, ge=0)
-    max_tokens: int = Field(512, ge=1)
+    temperature: float = Field(0.0, ge=0, description="the judge's sampling temperature (0: greedy)")
+    max_tokens: int = Field(
+        1024, ge=1, description="the most tokens of one verdict; a ranking verdict holds an explanation and a score "
+        "per episode of the group (about explanation_chars/4 + 15 tokens each in English)"
+    )
+    explanation_chars: int = Field(
+        240, ge=16, description="the longest explanation the judge may write per episode (its JSON schema caps it)"
+    )
+    transcript_chars: int = Field(
+        12000, ge=1000, description="each episode's transcript is cut to this many characters for the judge: long "
+        "messages keep their start and end, then the oldest turns after the task go first"
+    )
     concurrency: int = Field(4, ge=1, description="judge calls at once")
-    timeout_s: float = Field(120.0, gt=0, description="per call, retries included")
-    retries: int = Field(2, ge=0)
-    cache: bool = Field(True, description="keep verdicts in the run folder: a resumed run does not pay twice")
+    timeout_s: float = Field(
+        120.0, gt=0, description="per verdict, retries and their waits included (each attempt gets the time left "
+        "divided by the attempts left)"
+    )
+    retries: int = Field(
+        2, ge=0, description="further attempts after a connection error, a timeout, HTTP 5xx or 429 (Retry-After "
+        "honoured) or an answer that is not a valid verdict"
+    )
+    cache: bool = Field(
+        True, description="keep verdicts (in memory, and in the run folder's judges/<name>.jsonl): a verdict "
+        "asked twice, e.g. by a resumed run, is paid once (not with embedded: policy, whose weights change)"
+    )
 
     @model_validator(mode="after")
     def _one_model(self) -> "JudgeConfig":
