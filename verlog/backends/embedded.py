@@ -18,6 +18,14 @@ A request with a ``sampling.constraint`` (a JSON schema, regex or Lark grammar) 
 a token mask (:mod:`verlog.backends.grammar`): before each choice the logits of tokens that would
 break the grammar are set to ``-inf``, so the sample, and the logprob recorded for it, come from
 the masked distribution. Requests without a constraint are never masked.
+
+The decode step runs on the model's device as a few batched tensor ops, whatever the batch's mix
+of settings (:mod:`verlog.backends.decode_rows`): sampling, top-k / top-p, each request's own
+random stream, stop token ids and stop strings (:mod:`verlog.backends.stop_strings`), the grammar
+masks of constrained rows. Per step only a ``[B]`` vector of stop flags is read back; a request's
+tokens are copied out once, when it finishes. Python touches single rows only for what lives on
+the host by nature: streaming callbacks, llguidance's matchers, and the rare request whose stop
+strings no longer fit in the device table (checked on the host instead).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterator
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -45,8 +54,10 @@ from verlog.backends.base import (
     TokenDelta,
     ends_with_stop,
 )
-from verlog.backends.grammar import ConstraintMatcher, GrammarCompiler
+from verlog.backends.decode_rows import DecodeRows, RowSpec, seed_stream, unpack_bitmask
+from verlog.backends.grammar import ConstraintMatcher, GrammarCompiler, fill_masks
 from verlog.backends.prefix_cache import PrefixCache
+from verlog.backends.stop_strings import StopStrings
 
 #: the prefix cache's default size: about 11,000 tokens of SmolLM2-135M's KV in float32
 DEFAULT_PREFIX_CACHE_BYTES = 512 * 2**20
@@ -58,11 +69,15 @@ class _Request:
     sampling: SamplingParams
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
-    generator: torch.Generator | None = None
+    #: the start of its random stream (the request's seed; unseeded: drawn when admitted)
+    seed: int | None = None
     #: called on the caller's loop with (token id, logprob) as each token is chosen
     on_token: Callable[[int, float], Any] | None = None
-    out_ids: list[int] = field(default_factory=list)
-    out_logprobs: list[float] = field(default_factory=list)
+    #: start states of its stop strings in the engine's device table; ``None``: checked on the host
+    stop_states: tuple[int, ...] | None = ()
+    #: the tokens chosen so far, kept on the host only for rows that need them every step
+    #: (stop strings checked on the host)
+    host_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     #: the prefix cache's epoch when this request's KV began (stale KV is never inserted)
     cache_epoch: int = 0
@@ -71,8 +86,13 @@ class _Request:
     #: a failure of this request alone (its constraint broke): reported instead of a generation
     error: EngineError | None = None
 
-    def resolve(self) -> None:
-        gen = Generation(self.out_ids, self.out_logprobs, self.finish_reason or "length")
+    @property
+    def host_work(self) -> bool:
+        """Whether its row needs the host every step (streaming, a grammar, host stop strings)."""
+        return self.on_token is not None or self.matcher is not None or self.stop_states is None
+
+    def resolve(self, ids: list[int], logprobs: list[float]) -> None:
+        gen = Generation(ids, logprobs, self.finish_reason or "length")
         self.loop.call_soon_threadsafe(_set_result, self.future, gen)
 
     def fail(self, exc: BaseException) -> None:
@@ -178,8 +198,13 @@ class EmbeddedEngine(Engine):
         #: KV of earlier prompts, reused by later prefills (cleared when the weights change)
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._default_generator = torch.Generator(device="cpu").manual_seed(seed)
+        vocab = getattr(config, "vocab_size", None) or len(tokenizer)
+        #: the stop strings of requests, as a device table (built as strings first appear)
+        self.stop_strings = StopStrings(tokenizer, vocab, self.device)
         self._grammar: GrammarCompiler | None = None
         self._queue: queue.Queue[_Request | None] = queue.Queue()
+        #: requests their callers cancelled (their rows are freed at the next step)
+        self._cancelled: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self._weights_lock = threading.Lock()
         self._closed = False
         self._worker = threading.Thread(target=self._serve, name="verlog-embedded-engine", daemon=True)
@@ -231,9 +256,15 @@ class EmbeddedEngine(Engine):
         loop = asyncio.get_running_loop()
         req = _Request(list(prompt_ids), sampling, loop, loop.create_future(), on_token=on_token)
         if sampling.seed is not None:
-            req.generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
+            req.seed = seed_stream(sampling.seed)
+        if sampling.stop:  # new stop strings join the device table off the loop
+            states = self.stop_strings.known(sampling.stop)
+            if states is None:
+                states = await asyncio.to_thread(self.stop_strings.start_states, sampling.stop)
+            req.stop_states = None if states is None else tuple(states)
         if sampling.constraint is not None:  # compiled off the loop; a bad grammar fails this call only
             req.matcher = await asyncio.to_thread(self._grammar_compiler().matcher, sampling.constraint)
+        req.future.add_done_callback(lambda fut: self._cancelled.put(req) if fut.cancelled() else None)
         self._queue.put(req)
         return await req.future
 
@@ -308,7 +339,7 @@ class EmbeddedEngine(Engine):
                 for req in backlog + (running.requests if running else []):
                     req.fail(EngineError("the embedded engine was closed"))
                 return
-            backlog += arrived
+            backlog += [r for r in arrived if not r.future.done()]  # cancelled while queued: dropped
             busy = len(running.requests) if running else 0
             room = self.max_batch_size - busy
             # Each admission costs a prefill pass and a cache merge: let a few stragglers gather
@@ -373,6 +404,11 @@ class EmbeddedEngine(Engine):
         """
         device, cache_store = self.device, self.prefix_cache
         prompts = [r.prompt_ids for r in batch]
+        unseeded = [r for r in batch if r.seed is None]
+        if unseeded:  # each unseeded request's stream starts from the engine's generator
+            starts = torch.randint(-2**63, 2**63 - 1, (len(unseeded),), generator=self._default_generator)
+            for r, start in zip(unseeded, starts.tolist()):
+                r.seed = start
         for r in batch:
             r.cache_epoch = cache_store.epoch
         hits = [cache_store.match(p, len(p) - 1) if cache_store.enabled else (0, None) for p in prompts]
@@ -437,7 +473,18 @@ class EmbeddedEngine(Engine):
             input_ids=input_ids, attention_mask=attention, position_ids=positions,
             past_key_values=cache, use_cache=True, logits_to_keep=1,
         ).logits[:, -1, :]
-        return _Running(list(batch), cache, attention, positions[:, -1] + 1, []), logits
+        rows = DecodeRows([self._row_spec(r) for r in batch], device)
+        return _Running(list(batch), cache, attention, positions[:, -1] + 1, rows), logits
+
+    def _row_spec(self, r: _Request) -> RowSpec:
+        s = r.sampling
+        assert r.seed is not None
+        return RowSpec(
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=r.seed,
+            limit=min(s.max_new_tokens, self.max_context - len(r.prompt_ids)),
+            stop_ids=tuple(sorted(set(self.eos_token_ids) | set(s.stop_token_ids))),
+            stop_states=r.stop_states or (),
+        )
 
     def _extend(self, tokens: list[int], start: int, start_kv: torch.Tensor | None) -> torch.Tensor:
         """The KV of ``tokens`` (one row), computing those after the first ``start`` (whose KV
@@ -472,108 +519,84 @@ class EmbeddedEngine(Engine):
 
     def _decode_step(self, running: "_Running") -> None:
         """Feed each running request its last chosen token; choose the next one."""
-        device = self.device
-        step_ids = torch.tensor(running.pending, device=device)[:, None]
-        running.attention = torch.cat([running.attention, running.attention.new_ones((len(step_ids), 1))], dim=1)
+        running.attention = torch.cat([running.attention, running.attention.new_ones((len(running.requests), 1))], dim=1)
         logits = self.model(
-            input_ids=step_ids, attention_mask=running.attention, position_ids=running.next_pos[:, None],
-            past_key_values=running.cache, use_cache=True,
+            input_ids=running.next_tokens[:, None], attention_mask=running.attention,
+            position_ids=running.next_pos[:, None], past_key_values=running.cache, use_cache=True,
         ).logits[:, -1, :]
         running.next_pos = running.next_pos + 1
         self._advance(running, logits)
 
     def _advance(self, running: "_Running", logits: torch.Tensor) -> None:
-        """Choose a token for every row, resolve the requests that finished, drop their rows."""
-        tokens = self._choose(logits.float(), running.requests)
+        """Choose a token for every row (on the device), resolve the requests that finished and
+        drop their rows."""
+        reqs, rows = running.requests, running.rows
+        tokens, logprobs, stopped = rows.choose(logits, self.stop_strings, self._grammar_masks(running, logits.shape[1]))
         self.stats.steps += 1
-        self.stats.generated_tokens += len(tokens)
-        keep = [row for row, (req, (tok, lp)) in enumerate(zip(running.requests, tokens)) if self._append(req, tok, lp)]
-        for row, req in enumerate(running.requests):
-            if req.finish_reason is not None:
-                if req.error is not None:
-                    req.fail(req.error)
-                    continue
-                req.resolve()
-                if self.prefix_cache.enabled and req.finish_reason != "abort":
-                    # the prompt and the answer's tokens fed so far: the next turn of a chat extends them
-                    self._keep_prefix(running, row, req.prompt_ids + req.out_ids[:-1], req.cache_epoch)
-        running.pending = [tokens[row][0] for row in keep]
-        if len(keep) < len(running.requests):
-            running.select(keep)
-
-    def _choose(self, logits: torch.Tensor, reqs: list[_Request]) -> list[tuple[int, float]]:
-        """Pick one token per row under each request's own sampling settings (vectorized);
-        constrained rows choose among the tokens their grammar allows."""
-        masked = self._mask(logits, reqs)
-        temps = torch.tensor([r.sampling.temperature or 1.0 for r in reqs], device=logits.device)
-        logprobs = torch.log_softmax(logits / temps[:, None], dim=-1)
-        chosen = logprobs.argmax(-1)
-        sampled = [row for row, r in enumerate(reqs) if r.sampling.temperature > 0]
-        if sampled:
-            idx = torch.tensor(sampled, device=logits.device)
-            probs = _filtered_probs(
-                logprobs[idx],
-                torch.tensor([reqs[r].sampling.top_k for r in sampled], device=logits.device),
-                torch.tensor([reqs[r].sampling.top_p for r in sampled], device=logits.device),
-            ).cpu()
-            # inverse-CDF sampling: one uniform draw per row (seeded requests use their own stream)
-            uniform = torch.rand(len(sampled), 1, generator=self._default_generator)
-            for i, row in enumerate(sampled):
-                if reqs[row].generator is not None:
-                    uniform[i, 0] = torch.rand(1, generator=reqs[row].generator)[0]
-            cdf = probs.cumsum(dim=1)
-            picks = torch.searchsorted(cdf, uniform * cdf[:, -1:]).clamp(max=probs.shape[1] - 1)[:, 0]
-            picks = _skip_zero_mass(picks, probs)
-            chosen[idx] = picks.to(chosen.device)
-        chosen_lp = logprobs.gather(1, chosen[:, None])[:, 0]
-        out = list(zip(chosen.tolist(), chosen_lp.tolist()))
-        for row in masked:
-            self._advance_matcher(reqs[row], out[row][0])
-        return out
-
-    def _mask(self, logits: torch.Tensor, reqs: list[_Request]) -> list[int]:
-        """Set the logits of tokens each constrained row's grammar forbids to ``-inf`` (in place);
-        return those rows. A row whose grammar fails is left unmasked and ends with its error."""
-        rows = []
-        for row, r in enumerate(reqs):
-            if r.matcher is None or r.error is not None:
-                continue
-            try:
-                allowed = r.matcher.allowed(logits.shape[1])
-            except EngineError as exc:
-                r.error = exc
-                continue
-            logits[row].masked_fill_(~allowed.to(logits.device), float("-inf"))  # a view: in place
-            rows.append(row)
-        return rows
-
-    def _advance_matcher(self, r: _Request, token: int) -> None:
-        """Tell a constrained row's grammar the token it took (an end token needs no telling)."""
-        if r.matcher is None or token in self.eos_token_ids or token in r.sampling.stop_token_ids:
+        self.stats.generated_tokens += len(reqs)
+        # the one read-back per step: which rows completed a stop (lengths are counted on the host)
+        stop = stopped.cpu().numpy()
+        abort = np.zeros(len(reqs), dtype=bool)
+        if running.host_rows:
+            self._host_work(running, tokens, logprobs, stop, abort)
+        while not self._cancelled.empty():
+            gone = self._cancelled.get()
+            abort |= np.fromiter((r is gone for r in reqs), dtype=bool, count=len(reqs))
+        ended = stop | abort | rows.at_limit()
+        running.next_tokens = tokens
+        if not ended.any():
             return
-        try:
-            r.matcher.accept(token)
-        except EngineError as exc:
-            r.error = exc
+        finished = np.flatnonzero(ended).tolist()
+        for row, (ids, lps) in zip(finished, rows.outputs(finished)):
+            req = reqs[row]
+            req.finish_reason = "abort" if abort[row] else "stop" if stop[row] else "length"
+            if req.error is not None:
+                req.fail(req.error)
+                continue
+            req.resolve(ids, lps)
+            if self.prefix_cache.enabled and not abort[row]:
+                # the prompt and the answer's tokens fed so far: the next turn of a chat extends them
+                self._keep_prefix(running, row, req.prompt_ids + ids[:-1], req.cache_epoch)
+        running.select(np.flatnonzero(~ended).tolist())
 
-    def _append(self, r: _Request, token: int, logprob: float) -> bool:
-        """Record one token; return whether the request keeps decoding."""
-        r.out_ids.append(token)
-        r.out_logprobs.append(logprob)
-        if r.on_token is not None:
-            r.loop.call_soon_threadsafe(r.on_token, token, logprob)
-        s = r.sampling
-        if r.future.done() or r.error is not None:  # the caller cancelled, or the constraint broke
-            r.finish_reason = "abort"
-        elif token in self.eos_token_ids or token in s.stop_token_ids:
-            r.finish_reason = "stop"
-        elif s.stop and ends_with_stop(self.tokenizer, r.out_ids, s.stop):
-            r.finish_reason = "stop"
-        elif len(r.out_ids) >= s.max_new_tokens or len(r.prompt_ids) + len(r.out_ids) >= self.max_context:
-            r.finish_reason = "length"
-        else:
-            return True
-        return False
+    def _grammar_masks(self, running: "_Running", width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The tokens each constrained row's grammar allows next (llguidance fills packed masks on
+        the host, one copy takes them to the device). A row whose grammar fails is left unmasked
+        and ends with its error."""
+        rows = [row for row in running.host_rows if running.requests[row].matcher is not None
+                and running.requests[row].error is None]
+        if not rows:
+            return None
+        reqs = [running.requests[row] for row in rows]
+        bitmask, errors = fill_masks([r.matcher for r in reqs])
+        for r, error in zip(reqs, errors):
+            r.error = r.error or error
+        ok = [i for i, e in enumerate(errors) if e is None]
+        if not ok:
+            return None
+        masks = unpack_bitmask(bitmask[ok].to(self.device, non_blocking=True), width)
+        return torch.tensor([rows[i] for i in ok], device=self.device), masks
+
+    def _host_work(self, running: "_Running", tokens: torch.Tensor, logprobs: torch.Tensor,
+                   stop: np.ndarray, abort: np.ndarray) -> None:
+        """What rows needing the host do with their new token: stream it, advance their grammar,
+        check stop strings that are not in the device table."""
+        rows = running.host_rows
+        index = torch.tensor(rows, device=tokens.device)
+        for row, token, logprob in zip(rows, tokens[index].tolist(), logprobs[index].tolist()):
+            r = running.requests[row]
+            if r.on_token is not None:
+                r.loop.call_soon_threadsafe(r.on_token, token, logprob)
+            s = r.sampling
+            if r.matcher is not None and r.error is None and not stop[row]:
+                try:  # an end token needs no telling
+                    r.matcher.accept(token)
+                except EngineError as exc:
+                    r.error = exc
+            if r.stop_states is None:
+                r.host_ids.append(token)
+                stop[row] |= ends_with_stop(self.tokenizer, r.host_ids, s.stop)
+            abort[row] |= r.error is not None
 
 
 class _GrowingLayer(DynamicLayer):
@@ -643,26 +666,40 @@ def _load_prefixes(cache: DynamicCache, prefixes: list[tuple[int, torch.Tensor |
 
 @dataclass
 class _Running:
-    """The batch being decoded: its requests, their shared KV cache and attention mask.
+    """The batch being decoded: its requests, their shared KV cache and attention mask, and
+    their decode state on the device (:class:`~verlog.backends.decode_rows.DecodeRows`).
 
-    Rows are left-padded to a common width; ``pending`` holds each row's chosen token that has
-    not been fed to the model yet, ``next_pos`` the position it will take.
+    Rows are left-padded to a common width; ``next_tokens`` holds each row's chosen token that
+    has not been fed to the model yet, ``next_pos`` the position it will take.
     """
 
     requests: list[_Request]
     cache: DynamicCache
     attention: torch.Tensor
     next_pos: torch.Tensor
-    pending: list[int]
+    rows: DecodeRows
+    next_tokens: torch.Tensor | None = None
+    #: rows that need the host every step (see ``_Request.host_work``)
+    host_rows: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._index_host_rows()
+
+    def _index_host_rows(self) -> None:
+        self.host_rows = [row for row, r in enumerate(self.requests) if r.host_work]
 
     def select(self, rows: list[int]) -> None:
         """Keep only ``rows``; trim cache columns that no remaining row attends to."""
         self.requests = [self.requests[r] for r in rows]
+        self.rows.select(rows)
+        self._index_host_rows()
         if not rows:
             return
         idx = torch.tensor(rows, device=self.attention.device)
         self.cache.batch_select_indices(idx)
         self.attention, self.next_pos = self.attention[idx], self.next_pos[idx]
+        if self.next_tokens is not None:
+            self.next_tokens = self.next_tokens[idx]
         first = int(self.attention.any(0).nonzero()[0])
         if first > 0:
             self.attention = self.attention[:, first:]
@@ -686,31 +723,12 @@ class _Running:
             mine.values = torch.cat([pad(mine.values, 2), pad(theirs.values, 2)], dim=0)
         self.attention = torch.cat([pad(self.attention, 1), pad(other.attention, 1)], dim=0)
         self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        if self.next_tokens is not None and other.next_tokens is not None:
+            self.next_tokens = torch.cat([self.next_tokens, other.next_tokens])
         self.requests += other.requests
-        self.pending += other.pending
+        self.rows.extend(other.rows)
+        self._index_host_rows()
         return self
-
-
-def _filtered_probs(logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Row-wise top-k (``-1`` = off) and top-p (nucleus) truncation, renormalized."""
-    probs = logprobs.exp()
-    if bool(((top_k > 0) & (top_k < probs.shape[1])).any()) or bool((top_p < 1).any()):
-        sorted_p, order = torch.sort(probs, dim=1, descending=True)
-        rank = torch.arange(probs.shape[1], device=probs.device)[None, :]
-        drop = (top_k[:, None] > 0) & (rank >= top_k[:, None])
-        before = sorted_p.cumsum(1) - sorted_p  # mass of the tokens ranked above this one
-        drop |= before >= top_p[:, None]  # keep the smallest prefix reaching top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(1, order, sorted_p)
-    return probs / probs.sum(dim=1, keepdim=True)
-
-
-def _skip_zero_mass(picks: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """Guard against float round-off landing a draw on a token of zero probability."""
-    bad = probs.gather(1, picks[:, None])[:, 0] <= 0
-    if bool(bad.any()):
-        picks[bad] = probs[bad].argmax(dim=1)
-    return picks
 
 
 #: what one more forward pass costs, in prompt tokens computed (CPU: little; GPU: launches)

@@ -25,7 +25,7 @@ import torch
 
 from verlog.backends.base import Constraint, EngineError, InvalidConstraintError
 
-__all__ = ["JSON_STYLE", "ConstraintMatcher", "GrammarCompiler"]
+__all__ = ["JSON_STYLE", "ConstraintMatcher", "GrammarCompiler", "fill_masks"]
 
 #: how constrained JSON is laid out unless a schema says otherwise (its ``x-guidance`` key): as
 #: ``json.dumps`` writes it, ``{"a": 1, "b": [2, 3]}``, with no other whitespace. A grammar that let
@@ -154,3 +154,32 @@ class ConstraintMatcher:
     def complete(self) -> bool:
         """Whether the grammar can take nothing more (only an end-of-sequence token may follow)."""
         return bool(self._inner.is_stopped())
+
+
+_EXECUTOR: Any = None
+
+
+def fill_masks(matchers: list[ConstraintMatcher]) -> tuple[torch.Tensor, list[EngineError | None]]:
+    """The tokens each matcher allows next, packed as llguidance writes them (``[n, words]``
+    int32 on the host: bit ``j`` of word ``i`` is token ``32 i + j``), filled in parallel by
+    llguidance's executor; and each matcher's error (its grammar failed, or allows nothing).
+    One engine step's masks for all its constrained rows."""
+    global _EXECUTOR
+    ll = _llguidance()
+    bitmask = torch.zeros((len(matchers), matchers[0]._bitmask.shape[1]), dtype=torch.int32)
+    if len(matchers) == 1:
+        ll.torch.fill_next_token_bitmask(matchers[0]._inner, bitmask, 0)
+    else:
+        if _EXECUTOR is None:
+            _EXECUTOR = ll.LLExecutor()
+        ll.torch.fill_next_token_bitmask_par(_EXECUTOR, [(m._inner, i) for i, m in enumerate(matchers)], bitmask)
+    any_allowed = bitmask.numpy().any(axis=1)
+    errors: list[EngineError | None] = []
+    for m, allowed in zip(matchers, any_allowed.tolist()):
+        if m._inner.is_error():
+            errors.append(EngineError(f"the {m.constraint.kind} constraint failed: {m._inner.get_error()}"))
+        elif not allowed:
+            errors.append(EngineError(f"the {m.constraint.kind} constraint allows no token at this point"))
+        else:
+            errors.append(None)
+    return bitmask, errors
