@@ -3,8 +3,9 @@
 The agent sees what is around it with directions and distances, what it faces, its status and
 inventory; it answers with reasoning and ``ACTION: <one of 17 actions>``. Reward is Crafter's
 own (+1 per new achievement, health changes); episodes run for hundreds of turns (cap 400).
-``protocol: balrog`` keeps verlog's Crafter text and answer rule but takes BALROG's prompt (16
-past observations), answer budget and 2,000-step cap (see docs/environments_balrog.md).
+``protocol: balrog`` plays Crafter as BALROG does: its text and action names (``Move West``),
+exact-match answers (``Noop`` otherwise), its prompt (16 past observations), answer budget and
+2,000-step cap (see docs/environments_balrog.md).
 """
 
 from __future__ import annotations
@@ -21,5 +22,6 @@ def make_input(seed: int) -> dict[str, Any]:
 
 def build_graph(model, protocol: str = "verlog", **settings: Any):
     """The Crafter agent; ``settings``: ``history_turns``, ``max_tokens``, ``max_steps``,
-    ``invalid_action_penalty``, ``max_per_type``."""
+    ``invalid_action_penalty``, ``max_per_type``, ``balrog_source`` (your BALROG checkout, whose
+    wording ``protocol="balrog"`` then uses; default ``$VERLOG_BALROG``)."""
     return build_game_graph(model, "crafter", protocol=protocol, **settings)

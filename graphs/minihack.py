@@ -36,9 +36,12 @@ def build_graph(
     max_steps: int | None = None,
     invalid_action_penalty: float = 0.1,
     show_map: bool = False,
+    balrog_source: Any = None,
 ):
     """The MiniHack agent for ``task``; ``show_map`` adds the ASCII map to verlog's observation
-    (BALROG's always has it). ``history_turns`` and ``max_tokens`` default to the protocol's."""
+    (BALROG's always has it). ``history_turns`` and ``max_tokens`` default to the protocol's;
+    ``balrog_source``: your BALROG checkout (default ``$VERLOG_BALROG``), whose wording
+    ``protocol="balrog"`` then uses."""
     if task not in TASKS:
         raise ValueError(
             f"unknown MiniHack task {task!r}; valid: {', '.join(TASKS)} "
@@ -53,5 +56,5 @@ def build_graph(
         env_kwargs["show_map"] = show_map
     return build_env_graph(
         model, f"minihack:{task}", history_turns=1 if history_turns is None else history_turns,
-        max_tokens=max_tokens, protocol=protocol, env_kwargs=env_kwargs,
+        max_tokens=max_tokens, protocol=protocol, balrog_source=balrog_source, env_kwargs=env_kwargs,
     )

@@ -34,10 +34,12 @@ def build_graph(
     max_steps: int | None = None,
     invalid_action_penalty: float = 0.1,
     show_map: bool = False,
+    balrog_source: Any = None,
 ):
     """The NetHack agent; ``max_steps`` caps the episode (BALROG: 100,000), ``show_map`` adds
     the ASCII map to verlog's observation. ``history_turns`` and ``max_tokens`` default to the
-    protocol's."""
+    protocol's; ``balrog_source``: your BALROG checkout (default ``$VERLOG_BALROG``), whose
+    wording ``protocol="balrog"`` then uses."""
     env_kwargs: dict[str, Any] = {"max_steps": max_steps, "invalid_action_penalty": invalid_action_penalty}
     if check_protocol(protocol) == "balrog":
         balrog = get_family("nethack").balrog
@@ -47,5 +49,5 @@ def build_graph(
         env_kwargs["show_map"] = show_map
     return build_env_graph(
         model, "nethack", history_turns=1 if history_turns is None else history_turns,
-        max_tokens=max_tokens, protocol=protocol, env_kwargs=env_kwargs,
+        max_tokens=max_tokens, protocol=protocol, balrog_source=balrog_source, env_kwargs=env_kwargs,
     )

@@ -36,10 +36,12 @@ def build_graph(
     max_steps: int | None = None,
     invalid_action_penalty: float = 0.1,
     settings: dict[str, Any] | None = None,
+    balrog_source: Any = None,
 ):
     """The TextWorld agent for ``game``; ``settings`` overrides the generator's (e.g.
     ``{"level": 30}``). ``history_turns`` and ``max_tokens`` default to the protocol's (verlog:
-    1 and the model's own; BALROG: 16 and 8,192)."""
+    1 and the model's own; BALROG: 16 and 8,192). ``balrog_source``: your BALROG checkout (default
+    ``$VERLOG_BALROG``), whose wording and game files ``protocol="balrog"`` then uses."""
     if game not in GAMES:
         raise ValueError(f"unknown TextWorld game {game!r}; valid: {', '.join(GAMES)}")
     if check_protocol(protocol) == "balrog":
@@ -48,6 +50,6 @@ def build_graph(
         max_tokens = balrog.max_tokens if max_tokens is None and balrog else max_tokens
     return build_env_graph(
         model, f"textworld:{game}", history_turns=1 if history_turns is None else history_turns,
-        max_tokens=max_tokens, protocol=protocol,
+        max_tokens=max_tokens, protocol=protocol, balrog_source=balrog_source,
         env_kwargs={"max_steps": max_steps, "invalid_action_penalty": invalid_action_penalty, **(settings or {})},
     )

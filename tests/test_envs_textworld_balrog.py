@@ -44,7 +44,7 @@ def test_balrog_settings_are_pinned() -> None:
     assert BALROG_POOL_SIZE == 25 and DEFAULT_MAX_STEPS == 80
     assert list(BALROG_TASK_NAMES.values()) == ["treasure_hunter", "the_cooking_game", "coin_collector"]
     env = TextWorldTextEnv("coin_collector", protocol="balrog")
-    assert env.max_steps == 80 and env.pool_size == 25 and env.game_index(27) == 2
+    assert env.max_steps == 80 and env.pool_size == 25 and env.game_index(27) == 3  # (s + 1) % 25: BALROG's counter
     assert TextWorldTextEnv("coin_collector").pool_size is None  # verlog: every seed its own game
     from verlog.envs.family import get_family
 
@@ -58,7 +58,7 @@ def test_balrog_settings_are_pinned() -> None:
 
 def test_balrog_observation_is_the_games_own_text_without_the_goal() -> None:
     env = TextWorldTextEnv("coin_collector", protocol="balrog")
-    observation = env.reset(0)
+    observation = env.reset(24)  # game 0 of the pool: seed s plays game (s + 1) % 25
     assert env.objective == "Your objective is to retrieve the coin from the floor of the kitchenette."
     assert observation == (
         "-= Cellar =-\nYou are in a cellar. A normal one.\n\n\n\nYou don't like doors? Why not try "
@@ -78,7 +78,7 @@ def test_balrog_commands_are_free_text_and_never_invalid() -> None:
     assert balrog_command("  take non-euclidean key!\n") == "take noneuclidean key"
     assert balrog_command("ACTION: go west") == "ACTION: go west"  # the naive agent keeps it all
     env = TextWorldTextEnv("coin_collector", protocol="balrog")
-    env.reset(0)
+    env.reset(24)
     result = env.step("fly to the moon")
     assert result.info["valid_action"] and result.info["action"] == "fly to the moon"
     assert result.reward == 0.0 and "not a verb I recognise" in result.observation
@@ -107,7 +107,7 @@ def test_balrog_instructions_state_balrogs_facts() -> None:
         balrog_instruction("zork")
 
 
-@pytest.mark.parametrize("family,seeds", [("coin_collector", [0, 1]), ("cooking", [0])])
+@pytest.mark.parametrize("family,seeds", [("coin_collector", [24, 0]), ("cooking", [24])])  # games 0 (and 1)
 def test_balrog_walkthrough_wins(family: str, seeds: list[int]) -> None:
     env = TextWorldTextEnv(family, protocol="balrog")
     for seed in seeds:

@@ -5,7 +5,10 @@
   Observation:`` — Verlog's default is one previous exchange, so a prompt stays the same size
   however long the episode. Under ``protocol="balrog"``: BALROG's naive-agent prompt (the
   instruction as the first user message, the last 16 observations, answers kept as BALROG cleans
-  them; see :mod:`verlog.envs.balrog_protocol`), with the game in BALROG's settings.
+  them; see :mod:`verlog.envs.balrog_protocol`), with the game in BALROG's settings. Its prose
+  (each game's instruction, the answer rule, the invalid-answer note) is verlog's wording unless
+  the user's BALROG is given (``balrog_source=PATH`` or ``$VERLOG_BALROG``:
+  :mod:`verlog.envs.balrog_source`), whose texts, and TextWorld games, are then used verbatim.
 * ``policy`` asks the model for an answer (free reasoning, then ``ACTION: <action>``).
 * ``environment`` steps the game with the answer text and reports the reward, the episode end
   and the step's info through LangChain's callback channel (``areport_reward``).
@@ -32,19 +35,21 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import random
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
 from verlog.envs import balrog_protocol
+from verlog.envs.balrog_source import BalrogSource, open_source
 from verlog.envs.base import StepResult, TextEnv
-from verlog.envs.family import check_protocol
+from verlog.envs.family import check_protocol, split_env_name
 from verlog.envs.registry import make_env
 from verlog.rollout.events import areport_reward
 
@@ -95,13 +100,16 @@ def invalid_answer_feedback(executed: str) -> str:
     return f"Your last answer named no valid action, so '{executed}' was done instead."
 
 
-def shown_step(result: StepResult, protocol: str) -> tuple[str, str, str]:
+def shown_step(
+    result: StepResult, protocol: str, invalid_note: Callable[[str], str] = balrog_protocol.invalid_answer_note
+) -> tuple[str, str, str]:
     """What a game graph keeps of a step: ``(observation, history_observation, feedback)``.
 
-    Under BALROG's protocol an invalid answer's note goes where BALROG puts it: at the head of the
-    observation's long-term part (what the history keeps: for NetHack and MiniHack, all but the
-    inventory, which only the current observation shows, first), so the history keeps it too.
-    Under verlog's, the note is ``feedback``, shown once before the next observation.
+    Under BALROG's protocol an invalid answer's note (``invalid_note(executed action)``) goes where
+    BALROG puts it: at the head of the observation's long-term part (what the history keeps: for
+    NetHack, MiniHack and Crafter, all but the part only the current observation shows, which
+    comes first), so the history keeps it too. Under verlog's, the note is ``feedback``, shown
+    once before the next observation.
     """
     observation = result.observation
     past = str(result.info.get("history_observation") or observation)
@@ -110,10 +118,26 @@ def shown_step(result: StepResult, protocol: str) -> tuple[str, str, str]:
     executed = str(result.info.get("action"))
     if protocol != "balrog":
         return observation, past, invalid_answer_feedback(executed)
-    note = balrog_protocol.invalid_answer_note(executed)
+    note = invalid_note(executed)
     if observation.endswith(past):  # the short-term part (if any) comes first, then the long-term
         return observation[: len(observation) - len(past)] + note + past, note + past, ""
     return note + observation, note + past, ""
+
+
+def balrog_wording(env_name: str, source: BalrogSource | None) -> balrog_protocol.Wording:
+    """The wording of ``env_name``'s games under BALROG's protocol: BALROG's own texts, read from
+    ``source`` (the user's BALROG), or verlog's (``source=None``)."""
+    if source is None:
+        return balrog_protocol.VERLOG_WORDING
+    family, task = split_env_name(env_name)
+    settings = family.balrog
+    if settings is None:
+        raise ValueError(f"{env_name!r} has no BALROG protocol")
+    name = settings.balrog_name(task)
+    prompt = settings.prompt
+    instruction = None if prompt is None else (lambda env: source.instruction(prompt(env, name)))
+    return balrog_protocol.Wording(answer_rule=source.answer_rule, invalid_note=source.invalid_note,
+                                   instruction=instruction, source=str(source.root))
 
 
 def build_env_graph(
@@ -125,6 +149,7 @@ def build_env_graph(
     env_kwargs: dict[str, Any] | None = None,
     protocol: str = "verlog",
     instruction: str | None = None,
+    balrog_source: str | os.PathLike | Mapping[str, Any] | None = None,
 ):
     """A compiled graph playing ``env_name`` with ``model``.
 
@@ -137,11 +162,23 @@ def build_env_graph(
             prompt and answer rule).
         instruction: a text shown instead of the game's instruction, e.g. a short one for a small
             model trained from scratch; ``{mission}`` in it stands for the level's mission.
+        balrog_source: under ``protocol="balrog"``, the user's BALROG (a checkout or its
+            package folder, or ``{path, sha256}`` to insist on exact files; default
+            ``$VERLOG_BALROG``): its instructions, answer rule, invalid-answer note and TextWorld
+            games are used verbatim. Without one, the wording is verlog's.
     """
     check_protocol(protocol)
     balrog = protocol == "balrog"
     if balrog and history_turns is None:
         raise ValueError("protocol='balrog' keeps a fixed number of past observations: give history_turns (BALROG: 16)")
+    if balrog_source and not balrog:
+        raise ValueError("balrog_source applies to protocol='balrog' only (BALROG's wording and games)")
+    source = open_source(balrog_source) if balrog else None
+    wording = balrog_wording(env_name, source)
+    if source is not None:
+        family, task = split_env_name(env_name)
+        if family.balrog is not None and family.balrog.source_kwargs is not None:
+            env_kwargs = {**family.balrog.source_kwargs(source, family.balrog.balrog_name(task)), **(env_kwargs or {})}
     policy_model = model.bind(max_tokens=max_tokens) if max_tokens else model
     games = GameTable()
 
@@ -169,7 +206,7 @@ def build_env_graph(
         return env
 
     def shown(result: StepResult) -> tuple[str, str, str]:
-        return shown_step(result, protocol)
+        return shown_step(result, protocol, wording.invalid_note)
 
     async def game_of(state: GameState) -> TextEnv:
         env = games.get(state["game_id"])
@@ -190,7 +227,7 @@ def build_env_graph(
         return {
             "seed": seed, "game_id": game_id, "actions": [], "observation": observation,
             "history_observation": str(getattr(env, "history_observation", None) or observation),
-            "instruction": env.instruction if instruction is None
+            "instruction": wording.instruction_for(env) if instruction is None
             else instruction.replace("{mission}", str(getattr(env, "mission", ""))),
             "history": [], "feedback": "", "steps": 0, "episode_return": 0.0, "done": False, "info": {},
         }
@@ -200,7 +237,8 @@ def build_env_graph(
         next state)."""
         if balrog:
             assert history_turns is not None
-            return balrog_protocol.build_prompt(state["instruction"], state["history"], state["observation"], history_turns)
+            return balrog_protocol.build_prompt(state["instruction"], state["history"], state["observation"],
+                                                history_turns, wording.answer_rule)
         return build_prompt(
             state["instruction"], state["history"], state["observation"], history_turns, state.get("feedback", "")
         )
@@ -332,11 +370,13 @@ def build_game_graph(
     max_steps: int | None = None,
     invalid_action_penalty: float | None = None,
     instruction: str | None = None,
+    balrog_source: str | os.PathLike | Mapping[str, Any] | None = None,
     **env_kwargs: Any,
 ):
     """:func:`build_env_graph` with the protocol's defaults: verlog's (one past exchange, the
     model's own answer budget) or BALROG's for the game's family (``BalrogSettings``: 16 past
-    observations, 8192 tokens, its step cap). Explicit values override the defaults."""
+    observations, 8192 tokens, its step cap). Explicit values override the defaults;
+    ``balrog_source`` names the user's BALROG (its wording, see :func:`build_env_graph`)."""
     from verlog.envs.family import get_family
 
     check_protocol(protocol)
@@ -351,5 +391,5 @@ def build_game_graph(
     return build_env_graph(
         model, env_name, history_turns=history_turns, max_tokens=max_tokens,  # type: ignore[arg-type]
         env_kwargs={k: v for k, v in kwargs.items() if v is not None}, protocol=protocol,
-        instruction=instruction,
+        instruction=instruction, balrog_source=balrog_source,
     )

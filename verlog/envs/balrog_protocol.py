@@ -14,16 +14,24 @@ stand beside that leaderboard:
   or a colon is deleted; the result must be *exactly* one of the game's actions (case and all).
   Anything else is invalid: the game runs its default action and the next observation starts
   with a note naming that action. The history keeps the cleaned answer.
+* **Empty answers.** An answer that is empty once cleaned adds no assistant message: the
+  history then holds two observations in a row. The window is BALROG's: the last ``2 * 16``
+  events (observations and answers); of the observations in it only the newest 16 keep their
+  text, so after empty answers older ones appear as a bare ``Observation:``.
 * **Budget.** ``max_tokens`` 8192 per answer; no time limit per episode; an episode runs until the
   game ends or its step cap.
 
-The wording of the instruction and of the notes is verlog's own (the facts are BALROG's).
+Three texts are prose rather than rules: each game's instruction, the answer rule and the
+invalid-answer note. verlog ships its own wording of them (:data:`VERLOG_WORDING`: the same facts
+in other words); :mod:`verlog.envs.balrog_source` reads BALROG's own from a BALROG checkout the
+user points to, so a run can use them verbatim without verlog carrying them.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
@@ -74,11 +82,38 @@ class BareAnswers:
 
 
 def invalid_answer_note(default_action: str) -> str:
-    """The note put before the next observation when an answer was invalid."""
+    """verlog's note put before the next observation when an answer was invalid."""
     return (
         f"\n\nYour last answer was not one of the valid actions, so the default action was taken: "
         f"{default_action}\n\nObservation:\n"
     )
+
+
+@dataclass(frozen=True)
+class Wording:
+    """The prose of BALROG's protocol: what a game graph under ``protocol="balrog"`` says.
+
+    Attributes:
+        answer_rule: appended to the newest observation (after a blank line).
+        invalid_note: the note put before the next observation after an invalid answer, given
+            the action that ran instead.
+        instruction: the first user message for a game, or ``None`` for the game's own
+            ``instruction`` (verlog's words).
+        source: where the texts come from: ``"verlog"``, or the BALROG checkout they were read from.
+    """
+
+    answer_rule: str = ANSWER_RULE
+    invalid_note: Callable[[str], str] = invalid_answer_note
+    instruction: Callable[[Any], str] | None = None
+    source: str = "verlog"
+
+    def instruction_for(self, env: Any) -> str:
+        """The instruction of the game ``env`` in this wording."""
+        return env.instruction if self.instruction is None else self.instruction(env)
+
+
+#: verlog's own wording of BALROG's texts (the same facts in verlog's words)
+VERLOG_WORDING = Wording()
 
 
 def build_prompt(
@@ -86,23 +121,34 @@ def build_prompt(
     history: Sequence[tuple[str, str]],
     observation: str,
     history_length: int = HISTORY_LENGTH,
+    answer_rule: str = ANSWER_RULE,
 ) -> list[BaseMessage]:
     """The messages of one model call under BALROG's protocol.
 
     ``history`` holds the past (observation, cleaned answer) pairs, oldest first; ``observation``
     is the newest one (with the invalid-answer note in front when the last answer was invalid).
+    An empty answer adds no message (BALROG records no action for it); the window is the last
+    ``2 * history_length`` events, and only its newest ``history_length`` observations keep their
+    text (the others read ``Observation:`` alone, as in BALROG's history builder).
     """
     events: list[tuple[str, str]] = []
     for past_observation, past_answer in history:
-        events += [("observation", past_observation), ("answer", past_answer)]
+        events.append(("observation", past_observation))
+        if past_answer:
+            events.append(("answer", past_answer))
     events.append(("observation", observation))
     window = events[-2 * history_length:] if history_length > 0 else events[-1:]
+    shown = max(history_length, 1)
+    observations = [i for i, (kind, _) in enumerate(window) if kind == "observation"]
+    with_text = set(observations[-shown:])
     messages: list[BaseMessage] = [HumanMessage(instruction)]
     for index, (kind, text) in enumerate(window):
         if kind == "answer":
             messages.append(AIMessage(text))
-        elif index == len(window) - 1:
-            messages.append(HumanMessage(f"Current Observation:\n{text}\n\n{ANSWER_RULE}"))
+            continue
+        body = f"\n{text}" if index in with_text else ""
+        if index == len(window) - 1:
+            messages.append(HumanMessage(f"Current Observation:{body}\n\n{answer_rule}"))
         else:
-            messages.append(HumanMessage(f"Observation:\n{text}"))
+            messages.append(HumanMessage(f"Observation:{body}"))
     return messages

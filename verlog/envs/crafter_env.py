@@ -13,6 +13,11 @@ Episodes end when the player dies (terminated) or after ``max_steps`` turns (tru
 own length is 10000). ``info["achievements"]`` lists the achievements unlocked so far and, at the
 end, ``info["success"]`` says whether the player was still alive.
 
+``protocol="balrog"`` plays Crafter as BALROG's evaluation does (:mod:`verlog.envs.crafter_balrog`):
+its action names (``Move West`` ...), its observation text (a long-term part kept in the history
+and a status-and-inventory part shown only with the newest observation), a ``Noop`` played by
+every reset, exact-match answers with ``Noop`` for anything else and no penalty, 2,000 steps.
+
 The game image is never rendered (the text does not need it), which doubles the step rate. The
 first reset in a process can take about a second while ``opensimplex`` (Crafter's terrain noise)
 is compiled or loaded by numba; later resets take tens of milliseconds.
@@ -28,8 +33,10 @@ import crafter
 import numpy as np
 from crafter import constants
 
+from verlog.envs import balrog_protocol, crafter_balrog
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv, play_steps
+from verlog.envs.family import check_protocol
 from verlog.envs.progression import crafter_value
 from verlog.envs.text import offset_phrase
 
@@ -226,10 +233,17 @@ class CrafterTextEnv(TextEnv):
         self,
         seed: int | None = None,
         *,
-        invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
-        max_steps: int = DEFAULT_MAX_STEPS,
+        invalid_action_penalty: float | None = None,
+        max_steps: int | None = None,
         max_per_type: int = 3,
+        protocol: str = "verlog",
     ) -> None:
+        self.protocol = check_protocol(protocol)
+        balrog = protocol == "balrog"
+        if invalid_action_penalty is None:
+            invalid_action_penalty = 0.0 if balrog else DEFAULT_INVALID_ACTION_PENALTY
+        if max_steps is None:
+            max_steps = crafter_balrog.BALROG_MAX_STEPS if balrog else DEFAULT_MAX_STEPS
         self.invalid_action_penalty = invalid_action_penalty
         self.max_steps = max_steps
         self.max_per_type = max_per_type
@@ -238,6 +252,27 @@ class CrafterTextEnv(TextEnv):
         self._steps = 0
         self._done = True
         self._observation = ""
+        self._history_observation = ""
+
+    @property
+    def balrog(self) -> bool:
+        return self.protocol == "balrog"
+
+    def valid_actions(self) -> list[str]:
+        return list(crafter_balrog.BALROG_ACTIONS if self.balrog else ACTIONS)
+
+    @property
+    def history_observation(self) -> str:
+        """What the history keeps of the current observation (under BALROG's protocol, all but
+        the status and inventory, which only the newest observation shows)."""
+        return self._history_observation
+
+    def _render(self) -> str:
+        if self.balrog:
+            self._observation, self._history_observation = crafter_balrog.balrog_texts(self.game)
+        else:
+            self._observation = self._history_observation = describe(self.game, self.max_per_type, step=self._steps)
+        return self._observation
 
     @property
     def achievements(self) -> list[str]:
@@ -255,25 +290,35 @@ class CrafterTextEnv(TextEnv):
         if seed is not None:
             self.game.reseed(seed)
         self.game.reset()
+        if self.balrog:  # BALROG's wrapper plays one Noop on reset: the first observation follows it
+            self.game.step(0)
         self._steps = 0
         self._done = False
-        self._observation = describe(self.game, self.max_per_type, step=0)
-        return self._observation
+        return self._render()
+
+    def _parse(self, action_text: str) -> tuple[int, str, bool]:
+        """(Crafter action id, the action's name, whether the answer named it)."""
+        if self.balrog:
+            chosen = balrog_protocol.parse_answer(action_text, crafter_balrog.BALROG_ACTIONS)
+            name = chosen if chosen is not None else crafter_balrog.BALROG_DEFAULT_ACTION
+            return crafter_balrog.BALROG_ACTIONS.index(name), name, chosen is not None
+        parsed = parse_action(action_text, ACTIONS, SYNONYMS)
+        name = parsed.action if parsed.action is not None else "noop"
+        return ACTIONS.index(name), name, parsed.valid
 
     def step(self, action_text: str) -> StepResult:
         if self._done:
             raise RuntimeError("the episode is over: call reset() first")
-        parsed = parse_action(action_text, ACTIONS, SYNONYMS)
-        executed = parsed.action if parsed.action is not None else "noop"
-        _, reward, dead, _ = self.game.step(ACTIONS.index(executed))
+        action_id, executed, valid = self._parse(action_text)
+        _, reward, dead, _ = self.game.step(action_id)
         self._steps += 1
         terminated = bool(dead)
         truncated = not terminated and self._steps >= self.max_steps
-        if not parsed.valid:
+        if not valid:
             reward -= self.invalid_action_penalty
         info: dict[str, Any] = {
             "action": executed,
-            "valid_action": parsed.valid,
+            "valid_action": valid,
             "step": self._steps,
             "achievements": self.achievements,
         }
@@ -281,11 +326,15 @@ class CrafterTextEnv(TextEnv):
         self._done = terminated or truncated
         if self._done:
             info["success"] = not terminated
-        self._observation = describe(self.game, self.max_per_type, step=self._steps)
-        return StepResult(self._observation, float(reward), terminated, truncated, info)
+        observation = self._render()
+        if self.balrog:
+            info["history_observation"] = self._history_observation
+        return StepResult(observation, float(reward), terminated, truncated, info)
 
     @property
     def instruction(self) -> str:
+        if self.balrog:
+            return crafter_balrog.balrog_instruction()
         actions = self.actions_text()
         return (
             "You are playing Crafter, a 2D open-world survival game seen from above. Collect "
@@ -482,6 +531,24 @@ class CrafterScriptedAgent:
         if self._heading not in open_ways or self.rng.random() < 0.1:
             self._heading = self.rng.choice(open_ways)
         return f"move {self._heading}"
+
+
+class BalrogCrafterScriptedAgent:
+    """:class:`CrafterScriptedAgent` playing a game under BALROG's protocol: it reads verlog's
+    description of the same state (it needs the distances and neighbours BALROG's text leaves
+    out) and answers with BALROG's name of its action (``Move West``)."""
+
+    def __init__(self, env: CrafterTextEnv, seed: int = 0) -> None:
+        self.env = env
+        self.agent = CrafterScriptedAgent(seed=seed)
+
+    def reset(self) -> None:
+        self.agent.reset()
+
+    def act(self, observation: str = "") -> str:
+        answer = self.agent.act(describe(self.env.game, self.env.max_per_type))
+        action = answer.rpartition("ACTION:")[2].strip()
+        return crafter_balrog.BALROG_ACTIONS[ACTIONS.index(action)]
 
 
 def run_scripted_episode(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from verlog.envs.balrog_source import BalrogSource, PromptCall
 from verlog.envs.base import AnswerFnAgent, TextAgent, TextEnv
 from verlog.envs.family import BalrogSettings, EnvFamily, register_family
 from verlog.envs.progression import (
@@ -61,6 +62,8 @@ register_family(EnvFamily(
         episodes_per_task=10,
         invalid_action="go forward",
         env_kwargs={"protocol": "balrog"},
+        # BALROG's evaluator passes the level's mission
+        prompt=lambda env, name: PromptCall("babyai_text", (None,), {"mission": getattr(env, "mission", "")}),
     ),
 ))
 
@@ -143,6 +146,7 @@ register_family(EnvFamily(
         episodes_per_task=3,
         invalid_action="idle",
         env_kwargs={"protocol": "balrog"},
+        prompt=lambda env, name: PromptCall("babaisai", (None, name)),
     ),
 ))
 
@@ -157,8 +161,10 @@ def _make_crafter(task: str, seed: int | None, **kwargs: Any) -> TextEnv:
 
 
 def _crafter_bot(env: TextEnv) -> TextAgent:
-    from verlog.envs.crafter_env import CrafterScriptedAgent
+    from verlog.envs.crafter_env import BalrogCrafterScriptedAgent, CrafterScriptedAgent, CrafterTextEnv
 
+    if isinstance(env, CrafterTextEnv) and env.balrog:
+        return BalrogCrafterScriptedAgent(env)
     return CrafterScriptedAgent()
 
 
@@ -173,7 +179,9 @@ register_family(EnvFamily(
         tasks=(("default", ""),),
         max_steps={"": 2000},
         episodes_per_task=10,
-        invalid_action="noop",
+        invalid_action="Noop",
+        env_kwargs={"protocol": "balrog"},
+        prompt=lambda env, name: PromptCall("crafter", (name,)),
     ),
 ))
 
@@ -187,6 +195,11 @@ def _make_textworld(task: str, seed: int | None, **kwargs: Any) -> TextEnv:
     from verlog.envs.textworld_env import TextWorldTextEnv
 
     return TextWorldTextEnv(task, seed, **kwargs)
+
+
+def _textworld_games(source: BalrogSource, name: str) -> dict[str, Any]:
+    """BALROG's own game files of the task (from the user's BALROG), played instead of verlog's pool."""
+    return {"game_files": tuple(str(path) for path in source.textworld_games(name))}
 
 
 def _textworld_bot(env: TextEnv) -> TextAgent:
@@ -213,6 +226,8 @@ register_family(EnvFamily(
         episodes_per_task=10,
         invalid_action=None,  # every answer is a command: the game itself answers a bad one
         env_kwargs={"protocol": "balrog"},
+        prompt=lambda env, name: PromptCall("textworld", (None, name)),
+        source_kwargs=_textworld_games,
     ),
 ))
 
@@ -249,6 +264,18 @@ def _minihack_bot(env: TextEnv) -> TextAgent | None:
     return MiniHackSearchAgent(can_open="open <direction>" in env.base_actions())
 
 
+def _minihack_prompt(env: TextEnv, name: str) -> PromptCall:
+    """BALROG passes the game (its ``actions``: the task's NLE actions) and the task name; its
+    module imports the NLE language wrapper for the action names (verlog's copy of its table)."""
+    from types import SimpleNamespace
+
+    from verlog.envs.nle_language import NLE_ACTION_NAMES
+
+    game = SimpleNamespace(actions=tuple(getattr(getattr(env, "game", None), "actions", ())))
+    wrapper = SimpleNamespace(all_nle_action_map=NLE_ACTION_NAMES)
+    return PromptCall("minihack", (game, name), names={"NLELanguageWrapper": wrapper})
+
+
 def _make_nethack(task: str, seed: int | None, **kwargs: Any) -> TextEnv:
     from verlog.envs.nle_env import make_nethack
 
@@ -270,6 +297,7 @@ register_family(EnvFamily(
         invalid_action="north",
         env_kwargs={"protocol": "balrog"},
         left_out={f"MiniHack-{task}-v0": why for task, why in MINIHACK_LEFT_OUT.items()},
+        prompt=_minihack_prompt,
     ),
 ))
 
@@ -285,5 +313,6 @@ register_family(EnvFamily(
         episodes_per_task=5,
         invalid_action="esc",
         env_kwargs={"protocol": "balrog"},
+        prompt=lambda env, name: PromptCall("nle"),
     ),
 ))

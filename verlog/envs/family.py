@@ -64,6 +64,11 @@ class BalrogSettings:
         invalid_action: the action BALROG runs when an answer names no valid action.
         env_kwargs: constructor settings that switch the game to BALROG's levels and wording.
         left_out: BALROG tasks verlog cannot run, each with the reason.
+        prompt: how BALROG's evaluator asks a game for its instruction, ``(env, BALROG's task
+            name) -> verlog.envs.balrog_source.PromptCall`` (read from the user's BALROG); ``None``:
+            the game's own instruction is always used.
+        source_kwargs: constructor settings taken from the user's BALROG, ``(BalrogSource,
+            BALROG's task name) -> kwargs`` (TextWorld: its game files).
     """
 
     tasks: tuple[tuple[str, str], ...]
@@ -74,6 +79,8 @@ class BalrogSettings:
     invalid_action: str | None = None
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
     left_out: Mapping[str, str] = field(default_factory=dict)
+    prompt: Callable[[TextEnv, str], Any] | None = None
+    source_kwargs: Callable[[Any, str], Mapping[str, Any]] | None = None
 
     def task_names(self) -> tuple[str, ...]:
         """BALROG's task names, in its order."""
@@ -82,6 +89,13 @@ class BalrogSettings:
     def verlog_tasks(self) -> tuple[str, ...]:
         """The verlog tasks BALROG plays, in BALROG's order."""
         return tuple(task for _, task in self.tasks)
+
+    def balrog_name(self, task: str) -> str:
+        """BALROG's name of the verlog task ``task``."""
+        for name, verlog_task in self.tasks:
+            if verlog_task == task:
+                return name
+        raise ValueError(f"BALROG has no task {task!r}; its tasks: {', '.join(self.verlog_tasks())}")
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,15 @@ backtracks), level 26 takes about 3 s; level 26 keeps the 20-room house with its
 * coin collector: level 220, the goal text stating only the last step;
 * cooking: ``tw-make tw-cooking --recipe 5 --take 5 --go 12 --open --cook --cut --split test``
   (the challenge's default recipe draw, ``recipe_seed=0``);
-* a pool of 25 games per family (BALROG ships 25): episode seed ``s`` plays game ``s % 25``
-  (``pool_size=None`` gives every seed its own game).
+* a pool of 25 games per family (BALROG ships 25) or, given the user's BALROG
+  (``game_files``: :mod:`verlog.envs.balrog_source`), BALROG's own game files, in BALROG's order.
+  Episode seed ``s`` plays game ``(s + 1) mod N`` of the ``N`` (``pool_size=None`` gives every seed
+  its own generated game). BALROG picks a game with a counter per worker process, incremented
+  before use, so a worker's ``k``-th episode of a task plays game ``k mod N`` (``k`` = 1, 2, ...);
+  with ``verlog eval``'s seeds (``1,000,000 + i``, a multiple of 25 to start), episode ``i`` plays
+  game ``i + 1``, the game BALROG gives the ``i``-th episode when one worker plays them all.
+  BALROG's Glulx files (``.ulx``), which TextWorld 1.7 cannot play, are rebuilt once as Z-machine
+  files from the ``.json`` game description beside them (the same game; cached).
 
 The model reads only the game's own text: the goal paragraph is removed from every observation
 (BALROG splits the text on the goal and keeps what follows it) and nothing is added. Commands are
@@ -60,7 +67,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
@@ -72,6 +79,7 @@ from verlog.envs.textworld_games import (
     build_game,
     cache_root,
     game_dir,
+    zmachine_game,
 )
 
 _COOKING_VERLOG = {"recipe": 5, "take": 5, "go": 12, "open": True, "cook": True, "cut": True, "drop": False, "split": "train"}
@@ -95,7 +103,7 @@ BALROG_TASK_NAMES: Mapping[str, str] = {
     "cooking": "the_cooking_game",
     "coin_collector": "coin_collector",
 }
-#: BALROG's number of games per family: episode seed s plays game s % 25
+#: BALROG's number of games per family (episode seed s plays game (s + 1) % 25: see the module docstring)
 BALROG_POOL_SIZE = 25
 DEFAULT_MAX_STEPS = 80  # BALROG's textworld_kwargs.max_episode_steps
 DEFAULT_ACTION = "look"  # verlog's protocol only: under BALROG's every answer is a command
@@ -215,6 +223,7 @@ class TextWorldTextEnv(TextEnv):
         invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
         cache_dir: str | os.PathLike | None = None,
         pool_size: int | None | str = "default",
+        game_files: Sequence[str | os.PathLike] | None = None,
         **settings: Any,
     ) -> None:
         self.protocol = check_protocol(protocol)
@@ -224,6 +233,17 @@ class TextWorldTextEnv(TextEnv):
         self.max_steps = max_steps
         self.invalid_action_penalty = invalid_action_penalty
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        #: BALROG's own game files (from the user's BALROG), played instead of generated games
+        self.game_files: tuple[Path, ...] = tuple(Path(f) for f in game_files or ())
+        if self.game_files:
+            if protocol != "balrog":
+                raise ValueError("game_files are BALROG's games: give them with protocol='balrog'")
+            if pool_size not in ("default", len(self.game_files)):
+                raise ValueError(f"pool_size is the number of game_files ({len(self.game_files)}): leave it unset")
+            missing = [str(f) for f in self.game_files if not f.is_file()]
+            if missing:
+                raise ValueError(f"TextWorld game files not found: {', '.join(missing[:3])}")
+            pool_size = len(self.game_files)
         if pool_size == "default":
             pool_size = BALROG_POOL_SIZE if protocol == "balrog" else None
         if pool_size is not None and (not isinstance(pool_size, int) or pool_size < 1):
@@ -238,6 +258,7 @@ class TextWorldTextEnv(TextEnv):
         self._score = 0.0
         self._observation = ""
         self.game_seed: int | None = None
+        self.game_file: Path | None = None
         self.seed: int | None = None
 
     @property
@@ -262,8 +283,9 @@ class TextWorldTextEnv(TextEnv):
         self._game_path = path
 
     def game_index(self, seed: int) -> int:
-        """The game an episode seed plays (``seed % pool_size`` with a pool)."""
-        return seed % self.pool_size if self.pool_size is not None else seed
+        """The game an episode seed plays: ``(seed + 1) % pool_size`` with a pool (see the module
+        docstring: BALROG's counter), else the seed's own."""
+        return (seed + 1) % self.pool_size if self.pool_size is not None else seed
 
     # -- views --------------------------------------------------------------------------------------
 
@@ -317,7 +339,13 @@ class TextWorldTextEnv(TextEnv):
         if seed is None:
             seed = self._next_seed
         self._next_seed = seed + 1
-        path, used = build_game(self.family, self.settings, self.game_index(seed), self.cache_dir)
+        if self.game_files:
+            game_file = self.game_files[self.game_index(seed)]
+            path, used = zmachine_game(game_file, self.cache_dir), None
+            self.game_file = game_file
+        else:
+            path, used = build_game(self.family, self.settings, self.game_index(seed), self.cache_dir)
+            self.game_file = None
         self._start(path)
         with ENGINE_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -361,6 +389,8 @@ class TextWorldTextEnv(TextEnv):
             "progression": textworld_value(score, self.max_score, won),
             "game_seed": self.game_seed,
         }
+        if self.game_file is not None:
+            info["game_file"] = self.game_file.name
         if self._done:
             info["success"] = won
         feedback = self._feedback(self._state.feedback)

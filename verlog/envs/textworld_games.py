@@ -35,6 +35,11 @@ rejected candidate is remembered by a ``seed-<n>.failed`` file, so it is not gen
 
 Cooking without ``recipe_seed`` samples the recipe from the game seed (verlog's variant);
 ``recipe_seed=0`` keeps the challenge's default recipe draw (``tw-make``'s default, BALROG's).
+
+**Glulx games** (``.ulx``, what TextWorld before 1.7 compiled; BALROG ships some) cannot be played
+by TextWorld 1.7. :func:`zmachine_game` rebuilds one as a Z-machine file from the TextWorld game
+description (``.json``) saved beside it, with the same compiler, once (cached under
+``verlog_cache_dir()/textworld/zmachine/<sha256 of the .json>/``, in a child process).
 """
 
 from __future__ import annotations
@@ -226,6 +231,50 @@ def _compile(game: Any, final: Path, meta: Mapping[str, Any]) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def zmachine_game(path: str | os.PathLike, root: Path | None = None) -> Path:
+    """A game file TextWorld 1.7 can play for ``path``: the file itself unless it is a Glulx
+    game, which is rebuilt as a Z-machine one from its ``.json`` (see the module docstring)."""
+    path = Path(path)
+    if path.suffix != ".ulx":
+        return path
+    description = path.with_suffix(".json")
+    if not description.is_file():
+        raise ValueError(
+            f"{path}: a Glulx game, which TextWorld 1.7 cannot play, and no {description.name} beside it to "
+            "rebuild it as a Z-machine game"
+        )
+    import hashlib
+
+    digest = hashlib.sha256(description.read_bytes()).hexdigest()[:20]
+    final = (root or cache_root()) / "zmachine" / digest
+    if (final / "game.z8").is_file():
+        return final / "game.z8"
+    with _KEY_LOCKS_GUARD:
+        lock = _KEY_LOCKS.setdefault(final, threading.Lock())
+    with lock, _GENERATORS:
+        if not (final / "game.z8").is_file():
+            request = {"zmachine": str(description), "final": str(final)}
+            done = subprocess.run(
+                [sys.executable, "-m", "verlog.envs.textworld_games", json.dumps(request)],
+                capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            )
+            if done.returncode != 0 or not (final / "game.z8").is_file():
+                tail = (done.stderr or done.stdout).strip().splitlines()[-15:]
+                raise RuntimeError(f"rebuilding {path} as a Z-machine game failed:\n" + "\n".join(tail))
+    return final / "game.z8"
+
+
+def _zmachine_here(description: Path, final: Path) -> None:
+    """Compile the game described by ``description`` (a TextWorld ``.json``) into ``final``."""
+    import textworld
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        game = textworld.Game.load(str(description))
+    _compile(game, final, {"rebuilt_from": str(description)})
+
+
 def _failed_marker(final: Path) -> Path:
     return final.with_name(final.name + ".failed")
 
@@ -240,9 +289,13 @@ def _write_atomic(path: Path, text: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     """The child process: build one game, print ``{"path": ..., "seed": ...}`` as the last line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("request", help='JSON: {"family", "settings", "seed", "root"}')
+    parser.add_argument("request", help='JSON: {"family", "settings", "seed", "root"} or {"zmachine", "final"}')
     args = parser.parse_args(argv)
     request = json.loads(args.request)
+    if "zmachine" in request:
+        _zmachine_here(Path(request["zmachine"]), Path(request["final"]))
+        print(json.dumps({"path": str(Path(request["final"]) / "game.z8")}))
+        return
     path, used = build_game_here(request["family"], request["settings"], int(request["seed"]), Path(request["root"]))
     print(json.dumps({"path": str(path), "seed": used}))
 
