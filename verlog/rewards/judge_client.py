@@ -127,7 +127,10 @@ class ChatModelClient:
     def model(self) -> Any:
         """The chat model (asked for on first use)."""
         if self._model is None:
-            self._model = self._chat_model_for(self.model_id)
+            try:
+                self._model = self._chat_model_for(self.model_id)
+            except Exception as exc:
+                raise JudgeCallError(f"chat_model_for({self.model_id!r}) raised {type(exc).__name__}: {exc}") from exc
             if not hasattr(self._model, "ainvoke"):
                 raise JudgeCallError(f"chat_model_for({self.model_id!r}) returned {type(self._model).__name__}, "
                                      "not a LangChain chat model")
