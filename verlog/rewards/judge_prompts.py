@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from verlog.llm.prompt import content_tool_calls, message_text
+
 __all__ = [
     "DEFAULT_RUBRIC",
     "SCORE_MAX",
@@ -87,27 +89,23 @@ def _field(message: Any, name: str, default: Any = None) -> Any:
 
 
 def _text(content: Any) -> str:
-    """A message's content as text; blocks other than text appear as ``[<type>]``."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
+    """A message's content as text; blocks other than text (images...) appear as ``[<type>]``."""
+    if content is None or isinstance(content, str):
+        return content or ""
     parts = []
     for block in content:
-        if isinstance(block, str):
-            parts.append(block)
-        elif isinstance(block, Mapping) and block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        elif isinstance(block, Mapping) and block.get("type") in ("tool_use", "tool_call"):
-            continue  # rendered from tool_calls
-        else:
+        try:
+            parts.append(message_text([block], allow_calls=True))  # tool-call blocks: see _calls
+        except ValueError:
             parts.append(f"[{block.get('type', 'block') if isinstance(block, Mapping) else type(block).__name__}]")
     return "".join(parts)
 
 
 def _calls(message: Any) -> list[str]:
     lines = []
-    for call in _field(message, "tool_calls", None) or []:
+    content = _field(message, "content", None)
+    written = content_tool_calls(content) if isinstance(content, list) else []
+    for call in _field(message, "tool_calls", None) or written:
         if "function" in call:  # OpenAI's dict form
             name, args = call["function"].get("name"), call["function"].get("arguments")
         else:
