@@ -272,6 +272,156 @@ def test_babaisai_levels_follow_the_benchmark_layouts(seed: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# Crafter
+
+
+def _blank_crafter(protocol: str = "balrog"):
+    """A Crafter game under BALROG's protocol whose 13x11 area around the player is all grass with
+    no creature: the tests below lay out fixed states on it."""
+    from verlog.envs.crafter_env import CrafterTextEnv
+
+    env = CrafterTextEnv(seed=0, protocol=protocol)
+    env.reset(0)
+    world, player = env.game._world, env.game._player
+    for obj in world.objects:
+        if obj is not player:
+            world.remove(obj)
+    px, py = (int(v) for v in player.pos)
+    for dx in range(-6, 7):
+        for dy in range(-5, 6):
+            world[(px + dx, py + dy)] = "grass"
+    player.facing = np.array([0, 1])
+    return env, world, player, (px, py)
+
+
+def test_crafter_balrog_settings_and_action_names() -> None:
+    from verlog.envs.crafter_balrog import BALROG_ACTIONS
+
+    crafter = get_family("crafter").balrog
+    assert crafter.task_names() == ("default",) and crafter.max_steps == {"": 2000}
+    assert crafter.episodes_per_task == 10 and crafter.invalid_action == "Noop"
+    assert dict(crafter.env_kwargs) == {"protocol": "balrog"}
+    assert BALROG_ACTIONS == (
+        "Noop", "Move West", "Move East", "Move North", "Move South", "Do", "Sleep", "Place Stone", "Place Table",
+        "Place Furnace", "Place Plant", "Make Wood Pickaxe", "Make Stone Pickaxe", "Make Iron Pickaxe",
+        "Make Wood Sword", "Make Stone Sword", "Make Iron Sword",
+    )
+    env = make_env("crafter", protocol="balrog")
+    assert env.max_steps == 2000 and env.invalid_action_penalty == 0.0 and env.valid_actions() == list(BALROG_ACTIONS)
+    assert "ACTION" not in env.instruction and "Move West" in env.instruction
+    verlog = make_env("crafter")
+    assert verlog.max_steps == 400 and "move left" in verlog.valid_actions()
+
+
+def test_crafter_balrog_reset_plays_a_noop_and_answers_are_exact() -> None:
+    import crafter
+
+    from verlog.envs.crafter_env import _TextCrafter
+
+    env = make_env("crafter", protocol="balrog")
+    env.reset(5)
+    twin = _TextCrafter(seed=None, length=None)
+    twin.reseed(5)
+    twin.reset()
+    assert env.game._step == 1 and twin._step == 0  # BALROG's wrapper steps Noop once on reset
+    twin.step(0)
+    assert (env.game._sem_view() == twin._sem_view()).all()
+    assert isinstance(env.game, crafter.Env)
+    facing = tuple(env.game._player.facing)
+    result = env.step("move west")  # not exactly an action: Noop runs, no penalty
+    assert result.info["valid_action"] is False and result.info["action"] == "Noop" and result.reward == 0.0
+    assert tuple(env.game._player.facing) == facing
+    result = env.step(" Move West. ")  # stripped, punctuation dropped: valid
+    assert result.info["valid_action"] is True and result.info["action"] == "Move West"
+    assert tuple(env.game._player.facing) == (-1, 0)
+    assert result.info["history_observation"] == env.history_observation
+    assert result.observation.endswith(env.history_observation)
+    assert result.info["progression"] == len(result.info["achievements"]) / 22
+
+
+def test_crafter_balrog_text_of_a_fixed_state() -> None:
+    from crafter import objects
+
+    env, world, player, (px, py) = _blank_crafter()
+    world[(px - 2, py - 1)] = "tree"  # 3 steps north-west ...
+    world[(px - 1, py - 2)] = "tree"  # ... and this one, also 3 steps, is found later (column by column from the west)
+    world[(px + 3, py)] = "water"
+    world[(px, py + 1)] = "stone"  # in front (the player faces south)
+    world[(px - 4, py + 3)] = "table"  # the area's south-west corner: 7 steps
+    world[(px + 4, py - 3)] = "lava"  # the north-east corner
+    world[(px + 5, py)] = "diamond"  # out of the 9x7 area: not seen
+    world.add(objects.Cow(world, (px + 1, py - 1)))
+    player.inventory.update({"wood": 3, "wood_pickaxe": 1, "sapling": 0, "food": 7})
+    current, past = env._render(), env.history_observation
+    assert past == (
+        "You see:\n"  # kinds in the order first met, column by column from the west; the nearest of each
+        "- grass 1 step to your west\n"
+        "- table 7 steps to your south-west\n"
+        "- tree 3 steps to your north-west\n"
+        "- stone 1 step to your south\n"
+        "- cow 2 steps to your north-east\n"
+        "- water 3 steps to your east\n"
+        "- lava 7 steps to your north-east\n"
+        "\n"
+        "You face stone at your front."
+    )
+    assert current == (
+        "Your status:\n- health: 9/9\n- food: 7/9\n- drink: 9/9\n- energy: 9/9\n\n"
+        "Your inventory:\n- wood: 3\n- wood_pickaxe: 1\n" + past
+    )
+
+
+def test_crafter_balrog_text_asleep_dead_and_at_the_worlds_edge() -> None:
+    env, world, player, (px, py) = _blank_crafter()
+    player.sleeping = True
+    asleep = env._render()
+    assert asleep.startswith("Your status:\n") and "You have nothing in your inventory.\nYou are sleeping" in asleep
+    assert env.history_observation == (
+        "You are sleeping, and will not be able take actions until energy is full.\n\n\n\n"  # BALROG's two blank lines
+        "You see:\n- grass 1 step to your west\n\nYou face grass at your front."
+    )
+    player.sleeping, player.health = False, 0
+    env._render()
+    assert env.history_observation.startswith("You died.\n\n\n\nYou see:")
+    player.health = 9
+    # near the world's west edge BALROG's slice of the map is empty: nothing seen, nothing faced
+    world.move(player, (2, py))
+    env._render()
+    assert env.history_observation == "You see nothing away from you.\n\nYou face nothing at your front."
+
+
+def test_crafter_balrog_graph_prompt_keeps_only_the_long_term_part() -> None:
+    import asyncio
+
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+
+    from verlog.graph_file import load_graph_file
+
+    prompts: list = []
+
+    class Recording(GenericFakeChatModel):
+        async def _agenerate(self, messages, stop=None, run_manager=None, **kwargs):  # type: ignore[override]
+            prompts.append(messages)
+            return await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+    model = Recording(messages=iter(AIMessage(a) for a in ["Do", "!!", "Sleep"]))
+    graph = load_graph_file(Path(__file__).resolve().parents[1] / "graphs" / "crafter.py").build(
+        model, protocol="balrog", history_turns=16, max_tokens=8192, max_steps=3)
+    state = asyncio.run(graph.ainvoke({"seed": 4}))
+    assert state["steps"] == 3 and state["info"]["action"] == "Sleep"
+    third = prompts[2]
+    assert [type(m).__name__ for m in third] == ["HumanMessage", "HumanMessage", "AIMessage", "HumanMessage",
+                                                "HumanMessage"]  # the empty answer ("!!" cleaned) adds no message
+    assert third[1].content.startswith("Observation:\nYou see") and "Your status" not in third[1].content
+    assert third[3].content.startswith("Observation:\nYou see")
+    # "!!" ran Noop: BALROG's note heads the long-term part, after the status and inventory
+    note = balrog_protocol.invalid_answer_note("Noop")
+    assert third[4].content.startswith("Current Observation:\nYour status:\n")
+    assert f"inventory.\n{note}You see" in third[4].content
+    assert state["history"][-1][0].startswith(note + "You see")  # and the history keeps it
+
+
+# --------------------------------------------------------------------------------------------
 # the naive agent's prompt
 
 
@@ -287,6 +437,24 @@ def test_balrog_prompt_keeps_16_observations_and_cleaned_answers() -> None:
     assert observations[-1].content == f"Current Observation:\nobs 20\n\n{balrog_protocol.ANSWER_RULE}"
     assert balrog_protocol.clean_answer("  go forward!\n") == "go forward"
     assert balrog_protocol.parse_answer("ACTION: left", ["left"]) is None
+
+
+def test_balrog_prompt_leaves_empty_answers_out_and_textless_older_observations() -> None:
+    """BALROG records no action for an answer that is empty once cleaned; its window is the last
+    32 events, and only the newest 16 observations in it keep their text."""
+    history = [(f"obs {i}", "" if i % 2 else f"answer {i}") for i in range(24)]  # every odd answer empty
+    messages = balrog_protocol.build_prompt("the rules", history, "obs 24")
+    window = messages[1:]  # 24 observations, 12 answers and the current one: the last 32 events
+    assert len(window) == 32 and window[0].content == "Observation:"  # obs 3, beyond the newest 16
+    answers = [m.content for m in window if isinstance(m, AIMessage)]
+    assert answers == [f"answer {i}" for i in range(4, 24, 2)]  # the empty ones left no message
+    observations = [m.content for m in window if isinstance(m, HumanMessage)]
+    assert len(observations) == 22 and observations[:6] == ["Observation:"] * 6  # obs 3-8: no text
+    assert observations[6] == "Observation:\nobs 9" and observations[-2] == "Observation:\nobs 23"
+    assert observations[-1] == f"Current Observation:\nobs 24\n\n{balrog_protocol.ANSWER_RULE}"
+    short = balrog_protocol.build_prompt("r", [("a", ""), ("b", "go")], "c")
+    assert [m.content for m in short[1:]] == ["Observation:\na", "Observation:\nb", "go",
+                                              f"Current Observation:\nc\n\n{balrog_protocol.ANSWER_RULE}"]
 
 
 def test_play_shows_only_what_the_model_reads() -> None:
