@@ -256,7 +256,7 @@ def test_graph_kwargs_win_over_a_suites_and_say_the_run_is_not_its_protocol(serv
             "--graph-kwargs", '{"max_steps": 3, "max_tokens": 4}', "--out", str(out), "--no-chart"]
     assert main(args) == 0
     said = _said(capsys)
-    assert "--graph-kwargs changes the suite's max_steps, max_tokens: these scores are not the suite's protocol" in said
+    assert "not the suite's protocol: max_steps, max_tokens differ from it" in said
     records = _lines(out / "episodes.jsonl")
     assert len(records) == 4 and all(r["status"] == "ok" and r["turns"] == 3 for r in records)
     summary = json.loads((out / "summary.json").read_text())

@@ -3,7 +3,7 @@
     verlog eval CONFIG [CONFIG ...] [key=value ...] [--suite balrog]
                 [--checkpoint DIR | --base-url URL --model NAME [--api-key KEY]]
                 [--episodes N] [--concurrency N] [--temperature T] [--max-tokens N]
-                [--graph-kwargs JSON] [--out DIR] [--fresh] [--json FILE] [--no-chart]
+                [--graph-kwargs JSON] [--balrog PATH] [--out DIR] [--fresh] [--json FILE] [--no-chart]
 
 Every finished episode is appended to ``OUT/episodes.jsonl``. Run the same command again after
 an interruption and the finished episodes are read back, not played again; episodes that ended
@@ -30,6 +30,7 @@ from verlog.evaluation.players import EndpointModel, EngineModel
 from verlog.evaluation.progress import EvalProgress
 from verlog.evaluation.report import plot_progression, require_matplotlib, summary_table, write_json
 from verlog.evaluation.results import EpisodeRecord, TaskResult, summarize
+from verlog.evaluation.suite_protocol import balrog_tasks, protocol_differences, wording_report
 from verlog.evaluation.runner import EpisodeLog, EvalError, play_tasks, task_spec
 from verlog.evaluation.tasks import EvalTask, plan_tasks
 
@@ -65,6 +66,10 @@ def add_eval_command(sub: Any) -> None:
                    help="keyword arguments of every task's build_graph, applied last (they win over the suite's "
                    "and the configs'), e.g. '{\"max_steps\": 10, \"max_tokens\": 32}' for a smoke run; changing "
                    "a suite's settings makes its scores not its protocol's (the run says so)")
+    p.add_argument("--balrog", default=None, metavar="PATH",
+                   help="your BALROG (a checkout of github.com/balrog-ai/BALROG or its installed package; default "
+                   "$VERLOG_BALROG): BALROG-protocol tasks use its own instructions, answer rule and invalid-answer "
+                   "note, and TextWorld its games; without it the wording is verlog's (the run says so)")
     p.add_argument("--out", default=None, help="output folder (default: CHECKPOINT/eval, else runs/eval/MODEL)")
     p.add_argument("--fresh", action="store_true", help="discard the episodes already in the output folder")
     p.add_argument("--json", default=None, help="also write the summary JSON to this file")
@@ -96,6 +101,32 @@ def graph_kwargs_option(raw: str | None) -> dict[str, Any]:
         raise EvalError(str(exc)) from None
 
 
+def _balrog_source(path: str | None, tasks: list[EvalTask], console: Console) -> Any:
+    """The user's BALROG (``--balrog``, else ``$VERLOG_BALROG``) for the BALROG-protocol tasks,
+    which then read their wording (and TextWorld its games) from it; ``None`` without one. The
+    run says which wording its BALROG-protocol tasks use."""
+    from verlog.envs.balrog_source import BalrogSourceError, open_source
+
+    playing = balrog_tasks(tasks)
+    try:
+        source = open_source(path)
+    except BalrogSourceError as exc:
+        raise EvalError(f"--balrog: {exc}") from None
+    if not playing:
+        return source
+    if source is None:
+        console.print("[yellow]wording: verlog's (its paraphrase of BALROG's instructions, answer rule and invalid-answer "
+                      "note; TextWorld plays verlog's regenerated games): give --balrog PATH (or $VERLOG_BALROG) to "
+                      "use BALROG's own[/]", soft_wrap=True)
+        return None
+    provenance = source.provenance()
+    for t in playing:  # in the graph settings, so resuming never mixes episodes of other texts
+        t.graph_kwargs.setdefault("balrog_source", {"path": provenance["path"], "sha256": provenance["sha256"]})
+    console.print(f"wording: BALROG's own, read from {provenance['path']} (sha256 {provenance['sha256'][:12]})",
+                  soft_wrap=True)
+    return source
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name or name).strip("_") or "model"
 
@@ -111,15 +142,16 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     configs, overrides = split_targets(args.targets)
     graph_kwargs = graph_kwargs_option(getattr(args, "graph_kwargs", None))
     tasks = plan_tasks(configs, overrides, suite=args.suite)
-    # --graph-kwargs win over the suite's and the configs' own; a suite's setting they change is named
-    changed = sorted({k for t in tasks for k, v in graph_kwargs.items() if t.graph_kwargs.get(k, v) != v}
-                     if args.suite else [])
+    # --graph-kwargs win over the suite's and the configs' own
     for t in tasks:
         t.graph_kwargs = {**t.graph_kwargs, **graph_kwargs}
+    source = _balrog_source(getattr(args, "balrog", None), tasks, console)
+    # every setting that differs from the suite's protocol is named, whatever changed it
+    changed = protocol_differences(tasks, args.suite, args.episodes) if args.suite else []
     if changed:
         console.print(
-            f"[yellow]--graph-kwargs changes the suite's {', '.join(changed)}: these scores are not the suite's "
-            "protocol (a smoke run)[/]", soft_wrap=True,
+            f"[yellow]not the suite's protocol: {', '.join(changed)} differ from it, so these scores are not the "
+            "suite's (a smoke run)[/]", soft_wrap=True,
         )
     if not args.no_chart:
         require_matplotlib()
@@ -171,7 +203,9 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
         "model": model.label, "episodes": {t.label: len(seeds[t.key]) for t in tasks},
         "seeds": {t.label: [seeds[t.key][0], seeds[t.key][-1]] for t in tasks},
         "sampling": {t.label: model.sampling(t.config) for t in tasks},
-        **({"graph_kwargs_override": graph_kwargs, "not_the_suites_protocol": changed} if graph_kwargs else {}),
+        **({"graph_kwargs_override": graph_kwargs} if graph_kwargs else {}),
+        **({"not_the_suites_protocol": changed} if args.suite else {}),
+        **(wording_report(source) if balrog_tasks(tasks) else {}),
         "episodes_file": str(log.path),
     }
     return _report(args, about, tasks, list(records.values()), out, console)
