@@ -161,6 +161,8 @@ class EmbeddedEngine(Engine):
         prefix_cache_bytes: the most bytes of KV the prefix cache keeps across calls (prompts
             and generated tokens of finished requests, least recently used evicted first);
             ``0`` turns it off. Generations are the same with and without it.
+        autocast: the compute dtype of the model's forward passes (``torch.autocast``), e.g.
+            ``torch.bfloat16`` over a trainer's float32 master weights; ``None``: the weights' own.
     """
 
     def __init__(
@@ -176,8 +178,10 @@ class EmbeddedEngine(Engine):
         min_shared_prefix: int = 16,
         admit_wait_steps: int = 4,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        autocast: torch.dtype | None = None,
     ):
         self.model = model.eval()
+        self.autocast = autocast
         self.cpu_threads = cpu_threads or max(1, (os.cpu_count() or 2) - 1)
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -349,7 +353,7 @@ class EmbeddedEngine(Engine):
             waited = 0 if admit or not backlog else waited + 1
             started = time.perf_counter()
             try:
-                with self._weights_lock, torch.inference_mode():
+                with self._weights_lock, torch.inference_mode(), self._compute():
                     if admit:
                         joined = self._prefill(admit)
                         if joined.requests:
@@ -368,6 +372,12 @@ class EmbeddedEngine(Engine):
             self.stats.busy_s += time.perf_counter() - started
             if running is not None and not running.requests:
                 running = None
+
+    def _compute(self) -> contextlib.AbstractContextManager:
+        """The forward passes' precision: autocast to ``self.autocast``, or the weights' dtype."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast)
 
     def _collect(self, *, block: bool) -> list[_Request] | None:
         """Requests waiting now; when idle, block for one and give others ``batch_wait`` to join."""

@@ -26,6 +26,7 @@ from verlog.train.forward import (
     policy_logprobs,
     values_at_positions,
 )
+from verlog.weights.precision import autocast
 from verlog.train.storage import RolloutStorage
 from verlog.weights.actor_critic import trainable_parameters
 
@@ -45,7 +46,12 @@ def adamw(model: torch.nn.Module, opts) -> torch.optim.Optimizer:
 
 @dataclass
 class Learner:
-    """What an update touches: the models, their optimizers and the settings they are used with."""
+    """What an update touches: the models, their optimizers and the settings they are used with.
+
+    ``autocast``: the compute dtype of every forward pass (``None``: float32), the weights staying
+    float32 (:mod:`verlog.weights.precision`); ``actor_scaler`` / ``critic_scaler``: float16's loss
+    scalers.
+    """
 
     actor: nn.Module
     critic: nn.Module | None
@@ -57,6 +63,13 @@ class Learner:
     device: torch.device
     actor_max_grad_norm: float | None = None
     critic_max_grad_norm: float | None = None
+    autocast: torch.dtype | None = None
+    actor_scaler: torch.amp.GradScaler | None = None
+    critic_scaler: torch.amp.GradScaler | None = None
+
+    def compute(self):
+        """The forward passes' precision context (``torch.autocast`` or nothing)."""
+        return autocast(self.device, self.autocast)
 
 
 def _rows(s: RolloutStorage, group: list[int], learner: Learner) -> PackedRows:
@@ -81,22 +94,29 @@ def _policy_logprobs(lm: nn.Module, s: RolloutStorage, learner: Learner) -> torc
     """Teacher-forced logprobs ``[B, T]`` of every turn's response under ``lm``."""
     out = torch.zeros(s.response_ids.shape)
     for group in _micro_batches(s, range(s.size), learner):
-        logp, _ = policy_logprobs(
-            lm, _rows(s, group, learner), s.prompt_lengths[group], s.response_ids[group],
-            temperature=s.temperatures[group],
-        )
-        out[group] = logp.cpu()
+        with learner.compute():
+            logp, _ = policy_logprobs(
+                lm, _rows(s, group, learner), s.prompt_lengths[group], s.response_ids[group],
+                temperature=s.temperatures[group],
+            )
+        out[group] = logp.float().cpu()
     return out * s.response_mask
 
 
 @torch.no_grad()
 def compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> None:
     """The critic's values at every value position ``[B, T + 1]``, of each slot's held prompt, and
-    of the state after each truncated turn whose next prompt is known (``NaN`` elsewhere)."""
+    of the state after each truncated turn whose next prompt is known (``NaN`` elsewhere); float32
+    whatever the compute dtype."""
+    with learner.compute():
+        _compute_values(critic, s, learner)
+
+
+def _compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> None:
     values = torch.zeros(s.size, s.response_ids.shape[1] + 1)
     for group in _micro_batches(s, range(s.size), learner):
         rows = _rows(s, group, learner)
-        values[group] = values_at_positions(critic, rows, s.prompt_lengths[group], values.shape[1]).cpu()
+        values[group] = values_at_positions(critic, rows, s.prompt_lengths[group], values.shape[1]).float().cpu()
     s.values = values * s.value_mask
     share = learner.algo.shared_prefix_min_tokens
     s.bootstrap_values = last_token_values(
@@ -196,14 +216,14 @@ def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int
                 for micro in groups:
                     share = aggregation_weight(s.policy_mask[micro], algo.loss_aggregation) / policy_weight
                     record(_actor_step(s, micro, learner, share), share)
-                norm = _step(learner.actor, learner.actor_optimizer, learner.actor_max_grad_norm)
+                norm = _step(learner.actor, learner.actor_optimizer, learner.actor_max_grad_norm, learner.actor_scaler)
                 record({"actor_grad_norm": norm}, 1.0)
             if train_critic:
                 tokens = s.value_mask[mini].sum().clamp(min=1)
                 for micro in groups:
                     share = (s.value_mask[micro].sum() / tokens).item()
                     record(_critic_step(s, micro, learner, share), share)
-                norm = _step(learner.critic, learner.critic_optimizer, learner.critic_max_grad_norm)
+                norm = _step(learner.critic, learner.critic_optimizer, learner.critic_max_grad_norm, learner.critic_scaler)
                 record({"critic_grad_norm": norm}, 1.0)
     return {key: sums[key] / weights[key] for key in sums if weights[key] > 0}
 
@@ -212,10 +232,11 @@ def _actor_step(s: RolloutStorage, micro: list[int], learner: Learner, share: fl
     """Policy loss (clipped, dual-clip) minus the entropy bonus on one micro-batch; backward."""
     algo, dev = learner.algo, learner.device
     token_mask = s.policy_mask[micro].to(dev)
-    logp, entropy = policy_logprobs(
-        learner.actor, _rows(s, micro, learner), s.prompt_lengths[micro], s.response_ids[micro],
-        temperature=s.temperatures[micro], with_entropy=algo.entropy_coef > 0,
-    )
+    with learner.compute():
+        logp, entropy = policy_logprobs(
+            learner.actor, _rows(s, micro, learner), s.prompt_lengths[micro], s.response_ids[micro],
+            temperature=s.temperatures[micro], with_entropy=algo.entropy_coef > 0,
+        )
     policy_loss, metrics = policy_loss_fn(algo.policy_loss)(
         logp, s.old_logprobs[micro].to(dev), s.advantages[micro].to(dev), token_mask,
         clip_eps=algo.clip_eps, dual_clip=algo.dual_clip, clip_eps_high=algo.clip_eps_high,
@@ -226,7 +247,7 @@ def _actor_step(s: RolloutStorage, micro: list[int], learner: Learner, share: fl
         mean_entropy = masked_mean(entropy, token_mask)
         loss = loss - algo.entropy_coef * mean_entropy
         metrics["entropy"] = mean_entropy.item()
-    (loss * share).backward()
+    _backward(loss * share, learner.actor_scaler)
     return metrics
 
 
@@ -234,20 +255,36 @@ def _critic_step(s: RolloutStorage, micro: list[int], learner: Learner, share: f
     """Clipped value loss on one micro-batch; backward."""
     algo, dev = learner.algo, learner.device
     width = s.values.shape[1]
-    values = values_at_positions(learner.critic, _rows(s, micro, learner), s.prompt_lengths[micro], width)
+    with learner.compute():
+        values = values_at_positions(learner.critic, _rows(s, micro, learner), s.prompt_lengths[micro], width)
     loss, metrics = clipped_value_loss(
         values, s.values[micro].to(dev), s.returns[micro].to(dev), s.value_mask[micro].to(dev),
         clip=algo.value_clip, first_value_weight=algo.first_value_weight,
     )
     metrics.pop("explained_variance", None)  # reported once per batch, before the update
-    (algo.value_loss_coef * loss * share).backward()
+    _backward(algo.value_loss_coef * loss * share, learner.critic_scaler)
     return metrics
 
 
-def _step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float | None) -> float:
-    """Clip, step, and free the gradients (they would otherwise hold memory until the next pass)."""
+def _backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
+    """Backward pass (on the float16 loss scaler's scaled loss when there is one)."""
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+
+
+def _step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float | None,
+          scaler: torch.amp.GradScaler | None = None) -> float:
+    """Clip, step, and free the gradients (they would otherwise hold memory until the next pass).
+
+    With a loss scaler the gradients are unscaled before clipping, and a step whose gradients
+    overflowed is skipped (the returned norm is then not finite) while the scale comes down."""
     params = [p for p in model.parameters() if p.grad is not None]
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf")) if params else torch.zeros(())
-    optimizer.step()
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(norm)

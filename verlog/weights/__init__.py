@@ -1,4 +1,5 @@
 """Model weights shared by training and evaluation: the actor (a causal LM, optionally with
-LoRA), the critic and the frozen reference policy (``actor_critic``), and the checkpoint folders
+LoRA), the critic and the frozen reference policy (``actor_critic``), their precision (float32
+master weights, autocast compute: ``precision``), and the checkpoint folders
 a training run writes and ``--resume`` / ``verlog eval`` read back (``checkpoint``). Neither the
 trainer nor the evaluator owns them, so each imports this package and not the other."""

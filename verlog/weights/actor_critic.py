@@ -44,8 +44,11 @@ class ValueModel(nn.Module):
         return self.values(hidden)
 
     def values(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Values ``[B, S]`` from the backbone's last hidden states ``[B, S, H]``."""
-        return self.value_head(hidden).squeeze(-1).float()
+        """Values ``[B, S]`` from the backbone's last hidden states ``[B, S, H]``, in float32: the
+        head runs outside any autocast (a bfloat16 value has 3 significant digits; returns and
+        advantages are computed from these)."""
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
     def gradient_checkpointing_enable(self) -> None:
         self.backbone.gradient_checkpointing_enable()
