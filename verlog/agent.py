@@ -42,9 +42,12 @@ def build_engine(config: VerlogConfig, tokenizer: Any, model: Any = None) -> Eng
 
     if model is None:
         model = load_causal_lm(config.model.path, dtype=config.model.dtype, device=pick_device(config.model.device))
+    from verlog.weights.precision import autocast_dtype
+
     return EmbeddedEngine(
         model, tokenizer, max_batch_size=eng.max_batch_size, batch_wait_ms=eng.batch_wait_ms,
         seed=config.rollout.seed, prefix_cache_bytes=int(eng.prefix_cache_mb * 2**20),
+        autocast=autocast_dtype(config.model.autocast),
     )
 
 

@@ -112,7 +112,11 @@ class ModelConfig(_Section):
     """The policy model: ``tiny`` (random-init test model), ``smollm2`` or a local HF folder."""
 
     path: str = "tiny"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="the weights' dtype; training keeps float32 master weights (and refuses others)")
+    autocast: Literal["none", "bfloat16", "float16"] = Field(
+        "none", description="compute dtype of forward passes (torch.autocast): training passes and the embedded "
+        "engine; float16 training scales the loss (GradScaler)")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
 
     @field_validator("device")

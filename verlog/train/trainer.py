@@ -45,6 +45,7 @@ from verlog.rollout.slots import SlotRunner
 from verlog.weights import checkpoint as ckpt
 from verlog.train.metrics import RunLogger, memory_metrics, rollout_metrics
 from verlog.weights.actor_critic import load_actor, load_critic, load_reference
+from verlog.weights.precision import autocast_dtype, check_master_dtype, grad_scaler
 from verlog.train.ppo import Learner, adamw, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
 
@@ -173,6 +174,7 @@ class _Run:
         torch.set_num_threads(t.torch_threads or max(1, (os.cpu_count() or 2) - 1))
         device = torch.device(pick_device(config.model.device))
         where = {"dtype": config.model.dtype, "device": str(device)}
+        compute = autocast_dtype(config.model.autocast)  # float32 master weights, passes under autocast
 
         # models: the actor (shared with the engine), the critic, the frozen reference
         tokenizer = load_tokenizer(config.model.path)
@@ -188,13 +190,15 @@ class _Run:
             actor, critic, adamw(actor, config.actor), adamw(critic, config.critic) if critic else None,
             reference, algo, pad_id=_pad_id(tokenizer), device=device,
             actor_max_grad_norm=config.actor.max_grad_norm, critic_max_grad_norm=config.critic.max_grad_norm,
+            autocast=compute, actor_scaler=grad_scaler(device, compute),
+            critic_scaler=grad_scaler(device, compute) if critic else None,
         )
 
         # rollout: the graph's slots, their model calls gated into fixed-turn batches
         engine = EmbeddedEngine(
             actor, tokenizer, max_batch_size=config.engine.max_batch_size,
             batch_wait_ms=config.engine.batch_wait_ms, seed=config.rollout.seed,
-            prefix_cache_bytes=int(config.engine.prefix_cache_mb * 2**20),
+            prefix_cache_bytes=int(config.engine.prefix_cache_mb * 2**20), autocast=compute,
         )
         slots_agent = _SlotsAgent(config)
         runner = SlotRunner(
@@ -294,6 +298,10 @@ class _SlotsAgent:
 
 
 def _check_trainable(config: VerlogConfig) -> None:
+    try:
+        check_master_dtype(config.model.dtype, config.model.autocast)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if config.engine.kind != "embedded":
         raise ConfigError(
             f"engine.kind: the embedded trainer needs the embedded engine (got {config.engine.kind!r}); "
