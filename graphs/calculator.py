@@ -1,47 +1,28 @@
-"""A ReAct calculator agent: the model answers arithmetic questions using the calculator tool.
+"""A ReAct calculator agent: the model answers arithmetic questions with the calculator tool.
 
-Loop: ``agent`` (model with tools) -> ``tools`` (runs its tool calls, or reports malformed ones)
--> ``agent`` ... until the model answers without a tool call; ``grade`` then compares the last
-number of the answer with the true result and reports reward 1 or 0.
+Loop: ``agent`` (the model, tools bound) -> ``tools`` (runs its tool calls, or shows it the
+malformed ones) -> ``agent`` ... until the model answers without a tool call, or after
+``max_tool_rounds`` rounds of tools. The input is a conversation (``{"messages": [...]}``): a
+user's question; the agent puts its own system prompt first.
 
-Runs unchanged in training (verlog's chat model), evaluation and production (any chat model
-with tool calling).
+This is production code: nothing in it knows about training. ``verlog train
+configs/calculator.yaml`` trains it on the question/answer rows of ``data/calculator/`` with
+the reward function ``rewards/calculator.py:correct`` (see docs/train_your_agent.md); ``verlog
+serve graphs/calculator.py`` serves it unchanged.
 """
 
 from __future__ import annotations
 
-import random
-import re
-from typing import Any
-
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
 from tools.calculator import calculate
-from verlog.rollout.events import areport_reward
 
 SYSTEM = (
     "You are a careful assistant. Use the calculate tool for arithmetic, then give the final "
     "answer as a number on the last line."
 )
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-class State(MessagesState):
-    target: float
-
-
-def make_input(seed: int) -> dict[str, Any]:
-    """A random two-operation arithmetic question for episode ``seed``."""
-    rng = random.Random(seed)
-    a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 9)
-    op = rng.choice(["+", "-", "*"])
-    expression = f"({a} {op} {b}) * {c}"
-    return {
-        "messages": [SystemMessage(SYSTEM), HumanMessage(f"What is {expression}?")],
-        "target": float(calculate(expression)),
-    }
 
 
 def build_graph(model, max_tool_rounds: int = 4):
@@ -50,10 +31,13 @@ def build_graph(model, max_tool_rounds: int = 4):
     agent_model = model.bind_tools(tools)
     run_tools = ToolNode(tools)
 
-    async def agent(state: State) -> dict:
-        return {"messages": [await agent_model.ainvoke(state["messages"])]}
+    async def agent(state: MessagesState) -> dict:
+        messages = state["messages"]
+        if not messages or messages[0].type != "system":
+            messages = [SystemMessage(SYSTEM), *messages]
+        return {"messages": [await agent_model.ainvoke(messages)]}
 
-    async def act(state: State) -> dict:
+    async def act(state: MessagesState) -> dict:
         last = state["messages"][-1]
         replies: list[ToolMessage] = []
         if last.tool_calls:
@@ -64,26 +48,17 @@ def build_graph(model, max_tool_rounds: int = 4):
             )
         return {"messages": replies}
 
-    async def grade(state: State) -> dict:
-        answer = state["messages"][-1]
-        numbers = _NUMBER.findall(answer.content if isinstance(answer.content, str) else "")
-        success = bool(numbers) and abs(float(numbers[-1]) - state["target"]) < 1e-6
-        await areport_reward(1.0 if success else 0.0, terminated=True, info={"success": success})
-        return {}
-
-    async def route(state: State) -> str:  # async: LangGraph runs sync functions in threads
+    async def route(state: MessagesState) -> str:  # async: LangGraph runs sync functions in threads
         last = state["messages"][-1]
         rounds = sum(isinstance(m, AIMessage) for m in state["messages"])
         if (last.tool_calls or last.invalid_tool_calls) and rounds <= max_tool_rounds:
             return "act"
-        return "grade"
+        return END
 
-    graph = StateGraph(State)
+    graph = StateGraph(MessagesState)
     graph.add_node("agent", agent)
     graph.add_node("act", act)
-    graph.add_node("grade", grade)
     graph.add_edge(START, "agent")
-    graph.add_conditional_edges("agent", route, ["act", "grade"])
+    graph.add_conditional_edges("agent", route, ["act", END])
     graph.add_edge("act", "agent")
-    graph.add_edge("grade", END)
-    return graph.compile()
+    return graph.compile().with_config(recursion_limit=3 * max_tool_rounds + 5)

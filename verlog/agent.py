@@ -7,10 +7,10 @@ from: the same graph file, built around verlog's chat model on the configured en
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from verlog.backends.base import Engine
-from verlog.config import VerlogConfig
+from verlog.config import ConfigError, VerlogConfig
 from verlog.graph_file import GraphFile, load_graph_file
 from verlog.llm.chat_model import VerlogChatModel
 from verlog.rollout import Episode, run_episodes
@@ -67,6 +67,30 @@ def build_chat_model(config: VerlogConfig, engine: Engine, tokenizer: Any) -> Ve
     )
 
 
+def judge_chat_models(config: VerlogConfig, policy: VerlogChatModel | None = None) -> Callable[[str], Any]:
+    """``chat_model_for(name)`` for judges with ``embedded``: ``policy`` is ``policy`` (verlog's chat
+    model on the engine being trained: its calls run outside any episode, so they are never
+    training turns); any other name is a model (``tiny``, ``smollm2``, a folder) loaded once on an
+    embedded engine of its own."""
+    loaded: dict[str, VerlogChatModel] = {}
+
+    def chat_model_for(name: str) -> Any:
+        if name == "policy":
+            if policy is None:
+                raise ConfigError("reward.judges: embedded: policy needs the policy's engine (training, eval "
+                                  "with --checkpoint); give a model path or an endpoint instead")
+            return policy
+        if name not in loaded:
+            from verlog.models import load_tokenizer
+
+            judge_config = config.model_copy(update={"model": config.model.model_copy(update={"path": name})})
+            tokenizer = load_tokenizer(name)
+            loaded[name] = build_chat_model(judge_config, build_engine(judge_config, tokenizer), tokenizer)
+        return loaded[name]
+
+    return chat_model_for
+
+
 @dataclass
 class Agent:
     """A graph file built around verlog's chat model, ready to run episodes."""
@@ -79,21 +103,49 @@ class Agent:
     graph: Any
 
     async def rollout(
-        self, episodes: int, *, first_seed: int | None = None, keep_messages: bool = False, on_episode=None
+        self, episodes: int, *, first_seed: int | None = None, keep_messages: bool = False, on_episode=None,
+        split: str = "train",
     ) -> list[Episode]:
-        """Run ``episodes`` seeded episodes (seeds ``first_seed``, ``first_seed + 1``, ...)."""
+        """Run ``episodes`` episodes and score them with the reward section: seeds ``first_seed``,
+        ``first_seed + 1``, ... (default ``rollout.seed``); with a data section, rows
+        ``first_seed``, ``first_seed + 1``, ... (default 0) of ``split`` in file order. An episode
+        a reward function fails on is recorded as failed."""
+        from verlog.episodes import EpisodePlan, build_scorer
+        from verlog.rewards import RewardError
+
         r = self.config.rollout
-        start = r.seed if first_seed is None else first_seed
-        seeds = range(start, start + episodes)
+        rows = self.config.data is not None
+        start = (0 if rows else r.seed) if first_seed is None else first_seed
+        plan = EpisodePlan(
+            self.config, self.graph_file, split, scorer=build_scorer(self.config, chat_model_for=judge_chat_models(
+                self.config, self.chat_model)), in_order=True,
+        )
+        if plan.size is not None:
+            episodes = max(0, min(episodes, plan.size - start))
+        tasks = range(start, start + episodes)
+        ids = [f"{split}-row{i}" if rows else f"seed{i}" for i in tasks]
+        task_of = dict(zip(ids, tasks))
+
+        async def scored(episode: Episode) -> None:
+            if not episode.failed:
+                try:
+                    await plan.score(episode, task_of[episode.episode_id])
+                except RewardError as exc:
+                    episode.status, episode.error = "error", str(exc)
+            if on_episode is not None:
+                maybe = on_episode(episode)
+                if hasattr(maybe, "__await__"):
+                    await maybe
+
         return await run_episodes(
             self.graph,
-            [self.graph_file.episode_input(s) for s in seeds],
-            episode_ids=[f"seed{s}" for s in seeds],
+            [plan.input(i) for i in tasks],
+            episode_ids=ids,
             concurrency=r.concurrency,
             graph_config=self.config.multi_turn.langgraph.graph_config,
             timeout_s=r.episode_timeout_s,
             keep_messages=keep_messages,
-            on_episode=on_episode,
+            on_episode=scored,
         )
 
     async def aclose(self) -> None:
@@ -108,7 +160,8 @@ def load_agent(config: VerlogConfig, *, engine: Engine | None = None, model: Any
     from verlog.models import load_tokenizer
 
     graph_file = load_graph_file(config.multi_turn.langgraph.path)  # fail fast, before loading weights
-    graph_file.require_make_input()  # an agent runs episodes: a file without make_input stops here
+    if config.data is None:
+        graph_file.require_make_input()  # an agent runs episodes: a file without make_input stops here
     tokenizer = load_tokenizer(config.model.path)
     engine = engine or build_engine(config, tokenizer, model)
     chat_model = build_chat_model(config, engine, tokenizer)

@@ -42,7 +42,8 @@ class EpisodePlan:
     """The tasks of ``split`` and the scorer of their episodes.
 
     ``keep_trajectories``: keep each scored episode's ``Trajectory`` and task until
-    ``take_trajectories`` (the trainer's ranking judges score a batch's groups from them)."""
+    ``take_trajectories`` (the trainer's ranking judges score a batch's groups from them).
+    ``in_order``: the training rows in file order, each once (``verlog rollout``), not in epochs."""
 
     def __init__(
         self,
@@ -53,9 +54,10 @@ class EpisodePlan:
         first_seed: int = 0,
         scorer: RewardScorer | None = None,
         keep_trajectories: bool = False,
+        in_order: bool = False,
     ):
         self.config, self.split = config, split
-        self.tasks: TaskSource = load_tasks(config, graph_file, split, first_seed=first_seed)
+        self.tasks: TaskSource = load_tasks(config, graph_file, split, first_seed=first_seed, in_order=in_order)
         self.scorer = scorer
         self.keep_trajectories = keep_trajectories
         self._kept: dict[str, tuple[int, Trajectory]] = {}

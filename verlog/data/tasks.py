@@ -129,14 +129,19 @@ def split_rows(config: VerlogConfig, split: str) -> Rows:
     return _cached_rows(source.model_dump_json(), split)
 
 
-def load_tasks(config: VerlogConfig, graph_file: GraphFile, split: SplitName = "train", *, first_seed: int = 0) -> TaskSource:
+def load_tasks(
+    config: VerlogConfig, graph_file: GraphFile, split: SplitName = "train", *, first_seed: int = 0,
+    in_order: bool = False,
+) -> TaskSource:
     """The tasks of ``split`` for ``graph_file``: its dataset rows when the config has a data
-    section (training: in shuffled epochs), else seeds from ``first_seed`` (``make_input(seed)``)."""
+    section (training rows in shuffled epochs unless ``in_order``), else seeds from ``first_seed``
+    (``make_input(seed)``)."""
     if config.data is None:
         return SeedTasks(graph_file.episode_input, first_seed)
     rows = split_rows(config, split)
     to_input = input_maker(graph_file, config.data.input, rows.columns, split)
-    order = EpochOrder(len(rows), seed=config.data.seed, shuffle=config.data.shuffle) if split == "train" else None
+    epochs = split == "train" and not in_order
+    order = EpochOrder(len(rows), seed=config.data.seed, shuffle=config.data.shuffle) if epochs else None
     return RowTasks(rows, to_input, order)
 
 

@@ -4,7 +4,7 @@ A policy that has only learned the answer format plays about as well as random v
 so a run's "after" win rate means something only next to that baseline. Here the baseline is a
 chat model answering a uniformly random valid action of the game each turn (the bare action
 name), playing the run's own graph on its own held-out eval seeds (``eval.seed`` onwards,
-``eval.episodes`` per task), unchanged.
+``eval.episode_count()`` per task), unchanged.
 
 ``python -m verlog.evaluation.baseline RUN_DIR`` reads the run's ``config.yaml`` and
 ``eval.json`` (what ``verlog train`` wrote), plays the baseline and prints one table per task:
@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from verlog.evaluation.results import TaskResult, summarize
-from verlog.evaluation.runner import EvalError, play_tasks
+from verlog.evaluation.runner import EvalError, episode_seeds, play_tasks
 from verlog.evaluation.tasks import EvalTask, config_tasks
 
 __all__ = ["RandomActionChatModel", "comparison_table", "evaluate_random", "game_actions", "main"]
@@ -76,11 +76,11 @@ def game_actions(task: EvalTask) -> list[str]:
 
 async def evaluate_random(config: Any, *, seed: int = 0) -> list[TaskResult]:
     """Play each eval task of ``config`` with random valid actions on the seeds the trainer
-    evaluates (``eval.seed`` onwards, ``eval.episodes`` of them)."""
+    evaluates (``eval.seed`` onwards, ``eval.episode_count()`` of them)."""
     ev = config.eval
     tasks = config_tasks(config)
     players = {t.key: RandomActionChatModel(actions=game_actions(t), seed=seed) for t in tasks}
-    seeds = {t.key: range(ev.seed, ev.seed + ev.episodes) for t in tasks}
+    seeds = {t.key: episode_seeds(t) for t in tasks}
     records = await play_tasks(tasks, lambda t: players[t.key], seeds, concurrency=ev.concurrency)
     return summarize(records, [t.key for t in tasks]).tasks
 

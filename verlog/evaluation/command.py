@@ -31,7 +31,7 @@ from verlog.evaluation.progress import EvalProgress
 from verlog.evaluation.report import plot_progression, require_matplotlib, summary_table, write_json
 from verlog.evaluation.results import EpisodeRecord, TaskResult, summarize
 from verlog.evaluation.suite_protocol import balrog_tasks, protocol_differences, wording_report
-from verlog.evaluation.runner import EpisodeLog, EvalError, play_tasks, task_spec
+from verlog.evaluation.runner import EpisodeLog, EvalError, episode_seeds, play_tasks, task_spec
 from verlog.evaluation.tasks import EvalTask, plan_tasks
 
 __all__ = ["add_eval_command", "run_eval"]
@@ -57,7 +57,10 @@ def add_eval_command(sub: Any) -> None:
     p.add_argument("--base-url", default=None, help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", default=None, help="the model name the endpoint serves (with --base-url)")
     p.add_argument("--api-key", default=None, help="the endpoint's key (default: $VERLOG_API_KEY, $OPENAI_API_KEY)")
-    p.add_argument("--episodes", type=int, default=None, help="episodes per task (default: eval.episodes)")
+    p.add_argument("--episodes", type=int, default=None,
+                   help="episodes per task (default: eval.episodes; with a data section, every row of the split)")
+    p.add_argument("--split", choices=["test", "validation"], default=None,
+                   help="with a data section: the split whose rows are played (default: eval.split, test)")
     p.add_argument("--concurrency", type=int, default=None, help="episodes at once (default: eval.concurrency)")
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature (default: eval.temperature, else sampling.temperature)")
@@ -141,7 +144,7 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
         raise EvalError(f"--episodes must be at least 1, got {args.episodes}")
     configs, overrides = split_targets(args.targets)
     graph_kwargs = graph_kwargs_option(getattr(args, "graph_kwargs", None))
-    tasks = plan_tasks(configs, overrides, suite=args.suite)
+    tasks = plan_tasks(configs, overrides, suite=args.suite, split=getattr(args, "split", None))
     # --graph-kwargs win over the suite's and the configs' own
     for t in tasks:
         t.graph_kwargs = {**t.graph_kwargs, **graph_kwargs}
@@ -171,7 +174,7 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
             raise EvalError(str(exc)) from None
         out = Path(args.out) if args.out else (model.folder / "eval" if model.folder else Path("runs") / "eval" / _slug(model.label))
 
-    seeds = {t.key: [t.config.eval.seed + i for i in range(args.episodes or t.config.eval.episodes)] for t in tasks}
+    seeds = {t.key: episode_seeds(t, args.episodes) for t in tasks}
     specs = {t.key: task_spec(t, model.label, model.sampling(t.config)) for t in tasks}
     planned = {t.episode_id(s): t for t in tasks for s in seeds[t.key]}
     log = EpisodeLog(out)
@@ -201,7 +204,10 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     records = {**on_disk, **{r.episode_id: r for r in new}}
     about = {
         "model": model.label, "episodes": {t.label: len(seeds[t.key]) for t in tasks},
-        "seeds": {t.label: [seeds[t.key][0], seeds[t.key][-1]] for t in tasks},
+        "seeds": {t.label: [seeds[t.key][0], seeds[t.key][-1]] for t in tasks if t.split is None},
+        **({"rows": {t.label: {"split": t.split, "source": t.config.data.split(t.split).path,
+                               "rows": [seeds[t.key][0], seeds[t.key][-1]]} for t in tasks if t.split is not None}}
+           if any(t.split is not None for t in tasks) else {}),
         "sampling": {t.label: model.sampling(t.config) for t in tasks},
         **({"graph_kwargs_override": graph_kwargs} if graph_kwargs else {}),
         **({"not_the_suites_protocol": changed} if args.suite else {}),

@@ -2,7 +2,10 @@
 
 * :func:`play_episode` runs one episode of a task's graph and scores it (:class:`EpisodeRecord`):
   status, model calls, return, success and BALROG's progression (0-100). It works with any
-  LangChain chat model: scoring reads the environment's reward events, not captured tokens.
+  LangChain chat model: scoring reads the environment's reward events, not captured tokens, and
+  the config's reward section (reward functions, judges) on the episode's final state and row.
+  A task's episodes play seeds, or the rows of a data split (``EvalTask.split``: never training
+  rows).
 * :class:`EpisodeLog` is the ``episodes.jsonl`` of an output folder: one line appended per
   finished episode, read back on restart so finished episodes are not played again.
 * :func:`play_tasks` plays every (task, seed) that is not finished yet, at most ``concurrency``
@@ -21,14 +24,16 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from verlog.envs.progression import PROGRESSION_FUNCTIONS, family_of, goal_value, progression
 from verlog.evaluation.results import PROGRESSION_SCALE, EpisodeRecord, TaskResult, summarize
+from verlog.episodes import EpisodePlan, build_scorer
 from verlog.evaluation.tasks import EvalTask, config_tasks
 from verlog.graph_file import GraphFile, load_graph_file
+from verlog.rewards import RewardError, RewardScorer
 from verlog.rollout.events import REWARD_EVENT
 from verlog.rollout.recorder import TurnRecorder
 from verlog.rollout.runner import run_episode
 
 __all__ = [
-    "EpisodeLog", "EvalError", "ScoreRecorder", "episode_progression", "evaluate", "play_episode",
+    "EpisodeLog", "EvalError", "ScoreRecorder", "episode_progression", "episode_seeds", "evaluate", "play_episode",
     "play_tasks", "task_spec",
 ]
 
@@ -94,21 +99,43 @@ def task_spec(task: EvalTask, model: str, sampling: Mapping[str, Any]) -> str:
         "graph_kwargs": task.graph_kwargs, "graph_config": lg.graph_config,
         "episode_timeout_s": task.config.rollout.episode_timeout_s,
     }
+    if task.split is not None:  # a data split's rows, scored by the reward section
+        data["data"] = task.config.data.split(task.split).model_dump()
+        data["reward"] = task.config.reward.model_dump()
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-async def play_episode(task: EvalTask, graph: Any, graph_file: GraphFile, seed: int, *, spec: str = "") -> EpisodeRecord:
-    """Play the task's episode ``seed`` once and score it (never raises for the graph's failures)."""
+async def play_episode(task: EvalTask, graph: Any, plan: EpisodePlan, seed: int, *, spec: str = "") -> EpisodeRecord:
+    """Play the task's episode ``seed`` (a seed, or a row of the task's split) once and score it:
+    the graph's own rewards plus the reward section's (never raises for the graph's or a reward
+    function's failures: they are ``error`` episodes)."""
     recorder = ScoreRecorder(task.episode_id(seed))
-    episode = await run_episode(
-        graph, graph_file.episode_input(seed), graph_config=task.config.multi_turn.langgraph.graph_config,
-        timeout_s=task.config.rollout.episode_timeout_s, recorder=recorder,
-    )
-    info = recorder.info
+    try:
+        graph_input = plan.input(seed)
+    except Exception as exc:  # make_input / the row's mapping failed: this episode errs, not the run
+        graph_input, failure = None, f"the input of {task.episode_id(seed)} failed: {type(exc).__name__}: {exc}"
+    else:
+        failure = None
+    if failure is None:
+        episode = await run_episode(
+            graph, graph_input, graph_config=task.config.multi_turn.langgraph.graph_config,
+            timeout_s=task.config.rollout.episode_timeout_s, recorder=recorder,
+        )
+    else:
+        episode = recorder.episode("error", error=failure)
+    info, episode_return = recorder.info, episode.total_reward
+    if not episode.failed:
+        try:
+            outcome = await plan.outcome(episode, seed, info=info)
+        except RewardError as exc:
+            episode.status, episode.error = "error", str(exc)
+        else:
+            if outcome is not None:
+                info, episode_return = outcome.merge_info(info), episode_return + outcome.reward
     success = not episode.failed and bool(info.get("success", info.get("won", False)))
     return EpisodeRecord(
         episode_id=recorder.episode_id, env=task.env, task=task.name, seed=seed, status=episode.status,
-        turns=recorder.model_calls, episode_return=episode.total_reward, success=success,
+        turns=recorder.model_calls, episode_return=episode_return, success=success,
         progression=episode_progression(task.env, info, success), seconds=round(episode.seconds, 3),
         error=episode.error, spec=spec, finished_at=round(time.time(), 3), info=_small_info(info),
     )
@@ -175,15 +202,32 @@ def _ends_with_newline(path: Path) -> bool:
         return f.read(1) == b"\n"
 
 
-def _graphs(tasks: Sequence[EvalTask], chat_model_for: Callable[[EvalTask], Any]) -> dict[tuple[str, str], tuple[Any, GraphFile]]:
+def _graphs(
+    tasks: Sequence[EvalTask], chat_model_for: Callable[[EvalTask], Any],
+    scorer_for: Callable[[EvalTask], RewardScorer | None] | None,
+) -> dict[tuple[str, str], tuple[Any, EpisodePlan]]:
+    """Each task's graph (built around its player) and episode plan (its seeds or split rows, and
+    its reward section; one scorer per config unless ``scorer_for`` gives them)."""
+    from verlog.agent import judge_chat_models
+
     files: dict[str, GraphFile] = {}
+    scorers: dict[int, RewardScorer | None] = {}
     built = {}
     for task in tasks:
         path = task.config.multi_turn.langgraph.path
         if path not in files:
             files[path] = load_graph_file(path)
         graph_file = files[path]
-        built[task.key] = (graph_file.build(chat_model_for(task), **task.graph_kwargs), graph_file)
+        model = chat_model_for(task)
+        if scorer_for is not None:
+            scorer = scorer_for(task)
+        elif id(task.config) not in scorers:
+            scorer = scorers[id(task.config)] = build_scorer(
+                task.config, chat_model_for=judge_chat_models(task.config, model))
+        else:
+            scorer = scorers[id(task.config)]
+        plan = EpisodePlan(task.config, graph_file, task.split or "test", scorer=scorer)
+        built[task.key] = (graph_file.build(model, **task.graph_kwargs), plan)
     return built
 
 
@@ -197,14 +241,18 @@ async def play_tasks(
     specs: Mapping[tuple[str, str], str] | None = None,
     on_record: Callable[[EpisodeRecord], None] | None = None,
     max_consecutive_errors: int | None = None,
+    scorer_for: Callable[[EvalTask], RewardScorer | None] | None = None,
 ) -> list[EpisodeRecord]:
-    """Play each task's seeds, except the episode ids in ``skip``; returns the new records.
+    """Play each task's seeds (the row indices of its split, for a data task), except the episode
+    ids in ``skip``; returns the new records.
 
     ``on_record`` is called as each episode ends (write it, advance a progress bar). With
     ``max_consecutive_errors``, that many episodes in a row ending in ``error`` (e.g. the model
     endpoint went away) stop the run with :class:`EvalError`; the records so far are kept.
+    ``scorer_for(task)``: the reward section's scorer of a task (default: built from its config,
+    judges with ``embedded: policy`` using the evaluated model).
     """
-    graphs = _graphs(tasks, chat_model_for)
+    graphs = _graphs(tasks, chat_model_for, scorer_for)
     skip = set(skip)
     longest = max((len(seeds[t.key]) for t in tasks), default=0)
     pending = [(t, seeds[t.key][i]) for i in range(longest) for t in tasks
@@ -215,9 +263,9 @@ async def play_tasks(
 
     async def one(task: EvalTask, seed: int) -> None:
         nonlocal errors_in_a_row
-        graph, graph_file = graphs[task.key]
+        graph, plan = graphs[task.key]
         async with gate:
-            record = await play_episode(task, graph, graph_file, seed, spec=(specs or {}).get(task.key, ""))
+            record = await play_episode(task, graph, plan, seed, spec=(specs or {}).get(task.key, ""))
         records.append(record)
         if on_record is not None:
             on_record(record)
@@ -243,21 +291,38 @@ async def evaluate(
     episodes: int | None = None,
     seed: int | None = None,
     temperature: float | None = None,
+    split: str = "test",
+    scorer: RewardScorer | None = None,
 ) -> list[TaskResult]:
-    """Play each of the config's eval tasks ``episodes`` times (default ``eval.episodes``) on
-    ``engine``, seeds ``seed, seed + 1, ...`` (default ``eval.seed``); what training reports.
+    """Play each of the config's eval tasks ``episodes`` times (default ``eval.episode_count``) on
+    ``engine``, seeds ``seed, seed + 1, ...`` (default ``eval.seed``) — or, with a data section,
+    the first rows of ``split``; what training reports.
 
     The temperature is ``temperature``, else ``eval.temperature``, else ``sampling.temperature``.
     A failed episode counts as not won, with the reward and progression it had reached.
+    ``scorer``: the reward section's scorer (default: built from the config).
     """
     from verlog.agent import build_chat_model
 
     ev = config.eval
-    n = episodes or ev.episodes
-    first = ev.seed if seed is None else seed
     temp = next(t for t in (temperature, ev.temperature, config.sampling.temperature) if t is not None)
     chat_model = build_chat_model(config, engine, tokenizer).model_copy(update={"temperature": temp})
-    tasks = config_tasks(config)
-    seeds = {t.key: range(first, first + n) for t in tasks}
-    records = await play_tasks(tasks, lambda _task: chat_model, seeds, concurrency=ev.concurrency)
+    tasks = config_tasks(config, split=split)
+    seeds = {t.key: episode_seeds(t, episodes, first=seed) for t in tasks}
+    records = await play_tasks(tasks, lambda _task: chat_model, seeds, concurrency=ev.concurrency,
+                               scorer_for=(lambda _task: scorer) if scorer is not None else None)
     return summarize(records, [t.key for t in tasks]).tasks
+
+
+def episode_seeds(task: EvalTask, episodes: int | None = None, *, first: int | None = None) -> list[int]:
+    """The episodes an evaluation plays of ``task``: ``episodes`` (default ``eval.episode_count``)
+    seeds from ``first`` (default ``eval.seed``), or the first rows of the task's data split
+    (each once: never more than it has)."""
+    ev = task.config.eval
+    if task.split is not None:
+        from verlog.data import split_rows
+
+        rows = len(split_rows(task.config, task.split))
+        return list(range(min(episodes, rows) if episodes else ev.episode_count(rows)))
+    start = ev.seed if first is None else first
+    return list(range(start, start + (episodes or ev.episode_count())))

@@ -41,6 +41,8 @@ class EvalTask:
     config: VerlogConfig
     #: the config's ``graph_kwargs`` updated with the task's own
     graph_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: the data split whose rows the episodes play (``None``: seeds, ``make_input(seed)``)
+    split: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -51,8 +53,9 @@ class EvalTask:
         return self.name if self.name == self.env else f"{self.env}/{self.name}"
 
     def episode_id(self, seed: int) -> str:
-        """The stable id of this task's episode with ``seed`` (what resuming matches on)."""
-        return f"{self.label}/{seed}"
+        """The stable id of this task's episode with ``seed`` (a row index for a data split: the
+        split is named) — what resuming matches on."""
+        return f"{self.label}/{self.split}-row{seed}" if self.split is not None else f"{self.label}/{seed}"
 
 
 def env_name(config: VerlogConfig) -> str:
@@ -60,12 +63,22 @@ def env_name(config: VerlogConfig) -> str:
     return Path(config.multi_turn.langgraph.path).stem
 
 
-def config_tasks(config: VerlogConfig, env: str | None = None) -> list[EvalTask]:
-    """The tasks of ``config``: its ``eval.tasks``, or the graph itself under the environment's name."""
+def config_tasks(config: VerlogConfig, env: str | None = None, *, split: str | None = None) -> list[EvalTask]:
+    """The tasks of ``config``: its ``eval.tasks``, or the graph itself under the environment's name.
+    With a data section they play the rows of ``split`` (default ``eval.split``), never training rows."""
     env = env or env_name(config)
     base = config.multi_turn.langgraph.graph_kwargs
     tasks = list(config.eval.tasks) or [EvalTaskConfig(name=env)]
-    return [EvalTask(env, t.name, config, {**base, **t.graph_kwargs}) for t in tasks]
+    if config.data is None:
+        split = None
+    else:
+        split = split or config.eval.split
+        if split not in ("validation", "test"):
+            raise ConfigError(f"eval.split: evaluations play the validation or test rows, not {split!r}")
+        if config.data.split(split) is None:
+            raise ConfigError(f"data.{split} is not set: an evaluation plays that split's rows (give its file, or "
+                              "choose the other split with eval.split / --split)")
+    return [EvalTask(env, t.name, config, {**base, **t.graph_kwargs}, split=split) for t in tasks]
 
 
 def suite_path(name: str) -> Path:
@@ -119,9 +132,10 @@ def load_suite(name: str) -> list[tuple[str, Path, list[dict[str, Any]], list[st
 
 
 def plan_tasks(
-    configs: Sequence[str], overrides: Sequence[str] = (), *, suite: str | None = None
+    configs: Sequence[str], overrides: Sequence[str] = (), *, suite: str | None = None, split: str | None = None,
 ) -> list[EvalTask]:
-    """Every task of the suite's environments, then of each config, ``overrides`` applied to all.
+    """Every task of the suite's environments, then of each config, ``overrides`` applied to all;
+    configs with a data section play the rows of ``split`` (default: their ``eval.split``).
 
     Two environments may not share a name (their episodes would share ids).
     """
@@ -131,7 +145,7 @@ def plan_tasks(
             config = load_config(path, [*settings, f"eval.tasks={json.dumps(suite_tasks)}", *overrides])
             tasks += config_tasks(config, env)
     for path in configs:
-        tasks += config_tasks(load_config(path, overrides))
+        tasks += config_tasks(load_config(path, overrides), split=split)
     if not tasks:
         raise ConfigError("nothing to evaluate: give one or more config files or --suite NAME")
     owners: dict[str, str] = {}

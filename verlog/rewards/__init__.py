@@ -13,9 +13,9 @@ from its final state and the dataset row. Reward files may import it (``RewardRe
 
 from verlog.rewards.functions import TRAJECTORY_FIELDS, RewardError, RewardFunction, load_function
 from verlog.rewards.result import RewardResult, Trajectory, as_result
-from verlog.rewards.scorer import SUCCESS_KEY, Outcome, RewardScorer, component_key
+from verlog.rewards.scorer import COMPONENT_PREFIX, SUCCESS_KEY, Outcome, RewardScorer, component_key
 
 __all__ = [
-    "SUCCESS_KEY", "TRAJECTORY_FIELDS", "Outcome", "RewardError", "RewardFunction", "RewardResult", "RewardScorer",
+    "COMPONENT_PREFIX", "SUCCESS_KEY", "TRAJECTORY_FIELDS", "Outcome", "RewardError", "RewardFunction", "RewardResult", "RewardScorer",
     "Trajectory", "as_result", "component_key", "load_function",
 ]

@@ -27,15 +27,17 @@ from verlog.config import RewardConfig
 from verlog.rewards.functions import RewardError, RewardFunction
 from verlog.rewards.result import RewardResult, Trajectory
 
-__all__ = ["Outcome", "RewardScorer", "SUCCESS_KEY", "component_key"]
+__all__ = ["COMPONENT_PREFIX", "Outcome", "RewardScorer", "SUCCESS_KEY", "component_key"]
 
 #: the info key an episode's success is read from (evaluation, metrics)
 SUCCESS_KEY = "success"
+#: info keys of reward components start with it (also their metrics' names)
+COMPONENT_PREFIX = "reward/"
 
 
 def component_key(name: str) -> str:
     """The info key of one reward component's (unweighted) value."""
-    return f"reward/{name}"
+    return COMPONENT_PREFIX + name
 
 
 @dataclass
@@ -60,10 +62,18 @@ class Outcome:
             self.success = result.success if self.success is None else self.success and result.success
         self.info.update(result.info)
 
+    def merge_info(self, info: dict[str, Any]) -> dict[str, Any]:
+        """``info`` (what the graph reported) with this outcome's info, components and success."""
+        merged = {**info, **self.info, **{component_key(k): v for k, v in self.components.items()}}
+        if self.success is not None:
+            own = info.get(SUCCESS_KEY)
+            merged[SUCCESS_KEY] = self.success if own is None else bool(own) and self.success
+        return merged
+
     def apply(self, episode: Any) -> None:
         """Add the outcome to ``episode`` (a ``verlog.rollout.Episode``): the reward on its last
-        turn (``unassigned_reward`` when it has none), per-turn rewards, success and components
-        in the last turn's info."""
+        turn (``unassigned_reward`` when it has none), per-turn rewards, and ``merge_info`` in the
+        last turn's info."""
         turns = episode.turns
         if self.turn_rewards is not None:
             for turn, reward in zip(turns, self.turn_rewards):
@@ -71,13 +81,10 @@ class Outcome:
         if not turns:
             episode.unassigned_reward += self.reward
             return
+        merged = self.merge_info(episode.info)
         last = turns[-1]
         last.reward += self.reward
-        own = episode.info.get(SUCCESS_KEY)
-        last.info.update(self.info)
-        last.info.update({component_key(k): v for k, v in self.components.items()})
-        if self.success is not None:
-            last.info[SUCCESS_KEY] = self.success if own is None else bool(own) and self.success
+        last.info.update(merged)
 
 
 class RewardScorer:

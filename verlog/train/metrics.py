@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from verlog.config import VerlogConfig
+from verlog.rewards.scorer import COMPONENT_PREFIX
 from verlog.rollout.slots import SlotBatch
 
 __all__ = ["RunLogger", "memory_metrics", "rollout_metrics", "truncate_after"]
@@ -49,7 +50,19 @@ def rollout_metrics(batch: SlotBatch) -> dict[str, float]:
         "prompt_length": _mean([float(len(t.prompt_ids)) for t in turns]),
         "rollout_s": batch.seconds,
         "turns_per_s": len(turns) / batch.seconds if batch.seconds > 0 else float("nan"),
+        **reward_components(ended),
     }
+
+
+def reward_components(episodes: list[Any]) -> dict[str, float]:
+    """The mean of each reward function's and judge's (unweighted) value over ``episodes``, under
+    its info key (``reward/<name>``)."""
+    values: dict[str, list[float]] = {}
+    for episode in episodes:
+        for key, value in episode.info.items():
+            if key.startswith(COMPONENT_PREFIX) and isinstance(value, (int, float)):
+                values.setdefault(key, []).append(float(value))
+    return {key: _mean(v) for key, v in sorted(values.items())}
 
 
 def memory_metrics() -> dict[str, float]:

@@ -2,9 +2,12 @@
 
 One update, top to bottom:
 
-1. **rollout** — ``num_envs`` env slots play the graph; the embedded engine that answers their
-   model calls runs the actor's own weights. ``SlotRunner.collect`` returns exactly
-   ``turns_per_env`` turns per slot, plus the prompt each slot holds at the boundary.
+1. **rollout** — ``num_envs`` env slots play the graph (seeds, or the training rows of the data
+   section in shuffled epochs); the embedded engine that answers their model calls runs the
+   actor's own weights. An episode that ends is scored by the reward section's functions and
+   judges before its turns can enter a batch. ``SlotRunner.collect`` returns exactly
+   ``turns_per_env`` turns per slot, plus the prompt each slot holds at the boundary; ranking
+   judges then score the batch's groups.
 2. **score** — old logprobs (teacher-forced), the critic's values (and the held prompts' values
    for cut episodes), KL-in-reward to the reference policy, dual-discount GAE, whitening.
 3. **update** — PPO epochs over shuffled mini-batches (token-budget micro-batches), actor and
@@ -15,8 +18,9 @@ One update, top to bottom:
 
 Before the first update the critic is pre-trained (``critic_warmup``) on a large buffer
 collected once with the initial policy. ``--resume`` restores weights, optimizers, RNGs and the
-slot counters from the latest checkpoint and goes on with the next update (episodes that were in
-flight are not saved: each slot starts a fresh episode with its next seed).
+slot counters (so the position in the data's epoch) from the latest checkpoint and goes on with
+the next update (episodes that were in flight are not saved: each slot starts a fresh episode with
+its next task).
 """
 
 from __future__ import annotations
@@ -34,14 +38,17 @@ import torch
 import yaml
 from rich.console import Console
 
-from verlog.agent import load_agent, pick_device
+from verlog.agent import build_chat_model, judge_chat_models, load_agent, pick_device
 from verlog.algo import CriticWarmup
 from verlog.algo.estimators import check_estimator_settings, get_estimator
 from verlog.backends.embedded import EmbeddedEngine
 from verlog.config import ConfigError, VerlogConfig
+from verlog.data import shared_rows, split_rows
+from verlog.episodes import EpisodePlan, build_scorer
 from verlog.evaluation import TaskResult, evaluate, print_results
 from verlog.models import load_tokenizer
-from verlog.rollout.slots import SlotRunner
+from verlog.rewards import RewardScorer
+from verlog.rollout.slots import SlotBatch, SlotRunner
 from verlog.weights import checkpoint as ckpt
 from verlog.train.metrics import RunLogger, memory_metrics, rollout_metrics
 from verlog.weights.actor_critic import load_actor, load_critic, load_reference
@@ -74,6 +81,7 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
     t = config.trainer
     _check_trainable(config)
     checkpoint = _prepare_run_dir(Path(t.run_dir), config, resume)
+    _warn_shared_rows(config, console)
     run = _Run.build(config, checkpoint, console)
     result = TrainResult(run_dir=run.run_dir, updates=run.state["update"])
     with RunLogger(config, run.run_dir, console=console, start_update=run.state["update"],
@@ -81,7 +89,7 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
         run.logger = logger
         try:
             if config.eval.at_start and checkpoint is None:
-                result.eval_start = await run.evaluate(0, "evaluating the initial policy")
+                result.eval_start = await run.evaluate(0, "evaluating the initial policy", split=config.eval.split)
                 print_results(result.eval_start, console, "before training")
             if not run.state["warmup_done"]:
                 await _pretrain_critic(run)
@@ -90,7 +98,7 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
             for update in range(run.state["update"] + 1, t.total_updates + 1):
                 # 1. rollout: every slot gives turns_per_env turns under the current weights
                 logger.status("rollout")
-                batch = await run.runner.collect()
+                batch = await run.collect()
                 storage = RolloutStorage.from_batch(batch)
                 # 2-3. score the batch (old logprobs, values, GAE) and run the PPO epochs; the
                 # engine shares the actor's weights and waits for them meanwhile
@@ -108,7 +116,7 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
                     run.save(update)
                 if t.eval_every and update % t.eval_every == 0 and update < t.total_updates:
                     # validation seeds: the final evaluation is not selected on
-                    checked = await run.evaluate(update, "evaluating", seed=config.eval.validation_seed)
+                    checked = await run.evaluate(update, "evaluating", seed=config.eval.validation_seed, split="validation")
                     win_rate = sum(r.win_rate for r in checked) / len(checked)
                     if t.stop_at_win_rate is not None and win_rate >= t.stop_at_win_rate:
                         console.print(f"win rate {win_rate:.3f} >= {t.stop_at_win_rate} at update {update}: stopping")
@@ -117,7 +125,8 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
             if run.state["update"] > 0 and not (t.save_every and run.state["update"] % t.save_every == 0):
                 run.save(run.state["update"])  # the final weights are always saved
             if config.eval.at_end:
-                result.eval_end = await run.evaluate(run.state["update"], "evaluating the final policy")
+                result.eval_end = await run.evaluate(run.state["update"], "evaluating the final policy",
+                                                     split=config.eval.split)
         finally:
             await run.aclose()
     if result.eval_end is not None:
@@ -137,7 +146,7 @@ async def _pretrain_critic(run: "_Run") -> None:
     buffer: list[RolloutStorage] = []
     for i in range(w.buffer_multiplier):
         logger.status(f"critic warm-up: collecting batch {i + 1}/{w.buffer_multiplier}")
-        buffer.append(RolloutStorage.from_batch(await run.runner.collect()))
+        buffer.append(RolloutStorage.from_batch(await run.collect()))
     size = sum(s.size for s in buffer)
     for it, subset in enumerate(schedule.subsets(size)):
         logger.status(f"critic warm-up: iteration {it + 1}/{w.iterations}")
@@ -160,6 +169,7 @@ class _Run:
     peft_actor: Any
     engine: EmbeddedEngine
     runner: SlotRunner
+    slots_agent: "_SlotsAgent"
     shuffle: torch.Generator
     state: dict[str, Any]
     logger: RunLogger | None = None
@@ -194,20 +204,24 @@ class _Run:
             critic_scaler=grad_scaler(device, compute) if critic else None,
         )
 
-        # rollout: the graph's slots, their model calls gated into fixed-turn batches
+        # rollout: the graph's slots, their model calls gated into fixed-turn batches; the
+        # reward section scores each episode as it ends (a judge may reuse the policy's engine)
         engine = EmbeddedEngine(
             actor, tokenizer, max_batch_size=config.engine.max_batch_size,
             batch_wait_ms=config.engine.batch_wait_ms, seed=config.rollout.seed,
             prefix_cache_bytes=int(config.engine.prefix_cache_mb * 2**20), autocast=compute,
         )
-        slots_agent = _SlotsAgent(config)
+        scorer = build_scorer(config, cache_dir=Path(t.run_dir),
+                              chat_model_for=judge_chat_models(config, build_chat_model(config, engine, tokenizer)))
+        slots_agent = _SlotsAgent(config, scorer)
         runner = SlotRunner(
             engine, slots_agent.build, slots_agent.episode_input, num_envs=t.num_envs, turns_per_env=t.turns_per_env,
             graph_config=config.multi_turn.langgraph.graph_config, timeout_s=config.rollout.episode_timeout_s,
-            seed=config.rollout.seed, group_size=t.group_size, max_consecutive_failures=t.max_consecutive_failures,
-            render_prompt=slots_agent.render_prompt,
+            seed=config.rollout.seed if config.data is None else 0, group_size=t.group_size,
+            max_consecutive_failures=t.max_consecutive_failures, render_prompt=slots_agent.render_prompt,
+            on_episode_end=slots_agent.on_episode_end,
         )
-        run = cls(config, Path(t.run_dir), tokenizer, learner, peft_actor, engine, runner,
+        run = cls(config, Path(t.run_dir), tokenizer, learner, peft_actor, engine, runner, slots_agent,
                   torch.Generator().manual_seed(t.seed), {"update": 0, "warmup_done": False})
         if checkpoint is not None:
             run.restore(checkpoint)
@@ -258,15 +272,28 @@ class _Run:
         self.runner.load_state_dict(self.state["runner"])
 
     # ------------------------------------------------------------------ the rest
+    async def collect(self) -> SlotBatch:
+        """The next fixed-turn batch, its groups scored by the ranking judges."""
+        batch = await self.runner.collect()
+        await self.slots_agent.rank(batch)
+        return batch
+
     def counters(self) -> dict[str, float]:
         c = self.runner.counters
-        return {"turns_total": float(c["turns"]), "episodes_total": float(c["episodes"]),
-                "failed_total": float(sum(c["failed"].values()))}
+        out = {"turns_total": float(c["turns"]), "episodes_total": float(c["episodes"]),
+               "failed_total": float(sum(c["failed"].values()))}
+        rows = self.slots_agent.plan.size if self.slots_agent.plan is not None else None
+        if rows:  # how far the training rows' epochs have gone: rounds begun x groups / rows
+            groups = self.config.trainer.num_envs // self.config.trainer.group_size
+            out["data_epoch"] = max(self.runner.episodes_started) * groups / rows
+        return out
 
-    async def evaluate(self, update: int, status: str, seed: int | None = None) -> list[TaskResult]:
-        """Held-out episodes on the engine (the slots are all held meanwhile)."""
+    async def evaluate(self, update: int, status: str, seed: int | None = None, split: str = "test") -> list[TaskResult]:
+        """Held-out episodes on the engine (the slots are all held meanwhile): seeds from
+        ``seed``, or the rows of a data ``split``."""
         self.logger.status(status)
-        results = await evaluate(self.config, self.engine, self.tokenizer, seed=seed)
+        results = await evaluate(self.config, self.engine, self.tokenizer, seed=seed, split=split,
+                                 scorer=self.slots_agent.scorer)
         self.logger.log_eval(update, [r.as_dict() for r in results], validation=seed is not None)
         return results
 
@@ -279,19 +306,44 @@ class _Run:
 
 
 class _SlotsAgent:
-    """The configured graph file, built by the slot runner around its gated engine; its chat
-    model renders truncated turns' next prompts exactly as it renders calls."""
+    """The configured graph file, built by the slot runner around its gated engine, and what its
+    episodes play (``EpisodePlan`` of the training split) and are scored by. Its chat model
+    renders truncated turns' next prompts exactly as it renders calls."""
 
-    def __init__(self, config: VerlogConfig):
-        self.config = config
+    def __init__(self, config: VerlogConfig, scorer: RewardScorer | None):
+        self.config, self.scorer = config, scorer
         self.agent: Any = None
+        self.plan: EpisodePlan | None = None
 
     def build(self, engine: Any) -> Any:
         self.agent = load_agent(self.config, engine=engine)
+        self.plan = EpisodePlan(self.config, self.agent.graph_file, "train", scorer=self.scorer,
+                                keep_trajectories=bool(self.scorer and self.scorer.ranking))
         return self.agent.graph
 
-    def episode_input(self, seed: int) -> Any:
-        return self.agent.graph_file.episode_input(seed)
+    def episode_input(self, task: int) -> Any:
+        return self.plan.input(task)
+
+    async def on_episode_end(self, episode: Any, task: int) -> None:
+        await self.plan.score(episode, task)
+
+    async def rank(self, batch: SlotBatch) -> None:
+        """Ranking judges on the episodes that ended in ``batch``, grouped by task (the groups a
+        group estimator compares); their verdicts go onto each episode's last turn. A judge that
+        cannot give a verdict stops the run (``RewardError``; resume from the last checkpoint)."""
+        if self.scorer is None or not self.scorer.ranking:
+            return
+        kept = self.plan.take_trajectories([e.episode_id for e in batch.episodes])
+        groups: dict[int, list[Any]] = {}
+        for episode in batch.episodes:
+            if episode.episode_id in kept:
+                groups.setdefault(kept[episode.episode_id][0], []).append(episode)
+        outcomes = await asyncio.gather(*(
+            self.scorer.rank([kept[e.episode_id][1] for e in group]) for group in groups.values()
+        ))
+        for group, results in zip(groups.values(), outcomes):
+            for episode, outcome in zip(group, results):
+                outcome.apply(episode)
 
     def render_prompt(self, messages: Any, tools: Any) -> list[int]:
         return self.agent.chat_model.render_prompt_ids(messages, tools)
@@ -302,6 +354,7 @@ def _check_trainable(config: VerlogConfig) -> None:
         check_master_dtype(config.model.dtype, config.model.autocast)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    _check_data(config)
     if config.engine.kind != "embedded":
         raise ConfigError(
             f"engine.kind: the embedded trainer needs the embedded engine (got {config.engine.kind!r}); "
@@ -313,6 +366,35 @@ def _check_trainable(config: VerlogConfig) -> None:
         check_estimator_settings(config.algorithm)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _check_data(config: VerlogConfig) -> None:
+    """A data section names the splits this run plays: the training rows, the validation rows of
+    the periodic evaluations, the split of the final one (``eval.split``)."""
+    data, ev, t = config.data, config.eval, config.trainer
+    if data is None:
+        return
+    if data.train is None:
+        raise ConfigError("data.train: training plays the rows of the training split; give its file")
+    if t.eval_every and data.validation is None:
+        raise ConfigError("trainer.eval_every: the periodic evaluations play data.validation, which is not set "
+                          "(give a validation split, or set trainer.eval_every: 0)")
+    if (ev.at_start or ev.at_end) and data.split(ev.split) is None:
+        raise ConfigError(f"eval.split: the evaluations before/after training play data.{ev.split}, which is not set "
+                          "(give that split, choose the other with eval.split, or set eval.at_start/at_end: false)")
+
+
+def _warn_shared_rows(config: VerlogConfig, console: Console) -> None:
+    """Say so when an evaluation split repeats training rows (it would measure memory)."""
+    if config.data is None:
+        return
+    train = split_rows(config, "train")
+    for split in ("validation", "test"):
+        if config.data.split(split) is not None:
+            shared = shared_rows(train, split_rows(config, split))
+            if shared:
+                console.print(f"[yellow]warning:[/] {shared} of the {split} rows are also training rows "
+                              f"(same content): their {split} scores measure memory, not skill")
 
 
 def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path | None:

@@ -1,0 +1,140 @@
+"""A user's production agent on the user's data: a graph file with no verlog import (LangGraph's
+prebuilt agent, LangChain's ``create_agent``), a JSONL file of question/answer rows and a reward
+function outside the graph, through ``verlog train``, ``verlog eval`` and ``--resume``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from verlog.cli import main
+from verlog.data import EpochOrder
+from verlog.rollout.schedule import slot_seed
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAPHS = ROOT / "tests" / "graphs"
+NUM_ENVS, GROUP = 8, 4
+GROUPS = NUM_ENVS // GROUP
+
+REWARD = '''
+import json
+
+
+def digits(completion: str) -> float:
+    """A reward the random tiny model's answers differ on (so GRPO groups are not all tied)."""
+    return sum(c.isdigit() for c in completion) / max(1, len(completion))
+
+
+def logged(key, row, completion, log):
+    with open(log, "a") as f:
+        f.write(json.dumps({"key": key, "split": row["split"], "prompt": row["prompt"]}) + "\\n")
+    return 0.0
+'''
+
+
+def rows(split: str, n: int, start: int) -> list[dict]:
+    return [{"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1), "split": split} for i in range(start, start + n)]
+
+
+@pytest.fixture
+def project(tmp_path) -> dict[str, Path]:
+    paths = {"reward": tmp_path / "reward.py", "log": tmp_path / "played.jsonl"}
+    paths["reward"].write_text(REWARD)
+    for split, n, start in (("train", 50, 0), ("validation", 6, 100), ("test", 8, 200)):
+        paths[split] = tmp_path / f"{split}.jsonl"
+        paths[split].write_text("".join(json.dumps(r) + "\n" for r in rows(split, n, start)))
+    return paths
+
+
+def settings(p: dict[str, Path], run_dir: Path, graph: str, *extra: str) -> list[str]:
+    functions = [{"function": f"{p['reward']}:digits", "weight": 1.0},
+                 {"function": f"{p['reward']}:logged", "weight": 0.0, "kwargs": {"log": str(p["log"])}}]
+    return [
+        f"multi_turn.langgraph.path={GRAPHS / graph}", "multi_turn.langgraph.graph_kwargs={}",
+        "multi_turn.langgraph.graph_config={recursion_limit: 12}",
+        f"data.train={p['train']}", f"data.validation={p['validation']}", f"data.test={p['test']}",
+        f"reward.functions={json.dumps(functions)}",
+        f"trainer.run_dir={run_dir}", f"trainer.num_envs={NUM_ENVS}", f"trainer.group_size={GROUP}",
+        "trainer.turns_per_env=4", "trainer.torch_threads=1", "sampling.max_tokens=12", "wandb.mode=disabled",
+        "algorithm.mini_batch_turns=32", "actor.lr=1.0e-4", "eval.at_start=false", "rollout.episode_timeout_s=60",
+        *extra,
+    ]
+
+
+def played(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def updates_of(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind", "update") == "update" and "episode_return" in r]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("graph", ["prebuilt_react_agent.py", "prebuilt_create_agent.py"])
+def test_a_prebuilt_agent_trains_on_a_jsonl_file_with_an_external_reward(project, tmp_path, graph):
+    source = (GRAPHS / graph).read_text()
+    assert "verlog" not in source.replace('"""', "").split("\n\n", 1)[1]  # no verlog import, no verlog call
+    run_dir = tmp_path / "run"
+    args = settings(project, run_dir, graph, "trainer.total_updates=3", "trainer.save_every=0")
+    assert main(["train", str(ROOT / "configs" / "calculator.yaml"), *args]) == 0
+    updates = updates_of(run_dir)
+    assert [u["update"] for u in updates] == [1, 2, 3]
+    for u in updates:
+        # the episodes' return is exactly the external reward (the graph reports none): weight 1 x digits
+        assert u["episode_return"] == pytest.approx(u["reward/digits"], abs=1e-6)
+        assert u["failed_episodes"] == 0 and u["episodes"] > 0
+    assert any(u["actor_grad_norm"] > 0 for u in updates)  # groups were not all tied: the actor learned
+    log = played(project["log"])
+    train_prompts = {r["prompt"] for r in rows("train", 50, 0)}
+    assert {r["split"] for r in log if r["prompt"] in train_prompts} == {"train"}
+    # the final evaluation played every test row once, and nothing else
+    test_log = [r for r in log if r["split"] != "train"]
+    assert sorted(r["key"] for r in test_log) == list(range(8)) and {r["split"] for r in test_log} == {"test"}
+    after = json.loads((run_dir / "eval.json").read_text())["after"][0]
+    assert after["episodes"] == 8
+
+
+@pytest.mark.timeout(600)
+def test_evaluation_plays_only_held_out_rows_and_resume_continues_the_epoch(project, tmp_path):
+    run_dir = tmp_path / "run"
+    graph = "prebuilt_react_agent.py"
+    config = str(ROOT / "configs" / "calculator.yaml")
+    base = settings(project, run_dir, graph, "trainer.save_every=1", "eval.at_end=false")
+    assert main(["train", config, *base, "trainer.total_updates=2", "trainer.eval_every=1"]) == 0
+    first = played(project["log"])
+    project["log"].unlink()
+    state = json.loads((run_dir / "checkpoints" / "update_000002" / "state.json").read_text())
+    started = state["runner"]["episodes_started"]
+    assert main(["train", config, *base, "trainer.total_updates=4", "--resume"]) == 0
+    second = played(project["log"])
+
+    # periodic validation (eval_every: 1, after update 1) played validation rows only
+    validation = [r for r in first if r["split"] != "train"]
+    assert {r["split"] for r in validation} == {"validation"} and sorted(r["key"] for r in validation) == list(range(6))
+    # training rows follow the epoch's order: round j of group g plays task slot_seed(0, j, g, G)
+    order = EpochOrder(50, seed=0)
+    position = {order.row_index(i): i for i in range(50)}
+
+    def tasks_of(log):
+        return [position[r["key"]] for r in log if r["split"] == "train"]
+
+    before, after = tasks_of(first), tasks_of(second)
+    assert before and after and max(before + after) < 50  # one epoch, not wrapped
+    assert not set(before) & set(after)  # no row replayed: the resumed run went on with the epoch
+    for g in range(GROUPS):
+        resumed_at = max(started[g * GROUP:(g + 1) * GROUP])  # the group's slots resume in step
+        ours = [t for t in after if (t - slot_seed(0, t // GROUPS, g, GROUPS)) == 0]
+        assert ours and min(ours) >= slot_seed(0, resumed_at, g, GROUPS)
+    assert not set(range(GROUPS)) & set(after)  # the epoch did not start over
+
+    # verlog eval on the checkpoint plays the test split: every test row once, no training row
+    project["log"].unlink()
+    out = tmp_path / "eval"
+    assert main(["eval", config, *base, "--checkpoint", str(run_dir), "--out", str(out), "--no-chart"]) == 0
+    evaluated = played(project["log"])
+    assert sorted(r["key"] for r in evaluated) == list(range(8)) and {r["split"] for r in evaluated} == {"test"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"]["prebuilt_react_agent"]["split"] == "test"
