@@ -18,6 +18,7 @@ from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.backends.sglang import SGLangEngine
 from verlog.backends.sglang_server import SGLangCompatServer
 from verlog.graph_file import load_graph_file
+from verlog.rewards import load_function
 from verlog.llm import VerlogChatModel
 from verlog.rollout import areport_reward, run_episode
 
@@ -33,10 +34,16 @@ def scripted_model(tokenizer, script) -> VerlogChatModel:
     return VerlogChatModel(engine=ScriptedEngine(tokenizer, script), tokenizer=tokenizer, max_tokens=200)
 
 
+def calculator_row(index: int) -> dict:
+    """Row ``index`` of the calculator's training split (data/calculator/train.jsonl)."""
+    return json.loads((ROOT / "data" / "calculator" / "train.jsonl").read_text().splitlines()[index])
+
+
 async def test_tool_call_round_trip(tiny_tokenizer):
-    question = CALCULATOR.episode_input(0)
-    expression = question["messages"][1].content.removeprefix("What is ").rstrip("?")
-    target = question["target"]
+    row = calculator_row(0)
+    question = {"messages": [HumanMessage(row["prompt"])]}
+    expression = row["prompt"].removeprefix("What is ").rstrip("?")
+    target = float(row["answer"])
     model = scripted_model(tiny_tokenizer, [f"I will compute.\n{tool_call(expression)}", f"The answer is\n{target:g}"])
     episode = await run_episode(
         CALCULATOR.build(model), question, graph_config={"recursion_limit": 20}, keep_messages=True
@@ -51,18 +58,21 @@ async def test_tool_call_round_trip(tiny_tokenizer):
     assert '"name": "calculate"' in prompt_text  # the assistant's call is rendered back
     # the tool schema was in the first prompt (chat template with tools)
     assert '"calculate"' in tiny_tokenizer.decode(first.prompt_ids)
-    # the grader rewarded the right answer on the last turn and ended the episode
-    assert (first.reward, second.reward) == (0.0, 1.0) and second.terminated and second.info["success"]
+    # the graph ended after the answer; the calculator's reward function (outside the graph) scores it
+    assert second.terminated and first.messages[0].type == "system"
+    correct = load_function(f"{ROOT / 'rewards' / 'calculator.py'}:correct")
+    assert correct(completion=episode.output["messages"][-1].content, answer=row["answer"]) is True
 
 
 async def test_bad_tool_call_json_is_shown_to_the_model(tiny_tokenizer):
     model = scripted_model(tiny_tokenizer, ['<tool_call>{"name": "calculate", "arguments": {</tool_call>', "42"])
-    episode = await run_episode(CALCULATOR.build(model), CALCULATOR.episode_input(1), keep_messages=True)
+    question = {"messages": [HumanMessage(calculator_row(1)["prompt"])]}
+    episode = await run_episode(CALCULATOR.build(model), question, keep_messages=True)
     assert episode.status == "ok"
     first, second = episode.turns
     error_message = second.messages[-1]
     assert error_message.type == "tool" and "not valid JSON" in error_message.content
-    assert second.reward == 0.0 and second.terminated and not second.info["success"]
+    assert second.terminated
 
 
 async def test_graph_exception_is_a_failed_episode(tiny_tokenizer):

@@ -81,7 +81,8 @@ class GraphFile:
         instead of failing every episode."""
         if self.make_input is None:
             raise GraphFileError(
-                f"{self.path} defines no make_input(seed); verlog needs it to start episodes: add "
+                f"{self.path} defines no make_input(seed) and the config has no data section: give the "
+                "episodes' rows (data.train: rows.jsonl, see docs/train_your_agent.md) or add "
                 "`def make_input(seed: int) -> dict` returning the graph's input state for that seed"
             )
         return self.make_input
