@@ -47,7 +47,7 @@ def test_example_configs_compose_with_verls_defaults_and_pass_its_checks(name, t
     assert (actor.entropy_coeff, actor.ppo_epochs) == (0.001, 1)
     assert algo.use_kl_in_reward and algo.kl_ctrl.kl_coef == 0.001 and algo.adv_estimator == "gae"
     rollout = config.actor_rollout_ref.rollout
-    assert (rollout.name, rollout.temperature, rollout.response_length) == ("sglang", 1.0, 512)
+    assert (rollout.name, rollout.temperature, rollout.response_length) == ("vllm", 1.0, 512)
     a = s.advantage
     assert (a.gamma_step, a.lam_step, a.gamma_token, a.lam_token) == (0.99, 0.95, 1.0, 1.0)
     assert config.critic.enable is True  # gae trains with a critic: verl builds its worker
@@ -103,8 +103,10 @@ def test_wandb_mode_reaches_every_ray_worker_through_the_runtime_env(monkeypatch
         ("algorithm.adv_estimator=grpo", "verlog.group_size"),  # groups of one slot: every advantage 0
         ("verlog.group_size=3", "verlog.group_size"),  # does not divide the 32 slots
         ("critic.enable=false", "critic.enable"),
-        # babyai's build_graph takes **settings; calculator's does not take babyai's task
-        ("actor_rollout_ref.rollout.multi_turn.langgraph.path=graphs/calculator.py", "graph_kwargs"),
+        # babyai's build_graph takes **settings; guess_number's does not take babyai's task
+        ("actor_rollout_ref.rollout.multi_turn.langgraph.path=graphs/guess_number.py", "graph_kwargs"),
+        # the calculator plays dataset rows: without verlog.data it has no episodes
+        ("actor_rollout_ref.rollout.multi_turn.langgraph.path=graphs/calculator.py", "no data section"),
         ("actor_rollout_ref.rollout.multi_turn.langgraph.path=graphs/nope.py", "nope.py"),
     ],
 )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, Sequence, get_args
+from typing import Any, Literal, Protocol, Sequence, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -324,6 +324,14 @@ class RewardConfig(_Section):
     @property
     def empty(self) -> bool:
         return not self.functions and not self.judges
+
+
+class EpisodeSources(Protocol):
+    """What decides an episode's task and reward outside the graph: a verlog config, or the
+    ``verlog:`` block of a verl config (``verlog.integrations.verl.settings.VerlSettings``)."""
+
+    data: DataConfig | None
+    reward: RewardConfig
 
 
 class TrainerConfig(_Section):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from verlog.config import SPLITS, VerlogConfig
+from verlog.config import SPLITS, EpisodeSources
 from verlog.data import SplitName, TaskSource, load_tasks, split_rows
 from verlog.graph_file import GraphFile
 from verlog.rewards import Outcome, RewardScorer, Trajectory
@@ -21,7 +21,7 @@ __all__ = ["EpisodePlan", "build_scorer"]
 
 
 def build_scorer(
-    config: VerlogConfig, *, cache_dir: Path | None = None, chat_model_for: Callable[[str], Any] | None = None
+    config: EpisodeSources, *, cache_dir: Path | None = None, chat_model_for: Callable[[str], Any] | None = None
 ) -> RewardScorer | None:
     """The config's ``reward`` section, checked against the training rows' columns (``None`` when
     it is empty)."""
@@ -47,7 +47,7 @@ class EpisodePlan:
 
     def __init__(
         self,
-        config: VerlogConfig,
+        config: EpisodeSources,
         graph_file: GraphFile,
         split: SplitName = "train",
         *,

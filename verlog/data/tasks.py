@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from verlog.config import DataSourceConfig, SplitName, VerlogConfig
+from verlog.config import DataSourceConfig, EpisodeSources, SplitName
 from verlog.data.files import DataError, Rows, read_rows, row_digest
 from verlog.data.inputs import input_maker
 from verlog.graph_file import GraphFile
@@ -119,7 +119,7 @@ def _cached_rows(source_json: str, split: str) -> Rows:
     return read_rows(DataSourceConfig.model_validate_json(source_json), split)
 
 
-def split_rows(config: VerlogConfig, split: str) -> Rows:
+def split_rows(config: EpisodeSources, split: str) -> Rows:
     """The rows of ``data.<split>`` (read once per process); ``DataError`` when it is not set."""
     if config.data is None:
         raise DataError(f"data.{split} is not set: this config has no data section")
@@ -130,7 +130,7 @@ def split_rows(config: VerlogConfig, split: str) -> Rows:
 
 
 def load_tasks(
-    config: VerlogConfig, graph_file: GraphFile, split: SplitName = "train", *, first_seed: int = 0,
+    config: EpisodeSources, graph_file: GraphFile, split: SplitName = "train", *, first_seed: int = 0,
     in_order: bool = False,
 ) -> TaskSource:
     """The tasks of ``split`` for ``graph_file``: its dataset rows when the config has a data

@@ -48,7 +48,10 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, register
 
+from verlog.config import SplitName
+from verlog.episodes import EpisodePlan, build_scorer
 from verlog.graph_file import GraphFile, load_graph_file
+from verlog.rewards import RewardError
 from verlog.llm.chat_model import VerlogChatModel
 from verlog.rollout.recorder import TurnRecorder
 from verlog.rollout.runner import run_episode
@@ -95,6 +98,21 @@ def _tokenizer(model_path: str, chat_template: str | None) -> Any:
 @functools.lru_cache(maxsize=8)
 def _graph_file(path: str) -> GraphFile:
     return load_graph_file(path)
+
+
+#: this process's episode plans (tasks and reward scorer) by (graph path, settings, split)
+_PLANS: dict[tuple[str, str, str], EpisodePlan] = {}
+
+
+def _plan(spec: AgentSpec, split: SplitName, chat_model_for: Any) -> EpisodePlan:
+    """The tasks of ``split`` (seeds, or ``verlog.data`` rows) and the scorer of ``verlog.reward``,
+    built once per worker process (reward files imported once, judges' caches shared)."""
+    key = (spec.multi_turn.langgraph.path, spec.settings.model_dump_json(), split)
+    if key not in _PLANS:
+        settings = spec.settings
+        scorer = build_scorer(settings, chat_model_for=chat_model_for)
+        _PLANS[key] = EpisodePlan(settings, _graph_file(spec.multi_turn.langgraph.path), split, scorer=scorer)
+    return _PLANS[key]
 
 
 @dataclass
@@ -206,6 +224,15 @@ class LangGraphAgentLoop(AgentLoopBase):
         langgraph = self.spec.multi_turn.langgraph
         return self.graph_file.build(model, **langgraph.graph_kwargs)
 
+    def _episodes(self, split: SplitName, sampling_params: dict[str, Any]) -> EpisodePlan:
+        """The tasks and reward scorer of ``split``; a judge with ``embedded: policy`` asks verl's
+        rollout server (the policy's current weights) outside any episode: never a training turn."""
+
+        def chat_model_for(name: str) -> Any:
+            return self._chat_model(self._engine(f"judge-{uuid.uuid4().hex[:8]}-"), sampling_params)
+
+        return _plan(self.spec, split, chat_model_for)
+
     def _steps(self, seen: list[int], row: dict[str, Any]) -> tuple[int, int]:
         if seen:
             return min(seen), max(seen)
@@ -289,21 +316,25 @@ class LangGraphAgentLoop(AgentLoopBase):
         settings = self.spec.settings
         seen: list[int] = []
         engine = self._engine(f"{uuid.uuid4().hex[:8]}-s{index}.{session}-", on_output=_note_steps(seen))
-        graph_file = self.graph_file
+        plan = self._episodes("train", sampling_params)
         models: list[VerlogChatModel] = []
 
         def build(gated: Any) -> Any:  # the graph around the runner's gated view of the engine
             models.append(self._chat_model(gated, sampling_params))
             return self._graph(models[-1])
 
-        def make_input(j: int) -> Any:  # the slot's j-th episode
-            return graph_file.episode_input(self._slot_seed(index, session, j))
+        def make_input(j: int) -> Any:  # the slot's j-th episode: a seed, or a training row's task
+            return plan.input(self._slot_seed(index, session, j))
+
+        async def score(episode: Episode, j: int) -> None:  # reward functions and judges, as it ends
+            await plan.score(episode, self._slot_seed(index, session, j))
 
         runner = SlotRunner(
             engine, build, make_input, num_envs=1, turns_per_env=int(settings.turns_per_env or 1),
             graph_config=self.spec.multi_turn.langgraph.graph_config, timeout_s=settings.episode_timeout_s,
             max_consecutive_failures=settings.max_consecutive_failures,
             render_prompt=lambda messages, tools: models[-1].render_prompt_ids(messages, tools),
+            on_episode_end=score,
         )
         # episodes this slot started before: here before it was dropped, or (after a resume) in
         # the checkpoint, which the trainer hands to the dataset's rows
@@ -337,23 +368,33 @@ class LangGraphAgentLoop(AgentLoopBase):
     ) -> list[Any]:
         settings = self.spec.settings
         evaluation = info.get("verlog_role") == "episode"
-        if evaluation:
-            seed = settings.eval_seed + index + session * settings.eval_episodes
+        rows = settings.data is not None
+        if evaluation:  # validation episode i: seed eval_seed + i, or row i of data.validation
+            count = settings.validation_episodes()
+            seed = (0 if rows else settings.eval_seed) + index + session * count
+            if rows and index + session * count >= count:
+                return []  # the split has no more rows for this session
         else:  # training rows without fixed-turn batching: fresh seeds every step, one per slot group
             step = int(row.get("global_steps", 1))
             seed = settings.seed + (step - 1) * self.spec.num_groups + self._group(index, session)
+        plan = self._episodes("validation" if evaluation and rows else "train", sampling_params)
         seen: list[int] = []
         engine = self._engine(f"{uuid.uuid4().hex[:8]}-", on_output=_note_steps(seen))
         model = self._chat_model(engine, sampling_params)
-        episode_id = f"seed{seed}"
+        episode_id = f"{plan.split}-row{plan.key(seed)}" if rows else f"seed{seed}"
         recorder = TurnRecorder(episode_id, render_prompt=model.render_prompt_ids)
         episode = await run_episode(
-            self._graph(model), self.graph_file.episode_input(seed), episode_id=episode_id,
+            self._graph(model), plan.input(seed), episode_id=episode_id,
             graph_config=self.spec.multi_turn.langgraph.graph_config, timeout_s=settings.episode_timeout_s,
             recorder=recorder,
         )
+        if not episode.failed and episode.turns:
+            try:
+                await plan.score(episode, seed)
+            except RewardError as exc:  # a reward function failed: the episode is failed, not scored 0
+                episode.status, episode.error = "error", str(exc)
         if episode.failed or not episode.turns:
-            logger.warning("verlog episode seed %s failed (%s): %s", seed, episode.status, episode.error)
+            logger.warning("verlog episode %s failed (%s): %s", episode_id, episode.status, episode.error)
             return []  # never a sample
         steps = self._steps(seen, row)
         summary = episode_summary([episode], [])

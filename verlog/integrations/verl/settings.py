@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from verlog.config import AdvantageConfig, ConfigError, CriticWarmupConfig, MultiTurnConfig, _describe
+from verlog.config import (
+    SPLITS, AdvantageConfig, ConfigError, CriticWarmupConfig, DataConfig, MultiTurnConfig, RewardConfig, _describe,
+)
 
 __all__ = [
     "AGENT_NAME",
@@ -90,6 +92,41 @@ class VerlSettings(_Section):
     eval_seed: int = Field(1_000_000, description="seed of the first validation episode")
     advantage: VerlAdvantageConfig = Field(default_factory=VerlAdvantageConfig)
     critic_warmup: CriticWarmupConfig = Field(default_factory=CriticWarmupConfig)
+    data: DataConfig | None = Field(
+        None, description="task rows instead of make_input(seed): slots play data.train in shuffled epochs, "
+        "validation plays data.validation (the data section of a verlog config)"
+    )
+    reward: RewardConfig = Field(
+        default_factory=RewardConfig, description="reward functions and rubric judges run on each finished "
+        "episode in the agent loop (the reward section of a verlog config)"
+    )
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> "VerlSettings":
+        if self.data is not None and self.data.train is None:
+            raise ValueError("data.train: the slots play the training split's rows; give its file")
+        for i, judge in enumerate(self.reward.judges):
+            if judge.kind == "ranking":
+                raise ValueError(
+                    f"reward.judges[{i}]: a ranking judge scores the groups of a batch, which the embedded trainer "
+                    "collects; under verl each agent loop ends its own episodes: use a rubric judge or a function"
+                )
+            if judge.embedded not in (None, "policy"):
+                raise ValueError(
+                    f"reward.judges[{i}].embedded: under verl a judge is an endpoint or the policy's own server "
+                    f"(embedded: policy), not a model loaded in every agent-loop worker ({judge.embedded!r})"
+                )
+        return self
+
+    def validation_episodes(self) -> int:
+        """Validation episodes: every row of ``data.validation`` (at most ``eval_episodes`` when it
+        was set), else ``eval_episodes`` seeds."""
+        if self.data is None or self.data.validation is None:
+            return self.eval_episodes
+        from verlog.data import split_rows
+
+        rows = len(split_rows(self, "validation"))
+        return min(rows, self.eval_episodes) if "eval_episodes" in self.model_fields_set else rows
 
 
 @dataclass(frozen=True)
@@ -218,6 +255,33 @@ def agent_spec(config: Any) -> AgentSpec:
             f"actor_rollout_ref.rollout.n = {spec.settings.num_envs} x {max(1, spec.rollout_n)} = {spec.num_slots}"
         )
     return spec
+
+
+def resolve_source_paths(block: Any, *bases: Path) -> None:
+    """Make the file paths of a ``verlog:`` block's ``data`` splits and ``reward.functions``
+    absolute, in place (as ``resolve_graph_path``: Ray workers may run elsewhere)."""
+    if not isinstance(block, dict):
+        return
+    data = block.get("data")
+    if isinstance(data, dict):
+        for split in SPLITS:
+            source = data.get(split)
+            if isinstance(source, str):
+                data[split] = resolve_graph_path(source, *bases)
+            elif isinstance(source, dict) and isinstance(source.get("path"), str):
+                source["path"] = resolve_graph_path(source["path"], *bases)
+    functions = (block.get("reward") or {}).get("functions") if isinstance(block.get("reward"), dict) else None
+    for i, entry in enumerate(functions or []):
+        target = entry if isinstance(entry, str) else entry.get("function") if isinstance(entry, dict) else None
+        if not isinstance(target, str) or ":" not in target:
+            continue
+        module, _, name = target.rpartition(":")
+        if module.endswith(".py"):
+            resolved = f"{resolve_graph_path(module, *bases)}:{name}"
+            if isinstance(entry, str):
+                functions[i] = resolved
+            else:
+                entry["function"] = resolved
 
 
 def resolve_graph_path(path: str, *bases: Path) -> str:
