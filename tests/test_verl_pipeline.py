@@ -102,10 +102,12 @@ def _rows(store, partition, keys):
     return {k: store.rows[partition][k] for k in keys}
 
 
-def _rollout_world(root, graph_name: str, graph_text: str, settings: dict, tiny_dir, *, validate: bool = False):
+def _rollout_world(root, graph_name: str, graph_text: str, settings: dict, tiny_dir, *, validate: bool = False,
+                   client_class=None):
     """verl's real agent-loop worker running ``graph_text`` for two training steps (and one
     validation batch if ``validate``) with the tiny model on the embedded engine; ``settings``:
-    the verl config file's contents (``graph_name``.py is written next to it)."""
+    the verl config file's contents (``graph_name``.py is written next to it); ``client_class``:
+    the fake ``LLMServerClient`` (default ``EngineServerClient``)."""
     from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
     from verlog.backends.embedded import EmbeddedEngine
@@ -124,7 +126,7 @@ def _rollout_world(root, graph_name: str, graph_text: str, settings: dict, tiny_
 
     async def run():
         engine = EmbeddedEngine(load_causal_lm(tiny_dir), tokenizer, max_batch_size=8, seed=0)
-        client = EngineServerClient(engine)
+        client = (client_class or EngineServerClient)(engine)
         worker = AgentLoopWorkerTQ.__ray_actor_class__(config, client, None, None)
         try:
             for step in (1, 2):

@@ -8,6 +8,10 @@ penalty when enabled), ``advantages``, ``returns`` and, when the estimator leave
 policy loss, ``response_mask``. The maths is ``verlog.algo.estimators.estimate_advantages`` — the
 call the embedded trainer makes — on the rows laid out as a ``TurnBatch`` plus ``TurnData``
 (``verlog.integrations.verl.layout``); nothing here re-derives it.
+
+Everything written is float32 whatever dtype the critic's values arrive in: verl's critic runs
+under bf16 autocast, and a bf16 advantage, return or reward keeps 3 significant digits (a reward
+of 0.901563 would be stored as 0.902344); the values are read as float32 and the maths runs there.
 """
 
 from __future__ import annotations
@@ -52,9 +56,8 @@ def compute_turn_advantages(
 
     estimator = get_estimator(settings.estimator)
     mask = data.batch["response_mask"]
-    values = data.batch["values"] if estimator.needs_critic else None
-    dtype = values.dtype if values is not None else torch.float32
-    data.batch["token_level_scores"] = token_scores(mask, infos).to(dtype)
+    values = data.batch["values"].float() if estimator.needs_critic else None
+    data.batch["token_level_scores"] = token_scores(mask, infos).float()
     metrics: dict[str, float] = {}
     if kl_ctrl is not None:
         data, kl_metrics = apply_kl_penalty(data, kl_ctrl=kl_ctrl, kl_penalty=kl_penalty)
@@ -65,10 +68,10 @@ def compute_turn_advantages(
     batch, layout = rows_to_turn_batch(mask, values, data.batch["token_level_rewards"], infos)
     estimate = estimate_advantages(settings, batch, turn_data(infos, layout))
     width = mask.shape[1]
-    float_mask = mask.to(dtype)
-    data.batch["advantages"] = layout.scatter(estimate.advantages, width).to(dtype) * float_mask
+    float_mask = mask.float()
+    data.batch["advantages"] = layout.scatter(estimate.advantages, width).float() * float_mask
     returns = estimate.advantages if estimate.returns is None else estimate.returns
-    data.batch["returns"] = layout.scatter(returns, width).to(dtype) * float_mask
+    data.batch["returns"] = layout.scatter(returns, width).float() * float_mask
     if estimate.included is not None:
         per_turn = estimate.included.unsqueeze(-1).expand(-1, -1, width)
         used = layout.scatter(per_turn.to(torch.int8), width).bool()

@@ -9,8 +9,12 @@ nothing re-tokenized.
 * Every call of an episode carries the same ``request_id`` (the episode id, prefixed to be unique
   across slots and workers): verl's load balancer sends all of them to one replica, whose prefix
   cache then holds the episode's growing context.
-* Logprobs are always requested; a server that returns none, or a generation aborted with no
-  tokens, is an ``EngineError`` (the episode fails and trains nothing).
+* Logprobs are always requested; a server that returns none, or no token at all, is an
+  ``EngineError``: the episode fails (recorded as a failed episode, its turns in the batch being
+  collected dropped) and its slot starts another. An empty generation is what verl's SGLang server
+  returns when the logprobs it got do not match its tokens, and also an abort before the first
+  token; as a turn of no token it would break verl's post-processing (an IndexError) and lose the
+  slot's sample for the step.
 * A prompt longer than verl's ``rollout.prompt_length`` is refused rather than cut (verl would
   left-truncate it, so the trained prompt would differ from the one the engine saw).
 * **Stop strings are applied here**, always: the response ends with the token that completes
@@ -158,8 +162,13 @@ class LLMServerEngine(Engine):
             raise EngineError(f"verl rollout server returned no logprobs for request {rid}")
         ids, logprobs = list(out.token_ids), [float(x) for x in out.log_probs]
         reason = finish_reason(out.stop_reason)
-        if reason == "abort" and not ids:
-            raise EngineError(f"verl rollout server aborted request {rid} before any token")
+        if not ids:
+            if reason == "abort":
+                raise EngineError(f"verl rollout server aborted request {rid} before any token")
+            raise EngineError(
+                f"verl rollout server returned no token for request {rid} (stop reason {out.stop_reason!r}; "
+                "SGLang does so when its logprobs do not match its tokens): the episode fails"
+            )
         cut = cut_at_stop(self.tokenizer, ids, tuple(sampling.stop))
         if cut is not None and cut < len(ids):
             ids, logprobs, reason = ids[:cut], logprobs[:cut], "stop"

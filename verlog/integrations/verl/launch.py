@@ -14,10 +14,19 @@ file and ``key.path=value`` overrides into them in struct mode, so a misspelt ve
 error naming it, then sets what verlog's pieces need (``wire_verlog``): the agent loop, the
 dataset of slot rows (whose module registers the agent loop in verl's workers), the trainer,
 the batch shape, whether verl builds a critic (``critic.enable``: exactly when the estimator has
-one), the Ray runtime environment. ``launch`` validates the result with verl's own
-checks and runs verl's ``run_ppo`` with ``VerlogTaskRunner``; ``launch(..., dry_run=True)``
-prints the composed config as YAML on stdout and everything else on stderr, and needs no model
-weights.
+one), the Ray runtime environment, the attention of the trained models (``wire_attention``).
+``launch`` validates the result with verl's own checks, runs the pre-flight checks
+(:mod:`verlog.integrations.verl.preflight`: GPUs, Ray CPUs, flash-attn, the rollout engine; one
+line each, a missing one stops the launch before Ray starts) and runs verl's ``run_ppo`` with
+``VerlogTaskRunner``; ``launch(..., dry_run=True)`` prints the composed config as YAML on stdout
+and everything else (the pre-flight lines included) on stderr, and needs no model weights.
+
+**Attention.** verl loads the actor, reference and critic with
+``*.model.override_config.attn_implementation`` (its default: ``flash_attention_2``, which needs the
+flash-attn package). verlog leaves a value you set alone and otherwise picks
+``flash_attention_2`` where flash-attn is installed, PyTorch's ``sdpa`` where it is not. Packed
+sequences (``use_remove_padding``) need flash_attention_2, so they are turned off with any other
+attention; asking for both is refused.
 """
 
 from __future__ import annotations
@@ -27,10 +36,10 @@ import inspect
 import os
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
-
+from typing import Any, Callable, Mapping, Sequence
 
 from verlog.config import ConfigError, apply_overrides, read_yaml_mapping
+from verlog.integrations.verl.preflight import ATTENTION_KEYS, FLASH_ATTENTION, default_attention, has_package, preflight
 from verlog.models import MODEL_SPECS
 from verlog.integrations.verl.settings import (
     AGENT_NAME,
@@ -39,6 +48,7 @@ from verlog.integrations.verl.settings import (
     AgentSpec,
     agent_spec,
     resolve_graph_path,
+    resolve_source_paths,
 )
 
 __all__ = ["compose_verl_config", "launch", "ray_env_vars", "wire_verlog"]
@@ -70,6 +80,7 @@ def compose_verl_config(path: str | Path, overrides: Sequence[str] = ()) -> Any:
     data = apply_overrides(read_yaml_mapping(path), overrides)
     verlog_block = data.get("verlog") or {}
     defaults_name = verlog_block.pop("verl_defaults", "ppo_trainer") if isinstance(verlog_block, dict) else "ppo_trainer"
+    resolve_source_paths(verlog_block, path.parent.resolve(), path.parent.parent.resolve())
     base = _verl_defaults(str(defaults_name))
     with open_dict(base):  # verlog's additions to verl's schema (free-form: validated by verlog)
         base.verlog = {}
@@ -77,7 +88,11 @@ def compose_verl_config(path: str | Path, overrides: Sequence[str] = ()) -> Any:
         multi_turn._target_ = TARGET
         multi_turn.langgraph = None
         multi_turn.chat_template_kwargs = {}
-    for node in (base.verlog, OmegaConf.select(base, MULTI_TURN_KEY)):
+    # free-form nodes: verlog's block, the multi-turn block, and the models' override_config
+    # dicts (verl passes their keys to transformers, e.g. attn_implementation)
+    free = [base.verlog, OmegaConf.select(base, MULTI_TURN_KEY)]
+    free += [node for key in _OVERRIDE_CONFIGS if (node := OmegaConf.select(base, key)) is not None]
+    for node in free:
         OmegaConf.set_struct(node, False)
     try:
         config = OmegaConf.merge(base, OmegaConf.create(data))
@@ -91,6 +106,7 @@ def compose_verl_config(path: str | Path, overrides: Sequence[str] = ()) -> Any:
         )
     user_set = {k for k in _flat_keys(data)}
     wire_verlog(config, keep=user_set)
+    wire_attention(config, keep=user_set)
     env = ray_env_vars(config, os.environ)
     if env:
         with open_dict(config):
@@ -105,7 +121,9 @@ def ray_env_vars(config: Any, environ: Mapping[str, str]) -> dict[str, str]:
     verl logs from its trainer, a Ray actor that may run on another node and does not see the
     launcher's environment. With the ``wandb`` logger: the launcher's ``WANDB_MODE`` when set,
     else ``offline`` when no ``WANDB_API_KEY`` is set (as verlog's own trainer: no account
-    needed, ``wandb sync`` later). A value already in the config is kept.
+    needed, ``wandb sync`` later). With the ``file`` logger (one JSON line of metrics per step):
+    the launcher's ``VERL_FILE_LOGGER_PATH`` / ``VERL_FILE_LOGGER_ROOT``, which say where it writes.
+    A value already in the config is kept.
     """
     from omegaconf import OmegaConf
 
@@ -116,6 +134,8 @@ def ray_env_vars(config: Any, environ: Mapping[str, str]) -> dict[str, str]:
         mode = environ.get("WANDB_MODE") or ("" if environ.get("WANDB_API_KEY") else "offline")
         if mode:
             env["WANDB_MODE"] = mode
+    if "file" in backends:
+        env.update({k: environ[k] for k in ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT") if environ.get(k)})
     existing = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars") or {}
     return {k: v for k, v in env.items() if k not in existing}
 
@@ -156,7 +176,7 @@ def wire_verlog(config: Any, keep: set[str] = frozenset()) -> AgentSpec:
         "data.custom_cls.path": "pkg://verlog.integrations.verl.dataset",
         "data.custom_cls.name": "VerlogRows",
         "data.train_files": rows_uri("slots", settings.num_envs, source),
-        "data.val_files": rows_uri("episodes", settings.eval_episodes, source),
+        "data.val_files": rows_uri("episodes", settings.validation_episodes(), source),
         "data.train_batch_size": settings.num_envs,
         "data.shuffle": False,
         "data.gen_batch_size": None,
@@ -183,6 +203,39 @@ def wire_verlog(config: Any, keep: set[str] = frozenset()) -> AgentSpec:
     return spec
 
 
+#: verl's per-model dicts of Hugging Face config overrides (actor/reference, critic)
+_OVERRIDE_CONFIGS = ("actor_rollout_ref.model.override_config", "critic.model.override_config")
+#: each trained model's packed-sequence switch
+_REMOVE_PADDING = ("actor_rollout_ref.model.use_remove_padding", "critic.model.use_remove_padding")
+
+
+def wire_attention(config: Any, keep: set[str] = frozenset(), has: Callable[[str], bool] = has_package) -> str:
+    """Set the actor's and critic's attention (in place) and return it: the one the config names
+    (``actor_rollout_ref.model.override_config.attn_implementation``; the critic follows unless its
+    own is set), else flash_attention_2 where flash-attn is installed and sdpa where not. Without
+    flash_attention_2, packed sequences (``use_remove_padding``) are turned off; a config that asks
+    for them is refused."""
+    from omegaconf import OmegaConf, open_dict
+
+    chosen = OmegaConf.select(config, ATTENTION_KEYS[0])
+    attention = str(chosen) if chosen else default_attention(has)
+    with open_dict(config):
+        for key in ATTENTION_KEYS:
+            if not OmegaConf.select(config, key):
+                OmegaConf.update(config, key, attention, force_add=True)
+        for attention_key, padding_key in zip(ATTENTION_KEYS, _REMOVE_PADDING):
+            if OmegaConf.select(config, attention_key) == FLASH_ATTENTION:
+                continue
+            if padding_key in keep and OmegaConf.select(config, padding_key):
+                raise ConfigError(
+                    f"{padding_key}: packed sequences need flash_attention_2, but {attention_key} is "
+                    f"{OmegaConf.select(config, attention_key)}; set {padding_key}=false (or install flash-attn "
+                    "and use flash_attention_2)"
+                )
+            OmegaConf.update(config, padding_key, False, force_add=True)
+    return attention
+
+
 def _estimator_has_critic(name: str) -> bool:
     from verlog.algo.estimators import get_estimator
 
@@ -191,11 +244,20 @@ def _estimator_has_critic(name: str) -> bool:
 
 def check_graph(spec: AgentSpec) -> None:
     """Fail in the driver, not in every agent-loop worker, when the graph file cannot be used:
-    it must import, take its ``graph_kwargs`` and make episode inputs from seeds."""
+    it must import, take its ``graph_kwargs`` and make episode inputs (from seeds, or from the
+    rows of ``verlog.data``), and the reward functions of ``verlog.reward`` must load and find
+    their arguments."""
+    from verlog.data import load_tasks
+    from verlog.episodes import build_scorer
     from verlog.graph_file import load_graph_file
 
     graph_file = load_graph_file(spec.multi_turn.langgraph.path)
-    graph_file.episode_input(spec.settings.seed)
+    load_tasks(spec.settings, graph_file, "train").task(spec.settings.seed)
+
+    def no_model_here(name: str) -> Any:  # the driver only checks the judges; the workers run them
+        raise RuntimeError(f"the launcher does not run judges (embedded: {name})")
+
+    build_scorer(spec.settings, chat_model_for=no_model_here)
     build = graph_file.build_graph
     try:
         inspect.signature(build).bind(None, **spec.multi_turn.langgraph.graph_kwargs)
@@ -210,9 +272,10 @@ def launch(path: str | Path, overrides: Sequence[str] = (), *, dry_run: bool = F
     """Compose, validate and (unless ``dry_run``) run verl's PPO with verlog's agent and trainer.
 
     ``dry_run``: validate, then ``echo`` the composed config as YAML and start nothing. Messages
-    (verl's included) go to stderr; a model folder that is not on this machine is replaced, for
-    verl's checks only, by verlog's offline ``tiny`` model (verl's checks read the model's
-    config), and a note on stderr says so.
+    (verl's included, and the pre-flight lines) go to stderr; a model folder that is not on this
+    machine is replaced, for verl's checks only, by verlog's offline ``tiny`` model (verl's checks
+    read the model's config), and a note on stderr says so. Without ``dry_run``, a failed
+    pre-flight check stops the launch with a ``ConfigError`` naming each missing thing.
     """
     from omegaconf import OmegaConf
 
@@ -224,9 +287,17 @@ def launch(path: str | Path, overrides: Sequence[str] = (), *, dry_run: bool = F
     if dry_run:
         with contextlib.redirect_stdout(sys.stderr):  # verl prints its notices
             _validate(config, path, stand_in=True)
+        for finding in preflight(config):
+            print(f"pre-flight: {'ok' if finding.ok else 'MISSING'}: {finding.line}", file=sys.stderr)
         echo(OmegaConf.to_yaml(config).rstrip("\n"))
         return 0
     _validate(config, path, stand_in=False)
+    findings = preflight(config)
+    missing = [f.line for f in findings if not f.ok]
+    if missing:
+        raise ConfigError("verl cannot start on this machine:\n  " + "\n  ".join(missing))
+    for finding in findings:
+        echo(f"pre-flight: {finding.line}")
     from verl.trainer.main_ppo import run_ppo
 
     from verlog.integrations.verl.task_runner import VerlogTaskRunner

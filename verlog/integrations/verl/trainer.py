@@ -255,7 +255,7 @@ class VerlogPPOTrainer(PPOTrainerSync):
             for part in balanced:
                 self._compute_values(part, metrics=step_metrics)
             if pads:
-                self._zero_padding_values([k for k, _ in pads])
+                self._zero_padding_values([k for k, _ in pads], like=balanced[0].keys[0])
             everything = KVBatchMeta(
                 keys=[k for part in balanced for k in part.keys] + [k for k, _ in pads],
                 tags=[t for part in balanced for t in part.tags] + [t for _, t in pads],
@@ -277,12 +277,15 @@ class VerlogPPOTrainer(PPOTrainerSync):
         # wake the replicas for the first training batch (the actor has not moved)
         self.checkpoint_manager.update_weights(self.global_steps - 1)
 
-    def _zero_padding_values(self, keys: list[str]) -> None:
+    def _zero_padding_values(self, keys: list[str], like: str) -> None:
         """Give verl's padding rows a value at each of their own response tokens (one, masked
-        out of every loss), in place of the copy of another row's values they were made with."""
+        out of every loss), in place of the copy of another row's values they were made with; in
+        the dtype of the critic's values (row ``like``'s: bf16 under autocast), so the batch's
+        rows stack."""
         data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["response_mask"])
         lengths = data["response_mask"].offsets().diff().tolist()
-        values = torch.nested.as_nested_tensor([torch.zeros(n) for n in lengths], layout=torch.jagged)
+        dtype = tq.kv_batch_get(keys=[like], partition_id="train", select_fields=["values"])["values"].dtype
+        values = torch.nested.as_nested_tensor([torch.zeros(n, dtype=dtype) for n in lengths], layout=torch.jagged)
         tq.kv_batch_put(keys=keys, partition_id="train", fields=TensorDict({"values": values}, batch_size=len(keys)))
 
     def _collect_batch(self) -> KVBatchMeta:
