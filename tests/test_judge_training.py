@@ -1,0 +1,120 @@
+"""A judge that reuses the policy model, in training: the judge's calls run on the very engine the
+slots train on, yet none of them becomes a training turn or counts against a slot's quota, and
+each judge's score reaches the answer turn it judged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import HumanMessage
+from langgraph.graph import END, START, MessagesState, StateGraph
+
+from verlog.backends.base import Engine, Generation, SamplingParams
+from verlog.backends.embedded import EmbeddedEngine
+from verlog.cli import main
+from verlog.config import JudgeConfig, RewardConfig
+from verlog.llm import VerlogChatModel
+from verlog.rewards import RewardScorer, Trajectory
+from verlog.rollout.slots import SlotRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+JUDGE = {"kind": "rubric", "embedded": "policy", "max_tokens": 64, "explanation_chars": 16, "weight": 2.0}
+
+
+class CountingEngine(Engine):
+    """The embedded engine, counting the calls that carry an episode id (graph calls) apart from
+    those that carry none (the judge's: they run outside every episode)."""
+
+    def __init__(self, engine: EmbeddedEngine):
+        self.inner = engine
+        self.eos_token_ids = engine.eos_token_ids
+        self.constraint_kinds = engine.constraint_kinds
+        self.episode_calls: list[str] = []
+        self.other_calls = 0
+
+    def stop_token_ids(self, sampling: SamplingParams) -> list[int]:
+        return self.inner.stop_token_ids(sampling)
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None) -> Generation:
+        if request_id is None:
+            self.other_calls += 1
+        else:
+            self.episode_calls.append(request_id)
+        return await self.inner.generate(prompt_ids, sampling, request_id=request_id)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def one_call_graph(model):
+    async def answer(state: MessagesState) -> dict:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    return graph.compile()
+
+
+@pytest.mark.timeout(300)
+async def test_a_judge_on_the_policys_engine_never_makes_a_training_turn(tiny_model, tiny_tokenizer):
+    engine = CountingEngine(EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0))
+    policy = VerlogChatModel(engine=engine, tokenizer=tiny_tokenizer, max_tokens=6)  # the trainer's own
+    scorer = RewardScorer(RewardConfig(judges=[JUDGE]), chat_model_for=lambda name: policy)
+    scored: dict[str, float] = {}
+
+    async def on_episode_end(episode, seed):
+        trajectory = Trajectory(state=episode.output, key=seed, turns=episode.turns, episode_id=episode.episode_id)
+        outcome = await scorer.score(trajectory)
+        scored[episode.episode_id] = outcome.components["judge_rubric"]
+        outcome.apply(episode)
+
+    def build(gated):
+        return one_call_graph(VerlogChatModel(engine=gated, tokenizer=tiny_tokenizer, max_tokens=6))
+
+    runner = SlotRunner(engine, build, lambda seed: {"messages": [HumanMessage(f"question {seed}")]},
+                        num_envs=4, turns_per_env=3, on_episode_end=on_episode_end)
+    try:
+        batches = [await runner.collect() for _ in range(2)]
+    finally:
+        await runner.aclose()
+        await engine.aclose()
+    turns = [t for b in batches for t in b.flat_turns()]
+    episodes = [e for b in batches for e in b.episodes]
+    assert len(turns) == 2 * 4 * 3 and all(t.node == "answer" for t in turns)  # only the graph's calls
+    assert len({(t.episode_id, t.turn_index) for t in turns}) == len(turns)
+    # every judge call ran on the engine, outside any episode: one verdict per finished episode
+    assert engine.other_calls >= len(scored) >= len(episodes) > 0
+    assert set(engine.episode_calls) >= {t.episode_id for t in turns}
+    for episode in episodes:  # the judge's score (0..1, weight 2) is the answer turn's reward
+        [answer] = episode.turns
+        score = scored[episode.episode_id]
+        assert 0.0 <= score <= 1.0 and answer.reward == pytest.approx(2.0 * score)
+        assert answer.info["reward/judge_rubric"] == score
+
+
+@pytest.mark.timeout(600)
+def test_verlog_train_with_a_policy_judge(tmp_path):
+    rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(12)]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    judge = {**JUDGE, "reference_column": "answer"}
+    run_dir = tmp_path / "run"
+    args = [
+        f"data.train={train}", "data.validation=null", "data.test=null", "reward.functions=[]",
+        f"reward.judges=[{json.dumps(judge)}]", f"trainer.run_dir={run_dir}", "trainer.total_updates=2",
+        "trainer.num_envs=4", "trainer.group_size=2", "trainer.turns_per_env=4", "trainer.save_every=0",
+        "trainer.torch_threads=1", "sampling.max_tokens=8", "eval.at_start=false", "eval.at_end=false",
+        "wandb.mode=disabled", "algorithm.mini_batch_turns=16",
+    ]
+    assert main(["train", str(ROOT / "configs" / "calculator.yaml"), *args]) == 0
+    updates = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    updates = [u for u in updates if u.get("kind", "update") == "update" and "episode_return" in u]
+    assert [u["update"] for u in updates] == [1, 2]
+    for u in updates:
+        assert 0.0 <= u["reward/judge_rubric"] <= 1.0
+        assert u["episode_return"] == pytest.approx(2.0 * u["reward/judge_rubric"], abs=1e-6)
+        assert u["failed_episodes"] == 0
