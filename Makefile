@@ -1,7 +1,7 @@
 # verlog: the two commands of the README do all set-up on a fresh machine.
 #   make run    - the main job: verlog train configs/quickstart.yaml (embedded engine, CPU)
 #   make test   - the test suite (what CI runs via .ci/run)
-# Other targets: make setup, make test-slow, make bench, make bench-train.
+# Other targets: make setup, make test-slow, make bench, make bench-train, make gpu-check.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -11,7 +11,7 @@ STAMP   = $(VENV)/.verlog-installed
 # pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup run test test-slow bench bench-train clean
+.PHONY: setup run test test-slow bench bench-train gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ bench-train: $(STAMP)
 	$(BIN)/python benchmarks/learning_curve.py
 	$(BIN)/python benchmarks/train_memory.py
 	$(BIN)/python benchmarks/shared_prefix_training.py
+
+# one command for a GPU machine (<= 10 min on one GPU): the GPU tests, the embedded trainer on CUDA in
+# bf16, P6 (the engine against HF generate), and a 3-step verl run where verl and vLLM are installed
+# (pip install -e '.[gpu,envs]'); without CUDA it dry-runs, skipping what needs a GPU and saying so
+gpu-check: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

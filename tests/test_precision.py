@@ -43,23 +43,25 @@ def batch(vocab: int, num_envs: int = 4, turns_per_env: int = 4, seed: int = 0) 
     return SlotBatch(turns, bootstrap, [True] * num_envs, [[i] * turns_per_env for i in range(num_envs)])
 
 
-def one_recipe_step(lm: torch.nn.Module, *, weights: torch.dtype, compute: torch.dtype | None) -> tuple[list, list, dict]:
-    """One PPO update of the actor (and critic) at the recipe's learning rate; the actor's weights
-    before and after, in float32, and the metrics."""
+def one_recipe_step(lm: torch.nn.Module, *, weights: torch.dtype, compute: torch.dtype | None,
+                    device: torch.device = CPU) -> tuple[list, list, dict]:
+    """One PPO update of the actor (and critic) at the recipe's learning rate on ``device``; the
+    actor's weights before and after, in float32 on the CPU, and the metrics."""
     torch.manual_seed(0)
-    actor = copy.deepcopy(lm).to(weights)
-    critic = ValueModel.from_causal_lm(copy.deepcopy(lm).to(weights))
+    actor = copy.deepcopy(lm).to(device=device, dtype=weights)
+    critic = ValueModel.from_causal_lm(copy.deepcopy(lm).to(device=device, dtype=weights))
     opts = AlgorithmConfig().model_copy()  # the defaults: clip, entropy, whitened GAE
     algo = opts.model_copy(update={"kl_coef": 0.0, "mini_batch_turns": 16, "ppo_epochs": 1})
     lr = type("Opts", (), {"lr": RECIPE_LR, "betas": (0.9, 0.999), "weight_decay": 0.0})
-    learner = Learner(actor, critic, adamw(actor, lr), adamw(critic, lr), None, algo, pad_id=0, device=CPU,
-                      autocast=compute, actor_scaler=grad_scaler(CPU, compute), critic_scaler=grad_scaler(CPU, compute))
-    before = [p.detach().float().clone() for p in actor.parameters()]
+    learner = Learner(actor, critic, adamw(actor, lr), adamw(critic, lr), None, algo, pad_id=0, device=device,
+                      autocast=compute, actor_scaler=grad_scaler(device, compute),
+                      critic_scaler=grad_scaler(device, compute))
+    before = [p.detach().float().cpu().clone() for p in actor.parameters()]
     s = RolloutStorage.from_batch(batch(lm.config.vocab_size))
     metrics = score_batch(s, learner)
     s.old_logprobs = s.old_logprobs + 0.05  # ratios != 1
     metrics |= ppo_update(s, learner, generator=torch.Generator().manual_seed(0))
-    after = [p.detach().float().clone() for p in actor.parameters()]
+    after = [p.detach().float().cpu().clone() for p in actor.parameters()]
     return before, after, metrics
 
 
