@@ -233,3 +233,152 @@ def test_capped_game_graphs_report_the_state_after_the_cut(tiny_tokenizer):
         assert last.next_prompt_ids and last.next_prompt_ids != last.prompt_ids
         shown = tiny_tokenizer.decode(last.next_prompt_ids)
         assert tiny_tokenizer.decode(last.prompt_ids).split("\n")[0] == shown.split("\n")[0]  # same instruction
+
+
+
+# ---------------------------------------------------------------------- every way to call a model
+
+ANY_CALL = ROOT / "tests" / "graphs" / "any_call.py"
+
+
+def any_call_config(tmp_path: Path, name: str, **graph_kwargs) -> tuple[Path, Path]:
+    """A small training run of ``tests/graphs/any_call.py`` on the tiny model (4 slots x 4 turns,
+    3 updates, a validation evaluation after every update): its config file and run folder."""
+    import yaml
+
+    run_dir = tmp_path / name
+    config = {
+        "model": {"path": "tiny", "device": "cpu"},
+        "engine": {"kind": "embedded", "batch_wait_ms": 1.0},
+        "sampling": {"temperature": 1.0, "max_tokens": 8},
+        "multi_turn": {"langgraph": {"path": str(ANY_CALL), "graph_config": {"recursion_limit": 200},
+                                     "graph_kwargs": graph_kwargs}},
+        "rollout": {"episode_timeout_s": 120, "seed": 0},
+        "trainer": {"run_dir": str(run_dir), "total_updates": 3, "num_envs": 4, "turns_per_env": 4,
+                    "save_every": 0, "eval_every": 1, "torch_threads": 1},
+        "actor": {"lr": 1.0e-4}, "critic": {"lr": 1.0e-3},
+        "algorithm": {"mini_batch_turns": 16, "kl_coef": 0.0},
+        "critic_warmup": {"buffer_multiplier": 0},
+        "eval": {"episodes": 4, "at_start": False, "at_end": False},
+        "wandb": {"mode": "disabled"},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, run_dir
+
+
+def any_call_module():
+    from verlog.graph_file import load_graph_file
+
+    return load_graph_file(ANY_CALL).module
+
+
+@pytest.mark.timeout(600)
+def test_every_langchain_entry_point_trains(tmp_path):
+    """invoke, ainvoke, stream, astream, batch, abatch, structured output (sync and async), Send
+    fan-outs, asyncio.gather, a branch that calls late, calls with callbacks of their own: 3 updates
+    with an evaluation after each (the late branch's call meets a closed gate), no episode lost."""
+    config, run_dir = any_call_config(tmp_path, "every", styles=list(any_call_module().STYLES))
+    assert main(["train", str(config)]) == 0
+    updates = metrics_rows(run_dir)
+    assert [r["update"] for r in updates] == [1, 2, 3]
+    assert all(r["failed_episodes"] == 0 and r["uncaptured_calls"] == 0 for r in updates)
+    assert updates[-1]["turns_total"] == 3 * 4 * 4
+
+
+async def test_every_entry_point_is_captured_token_exact(tiny_tokenizer, tiny_model):
+    """Each turn's prompt ids are the chat template of exactly the call's messages (plus, for a
+    structured call, the forced tool call's opening), and its logprobs those of a teacher-forced
+    pass (a constrained call's are of the masked distribution: never below the unmasked ones)."""
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    from test_rollout_capture import forced_logprobs
+    from verlog.backends.embedded import EmbeddedEngine
+    from verlog.graph_file import load_graph_file
+    from verlog.llm import VerlogChatModel
+    from verlog.llm.prompt import to_chat_dicts
+
+    graph_file = load_graph_file(ANY_CALL)
+    module = graph_file.module
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
+    batches = []
+    try:
+        for styles in (module.PARALLEL, module.SEQUENTIAL):
+            runner = SlotRunner(
+                engine, lambda e: graph_file.build(VerlogChatModel(engine=e, tokenizer=tiny_tokenizer), styles=styles),
+                graph_file.episode_input, num_envs=4, turns_per_env=6, graph_config={"recursion_limit": 200},
+                keep_messages=True,
+            )
+            try:
+                batches += [await asyncio.wait_for(runner.collect(), 120) for _ in range(2)]
+            finally:
+                await runner.aclose()
+    finally:
+        engine.close()
+    tools = [convert_to_openai_tool(module.Choice)]
+    nodes = set()
+    for turn in (t for b in batches for t in b.flat_turns()):
+        nodes.add(turn.node)
+        constrained = turn.node in ("structured", "astructured")
+        text = tiny_tokenizer.apply_chat_template(to_chat_dicts(turn.messages), tools=tools if constrained else None,
+                                                  tokenize=False, add_generation_prompt=True)
+        rendered = tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert turn.prompt_ids[:len(rendered)] == rendered
+        if constrained:  # the rest is the forced opening of the call
+            assert tiny_tokenizer.decode(turn.prompt_ids[len(rendered):]).startswith("<tool_call>")
+            assert turn.constraint is not None  # (a lark grammar: the tool call around its JSON)
+            assert (torch.tensor(turn.logprobs) >= forced_logprobs(tiny_model, turn) - 1e-3).all()
+        else:
+            assert turn.prompt_ids == rendered and turn.constraint is None
+            assert torch.allclose(forced_logprobs(tiny_model, turn), torch.tensor(turn.logprobs), atol=1e-3)
+    assert nodes >= {"ainvoke", "invoke", "gather", "call", "call_sync", "abatch", "batch", "astream", "stream",
+                     "structured", "astructured"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("style", ["invoke_in_async", "batch_in_async"])
+def test_a_blocking_call_stops_training_at_once_with_one_line(tmp_path, capsys, style):
+    config, run_dir = any_call_config(tmp_path, style, styles=[style])
+    assert main(["train", str(config)]) != 0
+    said = capsys.readouterr()
+    lines = [line for line in (said.out + said.err).splitlines() if "was called inside async code" in line]
+    method = style.split("_")[0]
+    assert len(lines) == 1 and f"await model.a{method}(...)" in lines[0], said.out + said.err
+    assert not (run_dir / "metrics.jsonl").exists() or not metrics_rows(run_dir)  # stopped before any update
+
+
+@pytest.mark.timeout(600)
+def test_a_judge_reusing_the_policy_model_never_trains(tmp_path, capsys, tiny_tokenizer):
+    """A judge node calls the policy model tagged ``NO_TRAIN_TAG`` and reports its score: under
+    ``verlog rollout`` no judge call is a turn (each step has one more model call than turns) and
+    only answer turns carry rewards; training runs 3 updates."""
+    import re
+
+    module = any_call_module()
+    config, run_dir = any_call_config(tmp_path, "judge", styles=["ainvoke", "stream"], judge=True)
+    out = tmp_path / "rollout.json"
+    assert main(["rollout", str(config), "--episodes", "4", "--json", str(out)]) == 0
+    episodes = json.loads(out.read_text())
+    assert len(episodes) == 4 and all(e["status"] == "ok" for e in episodes)
+    for episode in episodes:
+        assert {t["node"] for t in episode["turns"]} <= {"ainvoke", "stream"}
+        calls = [tuple(map(int, re.search(r"seed (\d+) step (\d+) call (\d+)", tiny_tokenizer.decode(t["prompt_ids"]))
+                               .groups())) for t in episode["turns"]]
+        steps = {(seed, step) for seed, step, _ in calls}
+        assert episode["model_calls"] == len(episode["turns"]) + len(steps)  # one judge call per step
+        for (seed, step, call), turn in zip(calls, episode["turns"]):
+            if call < module.calls_at(seed, step) - 1:
+                assert turn["reward"] == 0.0  # the judge's score goes to the step's answer only
+    capsys.readouterr()
+    assert main(["train", str(config)]) == 0
+    assert [r["update"] for r in metrics_rows(run_dir)] == [1, 2, 3]
+
+
+@pytest.mark.timeout(300)
+def test_engine_logprobs_of_constrained_turns_are_warned_about(tmp_path, capsys):
+    """``recompute_logprobs: false`` trains constrained turns on the masked distribution's
+    logprobs: the trainer says so (once)."""
+    config, _ = any_call_config(tmp_path, "masked", styles=["structured"])
+    assert main(["train", str(config), "trainer.total_updates=2", "algorithm.recompute_logprobs=false"]) == 0
+    said = capsys.readouterr()
+    assert " ".join((said.out + said.err).split()).count("recompute_logprobs is false") == 1  # (rich wraps lines)

@@ -49,14 +49,19 @@ def check_turns_exact(episodes: list[Episode], tokenizer: Any, lm: torch.nn.Modu
             )
             assert turn.prompt_ids == tokenizer(expected_text, add_special_tokens=False)["input_ids"]
             assert len(turn.logprobs) == len(turn.response_ids) > 0
-            ids = torch.tensor([turn.prompt_ids + turn.response_ids])
-            with torch.inference_mode():
-                logp = torch.log_softmax(lm(ids).logits[0].float(), dim=-1)
-            p = len(turn.prompt_ids)
-            forced = logp[p - 1 : p - 1 + len(turn.response_ids)].gather(1, torch.tensor(turn.response_ids)[:, None])
-            assert torch.allclose(forced[:, 0], torch.tensor(turn.logprobs), atol=1e-3)
+            assert torch.allclose(forced_logprobs(lm, turn), torch.tensor(turn.logprobs), atol=1e-3)
             checked += 1
     return checked
+
+
+def forced_logprobs(lm: torch.nn.Module, turn: Any) -> torch.Tensor:
+    """The logprob of each of the turn's response ids under a teacher-forced pass of ``lm`` (at
+    the turn's temperature, before any top-k/top-p or constraint mask)."""
+    ids = torch.tensor([turn.prompt_ids + turn.response_ids])
+    with torch.inference_mode():
+        logp = torch.log_softmax(lm(ids).logits[0].float() / turn.scoring_temperature, dim=-1)
+    p = len(turn.prompt_ids)
+    return logp[p - 1 : p - 1 + len(turn.response_ids)].gather(1, torch.tensor(turn.response_ids)[:, None])[:, 0]
 
 
 def answers_of(episode: Episode) -> list[AIMessage]:

@@ -89,6 +89,8 @@ def _print_episode(episode: Episode, tokenizer: Any, *, show_messages: bool) -> 
     console.rule(
         f"[{colour}]episode {episode.episode_id}: {episode.status}[/] · {len(episode.turns)} turns · "
         f"return {episode.total_reward:.2f} · {episode.seconds:.1f} s"
+        + (f" · [yellow]{episode.uncaptured_calls} model calls not captured (no verlog token data)[/]"
+           if episode.uncaptured_calls else "")
     )
     if episode.error:
         console.print(f"[red]{episode.error}[/]")

@@ -40,6 +40,12 @@ class InvalidConstraintError(EngineError, ValueError):
     """A :class:`Constraint`'s grammar cannot be compiled (a malformed schema, regex or grammar)."""
 
 
+class BlockingCallError(RuntimeError):
+    """A sync model call (``invoke``, ``stream``, ``batch``) made on the thread of the event loop
+    that must answer it: it would block that loop forever. Graph code, not the episode, is at
+    fault, so runners stop at once instead of retrying."""
+
+
 @dataclass(frozen=True)
 class Constraint:
     """A grammar the response must follow, enforced by masking the tokens that would break it.
@@ -187,6 +193,13 @@ class Engine(abc.ABC):
     #: holding loop-bound state (HTTP sessions) says no, and sync calls share one bridge loop
     sync_on_thread_loop: bool = True
 
+    def sync_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop a sync call (``model.invoke`` in a ``def`` node) runs this engine's
+        coroutines on: ``None`` for the calling thread's own, verlog's bridge loop when
+        :attr:`sync_on_thread_loop` is False; an engine whose calls must all run on one loop (the
+        training runner's gate) returns that loop."""
+        return None if self.sync_on_thread_loop else sync_bridge_loop()
+
     #: token ids that end a generation for this engine's model (used when rendering stops)
     eos_token_ids: tuple[int, ...] = ()
 
@@ -320,8 +333,8 @@ def run_sync(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | Non
     calling thread parks on a thread-safe future meanwhile). Otherwise it runs on this thread's
     own kept loop, or, when this thread is already running a loop (a sync call inside async
     code), on verlog's sync-bridge loop in another thread. Calling this on the thread of the
-    loop that would run ``coro`` would block that loop forever: it is refused with an error
-    saying what to do instead.
+    loop that would run ``coro`` would block that loop forever: it is refused with a
+    :class:`BlockingCallError` saying what to do instead.
     """
     try:
         running = asyncio.get_running_loop()
@@ -332,9 +345,24 @@ def run_sync(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | Non
     target = loop or _BRIDGE.loop()
     if running is target:
         coro.close()
-        raise RuntimeError(
-            "a sync model call (invoke) was made on the event loop that serves it, which would block "
-            "it forever: call `await model.ainvoke(...)` from async code, or run the sync code in a "
-            "thread (LangGraph runs `def` nodes in threads under `graph.ainvoke`)"
-        )
+        raise BlockingCallError(_blocking_message("invoke"))
     return asyncio.run_coroutine_threadsafe(coro, target).result()
+
+
+def check_sync_call(loop: asyncio.AbstractEventLoop | None, what: str) -> None:
+    """Refuse, with :class:`BlockingCallError`, a sync ``model.<what>(...)`` whose coroutines must
+    run on ``loop`` when it is made on the thread running ``loop`` (an ``async def`` node)."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:  # no loop runs in this thread: nothing to block
+        return
+    if running is loop:
+        raise BlockingCallError(_blocking_message(what))
+
+
+def _blocking_message(what: str) -> str:
+    return (
+        f"model.{what}(...) was called inside async code, on the event loop that must answer it, which would "
+        f"block it forever: in an `async def` node use `await model.a{what}(...)`, or make the node a plain "
+        "`def` (LangGraph runs those in threads)"
+    )

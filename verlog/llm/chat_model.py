@@ -8,8 +8,16 @@ It is the one place where text becomes token ids and back:
   ``logprobs``, ``finish_reason`` and the ``sampling`` they were drawn with), where verlog's
   recorder picks them up as a training turn.
 
-Graphs use it like any LangChain chat model: ``invoke``/``ainvoke``, ``bind_tools``, and
-``bind(temperature=..., max_tokens=..., stop=[...])`` for per-node sampling settings.
+Graphs use it like any LangChain chat model: ``invoke``/``ainvoke``, ``stream``/``astream``,
+``batch``/``abatch``, ``bind_tools``, and ``bind(temperature=..., max_tokens=..., stop=[...])``
+for per-node sampling settings.
+
+Every engine request is made knowing its call: the request id is the episode id of the run's
+metadata (:data:`EPISODE_ID_KEY`), and while the engine answers, :func:`engine_call_run` is the
+LangChain run id of the call (the one its callbacks saw start), so an engine that gates calls
+(the training runner) matches each request to its recorded call, however LangChain invoked the
+model. (langchain-core calls ``_stream``/``_astream`` without their run: ``stream``, ``astream``
+and the generate path hand it over as a call option.)
 
 ``tool_choice`` ("required", or a tool's name) is honoured by prefilling the answer with the
 opening of a Hermes tool call (``<tool_call>`` and, for a named tool, its name): those forced
@@ -26,20 +34,24 @@ constraint's kind); an unconstrained call is never masked.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import uuid
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from uuid import UUID
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
 from langchain_core.tools import BaseTool
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from verlog.backends.base import Constraint, Engine, Generation, SamplingParams, run_sync, sync_bridge_loop
+from verlog.backends.base import Constraint, Engine, Generation, SamplingParams, check_sync_call, run_sync
 from verlog.llm.constrained import forced_tool_call, response_format_constraint, structured_output
 from verlog.llm.prompt import PromptRenderer
 from verlog.llm.streaming import TextReleaser, last_chunk
@@ -48,6 +60,26 @@ from verlog.llm.tool_calls import parse_tool_calls, tool_schemas
 #: run-config metadata key under which the episode runner puts the episode id; the chat model
 #: sends it as the engine request id so one episode's calls share a replica's prefix cache
 EPISODE_ID_KEY = "verlog_episode_id"
+
+#: the call option under which ``stream``/``astream`` tell ``_stream``/``_astream`` their run id
+_RUN_ID_OPTION = "verlog_run_id"
+
+_ENGINE_CALL_RUN: ContextVar[UUID | None] = ContextVar("verlog_engine_call_run", default=None)
+
+
+def engine_call_run() -> UUID | None:
+    """The LangChain run id of the ``VerlogChatModel`` call whose engine request is being
+    answered (read by an engine inside ``generate``/``stream``; ``None`` for other requests)."""
+    return _ENGINE_CALL_RUN.get()
+
+
+@contextlib.contextmanager
+def _engine_call(run_id: UUID | None) -> Iterator[None]:
+    token = _ENGINE_CALL_RUN.set(run_id)
+    try:
+        yield
+    finally:
+        _ENGINE_CALL_RUN.reset(token)
 
 _SAMPLING_KWARGS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop_token_ids")
 
@@ -274,47 +306,69 @@ class VerlogChatModel(BaseChatModel):
         )
 
     def _prepare(
-        self, messages: list[BaseMessage], stop: list[str] | None, metadata: dict[str, Any] | None,
-        kwargs: dict[str, Any],
-    ) -> tuple[list[int], SamplingParams, str, bool, str | None]:
-        """A call's prompt ids, sampling (with its constraint), forced prefix, whether tools are
-        offered, request id."""
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any],
+    ) -> tuple[list[int], SamplingParams, str, bool]:
+        """A call's prompt ids, sampling (with its constraint), forced prefix, and whether tools
+        are offered."""
         sampling = self._sampling(stop, kwargs)
         plan = self.plan_call(messages, kwargs.get("tools"), kwargs.get("tool_choice"), kwargs.get("response_format"))
         if plan.constraint is not None:
             sampling = dataclasses.replace(sampling, constraint=plan.constraint)
-        return plan.prompt_ids, sampling, plan.prefix, plan.has_tools, (metadata or {}).get(EPISODE_ID_KEY)
+        return plan.prompt_ids, sampling, plan.prefix, plan.has_tools
+
+    @staticmethod
+    def _identify(
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None, kwargs: dict[str, Any],
+    ) -> tuple[UUID | None, str | None]:
+        """A call's LangChain run id and episode id (taking the run id out of the call options,
+        where ``stream``, ``astream`` and ``_(a)generate_with_cache`` put it). The episode id is
+        the run's metadata's, else the enclosing run's (a node's config, when LangChain gives no
+        run manager)."""
+        given = kwargs.pop(_RUN_ID_OPTION, None)
+        metadata = run_manager.metadata if run_manager is not None else None
+        episode_id = (metadata or {}).get(EPISODE_ID_KEY) or (ensure_config().get("metadata") or {}).get(EPISODE_ID_KEY)
+        return (run_manager.run_id if run_manager is not None else given), episode_id
 
     async def _call(
         self,
         messages: list[BaseMessage],
         stop: list[str] | None,
-        metadata: dict[str, Any] | None,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
     ) -> ChatResult:
-        prompt_ids, sampling, prefix, has_tools, request_id = self._prepare(messages, stop, metadata, kwargs)
-        generation = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
+        run_id, request_id = self._identify(run_manager, kwargs)
+        prompt_ids, sampling, prefix, has_tools = self._prepare(messages, stop, kwargs)
+        with _engine_call(run_id):
+            generation = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
         message = self._to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     async def _pieces(
-        self, messages: list[BaseMessage], stop: list[str] | None, metadata: dict[str, Any] | None,
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
     ) -> AsyncIterator[ChatGenerationChunk]:
         """The answer in pieces as the engine chooses tokens (``Engine.stream``); the pieces join
         into exactly the answer ``ainvoke`` returns, token data and tool calls included."""
-        prompt_ids, sampling, prefix, has_tools, request_id = self._prepare(messages, stop, metadata, kwargs)
+        run_id, request_id = self._identify(run_manager, kwargs)
+        prompt_ids, sampling, prefix, has_tools = self._prepare(messages, stop, kwargs)
         releaser = TextReleaser(
             lambda ids: self.answer_text(ids, sampling, finished=False), sampling, hold_all=has_tools or bool(prefix)
         )
-        async for item in self.engine.stream(prompt_ids, sampling, request_id=request_id):
-            if isinstance(item, Generation):
-                final = self._to_message(prompt_ids, item, sampling, has_tools=has_tools, prefix=prefix)
-                yield ChatGenerationChunk(message=last_chunk(final, releaser.sent))
-                return
-            piece = releaser.push(item.token_ids)
-            if piece:
-                yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
+        async with contextlib.aclosing(self.engine.stream(prompt_ids, sampling, request_id=request_id)) as items:
+            with _engine_call(run_id):  # the request is made with the first item
+                item = await anext(items, None)
+            while item is not None:
+                if isinstance(item, Generation):
+                    final = self._to_message(prompt_ids, item, sampling, has_tools=has_tools, prefix=prefix)
+                    yield ChatGenerationChunk(message=last_chunk(final, releaser.sent))
+                    return
+                piece = releaser.push(item.token_ids)
+                if piece:
+                    yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
+                item = await anext(items, None)
 
     async def _astream(
         self,
@@ -323,7 +377,7 @@ class VerlogChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async for chunk in self._pieces(messages, stop, run_manager.metadata if run_manager else None, kwargs):
+        async for chunk in self._pieces(messages, stop, run_manager, kwargs):
             yield chunk
 
     def _stream(
@@ -333,9 +387,10 @@ class VerlogChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        """``_astream`` for sync callers: each piece is fetched on verlog's sync-bridge loop."""
-        pieces = self._pieces(messages, stop, run_manager.metadata if run_manager else None, kwargs)
+        """``_astream`` for sync callers: each piece is fetched on the engine's sync loop."""
         loop = self._sync_loop()
+        check_sync_call(loop, "stream")
+        pieces = self._pieces(messages, stop, run_manager, kwargs)
         try:
             while True:
                 try:
@@ -344,6 +399,55 @@ class VerlogChatModel(BaseChatModel):
                     return
         finally:
             run_sync(pieces.aclose(), loop)
+
+    # ----------------------------------------------------------------- LangChain's entry points
+    def stream(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> Iterator[AIMessageChunk]:
+        """LangChain's ``stream``, telling ``_stream`` the run id of its call."""
+        config, kwargs = _with_run_id(config, kwargs)
+        yield from super().stream(input, config, stop=stop, **kwargs)
+
+    async def astream(
+        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:
+        """LangChain's ``astream``, telling ``_astream`` the run id of its call."""
+        config, kwargs = _with_run_id(config, kwargs)
+        async for chunk in super().astream(input, config, stop=stop, **kwargs):
+            yield chunk
+
+    def batch(
+        self, inputs: list[LanguageModelInput], config: RunnableConfig | list[RunnableConfig] | None = None, *,
+        return_exceptions: bool = False, **kwargs: Any,
+    ) -> list[AIMessage]:
+        """LangChain's ``batch``, refused at once where it would block the loop its calls need."""
+        check_sync_call(self._sync_loop(), "batch")
+        return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+
+    def _generate_with_cache(
+        self, messages: list[BaseMessage], stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any,
+    ) -> ChatResult:
+        # a callback that wants tokens makes LangChain stream the call through ``_stream``, without its run
+        kwargs = {**kwargs, _RUN_ID_OPTION: run_manager.run_id} if run_manager is not None else kwargs
+        return super()._generate_with_cache(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+    async def _agenerate_with_cache(
+        self, messages: list[BaseMessage], stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any,
+    ) -> ChatResult:
+        kwargs = {**kwargs, _RUN_ID_OPTION: run_manager.run_id} if run_manager is not None else kwargs
+        return await super()._agenerate_with_cache(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+    def _get_invocation_params(self, stop: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
+        kwargs.pop(_RUN_ID_OPTION, None)  # a call's identity, not one of its settings
+        return super()._get_invocation_params(stop=stop, **kwargs)
+
+    def _get_llm_string(self, stop: list[str] | None = None, **kwargs: Any) -> str:
+        kwargs.pop(_RUN_ID_OPTION, None)  # (LangChain's cache key)
+        return super()._get_llm_string(stop=stop, **kwargs)
 
     def _to_message(
         self, prompt_ids: list[int], gen: Generation, sampling: SamplingParams, *, has_tools: bool,
@@ -385,7 +489,7 @@ class VerlogChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return await self._call(messages, stop, run_manager.metadata if run_manager else None, kwargs)
+        return await self._call(messages, stop, run_manager, kwargs)
 
     def _generate(
         self,
@@ -394,9 +498,14 @@ class VerlogChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return run_sync(self._call(messages, stop, run_manager.metadata if run_manager else None, kwargs),
-                        self._sync_loop())
+        return run_sync(self._call(messages, stop, run_manager, kwargs), self._sync_loop())
 
     def _sync_loop(self) -> Any:
-        """Where sync calls run the engine: ``None`` (the calling thread's own loop) or the bridge."""
-        return None if self.engine.sync_on_thread_loop else sync_bridge_loop()
+        """Where sync calls run the engine (:meth:`Engine.sync_loop`)."""
+        return self.engine.sync_loop()
+
+
+def _with_run_id(config: RunnableConfig | None, kwargs: dict[str, Any]) -> tuple[RunnableConfig, dict[str, Any]]:
+    """``config`` with the run id its call will have, and the call options carrying it too."""
+    run_id = (config or {}).get("run_id") or uuid.uuid4()
+    return {**(config or {}), "run_id": run_id}, {**kwargs, _RUN_ID_OPTION: run_id}  # type: ignore[typeddict-item]

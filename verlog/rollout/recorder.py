@@ -3,13 +3,17 @@
 Give one recorder to each episode's run config (``config={"callbacks": [recorder]}``). LangChain
 hands it every chat-model call in the run, sub-graphs and parallel branches included, and every
 ``verlog.reward`` custom event the environment node dispatches. Nothing inside the graph knows
-it is being recorded.
+it is being recorded. While :func:`recording` is in effect (``run_episode`` uses it) the recorder
+also joins every callback manager LangChain configures in that context, so a call made with its
+own ``config={"callbacks": [...]}`` (which replaces the run's callbacks) is still recorded.
 
 * Turn order is the order in which calls *started*.
 * A call becomes a turn when its ``AIMessage`` carries verlog's token data (``prompt_ids``,
   ``response_ids``, ``logprobs``); calls of other chat models are counted as uncaptured.
+* A call tagged :data:`NO_TRAIN_TAG` (``model.with_config(tags=[NO_TRAIN_TAG])``, e.g. a judge
+  or a summarizer reusing the policy model) is never a turn and never counted as uncaptured.
 * A reward is added to the most recently *finished* turn: the environment reacts to the answer
-  it was given.
+  it was given (a judge's own call between them changes nothing).
 * Each turn keeps the sampling its call was made with (``temperature``, ``top_p``, ``top_k``,
   as the chat model reports them), so a node bound to its own temperature is trained at it.
 * A reward event that truncates the episode may carry ``next_messages``, the prompt the model
@@ -19,19 +23,42 @@ it is being recorded.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any, Callable, Sequence
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, Sequence
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import LLMResult
+from langchain_core.tracers.context import register_configure_hook
 
 from verlog.rollout.events import REWARD_EVENT
 from verlog.rollout.turn import Episode, EpisodeStatus, Turn
 
+__all__ = ["NO_TRAIN_TAG", "PromptRenderer", "TurnRecorder", "recording"]
+
+#: the LangChain tag that keeps a model call out of training: ``model.with_config(tags=[NO_TRAIN_TAG])``
+NO_TRAIN_TAG = "verlog:no_train"
+
 #: ``render_prompt(messages, tools) -> prompt ids``: how the chat model renders a call
 PromptRenderer = Callable[[Sequence[BaseMessage], "list[dict] | None"], list[int]]
+
+#: the recorder of the episode running in this context (see :func:`recording`)
+_ACTIVE: ContextVar["TurnRecorder | None"] = ContextVar("verlog_active_recorder", default=None)
+register_configure_hook(_ACTIVE, inheritable=True)
+
+
+@contextlib.contextmanager
+def recording(recorder: "TurnRecorder") -> Iterator[None]:
+    """Make ``recorder`` a handler of every LangChain run started in this context (tasks created
+    inside it keep it): calls made with callbacks of their own are recorded too."""
+    token = _ACTIVE.set(recorder)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
 
 
 class TurnRecorder(BaseCallbackHandler):
@@ -57,10 +84,12 @@ class TurnRecorder(BaseCallbackHandler):
         self.keep_messages = keep_messages
         self.render_prompt = render_prompt
         self.turns: list[Turn] = []
+        #: chat-model calls started, trained or not
+        self.model_calls = 0
         self.uncaptured_calls = 0
         self.unassigned_reward = 0.0
         self._started = 0
-        #: calls under way: (start order, node, kept messages, offered tools)
+        #: training calls under way: (start order, node, kept messages, offered tools)
         self._pending: dict[UUID, tuple[int, str | None, list[BaseMessage] | None, list[dict] | None]] = {}
         self._last_finished: Turn | None = None
         self._tools: dict[int, list[dict] | None] = {}  # id(turn) -> tools of its call
@@ -73,46 +102,14 @@ class TurnRecorder(BaseCallbackHandler):
         messages: list[list[BaseMessage]],
         *,
         run_id: UUID,
+        tags: list[str] | None = None,
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        with self._lock:
-            node = (metadata or {}).get("langgraph_node")
-            kept = list(messages[0]) if self.keep_messages and messages else None
-            tools = (kwargs.get("invocation_params") or {}).get("tools")
-            self._pending[run_id] = (self._started, node, kept, tools)
-            self._started += 1
+        self._start(run_id, messages, tags, metadata, kwargs)
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
-        with self._lock:
-            started = self._pending.pop(run_id, None)
-            if started is None:  # a plain (non-chat) LLM: not ours
-                return
-            index, node, messages, tools = started
-            generation = response.generations[0][0] if response.generations and response.generations[0] else None
-            message = getattr(generation, "message", None)
-            meta = getattr(message, "response_metadata", None) or {}
-            if "response_ids" not in meta or "prompt_ids" not in meta:
-                self.uncaptured_calls += 1
-                return
-            sampling = meta.get("sampling") or {}
-            turn = Turn(
-                episode_id=self.episode_id,
-                turn_index=index,
-                prompt_ids=meta["prompt_ids"],
-                response_ids=meta["response_ids"],
-                logprobs=meta["logprobs"],
-                finish_reason=meta.get("finish_reason", ""),
-                temperature=float(sampling.get("temperature", 1.0)),
-                top_p=float(sampling.get("top_p", 1.0)),
-                top_k=int(sampling.get("top_k", -1)),
-                node=node,
-                messages=messages,
-            )
-            self.turns.append(turn)
-            self._last_finished = turn
-            if self.render_prompt is not None:
-                self._tools = {id(turn): tools}  # only the latest call's tools can be needed
+        self._finish(run_id, response)
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         with self._lock:
@@ -137,17 +134,58 @@ class TurnRecorder(BaseCallbackHandler):
             if turn.truncated and next_messages and self.render_prompt is not None:
                 turn.next_prompt_ids = list(self.render_prompt(next_messages, self._tools.get(id(turn))))
 
-    # ------------------------------------------------------------------ progress
-    @property
-    def calls_running(self) -> int:
-        """Model calls started and not yet finished."""
+    # ------------------------------------------------------------------ the steps of a call
+    def _start(
+        self, run_id: UUID, messages: list[list[BaseMessage]], tags: list[str] | None,
+        metadata: dict[str, Any] | None, kwargs: dict[str, Any],
+    ) -> int | None:
+        """Note a call's start; returns its turn index, ``None`` for a call kept out of training."""
         with self._lock:
-            return len(self._pending)
+            self.model_calls += 1
+            if tags and NO_TRAIN_TAG in tags:
+                return None
+            node = (metadata or {}).get("langgraph_node")
+            kept = list(messages[0]) if self.keep_messages and messages else None
+            tools = (kwargs.get("invocation_params") or {}).get("tools")
+            index = self._started
+            self._pending[run_id] = (index, node, kept, tools)
+            self._started += 1
+            return index
 
-    def sorted_turns(self) -> list[Turn]:
-        """The turns recorded so far, in call order."""
+    def _finish(self, run_id: UUID, response: LLMResult) -> tuple[bool, Turn | None]:
+        """Turn a finished training call into a turn: returns (whether the call was a training
+        call, its turn); a call whose answer carries no verlog token data leaves no turn."""
         with self._lock:
-            return sorted(self.turns, key=lambda t: t.turn_index)
+            started = self._pending.pop(run_id, None)
+            if started is None:  # kept out of training, or a plain (non-chat) LLM
+                return False, None
+            index, node, messages, tools = started
+            generation = response.generations[0][0] if response.generations and response.generations[0] else None
+            message = getattr(generation, "message", None)
+            meta = getattr(message, "response_metadata", None) or {}
+            if "response_ids" not in meta or "prompt_ids" not in meta:
+                self.uncaptured_calls += 1
+                return True, None
+            sampling = meta.get("sampling") or {}
+            turn = Turn(
+                episode_id=self.episode_id,
+                turn_index=index,
+                prompt_ids=meta["prompt_ids"],
+                response_ids=meta["response_ids"],
+                logprobs=meta["logprobs"],
+                finish_reason=meta.get("finish_reason", ""),
+                temperature=float(sampling.get("temperature", 1.0)),
+                top_p=float(sampling.get("top_p", 1.0)),
+                top_k=int(sampling.get("top_k", -1)),
+                constraint=sampling.get("constraint"),
+                node=node,
+                messages=messages,
+            )
+            self.turns.append(turn)
+            self._last_finished = turn
+            if self.render_prompt is not None:
+                self._tools = {id(turn): tools}  # only the latest call's tools can be needed
+            return True, turn
 
     # ------------------------------------------------------------------ result
     def episode(self, status: EpisodeStatus = "ok", *, error: str | None = None, output: Any = None) -> Episode:
@@ -156,7 +194,8 @@ class TurnRecorder(BaseCallbackHandler):
         A graph that reached its end without the environment saying so ends its last turn as
         ``terminated``: the run is over, nothing follows to bootstrap from.
         """
-        turns = sorted(self.turns, key=lambda t: t.turn_index)
+        with self._lock:
+            turns = sorted(self.turns, key=lambda t: t.turn_index)
         for i, turn in enumerate(turns):  # dense indices even if a call failed midway
             turn.turn_index = i
         if status == "ok" and turns and not turns[-1].done:
@@ -169,4 +208,5 @@ class TurnRecorder(BaseCallbackHandler):
             output=output,
             unassigned_reward=self.unassigned_reward,
             uncaptured_calls=self.uncaptured_calls,
+            model_calls=self.model_calls,
         )

@@ -3,7 +3,11 @@
 ``run_episode`` runs one graph invocation with a fresh ``TurnRecorder`` in its callbacks and
 turns every way a run can go wrong into a recorded failed episode: an exception in the graph
 (``error``), LangGraph's recursion limit (``recursion_limit``) or the episode timeout
-(``timeout``). A failed episode never yields a training sample.
+(``timeout``). A graph that ends without calling a model at all is an ``error`` episode too (its
+model is not the one it was given, or it returns before playing). A failed episode never yields
+a training sample. A sync model call that would block the event loop serving it
+(:class:`~verlog.backends.base.BlockingCallError`) is a fault of the graph's code, not of one
+episode: it is raised.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from typing import Any, Awaitable, Callable, Iterable
 from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.errors import GraphRecursionError
 
+from verlog.backends.base import BlockingCallError
 from verlog.llm.chat_model import EPISODE_ID_KEY
-from verlog.rollout.recorder import TurnRecorder
+from verlog.rollout.recorder import TurnRecorder, recording
 from verlog.rollout.turn import Episode
 
 
@@ -40,13 +45,15 @@ def episode_config(
     graph_config: dict[str, Any] | None, episode_id: str, recorder: TurnRecorder, graph: Any = None
 ) -> RunnableConfig:
     """The run config of one episode: the user's ``graph_config`` plus the recorder and ids (and
-    the recursion limit, :func:`recursion_limit_of`)."""
+    the recursion limit, :func:`recursion_limit_of`). Each call gets a checkpointer thread of its
+    own (``thread_id``: the episode id and a random suffix) unless ``graph_config`` names one, so
+    a graph with a persistent checkpointer never continues an earlier run of the same episode."""
     config: dict[str, Any] = dict(graph_config or {})
     config["recursion_limit"] = recursion_limit_of(graph, graph_config)
     config["callbacks"] = [*(config.get("callbacks") or []), recorder]
     config["metadata"] = {**(config.get("metadata") or {}), EPISODE_ID_KEY: episode_id}
     configurable = dict(config.get("configurable") or {})
-    configurable.setdefault("thread_id", episode_id)  # graphs compiled with a checkpointer need one
+    configurable.setdefault("thread_id", f"{episode_id}#{uuid.uuid4().hex[:12]}")  # checkpointers need one
     config["configurable"] = configurable
     return config  # type: ignore[return-value]
 
@@ -75,7 +82,8 @@ async def run_episode(
     started = time.perf_counter()
     clock = clock or time.perf_counter
     deadline = None if timeout_s is None else clock() + timeout_s
-    task = asyncio.ensure_future(graph.ainvoke(graph_input, config))
+    with recording(recorder):  # the graph's task (and every task it starts) records into it
+        task = asyncio.ensure_future(graph.ainvoke(graph_input, config))
     try:
         while True:
             remaining = None if deadline is None else deadline - clock()
@@ -95,10 +103,15 @@ async def run_episode(
     elif isinstance(task.exception(), GraphRecursionError):
         limit = config["recursion_limit"]
         episode = recorder.episode("recursion_limit", error=f"recursion limit {limit} reached: {task.exception()}")
+    elif isinstance(task.exception(), BlockingCallError):
+        raise task.exception()  # type: ignore[misc]
     elif task.exception() is not None:  # any failure of the graph or its model calls
         exc = task.exception()
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         episode = recorder.episode("error", error=detail)
+    elif recorder.model_calls == 0:
+        episode = recorder.episode("error", error=(
+            "the graph ended without calling the model: build_graph(model) must use the model it is given"))
     else:
         episode = recorder.episode("ok", output=task.result())
     episode.seconds = time.perf_counter() - started

@@ -9,16 +9,28 @@ So an episode cut by the batch boundary simply continues, under the new weights,
 call's prompt is exactly the next state ``s_{t+1}`` of the cut turn: the trainer bootstraps
 that turn with the critic's value of it.
 
-A slot has reached the boundary when a call of it is held and nothing of it is still running:
-the environment has already answered the quota's last call (its reward is on the turn). An
+**Turns belong to batches by identity.** The gate and the recorder both know each call by its
+LangChain run id (``VerlogChatModel`` hands it to the engine, ``engine_call_run``): a call is
+counted against its slot's quota when the gate *admits* it, and its turn goes to the batch that
+admitted it, whatever order parallel branches (``Send``, ``batch``, ``asyncio.gather``) start,
+finish or are held in. A slot has reached the boundary when its quota's calls are all recorded
+(the environment has answered the last one: its reward is on the turn) and every other call of
+it that has started is held; the prompt of the held call that started first is the bootstrap.
+Once a batch is cut the gate admits nothing until the next one opens, so a call that starts
+during the update or an evaluation (a branch that called late) waits for the next batch. An
 episode that ends inside the batch is followed at once by a new one in the same slot, whose
 first call is then the held one (its value is not used: the finished turn bootstraps nothing).
+A call tagged ``NO_TRAIN_TAG`` (a judge reusing the policy model) is never counted, held or
+trained. A training call answered without passing the gate (a LangChain cache, a model not
+built on the gated engine) would be silently untrained: it stops the run instead.
 
 **Sync and async nodes alike.** A ``def`` node calling ``model.invoke`` runs in a worker thread
-(LangGraph does that under ``graph.ainvoke``) and its call reaches the gate from another event
-loop: the gate runs every call on the runner's own loop and the worker thread parks on a
-thread-safe future, so a held sync call wakes exactly like an async one. The runner gives its
-loop enough worker threads for every slot to hold a call at once.
+(LangGraph does that under ``graph.ainvoke``): its call runs on the runner's own loop
+(``Engine.sync_loop``) while the worker thread parks on a thread-safe future, so a held sync call
+wakes exactly like an async one. The runner gives its loop enough worker threads for every slot
+to hold several calls at once. A sync call made *on* the runner's loop (``model.invoke`` or
+``model.batch`` inside an ``async def`` node) would block every episode: it raises
+``BlockingCallError`` and stops the run at once.
 
 **Failed episodes.** A graph that raises, hits its ``recursion_limit`` or exceeds the episode
 timeout fails its episode. Its turns in the *current* batch are dropped (the slot starts a new
@@ -40,14 +52,17 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
+from uuid import UUID
 
 from langchain_core.runnables import Runnable
 
-from verlog.backends.base import Engine, Generation, SamplingParams
+from verlog.backends.base import BlockingCallError, Engine, Generation, SamplingParams
 from verlog.graph_file import GraphFileError
+from verlog.llm.chat_model import engine_call_run
 from verlog.rollout.recorder import PromptRenderer, TurnRecorder
 from verlog.rollout.runner import run_episode
 from verlog.rollout.schedule import slot_seed
@@ -58,8 +73,9 @@ __all__ = ["SlotBatch", "SlotFailureError", "SlotRunner"]
 
 class SlotFailureError(RuntimeError):
     """The rollout cannot go on: a slot's episodes failed ``max_consecutive_failures`` times in a
-    row (a graph that always fails would otherwise loop forever). The message names the last
-    failure."""
+    row (a graph that always fails would otherwise loop forever; the message names the last
+    failure), or the graph's code can never train (a sync model call on the runner's event loop,
+    a training call answered without passing the gate)."""
 
 
 @dataclass
@@ -95,64 +111,85 @@ class SlotBatch:
         """All turns, slot by slot (slot-major order, time order within a slot)."""
         return [t for slot in self.turns for t in slot]
 
+    @property
+    def uncaptured_calls(self) -> int:
+        """Calls of chat models without verlog's token data in the episodes that ended or failed
+        while this batch was collected: they are not trained."""
+        return sum(e.uncaptured_calls for e in (*self.episodes, *self.failed))
+
 
 class _SlotRecorder(TurnRecorder):
-    """A ``TurnRecorder`` that tells the runner whenever a call ends (a turn may be complete)."""
+    """A ``TurnRecorder`` that tells its runner when a training call starts and when it ends, on
+    the runner's loop whichever thread LangChain calls it from."""
 
-    def __init__(self, episode_id: str, notify: Callable[[], None], **kwargs: Any):
+    def __init__(self, episode_id: str, runner: "SlotRunner", **kwargs: Any):
         super().__init__(episode_id, **kwargs)
-        self._notify = notify
+        self._runner = runner
 
-    def on_llm_end(self, response: Any, **kwargs: Any) -> None:
-        super().on_llm_end(response, **kwargs)
-        self._notify()
+    def on_chat_model_start(
+        self, serialized: dict[str, Any], messages: list[list[Any]], *, run_id: UUID,
+        tags: list[str] | None = None, metadata: dict[str, Any] | None = None, **kwargs: Any,
+    ) -> None:
+        index = self._start(run_id, messages, tags, metadata, kwargs)
+        if index is not None:
+            self._runner._on_loop(self._runner._call_started, self.episode_id, run_id, index)
 
-    def on_llm_error(self, error: BaseException, **kwargs: Any) -> None:
-        super().on_llm_error(error, **kwargs)
-        self._notify()
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        trained, turn = self._finish(run_id, response)
+        if trained:
+            self._runner._on_loop(self._runner._call_ended, run_id, turn)
 
-    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
-        super().on_custom_event(name, data, **kwargs)
-        self._notify()
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        super().on_llm_error(error, run_id=run_id, **kwargs)
+        self._runner._on_loop(self._runner._call_ended, run_id, None)
 
 
 @dataclass
 class _Segment:
-    """The part of one episode that belongs to the current batch."""
+    """One episode of a slot, while it has turns to give to the current batch."""
 
     slot: int
     seed: int
     recorder: _SlotRecorder
     #: turns of this episode already given to earlier batches
-    start: int = 0
-    #: calls of this episode let through in the current batch
-    admitted: int = 0
-    in_flight: int = 0
+    given: int = 0
     #: the finished episode (status ok), once it has ended
     episode: Episode | None = None
 
-    def batch_turns(self) -> list[Turn]:
-        turns = self.episode.turns if self.episode is not None else self.recorder.sorted_turns()
-        return turns[self.start:]
+
+@dataclass(eq=False)
+class _Call:
+    """A training call of a slot's episode, from its start to its turn."""
+
+    segment: _Segment
+    #: start order in its episode (its turn's index)
+    index: int
+    #: the batch that admitted it (``None``: not admitted yet)
+    batch: int | None = None
+    #: while held at the gate: its prompt (the bootstrap state if it is the slot's first held call)
+    prompt_ids: list[int] | None = None
+    #: the task waiting at the gate or on the engine (cancelled if its episode ends first)
+    task: asyncio.Task | None = None
+    turn: Turn | None = None
 
 
 @dataclass
 class _Slot:
-    """One env slot: its episodes in this batch, the calls it holds, its counters."""
+    """One env slot: its episodes in this batch, its calls, its counters."""
 
     index: int
     segments: list[_Segment] = field(default_factory=list)
-    #: prompt ids of the calls held at the gate, in arrival order
-    held: list[list[int]] = field(default_factory=list)
+    #: training calls started and not ended (on their way to the gate, held, or generating)
+    running: set[_Call] = field(default_factory=set)
+    #: calls admitted into the batch being collected (at most ``turns_per_env``)
+    batch_calls: list[_Call] = field(default_factory=list)
+    #: calls held at the gate, in arrival order
+    held: list[_Call] = field(default_factory=list)
     reopened: asyncio.Event = field(default_factory=asyncio.Event)
     episodes_started: int = 0
     consecutive_failures: int = 0
     held_total_s: float = 0.0
     held_since: float | None = None
-
-    @property
-    def admitted(self) -> int:
-        return sum(s.admitted for s in self.segments)
 
     def clock(self) -> float:
         """Wall time that stands still while the slot holds a call (an episode's timeout clock)."""
@@ -162,10 +199,11 @@ class _Slot:
 
 
 class _GatedEngine(Engine):
-    """The engine the slots' graph is built around: every call goes through its runner's gate.
+    """The engine the slots' graph is built around: every call goes through its runner's gate,
+    on the runner's loop (sync calls too: :meth:`sync_loop`).
 
-    Calls whose ``request_id`` (the episode id the chat model sends) belongs to no running slot
-    episode pass straight through (e.g. evaluation episodes sharing the engine).
+    Requests of calls no slot's recorder is training on (evaluation episodes sharing the engine,
+    calls tagged ``NO_TRAIN_TAG``) pass straight through.
     """
 
     def __init__(self, runner: "SlotRunner"):
@@ -175,6 +213,9 @@ class _GatedEngine(Engine):
 
     def stop_token_ids(self, sampling: SamplingParams) -> list[int]:
         return self._runner.engine.stop_token_ids(sampling)
+
+    def sync_loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._runner._loop or self._runner.engine.sync_loop()
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
@@ -192,10 +233,15 @@ _EXECUTORS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[concurre
 _EXECUTORS_LOCK = threading.Lock()
 
 
+#: worker threads reserved per slot: a slot's parallel sync branches may each park one on a held call
+_THREADS_PER_SLOT = 8
+
+
 def _reserve_threads(loop: asyncio.AbstractEventLoop, count: int) -> None:
     """Make ``loop``'s default executor (where LangGraph runs ``def`` nodes) at least ``count``
-    threads wide beyond what earlier runners on this loop reserved: each slot may park a thread
-    on a held call, and a pool narrower than the slots would stop the batch from completing."""
+    threads wide beyond what earlier runners on this loop reserved: held calls park threads, and
+    a pool narrower than the held calls would stop the batch from completing (threads are only
+    made when needed)."""
     with _EXECUTORS_LOCK:
         _, reserved = _EXECUTORS.get(loop, (None, 0))
         width = reserved + count
@@ -273,15 +319,19 @@ class SlotRunner:
         self.counters: dict[str, Any] = {"batches": 0, "turns": 0, "episodes": 0, "failed": {}}
         self._slots = [_Slot(i) for i in range(num_envs)]
         self._segments: dict[str, _Segment] = {}
-        #: calls that reached the gate from another event loop (sync nodes), by episode id
-        self._foreign: dict[str, set[concurrent.futures.Future]] = {}
-        self._foreign_lock = threading.Lock()
+        #: training calls of running episodes, by LangChain run id (the gate's and the recorder's key)
+        self._calls: dict[UUID, _Call] = {}
+        #: the batch being collected, and whether the gate admits calls into it (not once it is cut)
+        self._batch = 0
+        self._accepting = True
+        self._warned_uncaptured = False
         self._tasks: list[asyncio.Task] = []
         self._ended: list[Episode] = []
         self._failed: list[Episode] = []
         self._error: BaseException | None = None
         self._changed: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
         self.graph = build_graph(_GatedEngine(self))
 
     # ------------------------------------------------------------------ the batch
@@ -311,19 +361,21 @@ class SlotRunner:
 
     def _start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._changed = asyncio.Event()
-        _reserve_threads(self._loop, self.num_envs)
+        _reserve_threads(self._loop, _THREADS_PER_SLOT * self.num_envs)
         self._tasks = [asyncio.create_task(self._run_slot(slot)) for slot in self._slots]
 
     def _open(self) -> None:
         """Start a new batch: every slot may give ``turns_per_env`` calls again."""
+        self._batch += 1
+        self._accepting = True
         for slot in self._slots:
-            for segment in slot.segments:
-                segment.admitted = 0
             self._reopen(slot)
 
     @staticmethod
     def _reopen(slot: _Slot) -> None:
+        """Wake the slot's held calls: each one checks again whether it may go."""
         reopened, slot.reopened = slot.reopened, asyncio.Event()
         reopened.set()
 
@@ -331,41 +383,51 @@ class SlotRunner:
         if self._loop is not None and self._changed is not None:
             self._loop.call_soon_threadsafe(self._changed.set)
 
+    def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the runner's loop: now if this is its thread, else next (in order)."""
+        if threading.get_ident() == self._loop_thread:
+            fn(*args)
+        elif self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # the loop is closed: the run is over
+                pass
+
     def _at_boundary(self, slot: _Slot) -> bool:
-        """The slot holds a call, nothing of it runs, and its quota's turns are all recorded."""
-        if not slot.held or any(s.in_flight for s in slot.segments):
-            return False
-        if sum(s.recorder.calls_running for s in slot.segments) > len(slot.held):
-            return False  # a call past the gate has not been recorded yet
-        recorded = sum(len(s.batch_turns()) for s in slot.segments)
-        if recorded == slot.admitted == self.turns_per_env:
-            return True
-        if recorded < slot.admitted:  # a call was let through but left no turn: let another in
-            slot.segments[-1].admitted -= slot.admitted - recorded
-            self._reopen(slot)
-        return False
+        """The slot's quota is admitted and recorded, and every call of it still running is held:
+        none is generating, none is on its way to the gate."""
+        return len(slot.batch_calls) == self.turns_per_env and bool(slot.held) and len(slot.held) == len(slot.running)
 
     def _cut(self) -> SlotBatch:
-        """Take each slot's quota of turns; keep only the episodes still running."""
+        """Take each slot's quota of turns; keep only the episodes still running; admit nothing more
+        until the next batch opens."""
+        self._accepting = False
         turns, bootstrap, starts, seeds = [], [], [], []
         for slot in self._slots:
-            slot_turns: list[Turn] = []
-            slot_seeds: list[int] = []
-            for segment in slot.segments:
-                part = segment.batch_turns()
-                slot_turns += part
-                slot_seeds += [segment.seed] * len(part)
-            assert len(slot_turns) == self.turns_per_env, (slot.index, len(slot_turns))
-            starts.append(slot.segments[0].start == 0)
-            running = [s for s in slot.segments if s.episode is None]
-            for segment in running:
-                segment.start += len(segment.batch_turns())
-            slot.segments = running
-            turns.append(slot_turns)
-            seeds.append(slot_seeds)
-            bootstrap.append(list(slot.held[0]))
+            order = {id(segment): k for k, segment in enumerate(slot.segments)}
+
+            def when(call: _Call) -> tuple[int, int]:  # episode by episode, then in start order
+                return order[id(call.segment)], call.index if call.turn is None else call.turn.turn_index
+
+            calls = sorted(slot.batch_calls, key=when)
+            assert len(calls) == self.turns_per_env and all(c.turn is not None for c in calls), slot.index
+            starts.append(calls[0].segment.given == 0)
+            for call in calls:
+                call.segment.given += 1
+            turns.append([c.turn for c in calls])
+            seeds.append([c.segment.seed for c in calls])
+            bootstrap.append(list(min(slot.held, key=when).prompt_ids or []))
+            slot.batch_calls = []
+            slot.segments = [s for s in slot.segments if s.episode is None]
         batch = SlotBatch(turns, bootstrap, starts, seeds, episodes=self._ended, failed=self._failed)
         self._ended, self._failed = [], []
+        if batch.uncaptured_calls and not self._warned_uncaptured:
+            self._warned_uncaptured = True
+            warnings.warn(
+                f"{batch.uncaptured_calls} model calls of this batch's episodes carried no verlog token data (a chat "
+                "model other than the one build_graph was given) and are not trained; keep such calls out of "
+                "training on purpose with model.with_config(tags=[NO_TRAIN_TAG])", RuntimeWarning, stacklevel=2,
+            )
         self.counters["batches"] += 1
         self.counters["turns"] += self.num_envs * self.turns_per_env
         return batch
@@ -373,66 +435,95 @@ class SlotRunner:
     # ------------------------------------------------------------------ the gate
     async def _gated_generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None) -> Generation:
         """A model call of the slots' graph: on the runner's loop, held past the slot's quota."""
-        home = self._loop
-        if home is not None and asyncio.get_running_loop() is not home:
-            # a sync node's call (its own loop, in a worker thread): run it on the runner's loop
-            future = asyncio.run_coroutine_threadsafe(self._admit(prompt_ids, sampling, request_id), home)
-            self._track_foreign(request_id, future)
+        run_id, home = engine_call_run(), self._loop
+        if home is not None and asyncio.get_running_loop() is not home:  # not through the chat model's sync path
+            future = asyncio.run_coroutine_threadsafe(self._admit(prompt_ids, sampling, request_id, run_id), home)
             return await asyncio.wrap_future(future)
-        return await self._admit(prompt_ids, sampling, request_id)
+        return await self._admit(prompt_ids, sampling, request_id, run_id)
 
-    def _track_foreign(self, episode_id: str | None, future: concurrent.futures.Future) -> None:
-        if episode_id is None:
-            return
-        with self._foreign_lock:
-            self._foreign.setdefault(episode_id, set()).add(future)
-
-        def forget(done: concurrent.futures.Future) -> None:
-            with self._foreign_lock:
-                self._foreign.get(episode_id, set()).discard(done)
-
-        future.add_done_callback(forget)
-
-    def _cancel_foreign(self, episode_id: str) -> None:
-        """Stop the calls a finished (e.g. timed-out) episode's sync nodes still wait on."""
-        with self._foreign_lock:
-            futures = self._foreign.pop(episode_id, set())
-        for future in futures:
-            future.cancel()
-
-    async def _admit(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None) -> Generation:
-        segment = self._segments.get(request_id) if request_id is not None else None
-        if segment is None:
+    async def _admit(
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None, run_id: UUID | None,
+    ) -> Generation:
+        call = self._calls.get(run_id) if run_id is not None else None
+        if call is None:  # no slot trains on it
             return await self.engine.generate(prompt_ids, sampling, request_id=request_id)
-        slot = self._slots[segment.slot]
-        while slot.admitted >= self.turns_per_env:
-            await self._hold(slot, prompt_ids)
-        segment.admitted += 1
-        segment.in_flight += 1
+        slot = self._slots[call.segment.slot]
+        call.task = asyncio.current_task()
         try:
+            while not self._accepting or len(slot.batch_calls) >= self.turns_per_env:
+                await self._hold(slot, call, prompt_ids)
+            call.batch = self._batch
+            slot.batch_calls.append(call)
             return await self.engine.generate(prompt_ids, sampling, request_id=request_id)
-        except BaseException:
-            segment.admitted -= 1  # no turn came of it
-            raise
         finally:
-            segment.in_flight -= 1
-            self._notify()
+            call.task = None
 
-    async def _hold(self, slot: _Slot, prompt_ids: list[int]) -> None:
-        """Wait at the boundary until the next batch opens; the prompt is on show meanwhile."""
-        entry = list(prompt_ids)
+    async def _hold(self, slot: _Slot, call: _Call, prompt_ids: list[int]) -> None:
+        """Wait at the boundary until the slot may give another call; the prompt is on show meanwhile."""
+        call.prompt_ids = list(prompt_ids)
         reopened = slot.reopened
-        slot.held.append(entry)
+        slot.held.append(call)
         if slot.held_since is None:
             slot.held_since = time.perf_counter()
         self._notify()
         try:
             await reopened.wait()
         finally:
-            slot.held.remove(entry)
+            if call in slot.held:
+                slot.held.remove(call)
+            call.prompt_ids = None
             if not slot.held and slot.held_since is not None:
                 slot.held_total_s += time.perf_counter() - slot.held_since
                 slot.held_since = None
+
+    def _call_started(self, episode_id: str, run_id: UUID, index: int) -> None:
+        """A training call of a slot's episode has started (its recorder saw it)."""
+        segment = self._segments.get(episode_id)
+        if segment is None:  # the episode is over (a call of a worker thread it left behind)
+            return
+        call = self._calls[run_id] = _Call(segment, index)
+        self._slots[segment.slot].running.add(call)
+
+    def _call_ended(self, run_id: UUID, turn: Turn | None) -> None:
+        """A training call has ended, with its turn or (an error, no token data) without one."""
+        call = self._calls.pop(run_id, None)
+        if call is None:
+            return
+        slot = self._slots[call.segment.slot]
+        slot.running.discard(call)
+        call.turn = turn
+        if turn is not None and call.batch is None:
+            self._stop(SlotFailureError(
+                f"a model call of episode {call.segment.recorder.episode_id} was answered without passing the "
+                "training gate, so it could not be trained: graphs must call the model they are given (no "
+                "LangChain cache, no model built on another engine); keep other calls out of training with "
+                "model.with_config(tags=[NO_TRAIN_TAG])"
+            ))
+        elif turn is None and call in slot.batch_calls:  # no turn came of it: its place is free again
+            slot.batch_calls.remove(call)
+            self._reopen(slot)
+        self._notify()
+
+    def _drop(self, segment: _Segment) -> None:
+        """Forget a failed episode's calls (its turns in this batch are dropped: the slot refills
+        them) and stop those still waiting at the gate or on the engine (sync nodes' threads)."""
+        slot = self._slots[segment.slot]
+        for run_id, call in list(self._calls.items()):
+            if call.segment is segment:
+                del self._calls[run_id]
+        slot.running = {c for c in slot.running if c.segment is not segment}
+        slot.held = [c for c in slot.held if c.segment is not segment]
+        kept = [c for c in slot.batch_calls if c.segment is not segment]
+        if len(kept) < len(slot.batch_calls):
+            slot.batch_calls = kept
+            self._reopen(slot)
+
+    def _cancel_waiting(self, segment: _Segment) -> None:
+        """Stop the calls an ended episode's sync nodes still wait on (a timed-out episode's
+        threads stay parked otherwise)."""
+        for call in [c for c in self._slots[segment.slot].running if c.segment is segment]:
+            if call.task is not None and not call.task.done():
+                call.task.cancel()
 
     # ------------------------------------------------------------------ the slots
     def _next_seed(self, slot: _Slot) -> int:
@@ -452,7 +543,7 @@ class SlotRunner:
             seed = self._next_seed(slot)
             episode_id = f"slot{slot.index}-ep{slot.episodes_started - 1}"
             recorder = _SlotRecorder(
-                episode_id, self._notify, keep_messages=self.keep_messages, render_prompt=self.render_prompt
+                episode_id, self, keep_messages=self.keep_messages, render_prompt=self.render_prompt
             )
             segment = _Segment(slot.index, seed, recorder)
             slot.segments.append(segment)
@@ -470,8 +561,11 @@ class SlotRunner:
                         self.graph, graph_input, episode_id=episode_id, graph_config=self.graph_config,
                         timeout_s=self.timeout_s, recorder=recorder, clock=slot.clock,
                     )
+                except BlockingCallError as exc:  # the graph's code can never train: stop at once
+                    self._stop(SlotFailureError(str(exc)))
+                    return
                 finally:
-                    self._cancel_foreign(episode_id)
+                    self._cancel_waiting(segment)
                 if self.on_episode_end is not None and not episode.failed and episode.turns:
                     try:
                         await self.on_episode_end(episode, seed)
@@ -481,12 +575,13 @@ class SlotRunner:
             self._segments.pop(episode_id, None)  # its calls no longer pass the gate
             if episode.failed or not episode.turns:
                 slot.segments.remove(segment)  # its turns in this batch are dropped
+                self._drop(segment)
                 self._failed.append(episode)
                 status = episode.status if episode.failed else "empty"
                 self.counters["failed"][status] = self.counters["failed"].get(status, 0) + 1
                 slot.consecutive_failures += 1
                 if slot.consecutive_failures >= self.max_consecutive_failures:
-                    last = (episode.error or "").strip().splitlines()
+                    last = (episode.error or "it made no training call").strip().splitlines()
                     self._stop(SlotFailureError(
                         f"slot {slot.index} failed {slot.consecutive_failures} episodes in a row "
                         f"(max_consecutive_failures); last (seed {seed}): {episode.status}: "
@@ -532,5 +627,6 @@ class SlotRunner:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        for episode_id in list(self._foreign):
-            self._cancel_foreign(episode_id)
+        for call in list(self._calls.values()):  # sync nodes' calls parked at the gate
+            if call.task is not None and not call.task.done():
+                call.task.cancel()

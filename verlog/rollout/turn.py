@@ -35,6 +35,9 @@ class Turn:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    #: the kind of constraint (grammar) the response was sampled under, ``None`` if unconstrained:
+    #: its logprobs are those of the masked distribution, not of the policy
+    constraint: str | None = None
     #: truncated turns: the prompt ids of the state after the cut (``None``: not known)
     next_prompt_ids: list[int] | None = None
     #: the LangGraph node that made the call (``langgraph_node`` metadata), if any
@@ -79,6 +82,8 @@ class Episode:
     unassigned_reward: float = 0.0
     #: calls of chat models that carry no verlog token data (not trainable, counted)
     uncaptured_calls: int = 0
+    #: chat-model calls the graph made, trained or not (0: the graph never called a model)
+    model_calls: int = 0
     seconds: float = 0.0
 
     @property

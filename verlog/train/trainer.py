@@ -95,10 +95,12 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
                 await _pretrain_critic(run)
                 run.state["warmup_done"] = True
 
+            warned_masked = config.algorithm.recompute_logprobs
             for update in range(run.state["update"] + 1, t.total_updates + 1):
                 # 1. rollout: every slot gives turns_per_env turns under the current weights
                 logger.status("rollout")
                 batch = await run.collect()
+                warned_masked = warned_masked or _warn_masked_logprobs(batch, console)
                 storage = RolloutStorage.from_batch(batch)
                 # 2-3. score the batch (old logprobs, values, GAE) and run the PPO epochs; the
                 # engine shares the actor's weights and waits for them meanwhile
@@ -395,6 +397,18 @@ def _warn_shared_rows(config: VerlogConfig, console: Console) -> None:
             if shared:
                 console.print(f"[yellow]warning:[/] {shared} of the {split} rows are also training rows "
                               f"(same content): their {split} scores measure memory, not skill")
+
+
+def _warn_masked_logprobs(batch: SlotBatch, console: Console) -> bool:
+    """With ``recompute_logprobs: false``, say so when constrained turns are trained: their engine
+    logprobs are the masked distribution's, so PPO's first ratio is not 1 (large KL and clipping
+    from the first step). Returns whether it warned."""
+    constrained = sum(1 for turn in batch.flat_turns() if turn.constraint)
+    if constrained:
+        console.print(f"[yellow]warning:[/] {constrained} turns of this batch were sampled under a constraint "
+                      "(structured output, a forced tool call) and algorithm.recompute_logprobs is false: their "
+                      "old logprobs are the masked distribution's, not the policy's; set recompute_logprobs: true")
+    return bool(constrained)
 
 
 def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path | None:

@@ -1,0 +1,239 @@
+"""Any graph, part two: every model call is trained exactly once, whatever order parallel branches
+start, finish or are held in, and no boundary can hang.
+
+The graph is ``tests/graphs/any_call.py``: steps made of 1-3 model calls through every LangChain
+entry point (``Send`` fan-outs, ``batch``/``abatch``, ``asyncio.gather``, a branch that calls late,
+``stream``/``astream``, calls with callbacks of their own, structured output; sync and async),
+after random delays. The engine is the witness: it answers each call with a text of its own
+(``a<n>``) and remembers every answer, so the turns of all batches can be checked against every
+call the engine answered: each training call in exactly one batch, none twice, none missing.
+Between batches stands the "update": every slot is held while evaluation episodes share the
+engine, and branches that call late meet a closed gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import re
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from verlog.graph_file import load_graph_file
+from verlog.llm import VerlogChatModel
+from verlog.rollout import SlotFailureError, run_episode, run_episodes
+from verlog.rollout.slots import SlotBatch, SlotRunner
+from verlog.testing import ScriptedEngine
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAPH = load_graph_file(ROOT / "tests" / "graphs" / "any_call.py")
+ANY_CALL = GRAPH.module
+EVAL_SEED = 10**6
+TAG = re.compile(r"\ba(\d+)\b")
+
+
+class Witness:
+    """The engine's script: a text of its own for every call (a structured call's arguments when
+    its prompt ends with a forced tool call), and every (prompt, answer) it gave."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.count = itertools.count(1)
+        self.lock = threading.Lock()
+        self.answers: list[tuple[str, str]] = []
+
+    def __call__(self, prompt_ids: list[int]) -> str:
+        prompt = self.tokenizer.decode(prompt_ids)
+        tag = f"a{next(self.count)}"
+        with self.lock:
+            self.answers.append((prompt, tag))
+        return f'{{"answer": "{tag}"}}}}\n</tool_call>' if prompt.endswith('"arguments": ') else tag
+
+    def training_tags(self) -> list[str]:
+        """The answers to the slots' policy calls (not the evaluations', not the judge's)."""
+        return [tag for prompt, tag in self.answers if "judge" not in prompt and not _seed_of(prompt) >= EVAL_SEED]
+
+
+def _seed_of(prompt: str) -> int:
+    return int(re.search(r"seed (\d+) step", prompt).group(1))
+
+
+def tag_of(tokenizer, turn) -> str:
+    return TAG.search(tokenizer.decode(turn.response_ids, skip_special_tokens=True)).group(0)
+
+
+async def play(tokenizer, styles, seed: int, *, batches: int = 4, judge: bool = False, checkpointer: bool = False,
+               max_delay: float = 0.01):
+    """Collect ``batches`` batches of a random slot layout, an "update" with evaluation episodes
+    after each; returns (batches, witness, runner)."""
+    rng = random.Random(seed)
+    witness = Witness(tokenizer)
+    engine = ScriptedEngine(tokenizer, witness)
+    kwargs = dict(styles=styles, max_delay=max_delay, judge=judge, checkpointer=checkpointer)
+    group_size = rng.choice([1, 2])
+    runner = SlotRunner(
+        engine, lambda gated: GRAPH.build(VerlogChatModel(engine=gated, tokenizer=tokenizer), **kwargs),
+        GRAPH.episode_input, num_envs=group_size * rng.randint(1, 2), turns_per_env=rng.randint(2, 6),
+        group_size=group_size, graph_config={"recursion_limit": 200}, seed=rng.randint(0, 50), timeout_s=60,
+    )
+    evaluation = GRAPH.build(VerlogChatModel(engine=engine, tokenizer=tokenizer), **kwargs)  # the raw engine
+    collected: list[SlotBatch] = []
+    try:
+        for b in range(batches):
+            collected.append(await asyncio.wait_for(runner.collect(), 30))
+            inputs = [GRAPH.episode_input(EVAL_SEED + 10 * b + i) for i in range(2)]
+            update = asyncio.sleep(rng.random() * 0.06)
+            evaluated = await asyncio.wait_for(
+                asyncio.gather(update, run_episodes(evaluation, inputs, graph_config={"recursion_limit": 200})), 30)
+            assert all(e.status == "ok" for e in evaluated[1]), [e.error for e in evaluated[1]]
+    finally:
+        await runner.aclose()
+    return collected, witness, runner
+
+
+def check_each_call_once(tokenizer, batches: list[SlotBatch], witness: Witness, runner: SlotRunner) -> int:
+    """Every call the engine answered for the slots is a turn of exactly one batch; returns how many."""
+    tags = [tag_of(tokenizer, turn) for batch in batches for turn in batch.flat_turns()]
+    duplicated = [t for t, n in Counter(tags).items() if n > 1]
+    missing = set(witness.training_tags()) - set(tags)
+    assert not duplicated and not missing, f"trained twice: {duplicated}, never trained: {sorted(missing)}"
+    assert sorted(tags) == sorted(witness.training_tags())
+    for batch in batches:
+        assert {len(turns) for turns in batch.turns} == {runner.turns_per_env} and batch.num_envs == runner.num_envs
+        for slot_turns, slot_seeds in zip(batch.turns, batch.seeds):  # each turn carries its episode's seed
+            assert [_seed_of(tokenizer.decode(t.prompt_ids)) for t in slot_turns] == slot_seeds
+        assert all(e.uncaptured_calls == 0 for e in batch.episodes)
+        assert not batch.failed, [e.error for e in batch.failed]
+    return len(tags)
+
+
+CASES = [
+    ("send", ["send"]), ("send_sync", ["send_sync"]), ("batch", ["batch"]), ("abatch", ["abatch"]),
+    ("gather", ["gather"]), ("late", ["late"]), ("late_sync", ["late_sync"]),
+    ("mixed", list(ANY_CALL.STYLES)),
+]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("name,styles", CASES, ids=[c[0] for c in CASES])
+async def test_parallel_calls_are_trained_once_each(tiny_tokenizer, name, styles, seed):
+    batches, witness, runner = await play(tiny_tokenizer, styles, seed=1000 * seed + len(name))
+    assert check_each_call_once(tiny_tokenizer, batches, witness, runner) == 4 * runner.num_envs * runner.turns_per_env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(40))
+async def test_parallel_calls_stress_many_seeds(tiny_tokenizer, seed):
+    rng = random.Random(seed)
+    styles = rng.sample(list(ANY_CALL.STYLES), rng.randint(1, 4))
+    batches, witness, runner = await play(tiny_tokenizer, styles, seed=seed, batches=6,
+                                          checkpointer=rng.random() < 0.3, max_delay=rng.choice([0.0, 0.005, 0.03]))
+    check_each_call_once(tiny_tokenizer, batches, witness, runner)
+
+
+async def test_parallel_branches_with_a_checkpointer(tiny_tokenizer):
+    """Parallel branches in a graph compiled with a checkpointer (its threads kept across runs)."""
+    batches, witness, runner = await play(tiny_tokenizer, ["late", "send_sync", "gather"], seed=7, checkpointer=True)
+    check_each_call_once(tiny_tokenizer, batches, witness, runner)
+
+
+async def test_streamed_and_own_callback_calls_are_captured(tiny_tokenizer):
+    """``stream``/``astream`` calls and calls made with ``config={"callbacks": [...]}`` (which
+    replaces the run's callbacks) are recorded and gated like any other: all captured."""
+    styles = ["astream", "stream", "own_callbacks", "own_callbacks_sync"]
+    batches, witness, runner = await play(tiny_tokenizer, styles, seed=3)
+    check_each_call_once(tiny_tokenizer, batches, witness, runner)
+    nodes = {t.node for b in batches for t in b.flat_turns()}
+    assert nodes == set(styles)
+    # under verlog rollout too: every call is a turn, none uncaptured
+    witness = Witness(tiny_tokenizer)
+    graph = GRAPH.build(VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, witness), tokenizer=tiny_tokenizer),
+                        styles=styles)
+    episodes = await run_episodes(graph, [GRAPH.episode_input(s) for s in range(6)], graph_config={"recursion_limit": 100})
+    assert sum(len(e.turns) for e in episodes) == len(witness.answers) > 0
+    assert all(e.status == "ok" and e.uncaptured_calls == 0 for e in episodes)
+
+
+async def test_judge_calls_are_never_turns_and_their_score_reaches_the_answer(tiny_tokenizer):
+    batches, witness, runner = await play(tiny_tokenizer, ["ainvoke", "invoke", "astream"], seed=11, judge=True)
+    check_each_call_once(tiny_tokenizer, batches, witness, runner)  # the judge's answers are not among the turns
+    verdicts = {}  # the answer judged -> the judge's score of it
+    for prompt, tag in witness.answers:
+        if "judge" in prompt:
+            verdicts[TAG.search(prompt).group(0)] = ANY_CALL.judge_score(tag)
+    assert verdicts
+    scored = 0
+    for batch in batches:
+        for turn in batch.flat_turns():
+            seed, step, call = map(int, re.search(r"seed (\d+) step (\d+) call (\d+)",
+                                                  tiny_tokenizer.decode(turn.prompt_ids)).groups())
+            if call < ANY_CALL.calls_at(seed, step) - 1:
+                assert turn.reward == 0.0  # not the step's answer
+            elif tag_of(tiny_tokenizer, turn) in verdicts:  # the answer: the latest trained turn before the judge
+                assert turn.reward == verdicts[tag_of(tiny_tokenizer, turn)]
+                scored += 1
+    assert scored > 0
+
+
+@pytest.mark.parametrize("style", ANY_CALL.BLOCKING)
+async def test_a_sync_call_inside_an_async_node_stops_at_once(tiny_tokenizer, style):
+    runner = SlotRunner(
+        ScriptedEngine(tiny_tokenizer, ["go"]),
+        lambda gated: GRAPH.build(VerlogChatModel(engine=gated, tokenizer=tiny_tokenizer), styles=[style]),
+        GRAPH.episode_input, num_envs=2, turns_per_env=2,
+    )
+    method = style.split("_")[0]
+    try:
+        with pytest.raises(SlotFailureError, match=rf"model\.{method}\(\.\.\.\) was called inside async code.*"
+                                                   rf"`await model\.a{method}\(\.\.\.\)`"):
+            await asyncio.wait_for(runner.collect(), 10)
+    finally:
+        await runner.aclose()
+
+
+async def test_a_training_call_that_bypasses_the_gate_stops_the_run(tiny_tokenizer):
+    """A graph whose calls reach another engine than the one it was given would leave them untrained."""
+    other = ScriptedEngine(tiny_tokenizer, ["go"])
+    runner = SlotRunner(
+        ScriptedEngine(tiny_tokenizer, ["go"]),
+        lambda gated: GRAPH.build(VerlogChatModel(engine=other, tokenizer=tiny_tokenizer), styles=["ainvoke"]),
+        GRAPH.episode_input, num_envs=1, turns_per_env=2,
+    )
+    try:
+        with pytest.raises(SlotFailureError, match="without passing the training gate"):
+            await asyncio.wait_for(runner.collect(), 10)
+    finally:
+        await runner.aclose()
+
+
+async def test_a_graph_that_never_calls_the_model_is_an_error_episode(tiny_tokenizer):
+    from langgraph.graph import END, START, StateGraph
+    from typing_extensions import TypedDict
+
+    class S(TypedDict):
+        x: int
+
+    g = StateGraph(S)
+    g.add_node("noop", lambda s: {"x": 1})
+    g.add_edge(START, "noop")
+    g.add_edge("noop", END)
+    episode = await run_episode(g.compile(), {"x": 0})
+    assert episode.status == "error" and "without calling the model" in episode.error
+
+
+async def test_each_run_of_an_episode_gets_a_thread_of_its_own(tiny_tokenizer):
+    """A graph with a persistent checkpointer played twice under the same episode id (as repeated
+    evaluations play their seeds) starts afresh each time instead of continuing the first run."""
+    graph = GRAPH.build(VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, ["go"]), tokenizer=tiny_tokenizer),
+                        styles=["ainvoke"], checkpointer=True)
+    first = await run_episode(graph, GRAPH.episode_input(5), episode_id="eval/5", graph_config={"recursion_limit": 50})
+    again = await run_episode(graph, GRAPH.episode_input(5), episode_id="eval/5", graph_config={"recursion_limit": 50})
+    assert first.status == again.status == "ok"
+    assert len(first.turns) == len(again.turns) and first.total_reward == again.total_reward
+    assert again.output["answers"] == first.output["answers"] and again.output["t"] == ANY_CALL.episode_length(5)
+    threads = {t.config["configurable"]["thread_id"] for t in ANY_CALL.SAVER.list(None)}
+    assert len({t for t in threads if t.startswith("eval/5#")}) == 2
