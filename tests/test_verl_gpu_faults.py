@@ -277,3 +277,25 @@ def test_the_dry_run_prints_the_preflight_lines(capsys):
     err = capsys.readouterr().err
     for what in ("GPUs:", "Ray CPUs:", "flash-attn:", "rollout engine:"):
         assert f"pre-flight: " in err and what in err
+
+
+def test_critic_pretraining_padding_values_take_the_critics_dtype():
+    """verl's padding rows get zero values in the dtype the bf16 critic wrote, so reading the
+    batch's values stacks every row (float32 zeros beside bf16 values would not)."""
+    from tensordict import TensorDict
+
+    from verlog.integrations.verl.local import MemoryTransferQueue
+    from verlog.integrations.verl.trainer import VerlogPPOTrainer
+
+    store = MemoryTransferQueue()
+    masks = torch.nested.as_nested_tensor([torch.ones(3, dtype=torch.long), torch.ones(1, dtype=torch.long)],
+                                          layout=torch.jagged)
+    store.kv_batch_put(["real", "pad"], "train", fields=TensorDict({"response_mask": masks}, batch_size=2))
+    bf16 = torch.nested.as_nested_tensor([torch.randn(3).to(torch.bfloat16)], layout=torch.jagged)
+    store.kv_batch_put(["real"], "train", fields=TensorDict({"values": bf16}, batch_size=1))
+    trainer = object.__new__(VerlogPPOTrainer)
+    with store.patch():
+        trainer._zero_padding_values(["pad"], like="real")
+        values = store.kv_batch_get(["real", "pad"], "train", select_fields=["values"])["values"]
+    assert values.dtype == torch.bfloat16
+    assert store.rows["train"]["pad"]["values"].tolist() == [0.0]
