@@ -257,6 +257,133 @@ def test_babaisai_balrog_answers_and_default_action() -> None:
     assert env.step("left").info["valid_action"] is True
 
 
+def test_babaisai_balrog_prints_an_empty_line_for_a_controlled_object_that_is_not_baba() -> None:
+    from verlog.envs.babaisai import state_from_map
+    from verlog.envs.babaisai.env import describe_balrog
+
+    state = state_from_map([
+        "BALL IS YOU . .",
+        ". . . . .",
+        ". key ball baba .",
+        "KEY IS WIN . .",
+    ])
+    assert describe_balrog(state).split("Objects on the map:\n")[1].splitlines() == [
+        "rule `ball` 2 step to the left and 2 step up",
+        "rule `is` 1 step to the left and 2 step up",
+        "rule `you` 2 step up",
+        "key 1 step to the left",
+        "",  # the ball measured from: BALROG's line for it is empty; babas are never listed
+        "rule `key` 2 step to the left and 1 step down",
+        "rule `is` 1 step to the left and 1 step down",
+        "rule `win` 1 step down",
+    ]
+
+
+def test_babaisai_balrog_starts_a_new_level_when_nothing_is_you_and_goes_on() -> None:
+    from verlog.envs.babaisai import make, state_from_map
+    from verlog.envs.babaisai.env import broken_you_text, describe_balrog
+
+    broken_rule = state_from_map([
+        "BALL IS WIN . .",
+        ". . . . .",
+        ". . baba . .",
+        ". BABA IS YOU .",
+        ". . . . .",
+        ". ball . . .",
+    ])
+    observations = []
+    for _ in range(2):
+        env = make("goto_win", seed=5, protocol="balrog", max_steps=3)
+        env.reset(5)
+        env.reset_to(broken_rule)
+        result = env.step("down")  # pushes IS out of BABA IS YOU: nothing is YOU any more
+        observations.append(result.observation)
+        assert not result.done and result.info["levels_restarted"] == 1 and result.info["lost"] is False
+        fresh = env.state
+        assert result.observation == broken_you_text(_broken(broken_rule), fresh)
+        assert env.step("up").observation == describe_balrog(env.state)  # the new level plays on
+        last = env.step("up")
+        assert last.truncated and last.info["step"] == 3  # the step count ran on: BALROG's cap holds
+    assert observations[0] == observations[1]  # the new level is drawn from the episode's seed
+    text = observations[0]
+    assert text.startswith("[...] IS YOU rule was broken, environment resetActive rules:\nball is win\n\n"
+                           "Objects on the map:\ndefaultdict(<function BabaIsAIWrapper.textworld_process_obsv.<locals>."
+                           "<lambda> at 0x7f0000000000>, {'text': {'long_term_context': 'Active rules:\\n")
+    assert text.endswith("'short_term_context': ''}, 'image': <PIL.Image.Image image mode=RGB size=256x256 at "
+                         "0x7F0000000000>})")
+
+
+def _broken(state):
+    from verlog.envs.babaisai import step
+
+    return step(state, "down", "previous").state
+
+
+def test_babaisai_balrog_stacks_the_extra_win_rule_over_the_words_there() -> None:
+    from verlog.envs.babaisai import make
+    from verlog.envs.babaisai.levels import generate
+
+    def stacked(level) -> bool:
+        cells = [(x, y) for _, x, y in level.state.iter_words()]
+        return len(cells) != len(set(cells))
+
+    task = "two_room-make_win-distr_win_rule"
+    draws = [generate(task, random.Random(seed), ensure_solvable=False, stack_words=True) for seed in range(60)]
+    assert 5 <= sum(map(stacked, draws)) <= 30  # a quarter of BALROG's draws start with a stack
+    assert not any(stacked(generate(task, random.Random(s), ensure_solvable=False)) for s in range(60))  # verlog's
+    seed = next(s for s in range(60) if stacked(draws[s]))
+    env = make(task, protocol="balrog")
+    env.reset(seed)
+    assert stacked(env.level)
+
+
+def test_babaisai_a_push_moves_the_upper_word_of_a_stack_alone() -> None:
+    from verlog.envs.babaisai import state_from_map, step
+    from verlog.envs.babaisai.env import describe_balrog
+
+    state = state_from_map([
+        "BALL IS WIN . .",
+        ". . . . .",
+        "baba KEY+WIN . . .",  # WIN lies on KEY
+        ". . . . .",
+        "BABA IS YOU . .",
+    ])
+    assert "rule `win` 1 step to the right\n" in describe_balrog(state) and "`key`" not in describe_balrog(state)
+    for rule in ("previous", "current"):
+        first = step(state, "right", rule).state
+        words = {(x, y): k for k, x, y in first.iter_words()}
+        assert len(words) == len(first.words) and first.you_positions() == state.you_positions()  # baba stays
+        second = step(first, "right", rule).state
+        assert second.you_positions() == [(2, 3)]  # now KEY and WIN move on together
+
+
+def test_babaisai_balrog_plays_the_originals_stacks() -> None:
+    """NOUN IS NOUN puts a new object over the old one, which comes back when uncovered; a YOU
+    object moving onto another covers it; only the top of a cell acts."""
+    from verlog.envs.babaisai import state_from_map, step
+    from verlog.envs.babaisai.game import object_kind
+
+    def things(state, cell):
+        return ([k for k, x, y in state.iter_buried() if (x, y) == cell],
+                [k for k, x, y in state.iter_objects() if (x, y) == cell])
+
+    ball, key = object_kind("ball"), object_kind("key")
+    state = state_from_map([
+        "BALL IS YOU . . .",
+        ". . . . . .",
+        ". key . . . .",
+        "KEY IS . BALL baba .",
+        "BABA IS YOU . . .",
+    ])
+    made = step(state, "left", "previous").state  # KEY IS BALL: a ball over the key
+    assert things(made, (2, 3)) == ([key], [ball])
+    moved = step(made, "up", "previous").state  # the ball (YOU) leaves: the key comes back, turned again
+    assert things(moved, (2, 2)) == ([], [ball]) and things(moved, (2, 3)) == ([key], [ball])
+    covered = step(moved, "down", "previous").state  # the upper ball moves down onto the other one
+    assert things(covered, (2, 3)) == ([key, ball], [ball]) and things(covered, (2, 2)) == ([], [])
+    assert things(step(state, "left", "current").state, (2, 3)) == ([], [ball])  # verlog's: turned in place
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_babaisai_levels_follow_the_benchmark_layouts(seed: int) -> None:
     from verlog.envs.babaisai.levels import TASKS, generate

@@ -9,12 +9,17 @@ Two protocols (``protocol=``):
   the step cap are redrawn. An answer naming no valid action runs ``idle`` and costs
   ``invalid_action_penalty``.
 * ``"balrog"``: BALROG's BabaIsAI. The observation is ``Active rules:`` (one rule a line) and
-  ``Objects on the map:`` (one line per cell holding an object or word block other than the one
-  you control, row by row, as "rule `ball` 2 steps to the right and 1 step up"; like BALROG's
-  text, offsets to the left or up always say "step"). The win is checked with the rules in force
-  before the move, as the original game does; levels are not checked for solvability (the
-  benchmark's are not). An answer must be exactly an action name (see
-  :mod:`verlog.envs.balrog_protocol`); otherwise ``idle`` runs. No penalty.
+  ``Objects on the map:`` (one line per cell holding an object or word block, the upper one of a stack, row by row, as
+  "rule `ball` 2 steps to the right and 1 step up"; like BALROG's text, offsets to the left or up
+  always say "step"; baba objects are never listed, and the object the offsets are measured from,
+  when it is not a baba, gives an empty line). The win is checked with the rules in force before
+  the move, as the original game does; levels are not checked for solvability (the benchmark's
+  are not). An answer must be exactly an action name (see :mod:`verlog.envs.balrog_protocol`);
+  otherwise ``idle`` runs. No penalty. When no object is left to measure from (the rules make
+  nothing YOU, or nothing of the last YOU rule's kind is on the map), BALROG's wrapper starts a
+  new level of the task and the episode goes on (the step count runs on); the observation of that
+  step is what BALROG's wrapper prints then (:func:`broken_you_text`). A YOU object destroyed by
+  DEFEAT ends the episode as a loss (no BALROG task has DEFEAT).
 
 Reward 1 for winning.
 """
@@ -141,6 +146,21 @@ def _balrog_offset(dx: int, dy: int) -> str:
     return " and ".join(part for part in (horizontal, vertical) if part)
 
 
+def balrog_reference(state: GameState) -> tuple[int | None, tuple[int, int] | None]:
+    """What BALROG measures offsets from: the kind of the last YOU rule and the first cell, row by
+    row, holding an object of that kind (``None`` when there is no such rule or object)."""
+    you_rules = [s for s, p in state.rules.rules if p == game.property_word("you")]
+    you_kind = you_rules[-1] if you_rules else None
+    if you_kind is None:
+        return None, None
+    spots = sorted((y, x) for k, x, y in state.iter_objects() if k == you_kind)
+    return you_kind, ((spots[0][1], spots[0][0]) if spots else None)
+
+
+def _balrog_rules(state: GameState) -> str:
+    return "\n".join(f"{OBJECT_NAMES[s]} is {kind_name(p)}" for s, p in state.rules.rules if p > game.IS)
+
+
 def describe_balrog(state: GameState) -> str:
     """The observation text of ``state`` as BALROG shows it (see the module docstring).
 
@@ -149,17 +169,12 @@ def describe_balrog(state: GameState) -> str:
     cell, row by row, holding an object of the last YOU rule's type.
     """
     rules = state.rules
-    lines = ["Active rules:", *(f"{OBJECT_NAMES[s]} is {kind_name(p)}" for s, p in rules.rules if p > game.IS)]
-    you_rules = [s for s, p in rules.rules if p == game.property_word("you")]
+    lines = ["Active rules:", *_balrog_rules(state).splitlines()]
     cells: dict[tuple[int, int], list[int]] = {}
     for k, x, y in state.iter_objects():
         cells.setdefault((x, y), []).append(k)
     words = {(x, y): k for k, x, y in state.iter_words()}
-    you_kind = you_rules[-1] if you_rules else None
-    ref = None
-    if you_kind is not None:
-        spots = sorted((y, x) for k, x, y in state.iter_objects() if k == you_kind)
-        ref = (spots[0][1], spots[0][0]) if spots else None
+    you_kind, ref = balrog_reference(state)
     entries: list[str] = []
     if ref is not None:
         for y in range(state.height):
@@ -172,10 +187,36 @@ def describe_balrog(state: GameState) -> str:
                     continue
                 controlled = [k for k in here if rules.props[k] & game.YOU]
                 top = controlled[0] if controlled else here[0]
-                if OBJECT_NAMES[top] == "baba" or top == you_kind and (x, y) == ref:
-                    continue  # BALROG lists no baba, nor the object it measures from
+                if OBJECT_NAMES[top] == "baba":
+                    continue  # BALROG lists no baba
+                if top == you_kind and (x, y) == ref:
+                    entries.append("")  # the object measured from: BALROG's line for it is empty
+                    continue
                 entries.append(f"{OBJECT_NAMES[top]} {_balrog_offset(x - ref[0], y - ref[1])}".rstrip())
     return "\n".join(lines) + "\n\nObjects on the map:\n" + "\n".join(entries)
+
+
+#: how BALROG's wrapper prints a fresh level's observation when it restarts one mid-episode: the
+#: ``repr`` of its observation dictionary (a ``defaultdict`` with a lambda default, the text and
+#: the rendered image, 32 pixels a cell); the two memory addresses differ from run to run there
+_RESTART_DICT = (
+    "defaultdict(<function BabaIsAIWrapper.textworld_process_obsv.<locals>.<lambda> at 0x7f0000000000>, "
+    "{{'text': {{'long_term_context': {text}, 'short_term_context': ''}}, "
+    "'image': <PIL.Image.Image image mode=RGB size={width}x{height} at 0x7F0000000000>}})"
+)
+
+
+def broken_you_text(broken: GameState, fresh: GameState) -> str:
+    """The observation BALROG's wrapper gives when nothing is left to measure from in ``broken``
+    and it starts the new level ``fresh``: a line saying so, run into the broken level's rules,
+    then, as the objects on the map, the fresh level's observation dictionary as Python prints it
+    (with fixed memory addresses)."""
+    fresh_dict = _RESTART_DICT.format(text=repr(describe_balrog(fresh)), width=32 * fresh.width,
+                                      height=32 * fresh.height)
+    return (
+        "[...] IS YOU rule was broken, environment reset"
+        f"Active rules:\n{_balrog_rules(broken)}\n\nObjects on the map:\n{fresh_dict}"
+    )
 
 
 class BabaIsAIEnv(TextEnv):
@@ -219,6 +260,8 @@ class BabaIsAIEnv(TextEnv):
         self._first_seed = seed
         self._seed_stream = random.Random(seed)
         self._resets = 0
+        #: levels BALROG's rule restarted in this episode (nothing left to measure from)
+        self.levels_restarted = 0
         self.seed: int | None = None
         self.level: Level | None = None
         self._state: GameState | None = None
@@ -237,19 +280,24 @@ class BabaIsAIEnv(TextEnv):
                 seed = self._seed_stream.getrandbits(63)
         self._resets += 1
         self.seed = seed
-        self.level = generate(
-            self.task,
-            random.Random(seed),
-            max_steps=self.max_steps,
-            ensure_solvable=self.ensure_solvable,
-            win_rule=self.win_rule,
-        )
-        self._state = self.level.state
-        self._anchor = self._state.you_positions()[0]
+        self._draw_level(random.Random(seed))
+        self.levels_restarted = 0
         self.steps_taken = 0
         self.done = False
         self.won = False
         return self.observation()
+
+    def _draw_level(self, rng: random.Random) -> None:
+        self.level = generate(
+            self.task,
+            rng,
+            max_steps=self.max_steps,
+            ensure_solvable=self.ensure_solvable,
+            win_rule=self.win_rule,
+            stack_words=self.protocol == "balrog",
+        )
+        self._state = self.level.state
+        self._anchor = self._state.you_positions()[0]
 
     def reset_to(self, state: GameState) -> str:
         """Start an episode from a given state (custom puzzles, tests); returns its observation."""
@@ -260,6 +308,7 @@ class BabaIsAIEnv(TextEnv):
         self.level = Level(self.task, state, win_object="", distractor=None, plan="")
         self._state = state
         self._anchor = you[0]
+        self.levels_restarted = 0
         self.steps_taken = 0
         self.done = False
         self.won = False
@@ -283,7 +332,15 @@ class BabaIsAIEnv(TextEnv):
         if you:
             self._anchor = you[0]
         self.steps_taken += 1
-        terminated = outcome.won or outcome.lost
+        lost, observation = outcome.lost, None
+        if self.protocol == "balrog" and not (outcome.won or outcome.lost) and balrog_reference(outcome.state)[1] is None:
+            # nothing to measure from (the original's step reports only DEFEAT as a loss): BALROG's
+            # wrapper starts a new level and the episode goes on
+            broken = outcome.state
+            self.levels_restarted += 1
+            self._draw_level(random.Random(f"{self.seed}/{self.levels_restarted}"))
+            observation = broken_you_text(broken, self.state)
+        terminated = outcome.won or lost
         truncated = not terminated and self.steps_taken >= self.max_steps
         if outcome.won:
             reward += 1.0
@@ -295,12 +352,14 @@ class BabaIsAIEnv(TextEnv):
             "rules": self._state.rules.texts(),
             "step": self.steps_taken,
             "won": outcome.won,
-            "lost": outcome.lost,
+            "lost": lost,
             "progression": goal_value(outcome.won),  # BALROG's: 1 on a win
         }
+        if self.levels_restarted:
+            info["levels_restarted"] = self.levels_restarted
         if self.done:
             info["success"] = outcome.won
-        return StepResult(self.observation(), reward, terminated, truncated, info)
+        return StepResult(observation or self.observation(), reward, terminated, truncated, info)
 
     # -- views -----------------------------------------------------------------------------
 

@@ -5,12 +5,19 @@ The world is a rectangle whose outermost ring is an impassable border. Inside it
 * **objects** (``baba``, ``wall``, ``key``, ``ball``, ``door``): what they do is decided only by
   the active rules (an object with no rule is inert and can be walked over);
 * **word blocks**: nouns (``BABA`` ... ``DOOR``), the verb ``IS`` and properties (``YOU``,
-  ``WIN``, ``STOP``, ``PUSH``, ``DEFEAT``). Word blocks are always pushable and never overlap.
+  ``WIN``, ``STOP``, ``PUSH``, ``DEFEAT``). Word blocks are always pushable and never move onto
+  each other; a level may start with two in one cell (the original's generator stacks a rule on
+  whatever lies there): only the upper one counts (rules, text) and a push moves it alone, the
+  one uncovered then stops whatever pushed (the pusher stays put).
 
 A rule is three word blocks in a row, left to right or top to bottom: ``NOUN IS PROPERTY``
 ("wall is stop": every wall blocks movement) or ``NOUN IS NOUN`` ("key is ball": every key turns
 into a ball). Rules are recomputed after every move, so pushing a word out of line breaks its
 rule at once and pushing one into line makes a new rule.
+
+``NOUN IS NOUN`` turns objects in place. :func:`step` under the ``"previous"`` rule (BALROG's)
+plays a move with the original game's own rules instead (:mod:`.original`): cells hold stacks, only
+the top thing acts, YOU objects move one at a time, and ``A IS B`` puts a new B over each A.
 
 Properties: YOU objects move with the player's action and push whatever PUSH things (every word
 block, PUSH objects) lie in front, as a chain; the move fails if the chain runs into the border
@@ -173,15 +180,18 @@ def parse_rules(word_cells: dict[int, int], width: int) -> RuleSet:
 class GameState:
     """One position of a level: grid size plus every word block and object (packed ints).
 
-    ``words`` keeps a fixed order (word blocks never appear, vanish or change); ``objects`` is
-    sorted, so two positions that differ only in which of two identical objects is where are
-    equal. Hashable and cheap to compare: the solver keys its visited set on ``key``.
+    ``words`` keeps a fixed order (word blocks never appear, vanish or change; of two in one cell
+    the later is on top); ``objects`` is sorted, so two positions that differ only in which of two
+    identical objects is where are equal. Hashable and cheap to compare: the solver keys its
+    visited set on ``key``.
     """
 
     width: int
     height: int
     words: tuple[int, ...]
     objects: tuple[int, ...]
+    #: objects under others or under a word block (the original's stacks: see :mod:`.original`)
+    buried: tuple[int, ...] = ()
 
     @classmethod
     def build(
@@ -191,17 +201,14 @@ class GameState:
         words: Iterable[tuple[int, int, int]],
         objects: Iterable[tuple[int, int, int]],
     ) -> "GameState":
-        """A state from ``(kind, x, y)`` triples; checks bounds and that no two words share a cell."""
+        """A state from ``(kind, x, y)`` triples; checks bounds. Words given for the same cell are
+        stacked, the later on top (see the module docstring)."""
         if width < 3 or height < 3 or width * height > _CELL:
             raise ValueError(f"bad grid size {width}x{height}")
         packed_words: list[int] = []
-        seen: set[tuple[int, int]] = set()
         for kind, x, y in words:
             if not is_word(kind) or not (0 < x < width - 1 and 0 < y < height - 1):
                 raise ValueError(f"bad word block {kind_name(kind)!r} at {(x, y)}")
-            if (x, y) in seen:
-                raise ValueError(f"two word blocks at {(x, y)}")
-            seen.add((x, y))
             packed_words.append(pack(kind, x, y, width))
         packed_objects: list[int] = []
         for kind, x, y in objects:
@@ -212,15 +219,27 @@ class GameState:
 
     @property
     def key(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The part of the state that changes during play (what the solver hashes)."""
+        """The part of the state that changes during play (what the solver hashes; objects under
+        others are left out: the solver plans with ``NOUN IS NOUN`` turning objects in place)."""
         return self.words, self.objects
+
+    def flattened(self) -> "GameState":
+        """The state with every object acting, none under another (how :class:`Engine` and the
+        solver see a state of the original's stacks)."""
+        if not self.buried:
+            return self
+        return GameState(self.width, self.height, self.words, tuple(sorted(self.objects + self.buried)))
+
+    def iter_buried(self) -> Iterable[tuple[int, int, int]]:
+        """``(kind, x, y)`` of every object under others, lowest first in each cell."""
+        return (unpack(c, self.width) for c in self.buried)
 
     def iter_words(self) -> Iterable[tuple[int, int, int]]:
         """``(kind, x, y)`` of every word block."""
         return (unpack(c, self.width) for c in self.words)
 
     def iter_objects(self) -> Iterable[tuple[int, int, int]]:
-        """``(kind, x, y)`` of every object."""
+        """``(kind, x, y)`` of every object (not those under others: :meth:`iter_buried`)."""
         return (unpack(c, self.width) for c in self.objects)
 
     @property
@@ -293,10 +312,11 @@ class Engine:
             self._rules[words] = rs
         return rs
 
-    def advance(self, words: tuple[int, ...], objects: tuple[int, ...], delta: int) -> tuple[
+    def advance(self, words: tuple[int, ...], objects: tuple[int, ...], delta: int, transforms: bool = True) -> tuple[
         tuple[int, ...], tuple[int, ...], bool, bool
     ]:
-        """Apply one move (grid offset ``delta``; 0 waits): ``(words, objects, won, lost)``."""
+        """Apply one move (grid offset ``delta``; 0 waits): ``(words, objects, won, lost)``.
+        ``transforms=False`` leaves ``NOUN IS NOUN`` alone."""
         rs = self.rules(words)
         props = rs.props
         if delta == 0:
@@ -309,7 +329,12 @@ class Engine:
         if not movers:
             return words, objects, False, True
         word_list = [[c >> _SHIFT, c & _CELL] for c in words]
-        word_at = {w[1]: w for w in word_list}
+        word_at = {w[1]: w for w in word_list}  # the upper word of a stack: the later one
+        covered: dict[int, list[list[int]]] = {}  # cell -> the words under its upper one, lowest first
+        if len(word_at) < len(word_list):
+            for w in word_list:
+                if word_at[w[1]] is not w:
+                    covered.setdefault(w[1], []).append(w)
         obj_at: dict[int, list[list[int]]] = {}
         for o in objs:
             obj_at.setdefault(o[1], []).append(o)
@@ -344,6 +369,32 @@ class Engine:
                 cell += delta
             if cell != -1:
                 continue  # blocked: this mover stays put
+            stacked = max((i for i, c in enumerate(chain) if c in covered), default=None)
+            if stacked is not None:
+                # the upper word of the stack nearest the free end and what lies ahead of it move;
+                # the word it uncovers stops everything behind it, the mover included (the original
+                # pushes one thing at a time, from the far end)
+                for c in reversed(chain[stacked + 1:]):
+                    dest = c + delta
+                    w = word_at.pop(c, None)
+                    if w is not None:
+                        w[1] = dest
+                        word_at[dest] = w
+                    here = obj_at.get(c)
+                    if here:
+                        for o in [o for o in here if props[o[0]] & PUSH]:
+                            here.remove(o)
+                            o[1] = dest
+                            obj_at.setdefault(dest, []).append(o)
+                c = chain[stacked]
+                w = word_at.pop(c)
+                w[1] = c + delta
+                word_at[c + delta] = w
+                word_at[c] = covered[c].pop()
+                if not covered[c]:
+                    del covered[c]
+                words_moved = True
+                continue
             for c in reversed(chain):
                 dest = c + delta
                 w = word_at.pop(c, None)
@@ -368,7 +419,7 @@ class Engine:
         if words_moved:
             rs = self.rules(new_words)
             props = rs.props
-            if rs.has_transforms:
+            if rs.has_transforms and transforms:
                 trans = rs.transforms
                 for o in objs:
                     if trans[o[0]] >= 0:
@@ -416,10 +467,17 @@ def step(state: GameState, action: str, win_rule: str = "current") -> StepOutcom
     if action not in ACTION_DELTAS:
         raise ValueError(f"unknown action {action!r}; expected one of {ACTIONS}")
     engine = engine_for(state.width, state.height, win_rule)
-    words, objects, won, lost = engine.advance(state.words, state.objects, engine.deltas[action])
-    if (words, objects) == state.key:
+    if win_rule == "previous":  # the original game's rules, stacks and all (BALROG's)
+        from .original import advance_original
+
+        words, objects, buried, won, lost = advance_original(
+            engine, state.words, state.objects, state.buried, engine.deltas[action])
+    else:
+        words, objects, won, lost = engine.advance(state.words, state.objects, engine.deltas[action])
+        buried = state.buried
+    if (words, objects, buried) == (state.words, state.objects, state.buried):
         return StepOutcome(state, won, lost)
-    new = GameState(state.width, state.height, words, objects)
+    new = GameState(state.width, state.height, words, objects, buried)
     return StepOutcome(new, won, lost)
 
 
@@ -435,15 +493,20 @@ def render_ascii(state: GameState) -> str:
     """Draw the grid, one 4-character field per cell.
 
     Border ``####``, empty `` .  ``, objects in lower case (``baba``, ``wall``, ``key``), word
-    blocks in upper case (``BABA``, ``IS``, ``WIN``). A cell holding several things shows the word
-    block, else the YOU object, else the first object, marked with ``+`` when others hide under it.
+    blocks in upper case (``BABA``, ``IS``, ``WIN``). A cell holding several things shows the (upper)
+    word block, else the YOU object, else the first object, marked with ``+`` when others hide under it.
     """
     w, h = state.width, state.height
     props = state.rules.props
     cells: dict[tuple[int, int], list[int]] = {}
     for k, x, y in state.iter_objects():
         cells.setdefault((x, y), []).append(k)
-    words = {(x, y): k for k, x, y in state.iter_words()}
+    stacked: set[tuple[int, int]] = {(x, y) for _, x, y in state.iter_buried()}
+    words: dict[tuple[int, int], int] = {}
+    for k, x, y in state.iter_words():  # the later word of a cell is the upper one
+        if (x, y) in words:
+            stacked.add((x, y))
+        words[(x, y)] = k
     rows = []
     for y in range(h):
         fields = []
@@ -453,10 +516,10 @@ def render_ascii(state: GameState) -> str:
                 continue
             here = cells.get((x, y), [])
             if (x, y) in words:
-                label, hidden = _WORD_LABELS[words[(x, y)]], bool(here)
+                label, hidden = _WORD_LABELS[words[(x, y)]], bool(here) or (x, y) in stacked
             elif here:
                 here.sort(key=lambda k: (not props[k] & YOU, k))
-                label, hidden = OBJECT_NAMES[here[0]], len(here) > 1
+                label, hidden = OBJECT_NAMES[here[0]], len(here) > 1 or (x, y) in stacked
             else:
                 label, hidden = " .", False
             if hidden:
@@ -472,7 +535,8 @@ def state_from_map(rows: Sequence[str]) -> GameState:
     Each row lists its cells separated by spaces: ``.`` empty, an object in lower case
     (``baba``, ``wall``, ``key``, ``ball``, ``door``), a word block in upper case (``BABA``,
     ``IS``, ``YOU``, ``WIN``, ``STOP``, ``PUSH``, ``DEFEAT``, ``KEY`` ...); ``+`` stacks several
-    things in one cell (``key+baba``). Used by tests and for writing custom puzzles.
+    things in one cell (``key+baba``; of two words, ``KEY+WIN``, the later is on top). Used by
+    tests and for writing custom puzzles.
     """
     grid = [row.split() for row in rows]
     if not grid or any(len(r) != len(grid[0]) for r in grid):

@@ -27,12 +27,20 @@ Task names follow the benchmark (Cloos et al., 2024), as ``family-modifier-...``
     noun is placed against the right room's border where it can never make a WIN rule.
 
 Every generated level is checked with the BFS solver (within the step budget) and redrawn from the
-same random stream if unsolvable, so each seed gives one fixed, solvable level.
+same random stream if unsolvable, so each seed gives one fixed, solvable level (unless
+``ensure_solvable=False``, BALROG's way: levels as drawn).
+
+The two ``*-distr_win_rule`` tasks add a second WIN rule, for a type absent from the level, at a
+fixed place in the right room; the original lays it over whatever word lies there (the
+distractor noun, or the WIN rule's noun when that rule starts broken). With ``stack_words=True``
+(BALROG's protocol) the covered word stays under it, as in the original (see :mod:`.game`);
+otherwise such a draw is redrawn.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from dataclasses import dataclass, field
 from typing import Callable
@@ -147,6 +155,8 @@ class _Layout:
     rng: random.Random
     words: dict[tuple[int, int], int] = field(default_factory=dict)
     objects: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: words another was laid over, with their cells (they lie under it)
+    covered: list[tuple[tuple[int, int], int]] = field(default_factory=list)
 
     def free(self, x: int, y: int) -> bool:
         return (x, y) not in self.words and (x, y) not in self.objects
@@ -158,13 +168,18 @@ class _Layout:
             raise RuntimeError(f"no free cell in {area}")
         return self.rng.choice(cells)
 
-    def put_rule(self, noun: str, predicate: int, x: int, y: int, overwrite: bool = False) -> list[tuple[int, int]]:
+    def put_rule(
+        self, noun: str, predicate: int, x: int, y: int, overwrite: bool = False, stack: bool = False
+    ) -> list[tuple[int, int]]:
         """Lay ``NOUN IS predicate`` left to right from ``(x, y)``; returns the three cells.
-        ``overwrite``: first remove whatever lies there."""
+        ``overwrite``: first remove whatever lies there; ``stack``: lay the words over the words
+        there (which stay under them)."""
         cells = [(x, y), (x + 1, y), (x + 2, y)]
         for cell, kind in zip(cells, (noun_word(noun), IS, predicate)):
             if overwrite:
                 self.objects.pop(cell, None)
+            if stack and cell in self.words:
+                self.covered.append((cell, self.words[cell]))
             self.words[cell] = kind
         return cells
 
@@ -183,10 +198,11 @@ class _Layout:
         return cell
 
     def state(self) -> GameState:
+        covered = [(k, x, y) for (x, y), k in self.covered]  # first: a later word lies on top
         return GameState.build(
             self.width,
             self.height,
-            ((k, x, y) for (x, y), k in sorted(self.words.items(), key=lambda i: i[0][::-1])),
+            [*covered, *((k, x, y) for (x, y), k in sorted(self.words.items(), key=lambda i: i[0][::-1]))],
             ((k, x, y) for (x, y), k in self.objects.items()),
         )
 
@@ -250,7 +266,7 @@ def _two_room_layout(rng: random.Random) -> _Layout:
     return lay
 
 
-def _two_room(task: str, cfg: TaskConfig, rng: random.Random) -> Level:
+def _two_room(task: str, cfg: TaskConfig, rng: random.Random, stack_words: bool = False) -> Level:
     areas = _TWO_ROOM_AREAS
     lay = _two_room_layout(rng)
     win_obj, other, absent = _three_names(rng)
@@ -273,12 +289,12 @@ def _two_room(task: str, cfg: TaskConfig, rng: random.Random) -> Level:
     if cfg.distractor_obj:
         lay.place_object(other, areas[cfg.win_area])
     if cfg.distractor_win_rule:
-        # the benchmark stacks this rule on whatever word lies there (revealed once pushed away);
-        # this engine holds one word per cell, so such a draw is redrawn instead
+        # the benchmark lays this rule over whatever word lies there (revealed once pushed away):
+        # stacked as it does, or the draw redrawn (see the module docstring)
         cells = [(_WIDTH - 4 + i, 4) for i in range(3)]
-        if any(c in lay.words for c in cells):
+        if not stack_words and any(c in lay.words for c in cells):
             raise _Redraw
-        lay.put_rule(absent, property_word("win"), _WIDTH - 4, 4, overwrite=True)
+        lay.put_rule(absent, property_word("win"), _WIDTH - 4, 4, overwrite=True, stack=stack_words)
     steps = []
     if win_x > _MID and not cfg.stop_broken:
         steps.append("break[wall is stop]")
@@ -340,14 +356,18 @@ def generate(
     ensure_solvable: bool = True,
     solver: Callable[[GameState, int], list[str] | None] | None = None,
     win_rule: str = "current",
+    stack_words: bool = False,
 ) -> Level:
     """Draw a level of ``task`` from ``rng``; with ``ensure_solvable``, redraw until the BFS
     solver finds a win within ``max_steps`` moves under ``win_rule`` (deterministic given the
-    rng's state)."""
+    rng's state). ``stack_words``: lay the extra WIN rule of the ``*-distr_win_rule`` tasks over
+    the words there, as the original does, instead of redrawing such a draw."""
     cfg = TASK_CONFIGS.get(task)
     if cfg is None:
         raise ValueError(f"unknown BabaIsAI task {task!r}; valid tasks: {', '.join(TASKS)}")
     layout = _BUILDERS[cfg.layout]
+    if cfg.layout == "two_room":
+        layout = functools.partial(_two_room, stack_words=stack_words)
 
     def build(task: str, cfg: TaskConfig, rng: random.Random) -> Level:
         for _ in range(1000):

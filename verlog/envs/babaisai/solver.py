@@ -42,8 +42,10 @@ def solve(
 
     Breadth-first over full states (word blocks and objects; rules follow from the words), with
     waiting left out since it never changes a state. ``win_rule``: when a win counts (see
-    :mod:`.game`). Results are cached per state.
+    :mod:`.game`). Results are cached per state. A state of the original's stacks is searched
+    with every object acting (:meth:`GameState.flattened`).
     """
+    state = state.flattened()
     if win_rule == "current" and state.is_won():
         return []
     where = (state.width, state.height, win_rule, state.key)
