@@ -241,3 +241,13 @@ def test_eval_records_the_wordings_source_in_the_summary(tmp_path: Path, layout:
     assert main([*common, "--balrog", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
     said = capsys.readouterr()
     assert "error: --balrog: BALROG folder" in said.out + said.err and "Traceback" not in said.out + said.err
+
+
+def test_play_shows_the_users_balrog_wording(layout: Path) -> None:
+    from verlog.envs.play import play
+
+    lines: list[str] = []
+    play("babyai:goto", seed=SEED, agent="bot", max_steps=3, print_fn=lines.append, protocol="balrog",
+         balrog_source=str(layout))
+    assert lines[0].endswith(_expected_instruction("babyai", {}))
+    assert lines[1].endswith(f"\n\n{RULE}")

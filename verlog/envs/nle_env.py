@@ -695,12 +695,11 @@ BALROG_MINIHACK_KWARGS: Mapping[str, Any] = {
 }
 #: BALROG's ``nle_kwargs`` (config.yaml), less the ones that only save files
 BALROG_NETHACK_KWARGS: Mapping[str, Any] = {"character": "@", "max_episode_steps": 100_000, "no_progress_timeout": 150}
-_NOT_ANSWER_CHARS = re.compile(r"[^a-zA-Z\s:]")
-
-
 def balrog_answer(answer: str) -> str:
     """An answer as BALROG checks it: stripped, then only letters, white space and colons kept."""
-    return _NOT_ANSWER_CHARS.sub("", answer.strip())
+    from verlog.envs.balrog_protocol import clean_answer
+
+    return clean_answer(answer)
 
 
 class BalrogNLETextEnv(TextEnv):

@@ -16,9 +16,10 @@ import re
 from typing import Any, Callable
 
 from verlog.envs import balrog_protocol
-from verlog.envs.agent_graph import build_prompt, shown_step
+from verlog.envs.agent_graph import balrog_wording, build_prompt, shown_step
+from verlog.envs.balrog_source import open_source
 from verlog.envs.base import TextAgent, TextEnv
-from verlog.envs.family import get_family
+from verlog.envs.family import get_family, split_env_name
 from verlog.envs.registry import make_env
 
 RULE = "-" * 72
@@ -35,12 +36,14 @@ def make_bot(env: TextEnv, name: str | None = None) -> TextAgent | None:
     return family.bot(env) if family.bot is not None else None
 
 
-def model_message(observation: str, feedback: str, protocol: str) -> str:
+def model_message(
+    observation: str, feedback: str, protocol: str, wording: balrog_protocol.Wording = balrog_protocol.VERLOG_WORDING
+) -> str:
     """The newest user message a game graph sends the model for ``observation`` (``feedback``:
     verlog's note after an invalid answer; BALROG's is inside the observation), exactly as the
-    graphs build it."""
+    graphs build it (under BALROG's protocol, in ``wording``)."""
     if protocol == "balrog":
-        return balrog_protocol.build_prompt("", [], observation)[-1].text
+        return balrog_protocol.build_prompt("", [], observation, answer_rule=wording.answer_rule)[-1].text
     return build_prompt("", [], observation, 0, feedback)[-1].text
 
 
@@ -52,16 +55,26 @@ def play(
     input_fn: Callable[[str], str] = input,
     print_fn: Callable[[str], Any] = print,
     protocol: str = "verlog",
+    balrog_source: str | None = None,
 ) -> dict[str, Any]:
     """Play one episode of ``name``; returns a summary (steps, return, success, last info).
 
     ``agent``: ``"human"`` reads answers with ``input_fn``; ``"bot"`` uses ``make_bot``;
     ``"random"`` answers with random valid actions. ``max_steps`` overrides the game's step cap;
-    ``protocol``: ``"verlog"`` or ``"balrog"`` (the game's settings and the model's framing).
+    ``protocol``: ``"verlog"`` or ``"balrog"`` (the game's settings and the model's framing);
+    ``balrog_source``: under BALROG's protocol, your BALROG checkout (default ``$VERLOG_BALROG``),
+    whose wording (and TextWorld games) are then shown, as the game graphs use them.
     """
     if agent not in PLAY_AGENTS:
         raise ValueError(f"agent must be one of {', '.join(PLAY_AGENTS)}, not {agent!r}")
-    env = make_env(name, seed=seed, max_steps=max_steps, protocol=protocol)
+    source = open_source(balrog_source) if protocol == "balrog" else None
+    wording = balrog_wording(name, source) if protocol == "balrog" else balrog_protocol.VERLOG_WORDING
+    extra: dict[str, Any] = {}
+    if source is not None:
+        family, task = split_env_name(name)
+        if family.balrog is not None and family.balrog.source_kwargs is not None:
+            extra = dict(family.balrog.source_kwargs(source, family.balrog.balrog_name(task)))
+    env = make_env(name, seed=seed, max_steps=max_steps, protocol=protocol, **extra)
     observation = env.reset()
     bot: TextAgent | None = None
     if agent == "bot":
@@ -81,10 +94,11 @@ def play(
         bot.reset()
 
     role = "first user message" if protocol == "balrog" else "system message"
-    print_fn(f"{RULE}\nINSTRUCTION ({role})\n{RULE}\n{env.instruction}")
+    print_fn(f"{RULE}\nINSTRUCTION ({role})\n{RULE}\n{wording.instruction_for(env)}")
     steps, total, info, stopped, feedback = 0, 0.0, {}, False, ""
     while True:
-        print_fn(f"{RULE}\nTURN {steps + 1}: what the model reads\n{RULE}\n{model_message(observation, feedback, protocol)}")
+        print_fn(f"{RULE}\nTURN {steps + 1}: what the model reads\n{RULE}\n"
+                 f"{model_message(observation, feedback, protocol, wording)}")
         if bot is not None:
             answer = bot.act(observation)
             print_fn(f"> {answer}")
@@ -102,7 +116,7 @@ def play(
         info = result.info
         valid = "" if info.get("valid_action", True) else " (invalid answer)"
         print_fn(f"executed: {info.get('action')}{valid}  reward: {result.reward:+.2f}")
-        observation, _, feedback = shown_step(result, protocol)
+        observation, _, feedback = shown_step(result, protocol, wording.invalid_note)
         if result.done:
             end = "terminated" if result.terminated else "truncated"
             print_fn(f"{RULE}\nFINAL OBSERVATION\n{RULE}\n{observation}")

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
+from verlog.envs.balrog_protocol import clean_answer
 from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
 from verlog.envs.progression import textworld_value
@@ -127,7 +128,6 @@ SYNONYMS: Mapping[str, str] = {
 _STATUS_BAR = re.compile(r"\n\s*>\s*[^\n]*$")
 _ROOM = re.compile(r"-=\s*(.+?)\s*=-")
 _QUOTES = "'\"\u2018\u2019\u201c\u201d"
-_NOT_COMMAND_CHARS = re.compile(r"[^a-zA-Z\s:]")
 
 
 def _unknown_family(family: str) -> ValueError:
@@ -203,7 +203,7 @@ def _after_objective(text: str, objective: str) -> str | None:
 def balrog_command(answer: str) -> str:
     """The command BALROG's naive agent types for an answer: the answer stripped, then only its
     letters, white space and colons kept ("take non-euclidean key!" -> "take noneuclidean key")."""
-    return _NOT_COMMAND_CHARS.sub("", answer.strip())
+    return clean_answer(answer)
 
 
 class TextWorldTextEnv(TextEnv):
