@@ -37,6 +37,7 @@ from verlog.rewards.judge_client import EndpointClient
 from verlog.rewards.judge_prompts import DEFAULT_RUBRIC, ranking_prompt, split_task
 from verlog.rewards.judge_verdicts import VerdictError, parse_ranking, parse_rubric
 from verlog.rollout import TurnRecorder
+from verlog.rollout.recorder import recording
 from verlog.serve import OpenAIServer
 
 
@@ -253,8 +254,9 @@ async def test_embedded_policy_judge_inside_a_graph_is_never_recorded(engine, ti
     graph = builder.compile()
 
     recorder = TurnRecorder("episode-0")
-    await graph.ainvoke({"messages": [HumanMessage("What is (3 + 4) * 12?")]},
-                        config={"callbacks": [recorder], "recursion_limit": 10})
+    with recording(recorder):  # as run_episode records: every run started in this context is seen
+        await graph.ainvoke({"messages": [HumanMessage("What is (3 + 4) * 12?")]},
+                            config={"callbacks": [recorder], "recursion_limit": 10})
     assert asked == ["policy"]
     assert judge.calls >= 1 and len(verdicts) == 1 and 0.0 <= verdicts[0].reward <= 1.0
     # only the answer is a training turn: the judge's call (constrained JSON) was never seen
@@ -420,7 +422,8 @@ def test_lenient_verdict_reading():
 
 def test_judge_config_errors(monkeypatch):
     monkeypatch.delenv("NO_SUCH_JUDGE_KEY", raising=False)
-    config = JudgeConfig(endpoint={"base_url": "http://127.0.0.1:1/v1", "model": "m", "api_key_env": "NO_SUCH_JUDGE_KEY"})
+    config = JudgeConfig(endpoint={"base_url": "http://127.0.0.1:1/v1", "model": "m",
+                                   "api_key_env": "NO_SUCH_JUDGE_KEY"})
     with pytest.raises(ConfigError, match=r"reward\.judges\[0\]\.endpoint\.api_key_env: the environment variable "
                                           r"NO_SUCH_JUDGE_KEY is not set"):
         build_judge(config, index=0)

@@ -12,7 +12,8 @@ the judge's answers are then read leniently; the same for a chat model that cann
 
 An embedded judge's call runs in a fresh ``contextvars`` context with no callbacks: whatever run
 it is awaited from (an episode's graph, a trainer with a ``TurnRecorder``), no callback of that
-run sees it, so it is never recorded as a training turn.
+run sees it, so it is never recorded as a training turn. It is also tagged ``NO_TRAIN_TAG``, the
+mark every part of verlog reads as "not a training call".
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, Callable, Protocol
 import aiohttp
 
 from verlog.backends.http import RetryableError, error_text, parse_retry_after, snippet
+from verlog.rollout.recorder import NO_TRAIN_TAG
 
 __all__ = ["Answer", "ChatModelClient", "EndpointClient", "JudgeCallError", "JudgeClient", "RetryableError"]
 
@@ -144,7 +146,7 @@ class ChatModelClient:
         if response_format is not None and self.send_schema:
             options["response_format"] = response_format
         runnable = self.model.bind(**options)
-        call = runnable.ainvoke(messages, config={"callbacks": [], "run_name": "verlog_judge"})
+        call = runnable.ainvoke(messages, config={"callbacks": [], "tags": [NO_TRAIN_TAG], "run_name": "verlog_judge"})
         # a fresh context: no parent run's callbacks (a TurnRecorder) can be inherited
         task = contextvars.Context().run(asyncio.ensure_future, call)
         try:
