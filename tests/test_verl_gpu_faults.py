@@ -12,7 +12,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from test_verl_pipeline import GRAPH, NUM_ENVS, TURNS, _by_slot, _expected_advantages, _rollout_world
+from test_verl_pipeline import (
+    GRAPH, NUM_ENVS, TURNS, _by_slot, _expected_advantages, _rollout_world, advantage_trainer,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFLINE_MODEL = "actor_rollout_ref.model.path=tiny"
@@ -123,11 +125,7 @@ def test_advantages_returns_and_scores_are_float32_from_a_bf16_critic(world, mod
     bf16 cannot hold stays exact)."""
     from omegaconf import open_dict
     from transfer_queue import KVBatchMeta
-    from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
-
-    from verlog.integrations.verl.dataset import VerlogRows
-    from verlog.integrations.verl.trainer import VerlogPPOTrainer, check_verl_config
 
     store = copy.deepcopy(world.store)
     config = copy.deepcopy(world.config)
@@ -150,11 +148,7 @@ def test_advantages_returns_and_scores_are_float32_from_a_bf16_critic(world, mod
             row.update(old_log_probs=old, ref_log_prob=ref)
             kl[key] = 0.001 * (old - ref)
     tags = [dict(store.tags["train"][k]) for k in keys]
-    trainer = object.__new__(VerlogPPOTrainer)
-    trainer.config, trainer.spec = config, check_verl_config(config)
-    trainer.slot_episodes = {}
-    trainer.train_dataset = VerlogRows(config.data.train_files)
-    trainer.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
+    trainer = advantage_trainer(config)
     with store.patch():
         batch = KVBatchMeta(keys=keys, tags=tags, partition_id="train")
         batch = upsample_batch_to_divisible_size(batch, 5, world.tokenizer.eos_token_id)

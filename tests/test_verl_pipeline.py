@@ -302,6 +302,21 @@ def _expected_advantages(world, keys, values, kl, gae):
     return whiten(adv, mask), ret, where
 
 
+def advantage_trainer(config):
+    """verlog's verl trainer with just what its advantage step reads (no workers, no Ray)."""
+    from verl.trainer.ppo import core_algos
+
+    from verlog.integrations.verl.dataset import VerlogRows
+    from verlog.integrations.verl.trainer import VerlogPPOTrainer, check_verl_config
+
+    trainer = object.__new__(VerlogPPOTrainer)
+    trainer.config, trainer.spec = config, check_verl_config(config)
+    trainer.slot_episodes = {}
+    trainer.train_dataset = VerlogRows(config.data.train_files)
+    trainer.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
+    return trainer
+
+
 @pytest.mark.parametrize("mode", ["plain", "kl_in_reward", "critic_pretraining"])
 def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, mode):
     """verl's batch as the trainer sees it (padding rows added, rows reordered) -> the advantages and
@@ -309,11 +324,7 @@ def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, mode):
     pre-training the policy is the reference (KL exactly 0) and no old logprobs exist yet."""
     from omegaconf import open_dict
     from transfer_queue import KVBatchMeta
-    from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
-
-    from verlog.integrations.verl.dataset import VerlogRows
-    from verlog.integrations.verl.trainer import VerlogPPOTrainer, check_verl_config
 
     store = copy.deepcopy(world.store)
     config = copy.deepcopy(world.config)
@@ -334,11 +345,7 @@ def test_advantage_step_on_verl_rows_equals_verlog_dual_gae(world, mode):
             row.update(old_log_probs=old, ref_log_prob=ref)
         kl[key] = 0.001 * (old - ref)
     tags = [dict(store.tags["train"][k]) for k in keys]
-    trainer = object.__new__(VerlogPPOTrainer)
-    trainer.config, trainer.spec = config, check_verl_config(config)
-    trainer.slot_episodes = {}
-    trainer.train_dataset = VerlogRows(config.data.train_files)
-    trainer.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
+    trainer = advantage_trainer(config)
     metrics: dict = {}
     with store.patch():
         batch = KVBatchMeta(keys=keys, tags=tags, partition_id="train")
