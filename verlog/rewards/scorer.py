@@ -122,9 +122,13 @@ class RewardScorer:
         return not self.functions and not self.judges
 
     def check_arguments(self, columns: Iterable[str] = ()) -> None:
-        """Refuse reward functions whose arguments nothing provides (before any episode)."""
+        """Refuse, before any episode, reward functions whose arguments nothing provides and judges
+        whose ``reference_column`` the rows lack (``ConfigError``)."""
+        columns = list(columns)
         for function in self.functions:
-            function.check_arguments(list(columns))
+            function.check_arguments(columns)
+        for judge in self.judges:
+            judge.check_columns(columns)
 
     async def score(self, trajectory: Trajectory) -> Outcome:
         """Every reward function and rubric judge on one finished episode, concurrently."""
