@@ -142,10 +142,11 @@ def embedded_trainer(cuda: bool, work: Path) -> Part:
 # ---------------------------------------------------------------------- 3. P6
 
 
-def engine_speed(cuda: bool, requests: int, max_tokens: int) -> Part:
+def engine_speed(device: str | None, requests: int, max_tokens: int) -> Part:
+    """P6 on ``device`` (``None``: no CUDA, skipped; ``"cpu"`` only to try the code path)."""
     header("3. P6: embedded engine (all requests at once) vs HF generate (one at a time)")
     part = Part("P6 engine vs HF generate")
-    if not cuda:
+    if device is None:
         part.status = NEEDS_CUDA
         part.note("P6 " + NEEDS_CUDA + ": a CPU has no launch overhead for batching to amortize")
         return part
@@ -154,19 +155,20 @@ def engine_speed(cuda: bool, requests: int, max_tokens: int) -> Part:
     from verlog.models import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer("smollm2")
-    model = load_causal_lm("smollm2", device="cuda")
+    model = load_causal_lm("smollm2", device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     prompts = [tokenizer.apply_chat_template(
         [{"role": "user", "content": f"Game {i}: you see a {['red', 'blue', 'green', 'grey'][i % 4]} key {i % 7} "
                                      "steps ahead. Think briefly, then answer with ACTION: <move>."}],
         add_generation_prompt=True, tokenize=True) for i in range(requests)]
-    prompts = [list(p["input_ids"]) if isinstance(p, dict) else list(p) for p in prompts]
+    prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]  # a BatchEncoding or ids
     sampling = SamplingParams(temperature=1.0, max_new_tokens=max_tokens)
 
     async def engine_run(batch):
         engine = EmbeddedEngine(model, tokenizer, max_batch_size=len(batch), autocast=torch.bfloat16)
         try:
             await asyncio.gather(*(engine.generate(p, sampling) for p in batch[:4]))  # warm-up
-            torch.cuda.synchronize()
+            sync()
             start = time.perf_counter()
             gens = await asyncio.gather(*(engine.generate(p, sampling) for p in batch))
             return time.perf_counter() - start, sum(len(g.token_ids) for g in gens)
@@ -178,15 +180,15 @@ def engine_speed(cuda: bool, requests: int, max_tokens: int) -> Part:
     part.note(f"engine: {requests} requests in {seconds:.2f} s = {engine_rate:.1f} turns/s ({tokens / seconds:,.0f} tokens/s)")
     hf_n = min(16, requests)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
-        model.generate(torch.tensor([prompts[0]], device="cuda"), do_sample=True, max_new_tokens=4, pad_token_id=pad)
-        torch.cuda.synchronize()
+    with torch.inference_mode(), torch.autocast(device, dtype=torch.bfloat16):
+        model.generate(torch.tensor([prompts[0]], device=device), do_sample=True, max_new_tokens=4, pad_token_id=pad)
+        sync()
         start, hf_tokens = time.perf_counter(), 0
         for p in prompts[:hf_n]:
-            out = model.generate(torch.tensor([p], device="cuda"), do_sample=True, temperature=1.0, top_p=1.0,
+            out = model.generate(torch.tensor([p], device=device), do_sample=True, temperature=1.0, top_p=1.0,
                                  top_k=0, max_new_tokens=max_tokens, pad_token_id=pad)
             hf_tokens += out.shape[1] - len(p)
-        torch.cuda.synchronize()
+        sync()
         hf_seconds = time.perf_counter() - start
     hf_rate = hf_n / hf_seconds
     part.note(f"HF generate, one at a time: {hf_n} requests in {hf_seconds:.2f} s = {hf_rate:.1f} turns/s "
@@ -238,6 +240,8 @@ def verl_run(cuda: bool, work: Path) -> Part:
         part.status = f"skipped ({', '.join(missing)} missing: see the pre-flight lines)"
         part.note(f"verl run {part.status}")
         return part
+    from verlog.integrations.verl.trainer import SLOTS_FILE
+
     logs = []
     for steps in (2, 3):  # the second command resumes from the checkpoint of step 2
         log = out_dir / f"metrics_to_step{steps}.jsonl"
@@ -258,9 +262,9 @@ def verl_run(cuda: bool, work: Path) -> Part:
         part.fail("the second command did not resume at step 3 from the step-2 checkpoint")
     saved = sorted((out_dir / "checkpoints").glob("global_step_*"))
     part.note(f"checkpoints: {[p.name for p in saved]}; verlog slot counters: "
-              f"{[p.name for p in saved if (p / 'verlog_slots.json').exists()]}")
-    if not any((p / "verlog_slots.json").exists() for p in saved):
-        part.fail("no checkpoint holds verlog_slots.json")
+              f"{[p.name for p in saved if (p / SLOTS_FILE).exists()]}")
+    if not any((p / SLOTS_FILE).exists() for p in saved):
+        part.fail(f"no checkpoint holds {SLOTS_FILE}")
     for rows in logs:
         for row in rows:
             data = row["data"]
@@ -293,7 +297,8 @@ def main() -> int:
         print(f"CUDA: {torch.cuda.get_device_name(0)} ({torch.cuda.device_count()} device(s)), torch {torch.__version__}")
     else:
         print(f"no CUDA device: dry run (torch {torch.__version__}); parts that need CUDA are skipped, saying so")
-    parts = [gpu_tests(cuda), embedded_trainer(cuda, work), engine_speed(cuda, args.requests, args.max_tokens)]
+    parts = [gpu_tests(cuda), embedded_trainer(cuda, work),
+             engine_speed("cuda" if cuda else None, args.requests, args.max_tokens)]
     if not args.skip_verl:
         parts.append(verl_run(cuda, work))
     header(f"summary ({time.perf_counter() - started:.0f} s; work dir {work})")
