@@ -343,13 +343,14 @@ class EmbeddedEngine(Engine):
                 for req in backlog + (running.requests if running else []):
                     req.fail(EngineError("the embedded engine was closed"))
                 return
-            backlog += [r for r in arrived if not r.future.done()]  # cancelled while queued: dropped
+            backlog += arrived
             busy = len(running.requests) if running else 0
             room = self.max_batch_size - busy
             # Each admission costs a prefill pass and a cache merge: let a few stragglers gather
             # (they arrive in bursts as episodes step their games) unless the batch runs thin.
             due = waited >= self.admit_wait_steps or 4 * len(backlog) >= busy or len(backlog) >= room
             admit, backlog = (backlog[:room], backlog[room:]) if due else ([], backlog)
+            admit = [r for r in admit if not r.future.done()]  # cancelled while waiting: dropped
             waited = 0 if admit or not backlog else waited + 1
             started = time.perf_counter()
             try:
