@@ -7,10 +7,11 @@ SmolLM2-135M one step changed 0.39 % of the weights, against 100 % in float32). 
 recipe, used here, keeps the weights and the optimizer's moments in float32 and runs the forward
 passes under autocast: matrix products in bfloat16, softmaxes, norms and losses in float32.
 
-float16 has bfloat16's precision problem solved (10 bits of mantissa) but a narrow exponent range:
+float16 keeps more mantissa (10 bits) but has a narrow exponent range:
 small gradients underflow to zero. Its backward passes run on a scaled loss (``GradScaler``), the
 gradients are unscaled before clipping, and a step whose gradients overflowed is skipped while
-the scale comes down.
+the scale comes down. The scale is not checkpointed: a resumed run starts again from
+``GradScaler``'s initial scale and finds its level within a few skipped steps.
 
 Config: ``model.dtype`` is the weights' dtype (training refuses anything but float32),
 ``model.autocast`` the compute dtype (``none``, ``bfloat16``, ``float16``).
