@@ -32,7 +32,7 @@ import asyncio
 import operator
 import random
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Awaitable, Callable
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import HumanMessage
@@ -119,22 +119,34 @@ def build_graph(model, styles: Any = STYLES, max_delay: float = 0.0, late_s: flo
         return random.Random(f"{seed}/{t}/{i}").random() * max_delay
 
     def text(answer: Any) -> str:
-        return answer.answer if isinstance(answer, Choice) else str(answer.content)
+        return answer if isinstance(answer, str) else answer.answer if isinstance(answer, Choice) else str(answer.content)
 
     # ------------------------------------------------------------------ one node per style
-    async def ainvoke(s: State) -> dict:
-        out = []
-        for i in range(calls_at(s["seed"], s["t"])):
-            await asyncio.sleep(pause(s["seed"], s["t"], i))
-            out.append(text(await policy.ainvoke(prompt(s["seed"], s["t"], i))))
-        return {"answers": out}
+    def one_by_one(call: Callable[[list], Awaitable[Any]]) -> Callable[[State], Awaitable[dict]]:
+        """An ``async def`` node making the step's calls one after another with ``call``."""
+        async def node(s: State) -> dict:
+            out = []
+            for i in range(calls_at(s["seed"], s["t"])):
+                await asyncio.sleep(pause(s["seed"], s["t"], i))
+                out.append(text(await call(prompt(s["seed"], s["t"], i))))
+            return {"answers": out}
+        return node
 
-    def invoke(s: State) -> dict:
-        out = []
-        for i in range(calls_at(s["seed"], s["t"])):
-            time.sleep(pause(s["seed"], s["t"], i))
-            out.append(text(policy.invoke(prompt(s["seed"], s["t"], i))))
-        return {"answers": out}
+    def one_by_one_sync(call: Callable[[list], Any]) -> Callable[[State], dict]:
+        """The same as a ``def`` node."""
+        def node(s: State) -> dict:
+            out = []
+            for i in range(calls_at(s["seed"], s["t"])):
+                time.sleep(pause(s["seed"], s["t"], i))
+                out.append(text(call(prompt(s["seed"], s["t"], i))))
+            return {"answers": out}
+        return node
+
+    async def astreamed(messages: list) -> str:
+        return "".join([str(c.content) async for c in policy.astream(messages)])
+
+    def streamed(messages: list) -> str:
+        return "".join(str(c.content) for c in policy.stream(messages))
 
     async def gather(s: State) -> dict:
         async def one(i: int) -> str:
@@ -161,20 +173,6 @@ def build_graph(model, styles: Any = STYLES, max_delay: float = 0.0, late_s: flo
         answers = policy.batch([prompt(s["seed"], s["t"], i) for i in range(calls_at(s["seed"], s["t"]))])
         return {"answers": [text(a) for a in answers]}
 
-    async def astream(s: State) -> dict:
-        out = []
-        for i in range(calls_at(s["seed"], s["t"])):
-            await asyncio.sleep(pause(s["seed"], s["t"], i))
-            out.append("".join([str(c.content) async for c in policy.astream(prompt(s["seed"], s["t"], i))]))
-        return {"answers": out}
-
-    def stream(s: State) -> dict:
-        out = []
-        for i in range(calls_at(s["seed"], s["t"])):
-            time.sleep(pause(s["seed"], s["t"], i))
-            out.append("".join(str(c.content) for c in policy.stream(prompt(s["seed"], s["t"], i))))
-        return {"answers": out}
-
     async def early(s: State) -> dict:
         return {"answers": [text(await policy.ainvoke(prompt(s["seed"], s["t"], 0)))]}
 
@@ -189,34 +187,6 @@ def build_graph(model, styles: Any = STYLES, max_delay: float = 0.0, late_s: flo
         time.sleep(late_s)
         return {"answers": [text(policy.invoke(prompt(s["seed"], s["t"], 1)))]}
 
-    async def own_callbacks(s: State) -> dict:
-        out = []
-        for i in range(calls_at(s["seed"], s["t"])):
-            await asyncio.sleep(pause(s["seed"], s["t"], i))
-            out.append(text(await policy.ainvoke(prompt(s["seed"], s["t"], i), config={"callbacks": [handler]})))
-        return {"answers": out}
-
-    def own_callbacks_sync(s: State) -> dict:
-        out = []
-        for i in range(calls_at(s["seed"], s["t"])):
-            time.sleep(pause(s["seed"], s["t"], i))
-            out.append(text(policy.invoke(prompt(s["seed"], s["t"], i), config={"callbacks": [handler]})))
-        return {"answers": out}
-
-    async def astructured(s: State) -> dict:
-        out = []
-        for i in range(calls_at(s["seed"], s["t"])):
-            await asyncio.sleep(pause(s["seed"], s["t"], i))
-            out.append(text(await structured.ainvoke(prompt(s["seed"], s["t"], i))))
-        return {"answers": out}
-
-    def structured_sync(s: State) -> dict:
-        out = []
-        for i in range(calls_at(s["seed"], s["t"])):
-            time.sleep(pause(s["seed"], s["t"], i))
-            out.append(text(structured.invoke(prompt(s["seed"], s["t"], i))))
-        return {"answers": out}
-
     async def invoke_in_async(s: State) -> dict:
         return {"answers": [text(policy.invoke(prompt(s["seed"], s["t"], 0)))]}
 
@@ -224,10 +194,13 @@ def build_graph(model, styles: Any = STYLES, max_delay: float = 0.0, late_s: flo
         return {"answers": [text(a) for a in policy.batch([prompt(s["seed"], s["t"], 0)])]}
 
     nodes = {
-        "ainvoke": ainvoke, "invoke": invoke, "gather": gather, "call": call, "call_sync": call_sync,
-        "abatch": abatch, "batch": batch, "astream": astream, "stream": stream, "early": early, "late": late,
-        "early_sync": early_sync, "late_sync": late_sync, "own_callbacks": own_callbacks,
-        "own_callbacks_sync": own_callbacks_sync, "astructured": astructured, "structured": structured_sync,
+        "ainvoke": one_by_one(policy.ainvoke), "invoke": one_by_one_sync(policy.invoke),
+        "astream": one_by_one(astreamed), "stream": one_by_one_sync(streamed),
+        "own_callbacks": one_by_one(lambda m: policy.ainvoke(m, config={"callbacks": [handler]})),
+        "own_callbacks_sync": one_by_one_sync(lambda m: policy.invoke(m, config={"callbacks": [handler]})),
+        "astructured": one_by_one(structured.ainvoke), "structured": one_by_one_sync(structured.invoke),
+        "gather": gather, "call": call, "call_sync": call_sync, "abatch": abatch, "batch": batch,
+        "early": early, "late": late, "early_sync": early_sync, "late_sync": late_sync,
         "invoke_in_async": invoke_in_async, "batch_in_async": batch_in_async,
     }
 

@@ -61,7 +61,8 @@ from verlog.llm.tool_calls import parse_tool_calls, tool_schemas
 #: sends it as the engine request id so one episode's calls share a replica's prefix cache
 EPISODE_ID_KEY = "verlog_episode_id"
 
-#: the call option under which ``stream``/``astream`` tell ``_stream``/``_astream`` their run id
+#: the call option that tells ``_stream``/``_astream`` (which LangChain calls without their run
+#: manager) the run id of their call; taken out before the options reach the engine or a cache key
 _RUN_ID_OPTION = "verlog_run_id"
 
 _ENGINE_CALL_RUN: ContextVar[UUID | None] = ContextVar("verlog_engine_call_run", default=None)

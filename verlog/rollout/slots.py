@@ -499,31 +499,35 @@ class SlotRunner:
                 "LangChain cache, no model built on another engine); keep other calls out of training with "
                 "model.with_config(tags=[NO_TRAIN_TAG])"
             ))
-        elif turn is None and call in slot.batch_calls:  # no turn came of it: its place is free again
-            slot.batch_calls.remove(call)
-            self._reopen(slot)
+        elif turn is None:  # no turn came of it: an admitted call gives its place back
+            self._remove_batch_calls(slot, lambda c: c is call)
         self._notify()
 
-    def _drop(self, segment: _Segment) -> None:
-        """Forget a failed episode's calls (its turns in this batch are dropped: the slot refills
-        them) and stop those still waiting at the gate or on the engine (sync nodes' threads)."""
+    def _forget_calls(self, segment: _Segment) -> None:
+        """An episode's graph has returned: forget its calls still running (none of a finished
+        graph's are, but a timed-out episode's sync nodes may still wait in their threads) and
+        cancel what they wait on; one admitted into this batch gives its place back."""
         slot = self._slots[segment.slot]
-        for run_id, call in list(self._calls.items()):
-            if call.segment is segment:
-                del self._calls[run_id]
-        slot.running = {c for c in slot.running if c.segment is not segment}
-        slot.held = [c for c in slot.held if c.segment is not segment]
-        kept = [c for c in slot.batch_calls if c.segment is not segment]
+        left = [c for c in slot.running if c.segment is segment]
+        for call in left:
+            if call.task is not None and not call.task.done():
+                call.task.cancel()
+        if left:
+            self._calls = {run_id: c for run_id, c in self._calls.items() if c.segment is not segment}
+            slot.running.difference_update(left)
+            slot.held = [c for c in slot.held if c.segment is not segment]
+            self._remove_batch_calls(slot, lambda c: c in left)
+
+    def _drop(self, segment: _Segment) -> None:
+        """A failed episode's turns in this batch are dropped: the slot refills their places."""
+        self._remove_batch_calls(self._slots[segment.slot], lambda c: c.segment is segment)
+
+    def _remove_batch_calls(self, slot: _Slot, which: Callable[[_Call], bool]) -> None:
+        """Take calls out of the batch being collected: their places are free for held calls."""
+        kept = [c for c in slot.batch_calls if not which(c)]
         if len(kept) < len(slot.batch_calls):
             slot.batch_calls = kept
             self._reopen(slot)
-
-    def _cancel_waiting(self, segment: _Segment) -> None:
-        """Stop the calls an ended episode's sync nodes still wait on (a timed-out episode's
-        threads stay parked otherwise)."""
-        for call in [c for c in self._slots[segment.slot].running if c.segment is segment]:
-            if call.task is not None and not call.task.done():
-                call.task.cancel()
 
     # ------------------------------------------------------------------ the slots
     def _next_seed(self, slot: _Slot) -> int:
@@ -565,7 +569,7 @@ class SlotRunner:
                     self._stop(SlotFailureError(str(exc)))
                     return
                 finally:
-                    self._cancel_waiting(segment)
+                    self._forget_calls(segment)
                 if self.on_episode_end is not None and not episode.failed and episode.turns:
                     try:
                         await self.on_episode_end(episode, seed)
