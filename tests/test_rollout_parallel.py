@@ -15,17 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import operator
 import random
 import re
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import Annotated
 
 import pytest
+from langchain_core.messages import HumanMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Send
+from typing_extensions import TypedDict
 
 from verlog.graph_file import load_graph_file
 from verlog.llm import VerlogChatModel
-from verlog.rollout import SlotFailureError, run_episode, run_episodes
+from verlog.rollout import SlotFailureError, areport_reward, run_episode, run_episodes
 from verlog.rollout.slots import SlotBatch, SlotRunner
 from verlog.testing import ScriptedEngine
 
@@ -34,6 +40,13 @@ GRAPH = load_graph_file(ROOT / "tests" / "graphs" / "any_call.py")
 ANY_CALL = GRAPH.module
 EVAL_SEED = 10**6
 TAG = re.compile(r"\ba(\d+)\b")
+
+
+class Branches(TypedDict):
+    """The state of the small graphs written in the tests below."""
+
+    seed: int
+    done: Annotated[list[int], operator.add]
 
 
 class Witness:
@@ -211,17 +224,11 @@ async def test_a_training_call_that_bypasses_the_gate_stops_the_run(tiny_tokeniz
 
 
 async def test_a_graph_that_never_calls_the_model_is_an_error_episode(tiny_tokenizer):
-    from langgraph.graph import END, START, StateGraph
-    from typing_extensions import TypedDict
-
-    class S(TypedDict):
-        x: int
-
-    g = StateGraph(S)
-    g.add_node("noop", lambda s: {"x": 1})
+    g = StateGraph(Branches)
+    g.add_node("noop", lambda s: {"done": [1]})
     g.add_edge(START, "noop")
     g.add_edge("noop", END)
-    episode = await run_episode(g.compile(), {"x": 0})
+    episode = await run_episode(g.compile(), {"seed": 0, "done": []})
     assert episode.status == "error" and "without calling the model" in episode.error
 
 
@@ -237,3 +244,34 @@ async def test_each_run_of_an_episode_gets_a_thread_of_its_own(tiny_tokenizer):
     assert again.output["answers"] == first.output["answers"] and again.output["t"] == ANY_CALL.episode_length(5)
     threads = {t.config["configurable"]["thread_id"] for t in ANY_CALL.SAVER.list(None)}
     assert len({t for t in threads if t.startswith("eval/5#")}) == 2
+
+
+async def test_a_reward_reported_after_its_turn_was_cut_is_counted_and_warned(tiny_tokenizer):
+    """Two ``Send`` branches each call the model and report their own reward 0.1 s later: with a
+    quota of one call the first is admitted and the second held, the batch is cut at once, and
+    the first branch's reward arrives for a turn already trained: counted, with a warning."""
+    def build(gated):
+        model = VerlogChatModel(engine=gated, tokenizer=tiny_tokenizer)
+
+        async def branch(s: dict) -> dict:
+            await model.ainvoke([HumanMessage(f"branch {s['i']}")])
+            await asyncio.sleep(0.1)
+            await areport_reward(1.0)
+            return {"done": [s["i"]]}
+
+        g = StateGraph(Branches)
+        g.add_node("branch", branch)
+        g.add_conditional_edges(START, lambda s: [Send("branch", {"i": i}) for i in range(2)], ["branch"])
+        g.add_edge("branch", END)
+        return g.compile()
+
+    runner = SlotRunner(ScriptedEngine(tiny_tokenizer, ["go"]), build, lambda seed: {"seed": seed, "done": []},
+                        num_envs=1, turns_per_env=1)
+    try:
+        with pytest.warns(RuntimeWarning, match="already given to a batch"):
+            await asyncio.wait_for(runner.collect(), 10)
+            await asyncio.sleep(0.3)  # the "update": the first branch reports its reward meanwhile
+            await asyncio.wait_for(runner.collect(), 10)
+    finally:
+        await runner.aclose()
+    assert runner.counters["late_rewards"] == 1

@@ -116,15 +116,21 @@ class TurnRecorder(BaseCallbackHandler):
             self._pending.pop(run_id, None)
 
     def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._reward(name, data)
+
+    # ------------------------------------------------------------------ the steps of a call
+    def _reward(self, name: str, data: Any) -> Turn | None:
+        """Add a reward event to the latest finished turn; returns that turn (``None`` for another
+        event, or a reward before the first turn)."""
         if name != REWARD_EVENT:
-            return
+            return None
         if not isinstance(data, dict) or not isinstance(data.get("reward"), (int, float)):
             raise ValueError(f"{REWARD_EVENT} event needs a dict with a numeric 'reward', got {data!r}")
         with self._lock:
             turn = self._last_finished
             if turn is None:
                 self.unassigned_reward += float(data["reward"])
-                return
+                return None
             turn.reward += float(data["reward"])
             turn.terminated = turn.terminated or bool(data.get("terminated", False))
             turn.truncated = turn.truncated or bool(data.get("truncated", False))
@@ -133,6 +139,7 @@ class TurnRecorder(BaseCallbackHandler):
             next_messages = data.get("next_messages")
             if turn.truncated and next_messages and self.render_prompt is not None:
                 turn.next_prompt_ids = list(self.render_prompt(next_messages, self._tools.get(id(turn))))
+            return turn
 
     # ------------------------------------------------------------------ the steps of a call
     def _start(

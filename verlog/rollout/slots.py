@@ -125,6 +125,8 @@ class _SlotRecorder(TurnRecorder):
     def __init__(self, episode_id: str, runner: "SlotRunner", **kwargs: Any):
         super().__init__(episode_id, **kwargs)
         self._runner = runner
+        #: ids of this episode's turns already cut into a batch
+        self.cut_turns: set[int] = set()
 
     def on_chat_model_start(
         self, serialized: dict[str, Any], messages: list[list[Any]], *, run_id: UUID,
@@ -142,6 +144,12 @@ class _SlotRecorder(TurnRecorder):
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         super().on_llm_error(error, run_id=run_id, **kwargs)
         self._runner._on_loop(self._runner._call_ended, run_id, None)
+
+    def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        turn = self._reward(name, data)
+        if turn is not None and id(turn) in self.cut_turns and (data["reward"] or data.get("terminated")
+                                                                  or data.get("truncated")):
+            self._runner._on_loop(self._runner._late_reward, self.episode_id)
 
 
 @dataclass
@@ -414,6 +422,7 @@ class SlotRunner:
             starts.append(calls[0].segment.given == 0)
             for call in calls:
                 call.segment.given += 1
+                call.segment.recorder.cut_turns.add(id(call.turn))
             turns.append([c.turn for c in calls])
             seeds.append([c.segment.seed for c in calls])
             bootstrap.append(list(min(slot.held, key=when).prompt_ids or []))
@@ -502,6 +511,18 @@ class SlotRunner:
         elif turn is None:  # no turn came of it: an admitted call gives its place back
             self._remove_batch_calls(slot, lambda c: c is call)
         self._notify()
+
+    def _late_reward(self, episode_id: str) -> None:
+        """A reward (or an episode's end) was reported for a turn already cut into a batch: the
+        environment answered after the boundary (another branch of the episode was held there),
+        so the batch trained the turn without it."""
+        self.counters["late_rewards"] = self.counters.get("late_rewards", 0) + 1
+        if self.counters["late_rewards"] == 1:
+            warnings.warn(
+                f"episode {episode_id} reported a reward for a turn already given to a batch (a branch of the graph "
+                "answered after the batch boundary while another waited at it): that batch trained the turn without "
+                "it; report a branch's reward before the episode's next model call", RuntimeWarning, stacklevel=2,
+            )
 
     def _forget_calls(self, segment: _Segment) -> None:
         """An episode's graph has returned: forget its calls still running (none of a finished
