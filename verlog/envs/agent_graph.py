@@ -140,6 +140,17 @@ def balrog_wording(env_name: str, source: BalrogSource | None) -> balrog_protoco
                                    instruction=instruction, source=str(source.root))
 
 
+def balrog_env_kwargs(env_name: str, source: BalrogSource | None) -> dict[str, Any]:
+    """Constructor settings the user's BALROG gives ``env_name``'s game (TextWorld: its game files);
+    none without a source."""
+    if source is None:
+        return {}
+    family, task = split_env_name(env_name)
+    if family.balrog is None or family.balrog.source_kwargs is None:
+        return {}
+    return dict(family.balrog.source_kwargs(source, family.balrog.balrog_name(task)))
+
+
 def build_env_graph(
     model: Any,
     env_name: str,
@@ -175,10 +186,7 @@ def build_env_graph(
         raise ValueError("balrog_source applies to protocol='balrog' only (BALROG's wording and games)")
     source = open_source(balrog_source) if balrog else None
     wording = balrog_wording(env_name, source)
-    if source is not None:
-        family, task = split_env_name(env_name)
-        if family.balrog is not None and family.balrog.source_kwargs is not None:
-            env_kwargs = {**family.balrog.source_kwargs(source, family.balrog.balrog_name(task)), **(env_kwargs or {})}
+    env_kwargs = {**balrog_env_kwargs(env_name, source), **(env_kwargs or {})}
     policy_model = model.bind(max_tokens=max_tokens) if max_tokens else model
     games = GameTable()
 

@@ -16,10 +16,10 @@ import re
 from typing import Any, Callable
 
 from verlog.envs import balrog_protocol
-from verlog.envs.agent_graph import balrog_wording, build_prompt, shown_step
+from verlog.envs.agent_graph import balrog_env_kwargs, balrog_wording, build_prompt, shown_step
 from verlog.envs.balrog_source import open_source
 from verlog.envs.base import TextAgent, TextEnv
-from verlog.envs.family import get_family, split_env_name
+from verlog.envs.family import get_family
 from verlog.envs.registry import make_env
 
 RULE = "-" * 72
@@ -69,12 +69,7 @@ def play(
         raise ValueError(f"agent must be one of {', '.join(PLAY_AGENTS)}, not {agent!r}")
     source = open_source(balrog_source) if protocol == "balrog" else None
     wording = balrog_wording(name, source) if protocol == "balrog" else balrog_protocol.VERLOG_WORDING
-    extra: dict[str, Any] = {}
-    if source is not None:
-        family, task = split_env_name(name)
-        if family.balrog is not None and family.balrog.source_kwargs is not None:
-            extra = dict(family.balrog.source_kwargs(source, family.balrog.balrog_name(task)))
-    env = make_env(name, seed=seed, max_steps=max_steps, protocol=protocol, **extra)
+    env = make_env(name, seed=seed, max_steps=max_steps, protocol=protocol, **balrog_env_kwargs(name, source))
     observation = env.reset()
     bot: TextAgent | None = None
     if agent == "bot":
