@@ -127,7 +127,7 @@ class BalrogSource:
         self._note: Callable[[str], str] | None = None
         self._games: dict[str, list[Path]] | None = None
         self._provenance: dict[str, Any] | None = None
-        for relative in self.text_files():
+        for relative in self.required_files():
             if not (self.root / relative).is_file():
                 raise BalrogSourceError(f"{self.root} is not a complete BALROG: {relative} is missing")
 
@@ -137,10 +137,24 @@ class BalrogSource:
     # -- files ------------------------------------------------------------------------------
 
     @staticmethod
-    def text_files() -> list[Path]:
-        """The files the texts come from, relative to the root."""
+    def required_files() -> list[Path]:
+        """The files every BALROG has and verlog reads, relative to the root."""
         packages = [Path("balrog/environments") / p / "__init__.py" for p in PROMPT_PACKAGES]
         return [NAIVE_AGENT, EVALUATOR, *packages]
+
+    def text_files(self) -> list[Path]:
+        """Every file the texts come from, relative to the root: :meth:`required_files`, the
+        sibling modules the environment packages import from (Crafter's ``env.py``) and BALROG's
+        config (where the TextWorld games are)."""
+        files = self.required_files() + ([CONFIG] if (self.root / CONFIG).is_file() else [])
+        for package in PROMPT_PACKAGES:
+            folder = Path("balrog/environments") / package
+            for node in _parse(self.root / folder / "__init__.py").body:
+                if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                    sibling = folder / f"{node.module.replace('.', '/')}.py"
+                    if (self.root / sibling).is_file() and sibling not in files:
+                        files.append(sibling)
+        return files
 
     @property
     def games_folder(self) -> Path:
