@@ -4,7 +4,8 @@
 object and word block relative to itself; it answers with reasoning and
 ``ACTION: <idle|up|down|left|right>``. Reward 1 for reaching a WIN object (cap 100 steps); an
 answer without a valid action costs 0.1. ``protocol: balrog``: BALROG's text, prompt (16 past
-observations), answer rule and win check (see docs/environments_balrog.md).
+observations), answer rule and the original game's rules (stacks, win check, a new level when
+nothing is YOU; see docs/environments_balrog.md).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ def make_input(seed: int) -> dict[str, Any]:
 
 def build_graph(model, task: str = "goto_win-distr_obj", protocol: str = "verlog", **settings: Any):
     """The BabaIsAI agent for ``task`` (one of BabaIsAI's 40 tasks); ``settings``: ``history_turns``,
-    ``max_tokens``, ``max_steps``, ``invalid_action_penalty``, ``show_border``, ``ensure_solvable``."""
+    ``max_tokens``, ``max_steps``, ``invalid_action_penalty``, ``show_border``, ``ensure_solvable``,
+    ``balrog_source`` (your BALROG checkout, whose wording ``protocol="balrog"`` then uses; default
+    ``$VERLOG_BALROG``)."""
     tasks = get_family("babaisai").tasks
     if task not in tasks:
         raise ValueError(f"unknown BabaIsAI task {task!r}; valid: {', '.join(tasks)}")

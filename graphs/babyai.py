@@ -25,7 +25,9 @@ def make_input(seed: int) -> dict[str, Any]:
 def build_graph(model, task: str = "goto", protocol: str = "verlog", **settings: Any):
     """The BabyAI agent for ``task`` (see ``TASKS``); ``settings``: ``history_turns``,
     ``max_tokens``, ``max_steps``, ``invalid_action_penalty``, ``layout``, ``default_action``,
-    ``instruction`` (a text instead of the game's instruction, ``{mission}`` the level's mission)."""
+    ``instruction`` (a text instead of the game's instruction, ``{mission}`` the level's mission),
+    ``balrog_source`` (your BALROG checkout, whose wording ``protocol="balrog"`` then uses; default
+    ``$VERLOG_BALROG``)."""
     if task not in TASKS:
         raise ValueError(f"unknown BabyAI task {task!r}; valid: {', '.join(TASKS)}")
     return build_game_graph(model, f"babyai:{task}", protocol=protocol, **settings)
