@@ -3,16 +3,8 @@ production service would build it: no verlog import, no reward, no make_input.""
 
 from langchain.agents import create_agent
 
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: the first integer.
-        b: the second integer.
-    """
-    return a + b
+from tools.calculator import calculate
 
 
 def build_graph(model):
-    return create_agent(model, tools=[add], system_prompt="Answer with a number. Use the add tool for sums.")
+    return create_agent(model, tools=[calculate], system_prompt="Answer with a number. Use the calculate tool.")

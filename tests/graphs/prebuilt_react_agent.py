@@ -3,16 +3,8 @@ import, no reward, no make_input. Trained from a dataset with a reward function 
 
 from langgraph.prebuilt import create_react_agent
 
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: the first integer.
-        b: the second integer.
-    """
-    return a + b
+from tools.calculator import calculate
 
 
 def build_graph(model):
-    return create_react_agent(model, [add], prompt="Answer with a number. Use the add tool for sums.")
+    return create_react_agent(model, [calculate], prompt="Answer with a number. Use the calculate tool.")
