@@ -174,6 +174,8 @@ async def test_streamed_and_own_callback_calls_are_captured(tiny_tokenizer):
 async def test_judge_calls_are_never_turns_and_their_score_reaches_the_answer(tiny_tokenizer):
     batches, witness, runner = await play(tiny_tokenizer, ["ainvoke", "invoke", "astream"], seed=11, judge=True)
     check_each_call_once(tiny_tokenizer, batches, witness, runner)  # the judge's answers are not among the turns
+    # a judge call is never held at the boundary: no bootstrap prompt is the judge's
+    assert not any("judge" in tiny_tokenizer.decode(p) for b in batches for p in b.bootstrap_prompt_ids)
     verdicts = {}  # the answer judged -> the judge's score of it
     for prompt, tag in witness.answers:
         if "judge" in prompt:
