@@ -118,3 +118,31 @@ def test_verlog_train_with_a_policy_judge(tmp_path):
         assert 0.0 <= u["reward/judge_rubric"] <= 1.0
         assert u["episode_return"] == pytest.approx(2.0 * u["reward/judge_rubric"], abs=1e-6)
         assert u["failed_episodes"] == 0
+
+
+async def test_evaluation_counts_the_agents_calls_not_a_judges():
+    from langchain_core.language_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+
+    from verlog.evaluation.runner import ScoreRecorder
+    from verlog.rollout import NO_TRAIN_TAG, run_episode
+
+    model = GenericFakeChatModel(messages=iter([AIMessage("42"), AIMessage("score: 9")]))
+    judge = model.with_config(tags=[NO_TRAIN_TAG])
+
+    async def answer(state: MessagesState) -> dict:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    async def grade(state: MessagesState) -> dict:
+        await judge.ainvoke(state["messages"])
+        return {}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("answer", answer)
+    graph.add_node("grade", grade)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", "grade")
+    graph.add_edge("grade", END)
+    recorder = ScoreRecorder("ep")
+    episode = await run_episode(graph.compile(), {"messages": [HumanMessage("6 * 7?")]}, recorder=recorder)
+    assert not episode.failed and recorder.model_calls == 1

@@ -29,7 +29,7 @@ from verlog.evaluation.tasks import EvalTask, config_tasks
 from verlog.graph_file import GraphFile, load_graph_file
 from verlog.rewards import RewardError, RewardScorer
 from verlog.rollout.events import REWARD_EVENT
-from verlog.rollout.recorder import TurnRecorder
+from verlog.rollout.recorder import NO_TRAIN_TAG, TurnRecorder
 from verlog.rollout.runner import run_episode
 
 __all__ = [
@@ -53,6 +53,8 @@ class ScoreRecorder(TurnRecorder):
         self.info: dict[str, Any] = {}
 
     def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+        if NO_TRAIN_TAG in (kwargs.get("tags") or ()):
+            return  # a judge or summarizer reusing the model: not one of the agent's moves
         with self._lock:
             self.model_calls += 1
 
