@@ -168,6 +168,9 @@ class RolloutConfig(_Section):
 #: the roles a data split plays: training rows, periodic validation, the final evaluation
 SplitName = Literal["train", "validation", "test"]
 SPLITS: tuple[str, ...] = get_args(SplitName)
+#: the splits an evaluation may play (never the training rows)
+EvalSplitName = Literal["validation", "test"]
+EVAL_SPLITS: tuple[str, ...] = get_args(EvalSplitName)
 #: file formats a split may be read from (``auto``: by the path's suffix; a folder is ``disk``)
 DATA_FORMATS = ("auto", "json", "parquet", "csv", "disk")
 
@@ -498,7 +501,7 @@ class EvalConfig(_Section):
     episodes: int | None = Field(
         None, ge=1, description="episodes per task (default: 32 seeds; with a data split, all of its rows)"
     )
-    split: Literal["test", "validation"] = Field(
+    split: EvalSplitName = Field(
         "test", description="with a data section: the split of the final evaluation and of verlog eval (the "
         "periodic ones, eval_every, play the validation split)"
     )

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from verlog.config import SPLITS, EpisodeSources
-from verlog.data import SplitName, TaskSource, load_tasks, split_rows
+from verlog.config import SPLITS, EpisodeSources, SplitName
+from verlog.data import TaskSource, load_tasks, split_rows
 from verlog.graph_file import GraphFile
 from verlog.rewards import Outcome, RewardScorer, Trajectory
 

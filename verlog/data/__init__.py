@@ -8,10 +8,10 @@
 from verlog.data.files import DataError, Rows, read_rows, row_digest
 from verlog.data.inputs import input_maker, makes_input_from_row, messages_input
 from verlog.data.tasks import (
-    EpochOrder, RowTasks, SeedTasks, SplitName, Task, TaskSource, load_tasks, shared_rows, split_rows,
+    EpochOrder, RowTasks, SeedTasks, Task, TaskSource, load_tasks, shared_rows, split_rows,
 )
 
 __all__ = [
-    "DataError", "EpochOrder", "RowTasks", "Rows", "SeedTasks", "SplitName", "Task", "TaskSource", "input_maker", "load_tasks",
+    "DataError", "EpochOrder", "RowTasks", "Rows", "SeedTasks", "Task", "TaskSource", "input_maker", "load_tasks",
     "makes_input_from_row", "messages_input", "read_rows", "row_digest", "shared_rows", "split_rows",
 ]

@@ -22,7 +22,7 @@ from verlog.data.inputs import input_maker
 from verlog.graph_file import GraphFile
 
 __all__ = [
-    "EpochOrder", "RowTasks", "SeedTasks", "SplitName", "Task", "TaskSource", "load_tasks", "shared_rows", "split_rows",
+    "EpochOrder", "RowTasks", "SeedTasks", "Task", "TaskSource", "load_tasks", "shared_rows", "split_rows",
 ]
 
 

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
 
-from verlog.config import json_object
+from verlog.config import EVAL_SPLITS, json_object
 from verlog.evaluation.players import EndpointModel, EngineModel
 from verlog.evaluation.progress import EvalProgress
 from verlog.evaluation.report import plot_progression, require_matplotlib, summary_table, write_json
@@ -59,7 +59,7 @@ def add_eval_command(sub: Any) -> None:
     p.add_argument("--api-key", default=None, help="the endpoint's key (default: $VERLOG_API_KEY, $OPENAI_API_KEY)")
     p.add_argument("--episodes", type=int, default=None,
                    help="episodes per task (default: eval.episodes; with a data section, every row of the split)")
-    p.add_argument("--split", choices=["test", "validation"], default=None,
+    p.add_argument("--split", choices=EVAL_SPLITS, default=None,
                    help="with a data section: the split whose rows are played (default: eval.split, test)")
     p.add_argument("--concurrency", type=int, default=None, help="episodes at once (default: eval.concurrency)")
     p.add_argument("--temperature", type=float, default=None,

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from verlog.config import ConfigError, EvalTaskConfig, VerlogConfig, load_config
+from verlog.config import EVAL_SPLITS, ConfigError, EvalTaskConfig, VerlogConfig, load_config
 
 __all__ = ["EvalTask", "config_tasks", "load_suite", "plan_tasks", "suite_path"]
 
@@ -73,7 +73,7 @@ def config_tasks(config: VerlogConfig, env: str | None = None, *, split: str | N
         split = None
     else:
         split = split or config.eval.split
-        if split not in ("validation", "test"):
+        if split not in EVAL_SPLITS:
             raise ConfigError(f"eval.split: evaluations play the validation or test rows, not {split!r}")
         if config.data.split(split) is None:
             raise ConfigError(f"data.{split} is not set: an evaluation plays that split's rows (give its file, or "

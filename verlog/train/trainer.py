@@ -42,7 +42,7 @@ from verlog.agent import build_chat_model, judge_chat_models, load_agent, pick_d
 from verlog.algo import CriticWarmup
 from verlog.algo.estimators import check_estimator_settings, get_estimator
 from verlog.backends.embedded import EmbeddedEngine
-from verlog.config import ConfigError, VerlogConfig
+from verlog.config import EVAL_SPLITS, ConfigError, VerlogConfig
 from verlog.data import shared_rows, split_rows
 from verlog.episodes import EpisodePlan, build_scorer
 from verlog.evaluation import TaskResult, evaluate, print_results
@@ -391,7 +391,7 @@ def _warn_shared_rows(config: VerlogConfig, console: Console) -> None:
     if config.data is None:
         return
     train = split_rows(config, "train")
-    for split in ("validation", "test"):
+    for split in EVAL_SPLITS:
         if config.data.split(split) is not None:
             shared = shared_rows(train, split_rows(config, split))
             if shared:
