@@ -412,6 +412,11 @@ class EmbeddedEngine(Engine):
         of that common prefix nobody has cached is run once and its KV shared by every row. Each
         row is laid out as ``[left pad | prefix KV] + [left pad | its own tokens]``; the attention
         mask and explicit position ids make the padding in the middle invisible.
+
+        A prompt whose prefix KV covers all but its last token (the next turn of a game whose
+        instructions and history are cached) needs no pass of its own: its row joins with that KV
+        and its last token is fed with the running rows' tokens at the next decode step, which
+        picks its first token (``_waiting_rows``). The returned batch then holds such rows too.
         """
         device, cache_store = self.device, self.prefix_cache
         prompts = [r.prompt_ids for r in batch]
@@ -445,20 +450,44 @@ class EmbeddedEngine(Engine):
         self.stats.cached_prompt_tokens += sum(min(h, n) for (h, _), n in zip(hits, lengths))
         self.stats.computed_prompt_tokens += computed_once + sum(len(p) - n for p, n in zip(prompts, lengths))
         self.stats.requests += len(batch)
-        # rows whose own parts differ much in length run in separate passes (padding costs compute)
-        overhead = _PASS_OVERHEAD_TOKENS.get(device.type, _PASS_OVERHEAD_TOKENS["cuda"])
+        # one own token after a cached prefix: fed at the next decode step, no pass of its own
+        deferred = [i for i, (p, n) in enumerate(zip(prompts, lengths)) if n >= 1 and len(p) - n == 1]
+        passed = [i for i in range(len(batch)) if i not in set(deferred)]
         running: _Running | None = None
-        all_logits = []
-        for rows in _pack_by_length([len(p) - n for p, n in zip(prompts, lengths)], overhead):
-            part, logits = self._prefill_rows([batch[i] for i in rows], [prefix[i] for i in rows])
-            running = part if running is None else running.merge(part)
-            all_logits.append(logits)
+        if passed:
+            # rows whose own parts differ much in length run in separate passes (padding costs compute)
+            overhead = _PASS_OVERHEAD_TOKENS.get(device.type, _PASS_OVERHEAD_TOKENS["cuda"])
+            all_logits = []
+            for rows in _pack_by_length([len(prompts[i]) - lengths[i] for i in passed], overhead):
+                chosen = [passed[r] for r in rows]
+                part, logits = self._prefill_rows([batch[i] for i in chosen], [prefix[i] for i in chosen])
+                running = part if running is None else running.merge(part)
+                all_logits.append(logits)
+            assert running is not None
+            if cache_store.enabled:
+                for row, req in enumerate(running.requests):
+                    self._keep_prefix(running, row, req.prompt_ids, req.cache_epoch)
+            self._advance(running, torch.cat(all_logits))
+        if deferred:
+            waiting = self._waiting_rows([batch[i] for i in deferred], [prefix[i] for i in deferred])
+            running = waiting if running is None or not running.requests else running.merge(waiting)
         assert running is not None
-        if cache_store.enabled:
-            for row, req in enumerate(running.requests):
-                self._keep_prefix(running, row, req.prompt_ids, req.cache_epoch)
-        self._advance(running, torch.cat(all_logits))
         return running
+
+    def _waiting_rows(self, batch: list[_Request], prefix: list[tuple[int, torch.Tensor | None]]) -> "_Running":
+        """Rows whose prefix KV covers all of their prompt but its last token: the KV is laid in
+        (right-aligned), the last token waits to be fed at the next decode step."""
+        device = self.device
+        width = max(n for n, _ in prefix)
+        cache = _new_cache(self.model.config)
+        _load_prefixes(cache, prefix, width)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, (n, _) in enumerate(prefix):
+            attention[i, width - n:] = 1
+        positions = torch.tensor([n for n, _ in prefix])  # the last prompt token's position
+        last = torch.tensor([r.prompt_ids[-1] for r in batch])
+        rows = DecodeRows([self._row_spec(r) for r in batch], device)
+        return _Running(list(batch), cache, attention.to(device), positions.to(device), rows, next_tokens=last.to(device))
 
     def _prefill_rows(
         self, batch: list[_Request], prefix: list[tuple[int, torch.Tensor | None]]
