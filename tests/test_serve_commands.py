@@ -32,7 +32,7 @@ def test_add_serve_commands_registers_both_on_verlogs_subparsers():
 
 def test_commands_fail_clearly(capsys):
     assert main(["serve-model", "no-such-checkpoint"]) == 2
-    assert "unknown model spec 'no-such-checkpoint'" in capsys.readouterr().err
+    assert "no checkpoint in 'no-such-checkpoint': expected one of 'tiny'" in capsys.readouterr().err
     assert main(["serve", "graphs/missing.py", "--base-url", "http://127.0.0.1:1/v1", "--model", "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
 

@@ -39,7 +39,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     folder): reported as one ``error:`` line and exit status 2. Anything else is a bug and keeps
     its traceback. (A module's error joins once the module is loaded: no torch import for it.)"""
     errors: list[type[BaseException]] = [ConfigError, GraphFileError, EngineError, SlotFailureError]
-    for module, name in (("verlog.weights.checkpoint", "CheckpointError"), ("verlog.evaluation.runner", "EvalError")):
+    for module, name in (("verlog.models.safe_load", "CheckpointError"), ("verlog.evaluation.runner", "EvalError")):
         loaded = sys.modules.get(module)
         if loaded is not None and hasattr(loaded, name):
             errors.append(getattr(loaded, name))

@@ -40,10 +40,13 @@ class EngineModel:
 
     def __init__(self, config: VerlogConfig, checkpoint: str | None, *, temperature: float | None = None,
                  max_tokens: int | None = None):
-        from verlog.weights.checkpoint import resolve_checkpoint
+        from verlog.weights.policy import find_policy
 
         self.config = config
-        self.folder: Path | None = resolve_checkpoint(checkpoint) if checkpoint is not None else None
+        # checked here, before anything is written: the same loading as serve-model's
+        self.source = find_policy(checkpoint if checkpoint is not None else config.model.path, base=config.model.path)
+        self.folder: Path | None = (self.source.checkpoint or self.source.adapter or self.source.model) \
+            if checkpoint is not None else None
         self.label = str(self.folder) if self.folder is not None else config.model.path
         self.temperature, self.max_tokens = temperature, max_tokens
         self.engine: Any = None
@@ -56,21 +59,10 @@ class EngineModel:
     async def start(self) -> None:
         """Load the policy's weights and start the engine."""
         from verlog.agent import build_engine, pick_device
-        from verlog.models import load_tokenizer
-        from verlog.weights.actor_critic import load_actor
+        from verlog.weights.policy import load_policy
 
-        config, folder = self.config, self.folder
-        device = pick_device(config.model.device)
-        no_lora = config.actor.lora.model_copy(update={"rank": 0})
-        self.tokenizer = load_tokenizer(config.model.path)
-        if folder is not None and (folder / "actor_adapter").is_dir():
-            from peft import PeftModel
-
-            base, _ = load_actor(config.model.path, dtype=config.model.dtype, device=device, lora=no_lora)
-            model = PeftModel.from_pretrained(base, folder / "actor_adapter").merge_and_unload().eval()
-        else:
-            path = folder / "actor" if folder is not None else config.model.path
-            model, _ = load_actor(path, dtype=config.model.dtype, device=device, lora=no_lora)
+        config = self.config
+        model, self.tokenizer = load_policy(self.source, dtype=config.model.dtype, device=pick_device(config.model.device))
         self.engine = build_engine(config, self.tokenizer, model)
 
     def chat_model(self, task: EvalTask) -> Any:

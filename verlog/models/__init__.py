@@ -19,7 +19,6 @@ spec is one of :data:`MODEL_SPECS` or the path of a local Hugging Face model fol
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -108,47 +107,32 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
     )
 
 
-def _tokenizer_class_name(path: Path) -> str | None:
-    try:
-        cfg = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return cfg.get("tokenizer_class")
-
-
 def load_tokenizer(spec_or_path: str | os.PathLike):
-    """Load the tokenizer of a model spec or folder (see :func:`resolve_model_path`).
+    """Load the tokenizer of a model spec or folder (see :func:`resolve_model_path`), its files
+    checked first and its chat template tried on a conversation
+    (:func:`verlog.models.safe_load.load_checked_tokenizer`). Returns a ``transformers``
+    tokenizer with a chat template; a folder verlog will not load raises ``CheckpointError``."""
+    from verlog.models.safe_load import load_checked_tokenizer
 
-    Folders whose ``tokenizer_config.json`` names the generic ``PreTrainedTokenizerFast`` /
-    ``TokenizersBackend`` (verlog's own models) are loaded straight from ``tokenizer.json`` with
-    ``PreTrainedTokenizerFast``, so the ids are exactly the ones the folder was built with
-    (``AutoTokenizer`` may substitute a model-specific class that rebuilds the pipeline); other
-    folders go through ``AutoTokenizer``. Returns a ``transformers`` tokenizer with a chat template.
-    """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    path = resolve_model_path(spec_or_path)
-    cls_name = _tokenizer_class_name(path)
-    if (path / "tokenizer.json").is_file() and cls_name in (
-        "PreTrainedTokenizerFast",
-        "TokenizersBackend",
-    ):
-        return PreTrainedTokenizerFast.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path)
+    return load_checked_tokenizer(resolve_model_path(spec_or_path))
 
 
 def load_causal_lm(spec_or_path: str | os.PathLike, *, dtype="float32", device="cpu"):
     """Load the causal LM of a model spec or folder (see :func:`resolve_model_path`) for inference
     or training: ``AutoModelForCausalLM`` in ``dtype`` (``"float32"``, ``"bfloat16"``,
-    ``"float16"`` or a ``torch.dtype``) moved to ``device``, returned in eval mode."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    ``"float16"`` or a ``torch.dtype``) moved to ``device``, returned in eval mode.
 
-    path = resolve_model_path(spec_or_path)
+    The folder is untrusted input (:mod:`verlog.models.safe_load`): safetensors only, every
+    tensor of the model present and no other, no file outside the folder; a folder verlog will
+    not load raises ``CheckpointError`` (one line naming the file)."""
+    import torch
+
+    from verlog.models.safe_load import load_checked_causal_lm
+
     torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}: expected e.g. 'float32', 'bfloat16', 'float16'")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    model = load_checked_causal_lm(resolve_model_path(spec_or_path), dtype=torch_dtype)
     model.to(device)
     model.eval()
     return model

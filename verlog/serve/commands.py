@@ -53,29 +53,31 @@ def _serve_model(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     except OSError as exc:  # e.g. the port is taken
         return _fail(f"cannot serve on {args.host}:{args.port}: {exc}")
-    except ValueError as exc:  # bad limits or dtype
+    except ValueError as exc:  # bad limits or dtype, a checkpoint verlog will not load (CheckpointError)
         return _fail(str(exc))
 
 
 def _run_serve_model(args: argparse.Namespace) -> int:
     from verlog.backends.embedded import EmbeddedEngine
-    from verlog.models import load_causal_lm, load_tokenizer, resolve_model_path
+    from verlog.models import MODEL_SPECS
     from verlog.serve.openai_server import OpenAIServer, ServerLimits, run_server
+    from verlog.weights.policy import find_policy, load_policy
 
     api_key = args.api_key or os.environ.get("VERLOG_API_KEY") or None
     if not _is_loopback(args.host) and not api_key:
         _say(f"warning: serving on {args.host} without an API key: anyone who can reach it can use it "
              "(set --api-key or $VERLOG_API_KEY)")
-    path = resolve_model_path(args.checkpoint)
-    name = args.served_model_name or (args.checkpoint if args.checkpoint in ("tiny", "smollm2") else path.name)
+    source = find_policy(args.checkpoint, base=args.base_model)
+    name = args.served_model_name or (
+        args.checkpoint if args.checkpoint in MODEL_SPECS else Path(args.checkpoint).resolve().name)
     device = args.device
     if device == "auto":
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    _say(f"loading {path} on {device} ...")
-    tokenizer = load_tokenizer(path)
-    model = load_causal_lm(path, dtype=args.dtype, device=device)
+    adapters = f" with the LoRA adapters of {source.adapter}" if source.adapter else ""
+    _say(f"loading {source.model}{adapters} on {device} ...")
+    model, tokenizer = load_policy(source, dtype=args.dtype, device=device)
     engine = EmbeddedEngine(model, tokenizer, max_batch_size=args.max_batch_size, seed=args.seed)
     limits = ServerLimits(
         max_body_bytes=args.max_body_bytes,
@@ -111,7 +113,11 @@ def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Serve CHECKPOINT on the embedded engine behind OpenAI's chat-completions API. "
         "Binds 127.0.0.1 unless --host says otherwise.",
     )
-    p.add_argument("checkpoint", help="tiny | smollm2 | a local Hugging Face model folder (e.g. a trained checkpoint)")
+    p.add_argument("checkpoint", help="tiny | smollm2 | a Hugging Face model folder | a training run or checkpoint "
+                   "folder (full or LoRA) | a LoRA adapter folder")
+    p.add_argument("--base-model", default=None,
+                   help="with LoRA adapters: the base model (default: the one they were trained on, named in "
+                   "adapter_config.json)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,

@@ -262,16 +262,18 @@ class _Run:
         """Weights not loaded with the actor, optimizers, RNGs, slot counters."""
         self.state = ckpt.read_state(checkpoint)
         if self.peft_actor is not None:
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
+            from verlog.models.safe_load import load_adapter_weights
 
-            adapters = load_file(checkpoint / "actor_adapter" / "adapter_model.safetensors")
-            set_peft_model_state_dict(self.peft_actor, adapters)
+            load_adapter_weights(self.peft_actor, ckpt.folder_file(checkpoint, "actor_adapter"))
         if self.learner.critic is not None:
             ckpt.load_critic_weights(self.learner.critic, checkpoint)
         ckpt.load_optimizers(checkpoint, self._optimizers())
         ckpt.set_rng_state(ckpt.load_rng(checkpoint), self._generators())
-        self.runner.load_state_dict(self.state["runner"])
+        try:
+            self.runner.load_state_dict(self.state["runner"])
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ckpt.CheckpointError(f"{checkpoint / 'state.json'}: not the slots' counters of this run's "
+                                       f"trainer.num_envs ({ckpt.first_line(exc)})") from None
 
     # ------------------------------------------------------------------ the rest
     async def collect(self) -> SlotBatch:
@@ -412,16 +414,32 @@ def _warn_masked_logprobs(batch: SlotBatch, console: Console) -> bool:
 
 
 def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path | None:
-    """The checkpoint to resume from; refuses to overwrite a run that has checkpoints."""
+    """The checkpoint to resume from, checked whole before anything in ``run_dir`` is written.
+
+    A new run refuses a folder that holds checkpoints. ``--resume`` never deletes or overwrites
+    what it cannot first prove belongs to the run it resumes: checkpoints that cannot be trusted
+    (``latest`` naming something else, an unreadable ``state.json``, a tampered actor) are a
+    ``CheckpointError``, and a folder holding an earlier run's files but no checkpoint is refused
+    (with nothing at all, the run starts afresh)."""
     latest = ckpt.latest_checkpoint(run_dir)
     if latest is not None and not resume:
         raise ConfigError(
             f"trainer.run_dir: {str(run_dir)!r} already holds a run (checkpoint {latest.name}); "
             "pass --resume to continue it, or choose another trainer.run_dir"
         )
+    if resume and latest is not None:
+        ckpt.verify_checkpoint(latest)
+        saved_lora = os.path.lexists(latest / "actor_adapter")
+        if saved_lora != (config.actor.lora.rank > 0):
+            raise ConfigError(f"actor.lora.rank: {latest.name} holds {'LoRA adapters' if saved_lora else 'a full actor'}"
+                              f" but actor.lora.rank is {config.actor.lora.rank}: resume with the run's own setting")
     if resume and latest is None:
-        # nothing saved yet: start afresh in the same folder
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        earlier = [p for p in (ckpt.checkpoints_root(run_dir), run_dir / "metrics.jsonl") if os.path.lexists(p)]
+        if earlier:
+            raise ConfigError(
+                f"trainer.run_dir: {str(run_dir)!r} holds {earlier[0].name} of an earlier run but no checkpoint to "
+                "resume from; nothing was changed: start a new run in another trainer.run_dir (or empty this one)"
+            )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     return latest

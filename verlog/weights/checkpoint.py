@@ -15,6 +15,12 @@ Layout of ``<run_dir>/checkpoints/update_000010/``::
 Nothing in a checkpoint is a pickle: loading one never runs code. A folder holding pickled
 ``optimizers.pt`` / ``rng.pt`` (older verlog, other tools) is refused with ``CheckpointError``.
 
+A checkpoint is read as untrusted input (the model folders inside it by
+:mod:`verlog.models.safe_load`): ``latest`` must name a checkpoint of the run, no file read may be
+a link out of the run or a device, JSON files are size- and depth-bounded, and
+:func:`verify_checkpoint` checks the whole folder (files, tensors of ``actor/``) before a resumed
+run writes anything. Every refusal is one ``CheckpointError`` line naming the file.
+
 A checkpoint is built in a temporary folder and renamed into place, then ``checkpoints/latest``
 names it; a run killed at any moment keeps every checkpoint it had completed.
 """
@@ -33,6 +39,18 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from verlog.models.safe_load import (
+    MAX_JSON_BYTES,
+    CheckpointError,
+    check_adapter_folder,
+    check_model_folder,
+    check_tensors,
+    first_line,
+    folder_file,
+    read_json,
+    safetensors_header,
+)
+
 __all__ = [
     "CheckpointError",
     "checkpoint_dirs",
@@ -45,17 +63,13 @@ __all__ = [
     "resolve_checkpoint",
     "save_checkpoint",
     "set_rng_state",
+    "verify_checkpoint",
 ]
 
 _NAME = re.compile(r"^update_(\d+)$")
 #: written in every ``*.json`` part beside its tensors; a file without it is not ours
 _FORMAT = "verlog-checkpoint"
 _VERSION = 1
-
-
-class CheckpointError(ValueError):
-    """A checkpoint cannot be loaded: written by another tool or an older verlog, incomplete, or
-    not matching the models of this run. The message is one line naming the folder."""
 
 
 # ---------------------------------------------------------------------- finding checkpoints
@@ -65,31 +79,64 @@ def checkpoints_root(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
+def _update_dirs(run_dir: Path) -> list[Path]:
+    """The run's ``update_NNNNNN`` entries (complete or not, links included), oldest first."""
     root = checkpoints_root(run_dir)
-    if not root.is_dir():
+    if not root.is_dir() or root.is_symlink():
         return []
-    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / "state.json").is_file()]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+    return sorted((p for p in root.iterdir() if _NAME.match(p.name)), key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run (real folders with a ``state.json``), oldest first."""
+    return [p for p in _update_dirs(run_dir) if not p.is_symlink() and p.is_dir() and (p / "state.json").is_file()]
+
+
+def _latest_name(root: Path) -> str | None:
+    """The checkpoint name ``checkpoints/latest`` holds (``None`` without the file); anything but
+    an ``update_NNNNNN`` of this folder is refused."""
+    if not os.path.lexists(root / "latest"):
+        return None
+    pointer = folder_file(root, "latest", limit=4096)
+    if pointer.is_symlink():
+        raise CheckpointError(f"{pointer} is a symbolic link: it must be a file naming a checkpoint of the run")
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{pointer}: unreadable ({first_line(exc)})") from None
+    if not _NAME.fullmatch(name):
+        raise CheckpointError(f"{pointer} names {name[:80]!r}, not a checkpoint of this run (update_NNNNNN)")
+    return name
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint ``latest`` names, else the newest complete one, else ``None``."""
+    """The checkpoint to resume or evaluate: the one ``checkpoints/latest`` names (else the newest
+    ``update_NNNNNN``), or ``None`` when the run saved none.
+
+    Raises :class:`CheckpointError` rather than guess when the run's checkpoints cannot be trusted:
+    ``latest`` naming something else than a checkpoint of the run, a checkpoint that is a link or
+    has no readable ``state.json``, a ``checkpoints`` folder that is a link."""
     root = checkpoints_root(run_dir)
-    pointer = root / "latest"
-    if pointer.is_file():
-        named = root / pointer.read_text().strip()
-        if (named / "state.json").is_file():
-            return named
-    dirs = checkpoint_dirs(run_dir)
-    return dirs[-1] if dirs else None
+    if root.is_symlink():
+        raise CheckpointError(f"{root} is a symbolic link: a run's checkpoints must be inside its folder")
+    if not root.is_dir():
+        return None
+    name = _latest_name(root)
+    dirs = _update_dirs(run_dir)
+    if name is None and not dirs:
+        return None
+    chosen = root / name if name is not None else dirs[-1]
+    if chosen.is_symlink() or not chosen.is_dir():
+        what = "a symbolic link" if chosen.is_symlink() else "missing"
+        raise CheckpointError(f"{chosen}: the run's latest checkpoint is {what}")
+    read_state(chosen)
+    return chosen
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A run folder (its latest checkpoint) or a checkpoint folder -> the checkpoint folder."""
     path = Path(path)
-    if (path / "state.json").is_file():
+    if os.path.lexists(path / "state.json"):
         return path
     latest = latest_checkpoint(path)
     if latest is None:
@@ -100,12 +147,33 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def read_state(checkpoint: Path) -> dict[str, Any]:
     """The counters saved with a checkpoint (``state.json``)."""
     path = Path(checkpoint) / "state.json"
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path}: not a verlog checkpoint state (a JSON object was expected)")
+    state = read_json(path)
+    if not isinstance(state, dict) or not isinstance(state.get("update"), int) or isinstance(state["update"], bool) \
+            or state["update"] < 0:
+        raise CheckpointError(f"{path}: not a verlog checkpoint state (a JSON object with an 'update' number)")
+    return state
+
+
+def verify_checkpoint(checkpoint: Path) -> dict[str, Any]:
+    """Check a whole checkpoint folder before anything is loaded or written: its state, the
+    actor (``actor/``: files and tensors; or ``actor_adapter/``), the critic's and the optimizers'
+    files, the RNG states. Returns its state. What needs this run's models to be checked (the
+    adapters', the critic's and the optimizers' tensors, the slots' counters) is checked as it is
+    loaded."""
+    checkpoint = Path(checkpoint)
+    state = read_state(checkpoint)
+    name = _NAME.fullmatch(checkpoint.name)
+    if name is not None and int(name.group(1)) != state["update"]:
+        raise CheckpointError(f"{checkpoint / 'state.json'}: update {state['update']}, but the folder is "
+                              f"{checkpoint.name}")
+    if os.path.lexists(checkpoint / "actor_adapter"):
+        check_adapter_folder(folder_file(checkpoint, "actor_adapter"))
+    else:
+        check_model_folder(folder_file(checkpoint, "actor"))
+    if os.path.lexists(checkpoint / "critic.safetensors"):
+        safetensors_header(folder_file(checkpoint, "critic.safetensors"))
+    _part_files(checkpoint, "optimizers")
+    load_rng(checkpoint)
     return state
 
 
@@ -183,14 +251,17 @@ def save_checkpoint(
 def load_critic_weights(critic: torch.nn.Module, checkpoint: Path) -> None:
     """Load ``critic.safetensors`` into ``critic`` (a mismatch is a ``CheckpointError``)."""
     path = Path(checkpoint) / "critic.safetensors"
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise CheckpointError(f"{checkpoint} has no critic.safetensors: it was saved without a critic "
                               "(an estimator without a critic?); resume with the estimator it was trained with")
+    folder_file(path.parent, path.name)
+    expected = {k: tuple(v.shape) for k, v in critic.state_dict().items()}
+    check_tensors(safetensors_header(path), expected, [], path)
     try:
         critic.load_state_dict(load_file(path))
     except Exception as exc:  # a corrupt file, or another model's shapes
         raise CheckpointError(f"{path} does not fit this run's critic (was model.path changed?): "
-                              f"{_first_line(exc)}") from None
+                              f"{first_line(exc)}") from None
 
 
 def load_optimizers(checkpoint: Path, optimizers: dict[str, torch.optim.Optimizer | None]) -> None:
@@ -205,7 +276,7 @@ def load_optimizers(checkpoint: Path, optimizers: dict[str, torch.optim.Optimize
                 _check_shapes(optimizer)
             except Exception as exc:  # other parameter groups or sizes: another model or LoRA setting
                 raise CheckpointError(f"{checkpoint}: the saved {name} optimizer does not fit this run's "
-                                      f"{name} (was model.path or actor.lora changed?): {_first_line(exc)}") from None
+                                      f"{name} (was model.path or actor.lora changed?): {first_line(exc)}") from None
 
 
 def _check_shapes(optimizer: torch.optim.Optimizer) -> None:
@@ -221,8 +292,20 @@ def _check_shapes(optimizer: torch.optim.Optimizer) -> None:
 def load_rng(checkpoint: Path) -> dict[str, Any]:
     """The RNG states saved in ``checkpoint``, as ``get_rng_state`` returned them."""
     rng = _load_tree(Path(checkpoint), "rng")
-    if not isinstance(rng, dict) or not {"torch", "python", "numpy", "generators"} <= set(rng):
+    if not isinstance(rng, dict) or not {"torch", "python", "numpy", "generators"} <= set(rng) \
+            or not isinstance(rng["generators"], dict):
         raise CheckpointError(f"{checkpoint}/rng.json: not verlog RNG states")
+    try:  # each state is tried on a scratch generator: a bad one fails here, not half-way through set_rng_state
+        torch.Generator().set_state(rng["torch"])
+        random.Random().setstate(rng["python"])
+        np.random.RandomState().set_state(rng["numpy"])
+        for state in rng["generators"].values():
+            torch.Generator().set_state(state)
+        if "cuda" in rng and torch.cuda.is_available():
+            for state in rng["cuda"]:
+                torch.Generator().set_state(state)
+    except Exception as exc:
+        raise CheckpointError(f"{checkpoint}/rng.json: not verlog RNG states ({first_line(exc)})") from None
     return rng
 
 
@@ -238,20 +321,27 @@ def _save_tree(tree: Any, folder: Path, part: str) -> None:
     (folder / f"{part}.json").write_text(json.dumps(doc))
 
 
-def _load_tree(folder: Path, part: str) -> Any:
-    doc_path, tensor_path = folder / f"{part}.json", folder / f"{part}.safetensors"
-    if not doc_path.is_file():
-        if (folder / f"{part}.pt").exists():
+def _part_files(folder: Path, part: str) -> tuple[Path, Path]:
+    """The ``.json`` and ``.safetensors`` files of a pickle-free part, checked (a pickled ``.pt``
+    left instead is refused by name)."""
+    doc_path = folder / f"{part}.json"
+    if not os.path.lexists(doc_path):
+        if os.path.lexists(folder / f"{part}.pt"):
             raise CheckpointError(
                 f"{folder}: {part}.pt is a pickle file (written by an older verlog or another tool) and "
                 "verlog does not load pickles, which can run code; start a new trainer.run_dir "
                 f"(its weights can seed it: model.path={folder / 'actor'})"
             )
         raise CheckpointError(f"{folder} is not a complete verlog checkpoint: {part}.json is missing")
-    try:
-        doc = json.loads(doc_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{doc_path}: unreadable ({type(exc).__name__}: {exc})") from None
+    folder_file(folder, doc_path.name, limit=MAX_JSON_BYTES)
+    tensor_path = folder_file(folder, f"{part}.safetensors")
+    safetensors_header(tensor_path)
+    return doc_path, tensor_path
+
+
+def _load_tree(folder: Path, part: str) -> Any:
+    doc_path, tensor_path = _part_files(folder, part)
+    doc = read_json(doc_path)
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT or doc.get("part") != part:
         raise CheckpointError(f"{doc_path} is not a verlog checkpoint file (written by another tool?)")
     if not isinstance(doc.get("version"), int) or doc["version"] > _VERSION:
@@ -259,9 +349,16 @@ def _load_tree(folder: Path, part: str) -> Any:
                               f"this verlog reads ({_VERSION}); upgrade verlog")
     try:
         tensors = load_file(tensor_path)
-    except Exception as exc:  # missing, truncated or not safetensors
-        raise CheckpointError(f"{tensor_path}: unreadable ({_first_line(exc)})") from None
-    return _decode(doc.get("tree"), tensors, doc_path)
+    except Exception as exc:  # truncated or not safetensors
+        raise CheckpointError(f"{tensor_path}: unreadable ({first_line(exc)})") from None
+    try:
+        return _decode(doc.get("tree"), tensors, doc_path)
+    except RecursionError:
+        raise CheckpointError(f"{doc_path}: nested too deep to be verlog's") from None
+    except (TypeError, ValueError, OverflowError) as exc:  # an array of strings, a bad dtype, ...
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"{doc_path}: not a verlog checkpoint file ({first_line(exc)})") from None
 
 
 def _encode(obj: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
@@ -312,8 +409,3 @@ def _hashable(key: Any, path: Path) -> Any:
     if isinstance(key, (list, dict, torch.Tensor, np.ndarray)):
         raise CheckpointError(f"{path}: a mapping key is not a scalar")
     return key
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"

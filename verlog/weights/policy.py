@@ -1,0 +1,96 @@
+"""The policy a checkpoint holds, found and loaded the same way for ``verlog serve-model`` and
+``verlog eval``: the same weights, so the same answers.
+
+A policy source is any of:
+
+* a model spec or Hugging Face folder (``tiny``, ``smollm2``, a training checkpoint's ``actor/``);
+* a training run folder (its latest checkpoint) or a checkpoint folder (``update_NNNNNN``): its
+  ``actor/``, or its LoRA ``actor_adapter/`` on the base model;
+* a LoRA adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``).
+
+Adapters are merged into the base model's weights at load. The base is the one given (eval:
+the config's ``model.path``; serve-model: ``--base-model``), else the one the adapters were
+trained on (``base_model_name_or_path`` in ``adapter_config.json``). Everything read is checked
+as untrusted input first (:mod:`verlog.models.safe_load`); a refusal is one
+``CheckpointError`` line naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verlog.models import MODEL_SPECS, load_causal_lm, load_tokenizer, resolve_model_path
+from verlog.models.safe_load import ADAPTER_CONFIG, CheckpointError, check_adapter_folder, merge_adapter
+from verlog.weights.checkpoint import checkpoints_root, resolve_checkpoint, verify_checkpoint
+
+__all__ = ["PolicySource", "find_policy", "load_policy"]
+
+
+@dataclass(frozen=True)
+class PolicySource:
+    """Where a policy's parts are: the full model's folder (the base, with adapters), the LoRA
+    adapters (or ``None``), the tokenizer's folder, and the training checkpoint it came from."""
+
+    model: Path
+    adapter: Path | None
+    tokenizer: Path
+    checkpoint: Path | None = None
+
+    @property
+    def label(self) -> str:
+        """What the source is called in messages: the checkpoint, the adapters or the model folder."""
+        return str(self.checkpoint or self.adapter or self.model)
+
+
+def _is_checkpoint_source(path: Path) -> bool:
+    return os.path.lexists(path / "state.json") or os.path.lexists(checkpoints_root(path))
+
+
+def find_policy(spec: str | os.PathLike, *, base: str | os.PathLike | None = None) -> PolicySource:
+    """The parts of the policy at ``spec`` (see the module doc), every folder checked; ``base``
+    is the model LoRA adapters apply to (default: the one they were trained on)."""
+    if os.fspath(spec) in MODEL_SPECS:
+        path = resolve_model_path(spec)
+        return PolicySource(path, None, path)
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"no checkpoint in {os.fspath(spec)!r}: expected one of {', '.join(map(repr, MODEL_SPECS))} or an "
+            "existing folder (a Hugging Face model, a training run or checkpoint, LoRA adapters)")
+    checkpoint = None
+    if _is_checkpoint_source(path):
+        checkpoint = resolve_checkpoint(path)
+        verify_checkpoint(checkpoint)
+        adapter = checkpoint / "actor_adapter"
+        if not os.path.lexists(adapter):
+            return PolicySource(checkpoint / "actor", None, checkpoint / "actor", checkpoint)
+        path = adapter
+    if not os.path.lexists(path / ADAPTER_CONFIG):
+        return PolicySource(path, None, path, checkpoint)
+    settings = check_adapter_folder(path)
+    if base is None:
+        base = settings.get("base_model_name_or_path")
+        if not isinstance(base, str) or not base:
+            raise CheckpointError(f"{path / ADAPTER_CONFIG} names no base model: give the base model's folder "
+                                  "(serve-model --base-model, eval's model.path)")
+    try:
+        base_path = resolve_model_path(base)
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"the base model of the adapters in {path} is not here ({exc}); give its folder "
+                              "(serve-model --base-model, eval's model.path)") from None
+    return PolicySource(base_path, path, base_path, checkpoint)
+
+
+def load_policy(source: PolicySource, *, dtype: Any = "float32", device: str = "cpu") -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of ``source``: the causal LM in eval mode on ``device`` (adapters
+    merged), and the tokenizer with its chat template."""
+    tokenizer = load_tokenizer(source.tokenizer)
+    model = load_causal_lm(source.model, dtype=dtype, device="cpu")
+    if source.adapter is not None:
+        model = merge_adapter(model, source.adapter)
+    model.to(device)
+    model.eval()
+    return model, tokenizer
