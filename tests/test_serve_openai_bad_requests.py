@@ -9,6 +9,7 @@ same as before. Everything runs against the real server on loopback, with the ti
 from __future__ import annotations
 
 import asyncio
+import gzip
 import http.client
 import json
 import select
@@ -310,6 +311,18 @@ def _assistant_call(arguments: str) -> dict:
         {"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": arguments}}]}
 
 
+def _optional(n: int) -> dict:
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(n)}}
+
+
+def _objects(n: int) -> list[dict]:
+    return [{"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]} for i in range(n)]
+
+
+def _json_schema(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
 def _tool(parameters: Any) -> list[dict]:
     return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
 
@@ -409,6 +422,27 @@ BAD_REQUESTS: list[tuple[str, Any, dict[str, str], int, str | None]] = [
     ("response_format with a forced call",
      _with(tools=[CALCULATE], tool_choice="required", response_format={"type": "json_object"}), {}, 400,
      "response_format"),
+    # schemas the constrained decoder would give up on mid-answer: refused before any token
+    ("response_format with 501 optional properties", _with(response_format=_json_schema(_optional(501))), {}, 400,
+     "response_format.json_schema.schema"),
+    ("streamed, 501 optional properties", _with(stream=True, response_format=_json_schema(_optional(501))), {}, 400,
+     "response_format.json_schema.schema"),
+    ("response_format oneOf 2,500 objects", _with(response_format=_json_schema({"oneOf": _objects(2500)})), {}, 400,
+     "response_format.json_schema.schema"),
+    ("streamed, anyOf 2,500 objects", _with(stream=True, response_format=_json_schema({"anyOf": _objects(2500)})),
+     {}, 400, "response_format.json_schema.schema"),
+    ("anyOf through $refs", _with(response_format=_json_schema({
+        "$defs": {"a": {"anyOf": _objects(200)}, "b": {"anyOf": _objects(200)}},
+        "anyOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}]})), {}, 400, "response_format.json_schema.schema"),
+    ("forced tool with 501 optional arguments", _with(tools=_tool(_optional(501)), tool_choice="required"), {}, 400,
+     "tools[0].function.parameters"),
+    ("129 tools", _with(tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]), {}, 400,
+     "tools"),
+    # bodies that do not decode
+    ("gzip that is not gzip", json.dumps(OK).encode(), {"Content-Encoding": "gzip"}, 400, None),
+    ("deflate that is not deflate", json.dumps(OK).encode(), {"Content-Encoding": "deflate"}, 400, None),
+    ("an unknown Content-Encoding", json.dumps(OK).encode(), {"Content-Encoding": "zstd-x"}, 415, None),
+    ("a gzip bomb", gzip.compress(b'{"model": "' + b"a" * (64 << 20) + b'"}'), {"Content-Encoding": "gzip"}, 413, None),
     ("body over the limit", _with(messages=[{"role": "user", "content": "x" * 300_000}]), {}, 413, None),
     ("text/plain", json.dumps(OK), {"Content-Type": "text/plain"}, 415, None),
     ("a form", b"model=tiny", {"Content-Type": "application/x-www-form-urlencoded"}, 415, None),

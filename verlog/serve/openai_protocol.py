@@ -40,11 +40,14 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        close: bool = False,
     ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         #: extra response headers (``Retry-After`` on 429)
         self.headers = dict(headers or {})
+        #: whether the connection is closed after the answer (the body was not, or cannot be, read whole)
+        self.close = close
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -59,6 +62,8 @@ def error_body(message: str, *, type: str, param: str | None = None, code: str |
 #: the deepest JSON nesting a request may have (OpenAI's own bodies need well under 20 levels;
 #: tool and response schemas get the rest)
 MAX_JSON_DEPTH = 64
+#: the most tools one request may offer (OpenAI's own limit)
+MAX_TOOLS = 128
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -135,7 +140,7 @@ class ChatCompletionRequest(_Strict):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(default=None, ge=1)
-    tools: list[ToolDef] | None = None
+    tools: list[ToolDef] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
@@ -239,6 +244,13 @@ def parse_request(body: Any) -> ChatCompletionRequest:
     return request
 
 
+#: the most choices a schema may offer at one point of an answer: the keys an object may write
+#: next (its optional properties) or the branches of an ``anyOf``/``oneOf`` (counted through nested
+#: branches and local ``$ref``s). The constrained decoder (llguidance) stops mid-answer past 2,000
+#: parser items at one point, which here is about 500 optional properties or 2,000 branches: a
+#: schema over this bound is refused before any token is generated, with a 4x margin.
+MAX_SCHEMA_BRANCHES = 256
+
 #: JSON-schema keywords whose value is a schema / a list of schemas / an object of schemas
 _SCHEMA_KEYWORDS = ("additionalProperties", "items", "not", "contains", "propertyNames", "if", "then", "else",
                     "unevaluatedProperties", "unevaluatedItems", "additionalItems")
@@ -253,6 +265,7 @@ def _check_schema(schema: Any, where: str) -> None:
     def bad(path: str, what: str) -> APIError:
         return APIError(400, f"Invalid schema at '{path}': {what}", param=where)
 
+    branches = _Branches(schema)
     stack = [(schema, where)]
     while stack:
         node, path = stack.pop()
@@ -260,6 +273,11 @@ def _check_schema(schema: Any, where: str) -> None:
             continue
         if not isinstance(node, dict):
             raise bad(path, f"a schema must be an object or a boolean (got {type(node).__name__})")
+        width = branches(node)
+        if width > MAX_SCHEMA_BRANCHES:
+            raise bad(path, f"offers {width} choices at one point of the answer (optional properties, anyOf/oneOf "
+                      f"branches); this server's constrained decoding takes at most {MAX_SCHEMA_BRANCHES}: mark "
+                      "properties required, or split the schema")
         kind = node.get("type")
         if kind is not None and not (isinstance(kind, str) or (isinstance(kind, list)
                                                               and all(isinstance(k, str) for k in kind))):
@@ -286,6 +304,52 @@ def _check_schema(schema: Any, where: str) -> None:
                 if not isinstance(node[key], dict):
                     raise bad(f"{path}.{key}", "must be an object of schemas")
                 stack.extend((v, f"{path}.{key}.{name}") for name, v in node[key].items())
+
+
+class _Branches:
+    """How many choices a schema offers at one point of an answer (see :data:`MAX_SCHEMA_BRANCHES`):
+    an object, its optional properties (plus the next required one); ``anyOf``/``oneOf``, the sum
+    of its branches'; ``allOf``, its widest part's; a local ``$ref``, its target's. Memoised per
+    node, a reference cycle counting 1: linear in the schema's size."""
+
+    def __init__(self, root: Any):
+        self.root = root
+        self._known: dict[int, int] = {}
+        self._open: set[int] = set()
+
+    def _target(self, ref: str) -> Any:
+        node = self.root
+        for part in ref[2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None
+        return node
+
+    def __call__(self, node: Any) -> int:
+        if not isinstance(node, dict) or id(node) in self._open:
+            return 1
+        if id(node) in self._known:
+            return self._known[id(node)]
+        self._open.add(id(node))
+        width = 1
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/"):
+            width = self(self._target(ref))
+        for key in ("anyOf", "oneOf"):
+            if isinstance(node.get(key), list):
+                width = max(width, sum(self(alt) for alt in node[key]))
+        if isinstance(node.get("allOf"), list):
+            width = max([width, *(self(part) for part in node["allOf"])])
+        if isinstance(node.get("properties"), dict):
+            required = node.get("required") if isinstance(node.get("required"), list) else []
+            width = max(width, sum(1 for name in node["properties"] if name not in required) + 1)
+        self._open.discard(id(node))
+        self._known[id(node)] = width
+        return width
 
 
 def _refuse_unsupported(r: ChatCompletionRequest) -> None:

@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
-from aiohttp import web
+from aiohttp import web, web_protocol
 
 from verlog.backends.base import Engine, EngineError, Generation, SamplingParams, TokenDelta
 from verlog.llm.chat_model import VerlogChatModel
@@ -55,6 +55,11 @@ from verlog.serve import openai_protocol as proto
 from verlog.serve.openai_protocol import APIError
 
 log = logging.getLogger(__name__)
+
+
+#: the Content-Encodings a request body may have (aiohttp decodes them; the size limit holds
+#: for the decoded body)
+_BODY_ENCODINGS = frozenset({"identity", "gzip", "deflate"})
 
 
 @dataclass(frozen=True)
@@ -307,7 +312,7 @@ class OpenAIServer(LocalServer):
             response = await handler(request)
         except APIError as exc:
             response = web.json_response(exc.body(), status=exc.status, headers=exc.headers)
-            if exc.status == 408:  # the rest of the body may never come: answer, then hang up
+            if exc.close:  # the rest of the body may never come, or cannot be read: answer, then hang up
                 response.force_close()
                 await response.prepare(request)
                 await response.write_eof()
@@ -346,11 +351,18 @@ class OpenAIServer(LocalServer):
                            code="invalid_api_key")
 
     async def _read_body(self, request: web.Request) -> bytes:
-        """The raw body: JSON only (415), within the size limit (413), sent in time (408)."""
+        """The raw body: JSON only (415), as is or gzip/deflate-compressed (415 for other
+        encodings, 400 when it does not decode), within the size limit once decoded (413), sent in
+        time (408)."""
         if request.headers.get("Content-Type") is not None and request.content_type != "application/json" \
                 and not request.content_type.endswith("+json"):
             raise APIError(415, f"unsupported Content-Type '{request.content_type}': send the request as JSON "
                            "with 'Content-Type: application/json'", code="unsupported_media_type")
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in _BODY_ENCODINGS:
+            raise APIError(415, f"unsupported Content-Encoding '{encoding[:40]}': send the body as is or with "
+                           f"{', '.join(sorted(_BODY_ENCODINGS - {'identity'}))}", code="unsupported_media_type",
+                           close=True)
         length = request.content_length
         if length is not None and length > self.limits.max_body_bytes:
             raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body_bytes, actual_size=length)
@@ -358,7 +370,12 @@ class OpenAIServer(LocalServer):
             return await asyncio.wait_for(request.read(), self.limits.read_timeout_s)
         except asyncio.TimeoutError:
             raise APIError(408, f"the request body did not arrive within {self.limits.read_timeout_s} s "
-                           "(--read-timeout-s)", code="request_timeout") from None
+                           "(--read-timeout-s)", code="request_timeout", close=True) from None
+        except web_protocol.RequestPayloadError as exc:  # a body its Content-Encoding does not decode
+            encoding = request.headers.get("Content-Encoding", "")
+            raise APIError(400, f"the request body cannot be decoded as its Content-Encoding "
+                           f"'{encoding[:40]}' says: {str(exc).strip().splitlines()[-1].strip()[:200]}",
+                           code="bad_content_encoding", close=True) from None
 
     # ------------------------------------------------------------------ endpoints
     async def _health(self, request: web.Request) -> web.Response:
