@@ -36,7 +36,7 @@ RECIPE = {
     "model.path": "smollm2",
     "sampling.temperature": 1.0,
     "sampling.max_tokens": 64,            # short answers: long ones drift past the result
-    "trainer.num_envs": 32,               # 32 slots x 4 turns = 128 turns per update
+    "trainer.num_envs": 16,               # 16 slots x 4 turns = 64 turns per update
     "trainer.turns_per_env": 4,
     "trainer.group_size": 8,              # GRPO groups of 8 plays of one question
     "trainer.save_every": 4,
@@ -44,8 +44,9 @@ RECIPE = {
     "algorithm.kl_coef": 0.0,             # no reference model: memory and time
     "algorithm.entropy_coef": 0.0,
     "algorithm.ppo_epochs": 1,
-    "algorithm.mini_batch_turns": 64,     # two optimizer steps per update
-    "algorithm.micro_batch_tokens": 8192,
+    "algorithm.mini_batch_turns": 32,     # two optimizer steps per update
+    "algorithm.recompute_logprobs": False,  # one epoch: the engine's logprobs are the old policy's
+    "algorithm.micro_batch_tokens": 2048,   # a 49k-word vocabulary: logits dominate the memory
     "eval.temperature": 0.0,
     "eval.at_start": True,
     "eval.at_end": True,
@@ -64,7 +65,7 @@ def difference(before: dict, after: dict) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=24)
-    parser.add_argument("--lr", type=float, default=1e-5, help="the actor's AdamW learning rate")
+    parser.add_argument("--lr", type=float, default=5e-5, help="the actor's AdamW learning rate")
     parser.add_argument("--test-rows", type=int, default=200, help="test rows evaluated before and after (200: all)")
     parser.add_argument("--out", default="runs/bench")
     parser.add_argument("--resume", action="store_true")

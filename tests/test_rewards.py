@@ -174,3 +174,7 @@ def test_the_shipped_calculator_reward_uses_math_verify():
     assert correct(completion="The answer is 475", answer="476") is False
     assert correct(completion="", answer="476") is False
     assert correct(completion="-28", answer="-28") is True
+    assert correct(completion="answer: 4,042", answer="4042") is True
+    # the reward a policy learned to game: restating the question states no result
+    assert correct(completion="To calculate 91 * 38 using Python, you'll need to", answer="3458") is False
+    assert correct(completion="The answer is (66 - 14) * 3", answer="156") is False
