@@ -85,8 +85,8 @@ async def test_a_1mib_request_is_refused_without_stalling_health(engine, tiny_to
             assert payload["error"]["param"] == "messages" and payload["error"]["code"] == "too_many_messages"
             assert "at most 2048" in payload["error"]["message"]
             assert max(latencies) < 1.0, latencies
-            # ~1.9k long messages in 1 MiB: under the count, so rendered and tokenized (500k tokens,
-            # about a second here) on a worker thread, then refused for its length
+            # ~1.9k long messages in 1 MiB: under the count, so rendered on a worker thread, then
+            # refused for its length (from its byte count: it is never tokenized whole)
             long = _big_body(2_000, 520)
             assert len(long) > 1_000_000
             status, payload, latencies = await _health_during(session, server, long)

@@ -23,11 +23,13 @@ prompt too long / too many messages / JSON nested too deep, 401 API key, 404 unk
 path, 408 body not sent in time, 413 body too large, 415 not JSON, 429 too many requests, with
 ``Retry-After``) and the server keeps serving.
 
-A bad or slow client cannot stall the others: a request's body is decoded, validated and its
-prompt rendered and tokenized on a worker thread, never on the event loop (``/health`` and
-streaming answers go on meanwhile); a connection must send its headers, and then its body,
-within ``read_timeout_s`` (else it is closed, or answered 408); when the queue is full a request
-is refused (429) before its body is read or parsed.
+A bad, slow or large client cannot stall the others: a request's body is decoded, validated and
+its prompt rendered and measured on a worker thread, never on the event loop (``/health`` and
+streaming answers go on meanwhile), large bodies on a lane of their own, and a prompt surely
+over the limit is refused before it is tokenized whole (:mod:`verlog.serve.admission`); a
+connection must send its headers, and then its body, within ``read_timeout_s`` (else it is
+closed, or answered 408); when the queue is full a request is refused (429) before its body is
+read or parsed.
 """
 
 from __future__ import annotations
@@ -38,10 +40,7 @@ import dataclasses
 import hmac
 import json
 import logging
-import math
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
@@ -50,7 +49,9 @@ from aiohttp import web, web_protocol
 from verlog.backends.base import Engine, EngineError, Generation, SamplingParams, TokenDelta
 from verlog.llm.chat_model import VerlogChatModel
 from verlog.llm.tool_calls import TOOL_CALL_OPEN
+from verlog.llm.prompt import PromptRenderer
 from verlog.local_server import LocalServer
+from verlog.serve.admission import Admission, PromptBound
 from verlog.serve import openai_protocol as proto
 from verlog.serve.openai_protocol import APIError
 
@@ -75,6 +76,10 @@ class ServerLimits:
         max_concurrency: requests generating at once (the engine batches them together).
         max_queue: requests allowed to wait (for their prompt to be rendered, for a generation
             slot) beyond those generating; more get 429 with ``Retry-After``.
+        large_body_bytes: bodies larger than this are prepared on a lane of their own (one worker
+            thread), so that they cannot hold up the small requests' workers.
+        max_large_queue: large bodies admitted at once (included in ``max_queue``); more large
+            bodies get 429 while small requests are still served.
         request_timeout_s: a generation still running after this long is stopped (504).
         max_messages: most messages in one request (400 above it, checked before rendering).
         read_timeout_s: a connection must send a request's headers within this long of opening
@@ -91,9 +96,12 @@ class ServerLimits:
     request_timeout_s: float | None = 600.0
     max_messages: int = 2048
     read_timeout_s: float = 15.0
+    large_body_bytes: int = 64 << 10
+    max_large_queue: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens", "max_concurrency", "max_messages"):
+        for name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens", "max_concurrency", "max_messages",
+                     "large_body_bytes", "max_large_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerLimits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queue < 0:
@@ -105,67 +113,6 @@ class ServerLimits:
                 f"ServerLimits.default_max_tokens ({self.default_max_tokens}) exceeds max_tokens_cap "
                 f"({self.max_tokens_cap})"
             )
-
-
-class _Admission:
-    """At most ``running`` requests generate at once and at most ``waiting`` more are admitted
-    (being rendered, or waiting for a slot); the rest get 429, checked before the body is read
-    and again once it has arrived (a slow upload does not hold a place).
-
-    ``Retry-After`` is the typical time a generation takes here (a smoothed average, 1 s before
-    any has finished; between 1 and 60 s): about when a slot frees up."""
-
-    def __init__(self, running: int, waiting: int):
-        self.running, self.waiting = running, waiting
-        #: requests admitted (waiting or generating) and, of those, generating
-        self.admitted = 0
-        self.active = 0
-        self._semaphore: asyncio.Semaphore | None = None
-        self._typical_s: float | None = None
-
-    @property
-    def queued(self) -> int:
-        """Admitted requests not generating yet (being rendered, or waiting for a slot)."""
-        return self.admitted - self.active
-
-    def retry_after_s(self) -> int:
-        return min(60, max(1, math.ceil(self._typical_s or 1.0)))
-
-    def check(self) -> None:
-        """429 (with ``Retry-After``) if there is no room for one more request."""
-        if self.admitted >= self.running + self.waiting:
-            retry = self.retry_after_s()
-            raise APIError(
-                429, f"the server is busy ({self.active} requests generating, {self.queued} waiting); "
-                f"retry in {retry} s", type="rate_limit_error", code="server_busy",
-                headers={"Retry-After": str(retry)},
-            )
-
-    @contextlib.asynccontextmanager
-    async def admit(self) -> AsyncIterator[None]:
-        """Count a request as admitted until it is done; 429 if there is no room."""
-        self.check()
-        self.admitted += 1
-        try:
-            yield
-        finally:
-            self.admitted -= 1
-
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Inside :meth:`admit`: wait for a generation slot and hold it."""
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.running)
-        await self._semaphore.acquire()
-        self.active += 1
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            took = time.monotonic() - started
-            self._typical_s = took if self._typical_s is None else 0.8 * self._typical_s + 0.2 * took
-            self.active -= 1
-            self._semaphore.release()
 
 
 class _TokenStream:
@@ -261,10 +208,14 @@ class OpenAIServer(LocalServer):
         self.max_prompt_tokens = self.limits.max_prompt_tokens or (
             self.max_context - 1 if self.max_context else None
         )
-        self._admission = _Admission(self.limits.max_concurrency, self.limits.max_queue)
+        #: places, lanes (where bodies are prepared, off the event loop) and generation slots
+        self._admission = Admission(self.limits.max_concurrency, self.limits.max_queue,
+                                    large_body_bytes=self.limits.large_body_bytes,
+                                    large_waiting=self.limits.max_large_queue)
+        self._renderer = PromptRenderer(tokenizer, chat_template_kwargs)
+        self._prompt_bound = PromptBound(tokenizer, self.max_prompt_tokens) if self.max_prompt_tokens else None
         self._token_bytes = proto.TokenBytes(tokenizer)
-        #: where request bodies are decoded and prompts rendered and tokenized (off the event loop)
-        self._prepare_pool: ThreadPoolExecutor | None = None
+        self._running = False
         self.created = proto.now()
         #: counters: requests answered, by HTTP status
         self.responses: dict[int, int] = {}
@@ -276,16 +227,15 @@ class OpenAIServer(LocalServer):
         return f"{self.url}/v1"
 
     async def start(self) -> "OpenAIServer":
-        if self._prepare_pool is None:
-            self._prepare_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="verlog-openai-prepare")
+        self._admission.start()
+        self._running = True
         await super().start()
         return self
 
     async def stop(self) -> None:
+        self._running = False
         await super().stop()
-        if self._prepare_pool is not None:
-            pool, self._prepare_pool = self._prepare_pool, None
-            pool.shutdown(wait=False, cancel_futures=True)
+        self._admission.stop()
 
     def app(self) -> web.Application:
         """The aiohttp application (routes and error handling)."""
@@ -402,13 +352,14 @@ class OpenAIServer(LocalServer):
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self._check_auth(request)
-        self._admission.check()  # 429 now if the server is full: nothing read or parsed yet
+        self._admission.check(self._admission.lane(request.content_length))  # 429 now: nothing read or parsed yet
         raw = await self._read_body(request)
-        async with self._admission.admit():
-            pool = self._prepare_pool
-            if pool is None:
+        lane = self._admission.lane(len(raw))
+        async with self._admission.admit(lane):
+            if lane.pool is None or not self._running:
                 raise APIError(503, "the server is stopping", type="server_error")
-            call = await asyncio.get_running_loop().run_in_executor(pool, self._prepare, raw)
+            async with lane.turn():
+                call = await asyncio.get_running_loop().run_in_executor(lane.pool, self._prepare, raw)
             req, prompt_ids, prefix, sampling, has_tools = (
                 call.request, call.prompt_ids, call.prefix, call.sampling, call.has_tools)
             if sampling.constraint is not None:  # a schema the engine cannot compile is the request's fault
@@ -453,7 +404,11 @@ class OpenAIServer(LocalServer):
         response_format = req.response_format.model_dump(exclude_none=True) if req.response_format else None
         choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, proto.NamedToolChoice) else req.tool_choice
         try:  # a forced tool call or a JSON response format is held to its schema by a token mask
+            if self._prompt_bound is not None:  # a prompt surely too long is refused before it is tokenized whole
+                self._prompt_bound.check(self._renderer.render_text(messages, tools if choice != "none" else None))
             plan = self.chat_model.plan_call(messages, tools, choice, response_format)
+        except APIError:
+            raise
         except ValueError as exc:  # tool_choice naming no offered tool, a response_format that cannot be had
             raise APIError(400, str(exc), param="response_format" if response_format else "tool_choice") from None
         except Exception as exc:  # the chat template refused the conversation (jinja's errors)
