@@ -34,8 +34,11 @@ from verlog.train import train  # noqa: E402
 #: the recipe: what a 135M model on 2 CPU cores can afford (see docs/train_your_agent.md)
 RECIPE = {
     "model.path": "smollm2",
-    "sampling.temperature": 1.0,
-    "sampling.max_tokens": 64,            # short answers: long ones drift past the result
+    # the first answer to a question must be a calculator call (constrained decoding: a well-formed
+    # call whatever the model); what is learned is the expression it asks and the answer it gives
+    "multi_turn.langgraph.graph_kwargs": "{max_tool_rounds: 3, require_tool: true}",
+    "sampling.temperature": 0.7,          # a 135M model at 1.0 rambles: few groups with a success
+    "sampling.max_tokens": 64,            # a call or an answer needs ~30
     "trainer.num_envs": 16,               # 16 slots x 4 turns = 64 turns per update
     "trainer.turns_per_env": 4,
     "trainer.group_size": 8,              # GRPO groups of 8 plays of one question
@@ -45,7 +48,7 @@ RECIPE = {
     "algorithm.entropy_coef": 0.0,
     "algorithm.ppo_epochs": 1,
     "algorithm.mini_batch_turns": 32,     # two optimizer steps per update
-    "algorithm.recompute_logprobs": False,  # one epoch: the engine's logprobs are the old policy's
+    "trainer.torch_threads": 2,           # the engine is idle during the update: both cores
     "algorithm.micro_batch_tokens": 2048,   # a 49k-word vocabulary: logits dominate the memory
     "eval.temperature": 0.0,
     "eval.at_start": True,

@@ -21,21 +21,28 @@ from tools.calculator import calculate
 
 SYSTEM = (
     "You are a careful assistant. Use the calculate tool for arithmetic, then give the final "
-    "answer as a number on the last line."
+    "answer as a number on the last line. For example, for 12 * 7 first answer only\n"
+    '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * 7"}}\n</tool_call>\n'
+    "and once the tool has answered 84, answer: 84"
 )
 
 
-def build_graph(model, max_tool_rounds: int = 4):
-    """The ReAct graph; ``max_tool_rounds`` bounds how many tool rounds one question may take."""
+def build_graph(model, max_tool_rounds: int = 4, system_prompt: str = SYSTEM, require_tool: bool = False):
+    """The ReAct graph; ``max_tool_rounds`` bounds how many tool rounds one question may take,
+    ``system_prompt`` is put first when the conversation has no system message, and with
+    ``require_tool`` the first answer to a question must be a tool call (``tool_choice="required"``,
+    as agents that must look things up are often built)."""
     tools = [calculate]
     agent_model = model.bind_tools(tools)
+    first_model = model.bind_tools(tools, tool_choice="required") if require_tool else agent_model
     run_tools = ToolNode(tools)
 
     async def agent(state: MessagesState) -> dict:
         messages = state["messages"]
         if not messages or messages[0].type != "system":
-            messages = [SystemMessage(SYSTEM), *messages]
-        return {"messages": [await agent_model.ainvoke(messages)]}
+            messages = [SystemMessage(system_prompt), *messages]
+        asked = first_model if messages[-1].type == "human" else agent_model
+        return {"messages": [await asked.ainvoke(messages)]}
 
     async def act(state: MessagesState) -> dict:
         last = state["messages"][-1]

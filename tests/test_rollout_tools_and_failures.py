@@ -162,3 +162,24 @@ async def test_episode_id_is_the_engine_request_id(tiny_tokenizer):
     await run_episode(looping_graph(model), {"messages": [HumanMessage("go")]}, episode_id="ep-7",
                       graph_config={"recursion_limit": 3})
     assert seen == ["ep-7"] * 3
+
+
+async def test_the_calculator_can_require_a_tool_call_first(tiny_model, tiny_tokenizer):
+    """``require_tool``: the first answer to a question is a well-formed calculator call whatever the
+    (random) model would say; what follows is free."""
+    from verlog.backends.embedded import EmbeddedEngine
+
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
+    try:
+        model = VerlogChatModel(engine=engine, tokenizer=tiny_tokenizer, max_tokens=48)
+        graph = CALCULATOR.build(model, max_tool_rounds=1, require_tool=True)
+        episode = await run_episode(graph, {"messages": [HumanMessage(calculator_row(2)["prompt"])]},
+                                    graph_config={"recursion_limit": 20})
+    finally:
+        engine.close()
+    assert episode.status == "ok", episode.error
+    first = episode.output["messages"][1]
+    assert first.response_metadata["sampling"]["constraint"]  # held to the tool's schema
+    calls = first.tool_calls or first.invalid_tool_calls  # invalid only when max_tokens cut the call
+    assert calls and calls[0]["name"] == "calculate"
+    assert first.tool_calls or first.response_metadata["finish_reason"] == "length"
