@@ -9,16 +9,22 @@ It also times the engine alone (no graph, no game) decoding with 1 row and with 
 (a decode step's cost grows with its rows, which bounds what batching can gain on decoding), and
 the same episodes against an engine that answers at once (what the event loop alone can drive).
 
-Measured 2026-11-24 on the 2-core machine with nothing else running, four runs: 5.9x, 6.3x,
-6.5x, 6.5x (272-304 turns/s against 42-48), 27-28 of 32 requests in a decode step on average.
-The engine alone took 0.9-1.0 ms per decode step with one row and 3.5-4.1 ms with 32: each row
-adds ~0.1 ms (attention and the layer matmuls of the tiny model on one thread), so batching can
-gain at most 7.3-8.4x on decoding even with every step full, 7.1-8.2x at the rows the episodes
-kept. The event loop is not the limit (1,180-1,280 turns/s with an instant engine). Giving the
-engine both cores (``cpu_threads=2``) makes a full step cheaper (2.7 ms) but the engine then
-competes with the event loop for them: 5.8x, with 22 rows a step. On this machine 8x sits at the
-decode bound itself, which prefill passes (admitting each new turn) keep the runs below; on a GPU
-a decode step's cost hardly grows with its rows.
+Each measurement is repeated side by side (``--repeats``, default 3) and the median reported, with
+the share of the decode ceiling it reaches (target >= 85%).
+
+Before the decode step moved to the device (2026-11-24, nothing else running): 5.9-6.5x, 27-28
+requests per pass, ceiling 7.1-8.2x; per-row Python work and a host copy of every row's
+distribution each step. 2026-11-26, with the decode step on the device
+(``verlog.backends.decode_rows``: sampling, stops and grammar masks as batched tensor ops, one
+``[B]`` read-back per step), in the quietest windows this shared machine gave (another engineer's
+training benchmark held about a core): load 1.4-1.8, 8.7x, 7.8x, 7.2x (median 7.8x, 85% of the
+ceiling; 23-25 requests per pass). Prompts whose cache covers all but their last token then
+joined without a prefill pass (26-28 requests per pass): load 0.8-1.8, 7.6x, 8.9x, 11.4x (median
+8.9x; 166-180 turns/s against 15-22; 79-99% of the ceiling, median 87%); load 1.2-1.4 with a
+pip resolve running beside it, 7.3x, 7.2x, 7.1x (median 7.2x, 77%). The ratio needs two free
+cores (the engine's thread and the event loop run at once in the batched run, one at a time in
+the single one), so a third busy process lowers it; on a GPU a decode step's cost hardly grows
+with its rows.
 """
 
 from __future__ import annotations
