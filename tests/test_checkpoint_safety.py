@@ -207,3 +207,25 @@ def test_resuming_from_a_pickled_checkpoint_is_one_error_line(tmp_path, capsys):
     [line] = [line for line in err.splitlines() if line.startswith("error:")]
     assert f"{saved}: optimizers.pt is a pickle file" in line
     assert not marker.exists()
+
+
+def test_a_hub_cache_snapshot_loads_but_a_link_out_of_a_folder_does_not(tmp_path):
+    """Hugging Face's hub cache keeps a model's files in ``blobs/`` and links them from
+    ``snapshots/<revision>/``: such a snapshot loads; the same link in any other folder is refused."""
+    from verlog.models import load_causal_lm, load_tokenizer, tiny_model_dir
+
+    repo = tmp_path / "models--verlog--tiny"
+    snapshot, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for i, source in enumerate(sorted(tiny_model_dir().iterdir())):
+        shutil.copy(source, blobs / f"blob{i}")
+        os.symlink(f"../../blobs/blob{i}", snapshot / source.name)
+    assert load_tokenizer(snapshot).chat_template and load_causal_lm(snapshot) is not None
+
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(snapshot, elsewhere)  # the files themselves ...
+    (elsewhere / "model.safetensors").unlink()  # ... but the weights, a link to the cache's blob
+    os.symlink((snapshot / "model.safetensors").resolve(), elsewhere / "model.safetensors")
+    with pytest.raises(CheckpointError, match="is a symbolic link to .* outside"):
+        load_causal_lm(elsewhere)

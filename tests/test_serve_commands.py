@@ -53,14 +53,18 @@ def test_serve_refuses_a_taken_port_instead_of_printing_an_address_it_will_not_b
 
 
 def test_serve_settings_keep_the_key_off_the_disk(tmp_path):
+    uri = "postgresql://agent:pa55@db:5432/threads"
     settings = GraphServeSettings(graph=ROOT / "graphs" / "calculator.py", base_url="http://127.0.0.1:8000/v1",
-                                  model="tiny", api_key="s3cret", temperature=0.0, state_dir=tmp_path)
+                                  model="tiny", api_key="s3cret", temperature=0.0, state_dir=tmp_path,
+                                  postgres_uri=uri)
     config = langgraph_config(settings)
     assert config["graphs"] == {"calculator": "verlog.serve.langgraph_app:graph"}
+    assert config["checkpointer"] == {"path": "verlog.serve.durable.checkpointer"}  # durable threads
     assert config["dependencies"] == [str(ROOT)]
-    assert "s3cret" not in json.dumps(config)
+    assert "s3cret" not in json.dumps(config) and "pa55" not in json.dumps(config)
     env = server_environment(settings, base={})
     assert env["VERLOG_API_KEY"] == "s3cret" and env["VERLOG_TEMPERATURE"] == "0.0"
+    assert env["VERLOG_POSTGRES_URI"] == uri and env["VERLOG_STATE_DB"] == str(tmp_path.resolve() / "threads.sqlite")
     assert env["VERLOG_GRAPH"] == str(ROOT / "graphs" / "calculator.py") and env["VERLOG_GRAPHS_DIR"] == ""
 
 

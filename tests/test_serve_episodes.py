@@ -1,4 +1,5 @@
-"""`verlog serve` plays whole episodes, in every stream mode, and across a restart of the server.
+"""`verlog serve` plays whole episodes, in every stream mode, across a restart of the server, and
+across a crash (SIGKILL) of it.
 
 graphs/babyai.py behind LangGraph's server (``verlog serve`` → ``langgraph dev``), its model
 ``ChatOpenAI`` on ``serve-model``'s API over the tiny random model, whose answers are noise: every
@@ -7,6 +8,10 @@ episode runs to BabyAI's 128-step cap. The run's recursion limit is the graph's 
 mode that carries the reward events). Then the server is stopped mid-episode and started again
 on the same state folder: the thread's run goes on from its checkpoint, its game rebuilt from
 the seed and answers the state holds, and ends as the uninterrupted episode of the same seed.
+Killed with SIGKILL mid-episode instead, the server comes back with every thread its durable
+checkpointer (SQLite in the state folder) kept: the run that was cut off is retried and goes on
+from its last checkpoint, a thread created just before the crash is there and can be continued,
+and both end as their uninterrupted episodes.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,10 +33,9 @@ pytest.importorskip("langchain_openai")
 pytest.importorskip("langgraph_api")
 langgraph_sdk = pytest.importorskip("langgraph_sdk")
 
-from langgraph_server import free_port, running  # noqa: E402
+from langgraph_server import SlowCountingEngine, free_port, running, serve_command, server_process  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-GRAPH = ROOT / "graphs" / "babyai.py"
 CAP = 128  # BabyAI's step cap under verlog's protocol
 
 
@@ -42,11 +48,12 @@ def endpoint(tiny_model, tiny_tokenizer):
     engine.close()
 
 
-def serve_command(base_url: str, port: int, state_dir: Path) -> list[str]:
-    # short answers (the tiny model's are noise anyway); seeded sampling: the same episode each time
-    return [sys.executable, "-m", "verlog.serve", "serve", str(GRAPH), "--base-url", base_url, "--model", "tiny",
-            "--temperature", "1", "--seed", "5", "--port", str(port), "--state-dir", str(state_dir),
-            "--graph-kwargs", json.dumps({"max_tokens": 3})]
+@pytest.fixture(scope="module")
+def slow_endpoint(tiny_model, tiny_tokenizer):
+    engine = SlowCountingEngine(EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0), delay_s=0.25)
+    with serve_in_thread(OpenAIServer(engine, tiny_tokenizer, model_name="tiny")) as base_url:
+        yield base_url, engine
+    engine.inner.close()
 
 
 def assert_whole_episode(state: dict) -> None:
@@ -109,3 +116,58 @@ async def test_a_thread_goes_on_after_the_server_restarts(endpoint, tmp_path):
     assert_whole_episode(whole)
     for key in ("seed", "steps", "episode_return", "observation", "actions", "history"):
         assert resumed[key] == whole[key], key
+
+
+async def _steps(client, thread_id: str) -> int:
+    values = (await client.threads.get_state(thread_id))["values"]
+    return values.get("steps", 0) if values else 0
+
+
+async def test_episodes_survive_a_sigkill_of_the_server(slow_endpoint, tmp_path):
+    base_url, engine = slow_endpoint
+    cap = 40  # steps of these episodes (max_steps), ~0.3 s each
+    env = {**os.environ, "VERLOG_API_KEY": ""}
+    state_dir = tmp_path / "state"
+    command = lambda port: serve_command(base_url, port, state_dir, max_steps=cap)  # noqa: E731
+    ops = state_dir / ".langgraph_api" / ".langgraph_ops.pckl"  # the server's records of threads and runs
+
+    port = free_port()
+    with server_process(command(port), env, ROOT, port, tmp_path / "first.log") as (url, process):
+        client = langgraph_sdk.get_client(url=url)
+        cut = (await client.threads.create())["thread_id"]
+        run = await client.runs.create(cut, "babyai", input={"seed": 2})
+        created = time.time()
+        # the server writes its records every 10 s: once it has written this run's, start a
+        # thread it will not have written when it is killed
+        while not (ops.exists() and ops.stat().st_mtime > created + 0.5):
+            await asyncio.sleep(0.1)
+        fresh = (await client.threads.create())["thread_id"]
+        await client.runs.create(fresh, "babyai", input={"seed": 3})
+        while await _steps(client, fresh) < 2:
+            await asyncio.sleep(0.05)
+        os.kill(process.pid, signal.SIGKILL)  # mid-episode, no shutdown of any kind
+        process.wait(timeout=10)
+    assert "threads kept in" in (tmp_path / "first.log").read_text()
+
+    port = free_port()
+    with server_process(command(port), env, ROOT, port, tmp_path / "second.log") as (url, _):
+        client = langgraph_sdk.get_client(url=url)
+        saved = await _steps(client, cut)
+        assert 0 < saved < cap  # the checkpoint of the cut-off step survived the kill
+        calls = engine.calls
+        # the run the kill cut off is retried by the server and goes on from that checkpoint
+        await client.runs.join(cut, run["run_id"])
+        cut_state = (await client.threads.get_state(cut))["values"]
+        assert cut_state["steps"] == cap and cut_state["done"]
+        assert engine.calls - calls <= cap - saved + 1  # the steps left (and the one cut), not the whole episode
+        # the thread created just before the kill is there (restored from the checkpointer) and goes on
+        assert 0 < await _steps(client, fresh) < cap
+        fresh_state = await client.runs.wait(fresh, "babyai", input=None)
+        # both end as their uninterrupted episodes
+        whole = {seed: await client.runs.wait((await client.threads.create())["thread_id"], "babyai",
+                                              input={"seed": seed}) for seed in (2, 3)}
+    assert "restored from the checkpointer" in (tmp_path / "second.log").read_text()
+    for state, seed in ((cut_state, 2), (fresh_state, 3)):
+        assert "__error__" not in state, state
+        for key in ("seed", "steps", "episode_return", "observation", "actions", "history"):
+            assert state[key] == whole[seed][key], (seed, key)

@@ -14,7 +14,8 @@ not wholly in the folder:
   random values and the server would serve), an extra one or a wrong shape is refused. Adapters
   are checked against the LoRA layers their ``adapter_config.json`` adds to the base model.
 * **Nothing outside the folder.** Every file verlog (or transformers) reads must be a regular
-  file inside the folder: a symbolic link that leads out of it, a device or a pipe is refused.
+  file inside the folder: a symbolic link that leads out of it, a device or a pipe is refused
+  (but for a Hugging Face hub cache snapshot, whose files are links to its model's ``blobs/``).
 * **Bounded reads.** JSON, template and tokenizer files are size-limited
   (:data:`MAX_JSON_BYTES`, :data:`MAX_TOKENIZER_BYTES`) and JSON is parsed with bounded nesting
   before transformers reads it.
@@ -109,7 +110,7 @@ def _check_entry(folder: Path, path: Path, limit: int | None) -> None:
         info = os.stat(target)
     except (OSError, RuntimeError) as exc:  # a dangling link, a loop
         raise CheckpointError(f"{path}: unreadable ({first_line(exc)})") from None
-    if path.is_symlink() and not target.is_relative_to(root):
+    if path.is_symlink() and not target.is_relative_to(root) and not _hub_cache_blob(root, target):
         raise CheckpointError(f"{path} is a symbolic link to {target}, outside {root}: verlog reads only files "
                               "inside the folder (copy the real files in)")
     if stat.S_ISDIR(info.st_mode):
@@ -118,6 +119,13 @@ def _check_entry(folder: Path, path: Path, limit: int | None) -> None:
         raise CheckpointError(f"{path} is not a regular file (a device, pipe or socket)")
     if limit is not None and info.st_size > limit:
         raise CheckpointError(f"{path} is {info.st_size} bytes, over verlog's limit of {limit} for this file")
+
+
+def _hub_cache_blob(root: Path, target: Path) -> bool:
+    """Whether ``target`` is a file of the Hugging Face hub cache's ``blobs/`` folder of the model
+    whose snapshot ``root`` is (``models--org--name/snapshots/<revision>`` links every file
+    there): the one place outside a folder its links may lead."""
+    return root.parent.name == "snapshots" and target.parent == root.parent.parent / "blobs"
 
 
 def _check_folder(folder: Path) -> list[str]:

@@ -89,6 +89,8 @@ def _run_serve_model(args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout_s or None,
         max_messages=args.max_messages,
         read_timeout_s=args.read_timeout_s,
+        large_body_bytes=args.large_body_bytes,
+        max_large_queue=args.max_large_queue,
     )
     server = OpenAIServer(
         engine, tokenizer, model_name=name, api_key=api_key, limits=limits,
@@ -138,6 +140,11 @@ def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--default-max-tokens", type=int, default=256, help="response budget when a request sets none")
     g.add_argument("--max-concurrency", type=int, default=64, help="requests generating at once")
     g.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond those (more get 429)")
+    g.add_argument("--large-body-bytes", type=int, default=64 << 10,
+                   help="bodies over this size are prepared on a lane of their own, apart from small requests "
+                   "(default 64 KiB)")
+    g.add_argument("--max-large-queue", type=int, default=8,
+                   help="large bodies handled at once (more get 429 while small requests are still served)")
     g.add_argument("--request-timeout-s", type=float, default=600.0, help="stop a generation after this (0: never)")
     g.add_argument("--max-messages", type=int, default=2048,
                    help="most messages in one request (checked before the prompt is rendered)")
@@ -151,7 +158,7 @@ def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------------ serve
 def _serve(args: argparse.Namespace) -> int:
     from verlog.graph_file import GraphFileError
-    from verlog.serve.langgraph_dev import GraphServeSettings, serve_graph
+    from verlog.serve.langgraph_dev import STATE_DB, GraphServeSettings, serve_graph
 
     if not _is_loopback(args.host):
         _say(f"warning: serving the graph on {args.host}: LangGraph's dev server has no authentication")
@@ -171,11 +178,13 @@ def _serve(args: argparse.Namespace) -> int:
         jobs_per_worker=args.jobs,
         allow_blocking=args.allow_blocking,
         state_dir=Path(args.state_dir) if args.state_dir else None,
+        postgres_uri=args.postgres_uri or os.environ.get("VERLOG_POSTGRES_URI") or None,
     )
     def announce(state_dir: Path) -> None:
+        threads = "Postgres ($VERLOG_POSTGRES_URI)" if settings.postgres_uri else f"{state_dir / STATE_DB}"
         _say(f"serving graph '{settings.name}' ({settings.graph}) with model '{args.model}' at {args.base_url} "
              f"on http://{args.host}:{args.port} (LangGraph server API; SDK: langgraph_sdk.get_client); "
-             f"state in {state_dir}")
+             f"threads kept in {threads}")
 
     try:
         return serve_graph(settings, announce)
@@ -209,7 +218,11 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--allow-blocking", action="store_true",
                    help="let graph nodes make blocking calls (LangGraph's dev server refuses them by default)")
     p.add_argument("--state-dir", default=None,
-                   help="where langgraph.json and the server's state go (default: under ~/.cache/verlog/serve)")
+                   help="where langgraph.json and the server's state go, the threads' checkpoints included "
+                   "(threads.sqlite; default: under ~/.cache/verlog/serve)")
+    p.add_argument("--postgres-uri", default=None,
+                   help="keep the threads' checkpoints in Postgres instead (postgresql://...; default: "
+                   "$VERLOG_POSTGRES_URI); needs langgraph-checkpoint-postgres")
     p.set_defaults(func=_serve)
     return p
 

@@ -44,6 +44,7 @@ from typing import Any
 
 from verlog.config import json_object
 from verlog.graph_file import load_graph_file
+from verlog.serve.durable import continued_input
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,9 @@ def recursion_limit_from_env() -> int | None:
 def with_own_recursion_limit(graph: Any, limit: int | None = None) -> Any:
     """``graph`` running with ``limit`` (default: its own, else 100) whenever a run's config sets
     none, also under ``astream_events`` (which LangGraph's server uses for ``stream_mode``
-    ``"events"``, and which otherwise gives the graph LangChain's default of 25)."""
+    ``"events"``, and which otherwise gives the graph LangChain's default of 25); and a run the
+    server retries after a crash going on from its last checkpoint instead of starting again
+    (:func:`verlog.serve.durable.continued_input`)."""
     from langgraph.pregel import Pregel
 
     from verlog.rollout.runner import recursion_limit_of
@@ -122,7 +125,14 @@ def with_own_recursion_limit(graph: Any, limit: int | None = None) -> Any:
         async for event in base.astream_events(self, input, config, **kwargs):
             yield event
 
-    served = type(base.__name__, (base,), {"astream_events": astream_events, "__module__": base.__module__})
+    async def astream(self: Any, input: Any, config: Any = None, **kwargs: Any):
+        # a run the server retries after a crash goes on from its last checkpoint (verlog.serve.durable)
+        input = await continued_input(self, input, config)
+        async for chunk in base.astream(self, input, config, **kwargs):
+            yield chunk
+
+    served = type(base.__name__, (base,), {"astream_events": astream_events, "astream": astream,
+                                           "__module__": base.__module__})
     return served(**{k: v for k, v in graph.__dict__.items() if k != "__orig_class__"})
 
 

@@ -4,12 +4,12 @@ LangGraph's server (``langgraph-cli[inmem]``) already gives a graph what a servi
 threads with a checkpointer (a ``thread_id`` per conversation or episode), runs that wait or
 stream (``updates``, ``values``, ``messages``, ``custom`` events), assistants, and a Python/JS
 SDK (``langgraph_sdk``). So verlog does not grow its own graph server: it writes a
-``langgraph.json`` naming :mod:`verlog.serve.langgraph_app`'s ``graph``, passes the model
-settings as ``VERLOG_*`` environment variables (the API key never touches the disk) and runs
-``langgraph dev --no-browser --no-reload`` in a state folder outside the project (the in-memory
-server keeps its threads there between restarts). The graph entry is importable Python
-(``verlog.serve.langgraph_app``), which is what ``langgraph build``/``langgraph up`` (Docker)
-read too.
+``langgraph.json`` naming :mod:`verlog.serve.langgraph_app`'s ``graph`` and verlog's durable
+checkpointer (:mod:`verlog.serve.durable`: SQLite in the state folder, or Postgres), passes the
+model settings as ``VERLOG_*`` environment variables (the API key and the database address never
+touch the disk) and runs ``langgraph dev --no-browser --no-reload`` in a state folder outside the
+project. The graph entry is importable Python (``verlog.serve.langgraph_app``), which is what
+``langgraph build``/``langgraph up`` (Docker) read too.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ from verlog.graph_file import load_graph_file
 
 #: what the generated langgraph.json names the served graph's module variable
 GRAPH_TARGET = "verlog.serve.langgraph_app:graph"
+#: the checkpointer the generated langgraph.json names (an async context manager, by module path)
+CHECKPOINTER_TARGET = "verlog.serve.durable.checkpointer"
+#: the SQLite file of the threads' checkpoints, in the state folder
+STATE_DB = "threads.sqlite"
 
 
 @dataclass
@@ -50,6 +54,8 @@ class GraphServeSettings:
     jobs_per_worker: int | None = None
     allow_blocking: bool = False
     state_dir: Path | None = None
+    #: a Postgres connection string: threads' checkpoints there instead of the state folder's SQLite
+    postgres_uri: str | None = None
 
     @property
     def name(self) -> str:
@@ -74,12 +80,16 @@ def langgraph_config(settings: GraphServeSettings) -> dict[str, Any]:
     return {
         "dependencies": [str(project)],
         "graphs": {settings.name: GRAPH_TARGET},
+        "checkpointer": {"path": CHECKPOINTER_TARGET},
     }
 
 
 def server_environment(settings: GraphServeSettings, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of the ``langgraph dev`` process: the model and graph settings."""
+    """The environment of the ``langgraph dev`` process: the model, graph and state settings."""
     env = dict(os.environ if base is None else base)
+    env["VERLOG_STATE_DB"] = str(state_dir_for(settings).resolve() / STATE_DB)
+    if settings.postgres_uri:
+        env["VERLOG_POSTGRES_URI"] = settings.postgres_uri
     env.update({
         "VERLOG_GRAPH": str(settings.graph.resolve()),
         "VERLOG_GRAPH_KWARGS": json.dumps(settings.graph_kwargs),
@@ -119,11 +129,19 @@ def check_installed() -> None:
     """Fail with the install command if LangGraph's server is missing."""
     import importlib.util
 
-    missing = [m for m in ("langgraph_cli", "langgraph_api", "langchain_openai") if importlib.util.find_spec(m) is None]
+    def absent(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is None
+        except ModuleNotFoundError:  # its parent package is missing
+            return True
+
+    missing = [m for m in ("langgraph_cli", "langgraph_api", "langchain_openai", "langgraph.checkpoint.sqlite")
+               if absent(m)]
     if missing:
         raise RuntimeError(
-            f"`verlog serve` needs LangGraph's server and LangChain's OpenAI model ({', '.join(missing)} missing): "
-            "pip install -e '.[serve]'  (langgraph-cli[inmem], langchain-openai)"
+            f"`verlog serve` needs LangGraph's server, LangChain's OpenAI model and LangGraph's SQLite checkpointer "
+            f"({', '.join(missing)} missing): pip install -e '.[serve]'  (langgraph-cli[inmem], langchain-openai, "
+            "langgraph-checkpoint-sqlite)"
         )
 
 
