@@ -1,9 +1,11 @@
 """Production reuse: serve a trained checkpoint and the same graph files, unchanged.
 
 * :mod:`verlog.serve.openai_server`: an OpenAI-compatible chat server on any verlog engine
-  (``verlog serve-model CHECKPOINT``).
+  (``verlog serve-model CHECKPOINT``); its wire format in :mod:`verlog.serve.openai_protocol`,
+  its admission (lanes, places, prompt bounds) in :mod:`verlog.serve.admission`.
 * :mod:`verlog.serve.langgraph_app`: the graphs of ``graphs/*.py`` built around LangChain's
-  ``ChatOpenAI`` for LangGraph's own server (``langgraph.json``, ``verlog serve GRAPH``).
+  ``ChatOpenAI`` for LangGraph's own server (``langgraph.json``, ``verlog serve GRAPH``), their
+  threads kept by a durable checkpointer (:mod:`verlog.serve.durable`: SQLite or Postgres).
 * :mod:`verlog.serve.commands`: the ``serve-model`` and ``serve`` commands.
 """
 
