@@ -7,7 +7,7 @@ split before and after training is printed as mean ± standard error, with the d
 standard errors of the difference, the run's settings and its wall time. Writes
 ``<out>/dataset_learning.json``.
 
-    python benchmarks/dataset_learning.py [--updates 24] [--lr 1e-5] [--test-rows 200] [--out runs/bench]
+    python benchmarks/dataset_learning.py [--updates 32] [--lr 5e-5] [--test-rows 200] [--out runs/bench]
 
 The evaluation is greedy (temperature 0) on the test split's first ``--test-rows`` rows: rows never
 trained on. ``--resume`` continues an interrupted run from its last checkpoint.
@@ -40,8 +40,8 @@ RECIPE = {
     "sampling.temperature": 0.7,          # a 135M model at 1.0 rambles: few groups with a success
     "sampling.max_tokens": 64,            # a call or an answer needs ~30
     "trainer.num_envs": 16,               # 16 slots x 4 turns = 64 turns per update
-    "trainer.turns_per_env": 4,
-    "trainer.group_size": 8,              # GRPO groups of 8 plays of one question
+    "trainer.turns_per_env": 4,           # an episode is 2 calls (the tool call, the answer)
+    "trainer.group_size": 4,              # GRPO groups of 4 plays of one question: 8 questions per update
     "trainer.save_every": 4,
     "algorithm.estimator": "grpo",
     "algorithm.kl_coef": 0.0,             # no reference model: memory and time
@@ -67,7 +67,7 @@ def difference(before: dict, after: dict) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--updates", type=int, default=24)
+    parser.add_argument("--updates", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-5, help="the actor's AdamW learning rate")
     parser.add_argument("--test-rows", type=int, default=200, help="test rows evaluated before and after (200: all)")
     parser.add_argument("--out", default="runs/bench")
