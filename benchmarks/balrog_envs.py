@@ -63,7 +63,7 @@ def steps_per_second(name: str, steps: int, seed: int = 0) -> tuple[float, float
 
 
 def _bot(name: str, env):
-    from verlog.envs.nle_agents import RandomTextAgent
+    from verlog.envs.nle.agents import RandomTextAgent
     from verlog.envs.play import make_bot
 
     bot = make_bot(env, name)

@@ -1,7 +1,7 @@
 """The TextWorld oracle under BALROG's protocol on fresh games: wins/N per game type.
 
 For each of BALROG's TextWorld game types (treasure hunter, the cooking game, coin collector), it
-generates games with BALROG's settings (``protocol="balrog"``; see ``verlog/envs/textworld_env.py``)
+generates games with BALROG's settings (``protocol="balrog"``; see ``verlog/envs/textworld/env.py``)
 for seeds that are not in BALROG's 25-game pool (default: 100,000 and up), one game per seed
 (``pool_size=None``), and plays each with the game's own walkthrough through the text interface
 (``TextWorldWalkthroughAgent``: every command goes through BALROG's answer cleaning, 80-command
@@ -32,13 +32,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from verlog.envs.base import play_steps  # noqa: E402
-from verlog.envs.textworld_env import (  # noqa: E402
+from verlog.envs.textworld.env import (  # noqa: E402
     BALROG_TASK_NAMES,
     TextWorldTextEnv,
     TextWorldWalkthroughAgent,
     shortened_walkthrough,
 )
-from verlog.envs.textworld_games import build_game, cached_game  # noqa: E402
+from verlog.envs.textworld.games import build_game, cached_game  # noqa: E402
 
 DEFAULT_OUT = Path("runs/bench/textworld_oracle.jsonl")
 

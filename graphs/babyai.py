@@ -1,4 +1,4 @@
-"""BabyAI played as text (verlog/envs/babyai.py): go to, pick up, open, put next to, pick up then go to.
+"""BabyAI played as text (verlog/envs/babyai/env.py): go to, pick up, open, put next to, pick up then go to.
 
 ``protocol: verlog`` (default, the training variant): the agent sees the game's instructions, its
 previous observation and answer, and the current observation; it answers with reasoning and

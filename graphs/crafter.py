@@ -1,4 +1,4 @@
-"""Crafter played as text (verlog/envs/crafter_env.py): survive, collect, craft.
+"""Crafter played as text (verlog/envs/crafter/env.py): survive, collect, craft.
 
 The agent sees what is around it with directions and distances, what it faces, its status and
 inventory; it answers with reasoning and ``ACTION: <one of 17 actions>``. Reward is Crafter's

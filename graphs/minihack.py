@@ -1,4 +1,4 @@
-"""MiniHack played as text (verlog/envs/nle_env.py): BALROG's MiniHack tasks that run offline.
+"""MiniHack played as text (verlog/envs/nle/env.py): BALROG's MiniHack tasks that run offline.
 
 Tasks: ``MazeWalk-9x9``, ``MazeWalk-15x15``, ``Corridor-R3``, ``CorridorBattle-Dark``,
 ``Quest-Easy``, ``Quest-Medium`` (Boxoban needs a download and is left out). Reward 1 for

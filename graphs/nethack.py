@@ -1,4 +1,4 @@
-"""NetHack played as text (verlog/envs/nle_env.py): the NetHack Challenge (``NetHackChallenge-v0``).
+"""NetHack played as text (verlog/envs/nle/env.py): the NetHack Challenge (``NetHackChallenge-v0``).
 
 Reward is the in-game score gained; BALROG's progression (deepest level and highest experience
 level reached) is in ``info["progression"]``.

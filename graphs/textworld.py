@@ -1,4 +1,4 @@
-"""TextWorld played as text (verlog/envs/textworld_env.py): BALROG's three generated games.
+"""TextWorld played as text (verlog/envs/textworld/env.py): BALROG's three generated games.
 
 Games: ``treasure_hunter`` (find the named object behind doors and locks), ``coin_collector``
 (find the coin), ``cooking`` (gather, cut and cook a recipe's ingredients, then eat the meal).

@@ -10,10 +10,10 @@ from verlog.envs.actions import (
     normalize,
     parse_action,
 )
-from verlog.envs.babyai import ACTIONS as BABYAI_ACTIONS
-from verlog.envs.babyai import SYNONYMS as BABYAI_SYNONYMS
-from verlog.envs.crafter_env import ACTIONS as CRAFTER_ACTIONS
-from verlog.envs.crafter_env import SYNONYMS as CRAFTER_SYNONYMS
+from verlog.envs.babyai.env import ACTIONS as BABYAI_ACTIONS
+from verlog.envs.babyai.env import SYNONYMS as BABYAI_SYNONYMS
+from verlog.envs.crafter.env import ACTIONS as CRAFTER_ACTIONS
+from verlog.envs.crafter.env import SYNONYMS as CRAFTER_SYNONYMS
 
 
 def babyai(answer: str) -> str | None:

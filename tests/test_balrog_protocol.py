@@ -143,7 +143,7 @@ def test_babyai_balrog_levels_objects_caps_and_exclusions(task: str) -> None:
 
 
 def test_babyai_text_wording_of_fixed_states() -> None:
-    from verlog.envs.babyai import describe_view_balrog
+    from verlog.envs.babyai.env import describe_view_balrog
 
     # the encoded 7x7 view: [x][y] = (object, colour, state); the agent at (3, 6) looks up
     empty, wall, ball, door, key = 1, 2, 6, 4, 5
@@ -405,7 +405,7 @@ def test_babaisai_levels_follow_the_benchmark_layouts(seed: int) -> None:
 def _blank_crafter(protocol: str = "balrog"):
     """A Crafter game under BALROG's protocol whose 13x11 area around the player is all grass with
     no creature: the tests below lay out fixed states on it."""
-    from verlog.envs.crafter_env import CrafterTextEnv
+    from verlog.envs.crafter.env import CrafterTextEnv
 
     env = CrafterTextEnv(seed=0, protocol=protocol)
     env.reset(0)
@@ -422,7 +422,7 @@ def _blank_crafter(protocol: str = "balrog"):
 
 
 def test_crafter_balrog_settings_and_action_names() -> None:
-    from verlog.envs.crafter_balrog import BALROG_ACTIONS
+    from verlog.envs.crafter.balrog_text import BALROG_ACTIONS
 
     crafter = get_family("crafter").balrog
     assert crafter.task_names() == ("default",) and crafter.max_steps == {"": 2000}
@@ -443,7 +443,7 @@ def test_crafter_balrog_settings_and_action_names() -> None:
 def test_crafter_balrog_reset_plays_a_noop_and_answers_are_exact() -> None:
     import crafter
 
-    from verlog.envs.crafter_env import _TextCrafter
+    from verlog.envs.crafter.env import _TextCrafter
 
     env = make_env("crafter", protocol="balrog")
     env.reset(5)
@@ -726,7 +726,7 @@ async def test_babyai_graph_under_balrog_plays_the_naive_agents_prompt() -> None
 
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 
-    from verlog.envs.babyai import BabyAIBotAgent
+    from verlog.envs.babyai.env import BabyAIBotAgent
     from verlog.graph_file import load_graph_file
 
     env = make_env("babyai:goto", protocol="balrog")

@@ -32,7 +32,7 @@ SEED = 1_000_000  # verlog eval's first seed: TextWorld game (seed + 1) % 2 = 1,
 def game(tmp_path_factory) -> Path:
     """A small TextWorld coin collector game, generated for the test (game.z8 + game.json)."""
     pytest.importorskip("textworld")
-    from verlog.envs.textworld_games import build_game
+    from verlog.envs.textworld.games import build_game
 
     path, _ = build_game("coin_collector", {"level": 5, "only_last_action": True}, 0,
                          tmp_path_factory.mktemp("tw-cache"))
@@ -115,7 +115,7 @@ async def test_prompts_equal_the_layouts_texts_verbatim(layout: Path, family: st
 
 def test_textworld_plays_the_layouts_games_in_balrogs_order(layout: Path, game: Path) -> None:
     pytest.importorskip("textworld")
-    from verlog.envs.textworld_env import TextWorldTextEnv, TextWorldWalkthroughAgent
+    from verlog.envs.textworld.env import TextWorldTextEnv, TextWorldWalkthroughAgent
 
     source = BalrogSource(layout)
     files = source.textworld_games("coin_collector")
@@ -141,7 +141,7 @@ def test_textworld_plays_the_layouts_games_in_balrogs_order(layout: Path, game: 
 
 
 def test_a_glulx_game_without_its_json_is_refused(tmp_path: Path) -> None:
-    from verlog.envs.textworld_games import zmachine_game
+    from verlog.envs.textworld.games import zmachine_game
 
     lone = tmp_path / "lone.ulx"
     lone.write_bytes(b"Glul")

@@ -15,7 +15,7 @@ from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.envs.agent_graph import recursion_limit_for
 from verlog.envs.babaisai import make as make_baba
 from verlog.envs.babaisai.solver import bot_actions
-from verlog.envs.babyai import BabyAIBotAgent, BabyAITextEnv
+from verlog.envs.babyai.env import BabyAIBotAgent, BabyAITextEnv
 from verlog.graph_file import load_graph_file
 from verlog.llm import VerlogChatModel
 from verlog.rollout import Episode, run_episode
@@ -100,7 +100,7 @@ async def test_history_window_keeps_prompts_flat():
 
 
 async def test_environment_failure_is_a_failed_episode(monkeypatch):
-    from verlog.envs.crafter_env import CrafterTextEnv
+    from verlog.envs.crafter.env import CrafterTextEnv
 
     calls = {"n": 0}
     real_step = CrafterTextEnv.step

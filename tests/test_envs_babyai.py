@@ -1,4 +1,4 @@
-"""BabyAI in text (``verlog.envs.babyai``), the registry and ``play``."""
+"""BabyAI in text (``verlog.envs.babyai.env``), the registry and ``play``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from verlog.envs.actions import ANSWER_FORMAT
-from verlog.envs.babyai import (
+from verlog.envs.babyai.env import (
     ACTIONS,
     NOOP,
     TASKS,

@@ -1,4 +1,4 @@
-"""Crafter in text (``verlog.envs.crafter_env``)."""
+"""Crafter in text (``verlog.envs.crafter.env``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from verlog.envs.actions import ANSWER_FORMAT
-from verlog.envs.crafter_env import (
+from verlog.envs.crafter.env import (
     ACHIEVEMENTS,
     ACTIONS,
     CrafterScriptedAgent,

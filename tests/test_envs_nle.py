@@ -16,14 +16,14 @@ import pytest
 nethack = pytest.importorskip("nle.nethack")
 pytest.importorskip("minihack")
 
-from verlog.envs import nle_text as T  # noqa: E402
-from verlog.envs.nle_agents import (  # noqa: E402
+from verlog.envs.nle import verlog_text as T  # noqa: E402
+from verlog.envs.nle.agents import (  # noqa: E402
     MiniHackSearchAgent,
     RandomTextAgent,
     parse_observation,
     play_episode,
 )
-from verlog.envs.nle_env import MINIHACK_TASKS, MiniHackTextEnv, NetHackTextEnv, native_keys  # noqa: E402
+from verlog.envs.nle.env import MINIHACK_TASKS, MiniHackTextEnv, NetHackTextEnv, native_keys  # noqa: E402
 from verlog.envs.registry import MINIHACK_TASKS as REGISTRY_MINIHACK, list_envs, make_env  # noqa: E402
 
 warnings.filterwarnings("ignore", category=UserWarning)

@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("nle")
 pytest.importorskip("minihack")
 
-from verlog.envs import nle_language as L  # noqa: E402
-from verlog.envs.nle_env import (  # noqa: E402
+from verlog.envs.nle import balrog_text as L  # noqa: E402
+from verlog.envs.nle.env import (  # noqa: E402
     BALROG_MINIHACK_KWARGS,
     BALROG_NETHACK_KWARGS,
     BalrogMiniHackTextEnv,
@@ -263,7 +263,7 @@ def test_minihack_goal_gives_balrogs_progression() -> None:
     """The moves verlog's search agent finds win the same level under BALROG's protocol, with
     BALROG's progression (the last step's game reward reaches 1)."""
     from verlog.envs.base import play_steps
-    from verlog.envs.nle_agents import MiniHackSearchAgent
+    from verlog.envs.nle.agents import MiniHackSearchAgent
 
     verlog_env = MiniHackTextEnv("MazeWalk-9x9")
     moves = [r.info["action"] for r in play_steps(verlog_env, MiniHackSearchAgent(can_open=False), 1)]

@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("textworld")
 
 from verlog.envs.base import play_steps  # noqa: E402
-from verlog.envs import textworld_env as TW  # noqa: E402
+from verlog.envs.textworld import env as TW  # noqa: E402
 from verlog.envs.registry import list_envs, make_env  # noqa: E402
-from verlog.envs.textworld_env import (  # noqa: E402
+from verlog.envs.textworld.env import (  # noqa: E402
     TextWorldTextEnv,
     TextWorldWalkthroughAgent,
     build_game,

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("textworld")
 
 from verlog.envs.base import play_steps  # noqa: E402
-from verlog.envs.textworld_env import (  # noqa: E402
+from verlog.envs.textworld.env import (  # noqa: E402
     AMBIGUOUS,
     BALROG_POOL_SIZE,
     BALROG_TASK_NAMES,
@@ -263,7 +263,7 @@ def test_walkthrough_agent_wins_a_game_with_a_hyphenated_door() -> None:
 
 
 def test_walkthrough_agent_drops_each_key_after_its_last_use() -> None:
-    from verlog.envs.textworld_env import keys_dropped_after_use
+    from verlog.envs.textworld.env import keys_dropped_after_use
 
     plan = [
         "take key", "unlock gate with key", "open gate", "take non-euclidean key from box",
@@ -307,7 +307,7 @@ def test_fresh_treasure_hunters_that_need_the_agents_care_are_won_and_one_is_unw
 
 
 def test_walkthrough_plan_drops_steps_that_change_nothing() -> None:
-    from verlog.envs.textworld_env import shortened_walkthrough
+    from verlog.envs.textworld.env import shortened_walkthrough
 
     walkthrough = [
         "inventory", "examine cookbook", "go north", "go south", "go east", "take knife from table",

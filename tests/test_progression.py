@@ -80,8 +80,8 @@ def test_progression_dispatches_on_the_env_name() -> None:
 
 
 def test_existing_environments_report_progression() -> None:
-    from verlog.envs.babyai import BabyAIBotAgent, BabyAITextEnv
-    from verlog.envs.crafter_env import CrafterTextEnv
+    from verlog.envs.babyai.env import BabyAIBotAgent, BabyAITextEnv
+    from verlog.envs.crafter.env import CrafterTextEnv
 
     env = BabyAITextEnv("goto")
     observation = env.reset(1)

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from verlog.config import load_config
-from verlog.envs.babyai import ACTIONS
+from verlog.envs.babyai.env import ACTIONS
 from verlog.evaluation.baseline import RandomActionChatModel, evaluate_random, game_actions, main
 from verlog.evaluation.tasks import config_tasks
 from verlog.train import train

@@ -10,7 +10,7 @@ import torch
 from langchain_core.messages import convert_to_openai_messages
 
 from verlog.envs import balrog_protocol
-from verlog.envs.babyai import ACTIONS
+from verlog.envs.babyai.env import ACTIONS
 from verlog.envs.registry import make_env
 from verlog.models import MODEL_SPECS, load_causal_lm, load_tokenizer, resolve_model_path
 from verlog.models.babyai_words import BABYAI_WORDS_MODEL_NAME, build_babyai_words_model

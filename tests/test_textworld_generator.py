@@ -19,8 +19,8 @@ from textworld.generator.data import KnowledgeBase  # noqa: E402
 from textworld.challenges.tw_treasure_hunter import treasure_hunter  # noqa: E402
 from textworld.logic import Proposition, Variable  # noqa: E402
 
-from verlog.envs import textworld_generator  # noqa: E402
-from verlog.envs.textworld_games import _generate  # noqa: E402
+from verlog.envs.textworld import generator as textworld_generator  # noqa: E402
+from verlog.envs.textworld.games import _generate  # noqa: E402
 
 TREASURE_KB = treasure_hunter.KB_PATH
 TEXTWORLD_CHECK = chaining._Chainer.check_state

@@ -24,19 +24,19 @@ from verlog.envs.progression import (
 )
 
 # --------------------------------------------------------------------------------------------
-# BabyAI (verlog/envs/babyai.py)
+# BabyAI (verlog/envs/babyai/env.py)
 
 BABYAI_TASKS: tuple[str, ...] = ("goto", "pickup", "pick_up_seq_go_to", "open", "putnext")
 
 
 def _make_babyai(task: str, seed: int | None, **kwargs: Any) -> TextEnv:
-    from verlog.envs.babyai import BabyAITextEnv
+    from verlog.envs.babyai.env import BabyAITextEnv
 
     return BabyAITextEnv(task, seed, **kwargs)
 
 
 def _babyai_bot(env: TextEnv) -> TextAgent:
-    from verlog.envs.babyai import BabyAIBotAgent, BabyAITextEnv
+    from verlog.envs.babyai.env import BabyAIBotAgent, BabyAITextEnv
 
     assert isinstance(env, BabyAITextEnv)
     return BabyAIBotAgent(env)
@@ -50,7 +50,7 @@ register_family(EnvFamily(
     progression=babyai_progression,
     summary="BabyAI grid-world missions (minigrid), as text",
     # BALROG: BabyAI-MixedTrainLocal-v0 restricted to one mission kind, num_dists 0; caps are the
-    # level's own (minigrid's room_size**2 per instruction step, see verlog/envs/babyai.py)
+    # level's own (minigrid's room_size**2 per instruction step, see verlog/envs/babyai/env.py)
     balrog=BalrogSettings(
         tasks=(
             ("BabyAI-MixedTrainLocal-v0/goto", "goto"),
@@ -151,17 +151,17 @@ register_family(EnvFamily(
 ))
 
 # --------------------------------------------------------------------------------------------
-# Crafter (verlog/envs/crafter_env.py)
+# Crafter (verlog/envs/crafter/env.py)
 
 
 def _make_crafter(task: str, seed: int | None, **kwargs: Any) -> TextEnv:
-    from verlog.envs.crafter_env import CrafterTextEnv
+    from verlog.envs.crafter.env import CrafterTextEnv
 
     return CrafterTextEnv(seed, **kwargs)
 
 
 def _crafter_bot(env: TextEnv) -> TextAgent:
-    from verlog.envs.crafter_env import BalrogCrafterScriptedAgent, CrafterScriptedAgent, CrafterTextEnv
+    from verlog.envs.crafter.env import BalrogCrafterScriptedAgent, CrafterScriptedAgent, CrafterTextEnv
 
     if isinstance(env, CrafterTextEnv) and env.balrog:
         return BalrogCrafterScriptedAgent(env)
@@ -186,13 +186,13 @@ register_family(EnvFamily(
 ))
 
 # --------------------------------------------------------------------------------------------
-# TextWorld (verlog/envs/textworld_env.py)
+# TextWorld (verlog/envs/textworld/env.py)
 
 TEXTWORLD_GAMES: tuple[str, ...] = ("treasure_hunter", "coin_collector", "cooking")
 
 
 def _make_textworld(task: str, seed: int | None, **kwargs: Any) -> TextEnv:
-    from verlog.envs.textworld_env import TextWorldTextEnv
+    from verlog.envs.textworld.env import TextWorldTextEnv
 
     return TextWorldTextEnv(task, seed, **kwargs)
 
@@ -203,7 +203,7 @@ def _textworld_games(source: BalrogSource, name: str) -> dict[str, Any]:
 
 
 def _textworld_bot(env: TextEnv) -> TextAgent:
-    from verlog.envs.textworld_env import TextWorldTextEnv, TextWorldWalkthroughAgent
+    from verlog.envs.textworld.env import TextWorldTextEnv, TextWorldWalkthroughAgent
 
     assert isinstance(env, TextWorldTextEnv)
     return TextWorldWalkthroughAgent(env)
@@ -232,7 +232,7 @@ register_family(EnvFamily(
 ))
 
 # --------------------------------------------------------------------------------------------
-# MiniHack and NetHack (verlog/envs/nle_env.py)
+# MiniHack and NetHack (verlog/envs/nle/env.py)
 
 #: BALROG's MiniHack tasks that run offline
 MINIHACK_TASKS: tuple[str, ...] = (
@@ -250,14 +250,14 @@ MINIHACK_LEFT_OUT: dict[str, str] = {
 
 
 def _make_minihack(task: str, seed: int | None, **kwargs: Any) -> TextEnv:
-    from verlog.envs.nle_env import make_minihack
+    from verlog.envs.nle.env import make_minihack
 
     return make_minihack(task, seed, **kwargs)
 
 
 def _minihack_bot(env: TextEnv) -> TextAgent | None:
-    from verlog.envs.nle_agents import MiniHackSearchAgent
-    from verlog.envs.nle_env import MiniHackTextEnv
+    from verlog.envs.nle.agents import MiniHackSearchAgent
+    from verlog.envs.nle.env import MiniHackTextEnv
 
     if not isinstance(env, MiniHackTextEnv):  # BALROG's variant answers one key at a time: no bot
         return None
@@ -269,7 +269,7 @@ def _minihack_prompt(env: TextEnv, name: str) -> PromptCall:
     module imports the NLE language wrapper for the action names (verlog's copy of its table)."""
     from types import SimpleNamespace
 
-    from verlog.envs.nle_language import NLE_ACTION_NAMES
+    from verlog.envs.nle.balrog_text import NLE_ACTION_NAMES
 
     game = SimpleNamespace(actions=tuple(getattr(getattr(env, "game", None), "actions", ())))
     wrapper = SimpleNamespace(all_nle_action_map=NLE_ACTION_NAMES)
@@ -277,7 +277,7 @@ def _minihack_prompt(env: TextEnv, name: str) -> PromptCall:
 
 
 def _make_nethack(task: str, seed: int | None, **kwargs: Any) -> TextEnv:
-    from verlog.envs.nle_env import make_nethack
+    from verlog.envs.nle.env import make_nethack
 
     return make_nethack(seed, **kwargs)
 

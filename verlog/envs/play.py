@@ -80,7 +80,7 @@ def play(
                 "valid actions (--agent random)"
             )
     elif agent == "random":
-        from verlog.envs.nle_agents import RandomTextAgent
+        from verlog.envs.nle.agents import RandomTextAgent
 
         bot = RandomTextAgent(env.valid_actions, seed=seed or 0)
     if bot is not None and protocol == "balrog":  # bots answer in verlog's format

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from verlog.envs.base import play_steps
-from verlog.envs.nle_text import DIRECTION_OF_OFFSET, DIRECTIONS
+from verlog.envs.nle.verlog_text import DIRECTION_OF_OFFSET, DIRECTIONS
 
 _POSITION = re.compile(r"^Position: column (\d+), row (\d+)\.$")
 _RAY = re.compile(r"^- (north|east|south|west|northeast|southeast|southwest|northwest): (.+)$")
@@ -47,7 +47,7 @@ def parse_offset(text: str) -> tuple[int, int]:
 
 @dataclass
 class NLEObservation:
-    """The facts of one observation text (see :func:`verlog.envs.nle_text.render`)."""
+    """The facts of one observation text (see :func:`verlog.envs.nle.verlog_text.render`)."""
 
     position: tuple[int, int] | None = None
     #: direction -> (open squares in a row, what stops the line)

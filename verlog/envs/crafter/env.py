@@ -13,7 +13,7 @@ Episodes end when the player dies (terminated) or after ``max_steps`` turns (tru
 own length is 10000). ``info["achievements"]`` lists the achievements unlocked so far and, at the
 end, ``info["success"]`` says whether the player was still alive.
 
-``protocol="balrog"`` plays Crafter as BALROG's evaluation does (:mod:`verlog.envs.crafter_balrog`):
+``protocol="balrog"`` plays Crafter as BALROG's evaluation does (:mod:`verlog.envs.crafter.balrog_text`):
 its action names (``Move West`` ...), its observation text (a long-term part kept in the history
 and a status-and-inventory part shown only with the newest observation), a ``Noop`` played by
 every reset, exact-match answers with ``Noop`` for anything else and no penalty, 2,000 steps.
@@ -33,7 +33,8 @@ import crafter
 import numpy as np
 from crafter import constants
 
-from verlog.envs import balrog_protocol, crafter_balrog
+from verlog.envs import balrog_protocol
+from verlog.envs.crafter import balrog_text as crafter_balrog
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv, play_steps
 from verlog.envs.family import check_protocol

@@ -11,7 +11,7 @@
     settings below); burning or wrongly preparing an ingredient loses.
 
 Games are generated offline from (family, settings, seed) and cached on disk
-(:mod:`verlog.envs.textworld_games`). Two protocols:
+(:mod:`verlog.envs.textworld.games`). Two protocols:
 
 **verlog** (the training variant, the default). Settings: treasure hunter ``level=26``, coin
 collector ``level=220``, cooking ``recipe=5, take=5, go=12, open, cook, cut, split="train"`` with
@@ -56,7 +56,7 @@ game is won or lost and is truncated after ``max_steps`` commands (80, BALROG's)
 BALROG's ``max(score / max_score, won)``.
 
 Every call into TextWorld's engine (loading a game, reset, step, close) holds
-:data:`verlog.envs.textworld_games.ENGINE_LOCK`: TextWorld parses game files with one
+:data:`verlog.envs.textworld.games.ENGINE_LOCK`: TextWorld parses game files with one
 module-level parser, so two games loaded at once in one process corrupt each other. Games are
 generated in child processes, never in this one.
 """
@@ -74,7 +74,7 @@ from verlog.envs.balrog_protocol import clean_answer
 from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
 from verlog.envs.progression import textworld_value
-from verlog.envs.textworld_games import (
+from verlog.envs.textworld.games import (
     ENGINE_LOCK,
     SEED_STRIDE,
     build_game,
@@ -638,7 +638,7 @@ def pregenerate(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m verlog.envs.textworld_env FAMILY [--protocol balrog] [--games N] [--jobs J]``:
+    """``python -m verlog.envs.textworld.env FAMILY [--protocol balrog] [--games N] [--jobs J]``:
     generate a protocol's games ahead of time (BALROG's level-30 treasure hunter games take 7 s
     median, up to a few minutes)."""
     import argparse

@@ -6,19 +6,19 @@ and compiled to a Z-machine file (``game.z8``) with the Inform 7 compiler shippe
 ``verlog_cache_dir()/textworld/<family>-<settings>/seed-<seed>/`` (built in a temporary folder,
 then renamed into place, so concurrent processes never see half a game).
 
-**Generation runs in a child process** (``python -m verlog.envs.textworld_games``): TextWorld's
+**Generation runs in a child process** (``python -m verlog.envs.textworld.games``): TextWorld's
 generator, compiler and game loader share module-level state (one ``tatsu`` logic parser, the
 knowledge base), so two games generated or loaded at once in one process corrupt each other
 (``IndexError: pop from empty list``, parse errors). A child process shares nothing with the
 games being played here, and several children can build games in parallel (at most one per CPU
 core at a time). Loading and playing games in this process is serialised by
-:data:`ENGINE_LOCK` (see :mod:`verlog.envs.textworld_env`). The child answers TextWorld's
-constraint checks with :mod:`verlog.envs.textworld_generator`, which gives the same games from
+:data:`ENGINE_LOCK` (see :mod:`verlog.envs.textworld.env`). The child answers TextWorld's
+constraint checks with :mod:`verlog.envs.textworld.generator`, which gives the same games from
 the same seeds, 10 to 100 times faster for BALROG's level-30 treasure hunter.
 
 **Candidate seeds**: a seed whose settings admit no game (TextWorld raises
 ``QuestGenerationError``, or its walkthrough search does not end: see
-:mod:`verlog.envs.textworld_generator`), or whose game fails a filter of the settings
+:mod:`verlog.envs.textworld.generator`), or whose game fails a filter of the settings
 (``walkthrough_length``), moves on to the next candidate ``seed + k * 1_000_003``,
 deterministically; the seed actually used is returned (and reported as ``info["game_seed"]``). A
 rejected candidate is remembered by a ``seed-<n>.failed`` file, so it is not generated twice.
@@ -140,7 +140,7 @@ def build_game(family: str, settings: Mapping[str, Any], seed: int, root: Path |
 def _build_in_child(family: str, settings: Mapping[str, Any], seed: int, root: Path | None) -> tuple[Path, int]:
     request = {"family": family, "settings": dict(settings), "seed": seed, "root": str(root or cache_root())}
     done = subprocess.run(
-        [sys.executable, "-m", "verlog.envs.textworld_games", json.dumps(request)],
+        [sys.executable, "-m", "verlog.envs.textworld.games", json.dumps(request)],
         capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     lines = done.stdout.strip().splitlines()
@@ -154,12 +154,12 @@ def _build_in_child(family: str, settings: Mapping[str, Any], seed: int, root: P
 def build_game_here(family: str, settings: Mapping[str, Any], seed: int, root: Path | None = None) -> tuple[Path, int]:
     """:func:`build_game` in this very process (what the child process runs). Not thread-safe
     with any other TextWorld use in the process: call it from a process of its own. It swaps
-    verlog's changes into TextWorld's generator (:mod:`verlog.envs.textworld_generator`: the same
+    verlog's changes into TextWorld's generator (:mod:`verlog.envs.textworld.generator`: the same
     games, a level-30 treasure hunter in seconds instead of minutes, and no endless walkthrough
     search)."""
     from textworld.generator import QuestGenerationError
 
-    from verlog.envs.textworld_generator import install
+    from verlog.envs.textworld.generator import install
 
     install()
 
@@ -255,7 +255,7 @@ def zmachine_game(path: str | os.PathLike, root: Path | None = None) -> Path:
         if not (final / "game.z8").is_file():
             request = {"zmachine": str(description), "final": str(final)}
             done = subprocess.run(
-                [sys.executable, "-m", "verlog.envs.textworld_games", json.dumps(request)],
+                [sys.executable, "-m", "verlog.envs.textworld.games", json.dumps(request)],
                 capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
             )
             if done.returncode != 0 or not (final / "game.z8").is_file():

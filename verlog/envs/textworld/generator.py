@@ -37,7 +37,7 @@ quest; being a count, the bound rejects the same candidates on every machine.
 ``textworld==1.7.0``: it relies on ``_Chainer.apply(node, action)``,
 ``_Chainer.check_state(state)`` and ``ActionDependencyTree.flatten()``, which the tests
 exercise). Only the child process that generates games calls it
-(:mod:`verlog.envs.textworld_games`): TextWorld's classes are shared by the whole process.
+(:mod:`verlog.envs.textworld.games`): TextWorld's classes are shared by the whole process.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ contains (message, objects with distance and direction, map, inventory; see
 Actions (:data:`BASE_ACTIONS`, :func:`expand_actions`) are named: ``north`` ... ``northwest``,
 ``far east`` (run), ``go down`` (``>``), ``search``, ``pick up``, ``kick west``, ``eat f``,
 ``zap g north`` ... ; each becomes a short key sequence with the prompts it raises answered from
-its arguments (see :mod:`verlog.envs.nle_env`).
+its arguments (see :mod:`verlog.envs.nle.env`).
 """
 
 from __future__ import annotations

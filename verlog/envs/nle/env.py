@@ -5,12 +5,12 @@ Names: ``minihack:<task>`` for the MiniHack tasks of BALROG's suite that run off
 ``Boxoban-Hard`` and ``Boxoban-Medium``; their levels are downloaded at run time, which cannot
 work offline, so they are left out (:data:`MINIHACK_LEFT_OUT`).
 
-What the model reads is :func:`verlog.envs.nle_text.render`: the turn's messages, status,
+What the model reads is :func:`verlog.envs.nle.verlog_text.render`: the turn's messages, status,
 position, what lies in each compass direction, what else is on the map with direction and
 distance, and the inventory (the ASCII map too with ``show_map=True``).
 
 Actions are named (``north``, ``far east``, ``go down``, ``search``, ``kick west``, ``eat f``,
-``zap g north`` ...; :data:`verlog.envs.nle_text.BASE_ACTIONS`). One action can take several
+``zap g north`` ...; :data:`verlog.envs.nle.verlog_text.BASE_ACTIONS`). One action can take several
 keystrokes: the command key, then the answers to the prompts it raises, taken from its
 arguments (the direction, the item letter). Every other prompt is handled so the agent never
 faces a stalled game: ``--More--`` is continued (its text kept in the message), a menu or text
@@ -37,7 +37,7 @@ through its API; the seeds are set on the underlying ``nle`` game object instead
 
 **BALROG's protocol** (:func:`make_minihack` / :func:`make_nethack` with ``protocol="balrog"``;
 :class:`BalrogMiniHackTextEnv`, :class:`BalrogNetHackTextEnv`): the game made with BALROG's
-settings (``config.yaml``), the text BALROG's model reads (:mod:`verlog.envs.nle_language`: the
+settings (``config.yaml``), the text BALROG's model reads (:mod:`verlog.envs.nle.balrog_text`: the
 NLE language wrapper's message, language observation and cursor, the full terminal as the map,
 the inventory), one key per answer named as the wrapper names it, the game's questions and menus
 left to the model (only ``--More--`` is continued), and BALROG's instructions and goals. What is
@@ -57,7 +57,7 @@ from nle import nethack
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
-from verlog.envs.nle_text import (
+from verlog.envs.nle.verlog_text import (
     BASE_ACTIONS,
     DIRECTIONS,
     SYNONYMS,
@@ -706,7 +706,7 @@ class BalrogNLETextEnv(TextEnv):
     """A NetHack-based game under BALROG's protocol (:func:`make_minihack` / :func:`make_nethack`
     with ``protocol="balrog"``).
 
-    * **Observation**: BALROG's hybrid text (:func:`verlog.envs.nle_language.balrog_texts`): the
+    * **Observation**: BALROG's hybrid text (:func:`verlog.envs.nle.balrog_text.balrog_texts`): the
       inventory, then the message, the language observation, the cursor and the full terminal map.
       :attr:`history_observation` (also ``info["history_observation"]``) is the part BALROG keeps
       of it in the history: everything but the inventory.
@@ -761,14 +761,14 @@ class BalrogNLETextEnv(TextEnv):
     # -- the game ---------------------------------------------------------------------------------
 
     def reset(self, seed: int | None = None) -> str:
-        from verlog.envs.nle_language import text_message
+        from verlog.envs.nle.balrog_text import text_message
 
         obs = _restart(self, seed)
         self._render(text_message(obs["tty_chars"]))
         return self._observation
 
     def _render(self, message: str) -> None:
-        from verlog.envs.nle_language import balrog_texts
+        from verlog.envs.nle.balrog_text import balrog_texts
 
         assert self._obs is not None
         self._observation, self._history_observation = balrog_texts(self._obs, message)
@@ -794,7 +794,7 @@ class BalrogNLETextEnv(TextEnv):
         return obs, float(reward), bool(terminated), bool(truncated), info
 
     def step(self, action_text: str) -> StepResult:
-        from verlog.envs.nle_language import key_of, text_message
+        from verlog.envs.nle.balrog_text import key_of, text_message
 
         if self._done or self._obs is None:
             raise RuntimeError("the episode is over: call reset() first")
@@ -916,7 +916,7 @@ class BalrogMiniHackTextEnv(BalrogNLETextEnv):
         self, task: str, seed: int | None = None, *, max_steps: int = DEFAULT_MINIHACK_MAX_STEPS,
         invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
     ) -> None:
-        from verlog.envs.nle_language import minihack_action_names
+        from verlog.envs.nle.balrog_text import minihack_action_names
 
         if task not in MINIHACK_TASKS:
             raise _unknown_task(task)
@@ -977,7 +977,7 @@ class BalrogNetHackTextEnv(BalrogNLETextEnv):
         invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
         no_progress_timeout: int = DEFAULT_NO_PROGRESS_TIMEOUT,
     ) -> None:
-        from verlog.envs.nle_language import nethack_action_names
+        from verlog.envs.nle.balrog_text import nethack_action_names
 
         kwargs = {**BALROG_NETHACK_KWARGS, "max_episode_steps": max_steps, "no_progress_timeout": no_progress_timeout}
         super().__init__(NETHACK_ID, seed, max_steps=max_steps,
@@ -1010,7 +1010,7 @@ class BalrogNetHackTextEnv(BalrogNLETextEnv):
 
     @property
     def instruction(self) -> str:
-        from verlog.envs.nle_language import NETHACK_PROMPT_ACTIONS
+        from verlog.envs.nle.balrog_text import NETHACK_PROMPT_ACTIONS
 
         return (
             "You are an agent playing NetHack. These are the actions you can take, each with a "

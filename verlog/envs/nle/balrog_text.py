@@ -28,7 +28,7 @@ the wrapper's lookup tables do.
 
 Actions: :data:`NLE_ACTION_KEYS` names every NetHack command the wrapper names (``north`` ->
 ``k``, ``far east`` -> ``L``, ``pickup`` -> ``,``, ``esc`` ...); :func:`nethack_action_names` and
-:func:`minihack_action_names` are the action sets BALROG accepts (see :mod:`verlog.envs.nle_env`).
+:func:`minihack_action_names` are the action sets BALROG accepts (see :mod:`verlog.envs.nle.env`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""BabyAI (minigrid's grid-world missions) played as text: :mod:`.env` holds the game and its bot."""
