@@ -1,6 +1,6 @@
 """The ``serve-model`` and ``serve`` commands (registered on verlog's CLI by :func:`add_serve_commands`).
 
-    verlog serve-model CHECKPOINT [--port 8000] [--api-key K] [--served-model-name NAME] ...
+    verlog serve-model CHECKPOINT [--port 8000] [--api-key K] [--served-model-name NAME] [--record DIR|URL] ...
     verlog serve GRAPH --base-url URL --model NAME [--api-key K] [--port 2024] ...
 
 Also runnable on their own: ``python -m verlog.serve serve-model tiny``.
@@ -55,6 +55,8 @@ def _serve_model(args: argparse.Namespace) -> int:
         return _fail(f"cannot serve on {args.host}:{args.port}: {exc}")
     except ValueError as exc:  # bad limits or dtype, a checkpoint verlog will not load (CheckpointError)
         return _fail(str(exc))
+    except RuntimeError as exc:  # the trace store cannot be opened (TraceStoreError)
+        return _fail(str(exc))
 
 
 def _run_serve_model(args: argparse.Namespace) -> int:
@@ -79,6 +81,19 @@ def _run_serve_model(args: argparse.Namespace) -> int:
     _say(f"loading {source.model}{adapters} on {device} ...")
     model, tokenizer = load_policy(source, dtype=args.dtype, device=device)
     engine = EmbeddedEngine(model, tokenizer, max_batch_size=args.max_batch_size, seed=args.seed)
+
+    def reload() -> tuple[Any, Any, str]:
+        """The newest checkpoint of what is served (``None`` for the engine: it is the one in
+        service), through the same checked loader."""
+        newest = find_policy(args.checkpoint, base=args.base_model)
+        if newest.version == server.model_version:
+            return None, tokenizer, newest.version
+        _say(f"loading {newest.label} (version {newest.version}) ...")
+        new_model, new_tokenizer = load_policy(newest, dtype=args.dtype, device=device)
+        new_engine = EmbeddedEngine(new_model, new_tokenizer, max_batch_size=args.max_batch_size, seed=args.seed)
+        return new_engine, new_tokenizer, newest.version
+
+    recorder = _open_recorder(args)
     limits = ServerLimits(
         max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens,
@@ -95,17 +110,37 @@ def _run_serve_model(args: argparse.Namespace) -> int:
     server = OpenAIServer(
         engine, tokenizer, model_name=name, api_key=api_key, limits=limits,
         chat_template_kwargs=args.chat_template_kwargs, host=args.host, port=args.port,
+        model_version=source.version, recorder=recorder, reloader=reload,
     )
 
     def announce() -> None:
-        _say(f"serving '{name}' at {server.base_url} (OpenAI API: /v1/chat/completions, /v1/models)"
-             f"{'; API key required' if api_key else ''}. Ctrl-C stops.")
+        recording = (f"; recording to {recorder.store.where} ({recorder.store.policy.privacy})"
+                     if recorder is not None else "")
+        _say(f"serving '{name}' version {source.version} at {server.base_url} (OpenAI API: /v1/chat/completions, "
+             f"/v1/models){'; API key required' if api_key else ''}{recording}. Ctrl-C stops.")
 
     try:
         run_server(server, on_start=announce)
     finally:
-        engine.close()
+        server.engine.close()
+        if recorder is not None:
+            recorder.close()
+            recorder.store.close()
     return 0
+
+
+def _open_recorder(args: argparse.Namespace) -> Any:
+    """The trace recorder of ``--record`` (``None`` without it)."""
+    if not args.record:
+        return None
+    from verlog.traces import RecordingPolicy, TraceRecorder, open_store
+
+    policy = RecordingPolicy(
+        privacy=args.record_privacy,
+        max_bytes=int(args.record_max_mb * 2**20) if args.record_max_mb else None,
+        retention_days=args.record_retention_days or None,
+    )
+    return TraceRecorder(open_store(args.record, policy))
 
 
 def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -132,6 +167,17 @@ def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--chat-template-kwargs", type=_json_object, default={},
                    help="JSON passed to the chat template: use training's multi_turn.chat_template_kwargs "
                    '(e.g. \'{"enable_thinking": false}\')')
+    r = p.add_argument_group("traces (production traffic back to training: docs/production_loop.md)")
+    r.add_argument("--record", default=None, metavar="DIR|URL",
+                   help="record every completion token-exact in a trace store: a folder (SQLite) or a "
+                   "postgresql:// URL; enables POST /v1/feedback")
+    r.add_argument("--record-privacy", default="full", choices=["full", "ids_only"],
+                   help="full: token ids, logprobs, the request's messages and the answer's text; ids_only: no text "
+                   "is stored (token ids and logprobs only)")
+    r.add_argument("--record-max-mb", type=float, default=1024.0,
+                   help="the store's size bound: the least recently written episodes are deleted past it (0: none)")
+    r.add_argument("--record-retention-days", type=float, default=30.0,
+                   help="episodes not written to for this long are deleted (0: kept)")
     g = p.add_argument_group("request limits")
     g.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     g.add_argument("--max-prompt-tokens", type=int, default=None,

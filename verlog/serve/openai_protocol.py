@@ -226,10 +226,7 @@ def parse_request(body: Any) -> ChatCompletionRequest:
     except ValidationError as exc:
         first = exc.errors()[0]
         param = _loc(first["loc"])
-        if first["type"] == "extra_forbidden":
-            raise APIError(400, f"Unrecognized request argument supplied: {param}", param=param) from None
-        if first["type"] == "missing":
-            raise APIError(400, f"Missing required parameter: '{param}'.", param=param) from None
+        _refuse_field(first, param)
         if param.startswith("tool_choice"):
             raise APIError(400, f"Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or "
                            f"{{'type': 'function', 'function': {{'name': ...}}}} (got {body.get('tool_choice')!r:.200})",
@@ -242,6 +239,45 @@ def parse_request(body: Any) -> ChatCompletionRequest:
     if request.response_format is not None and isinstance(request.response_format.json_schema, dict):
         _check_schema(request.response_format.json_schema.get("schema"), "response_format.json_schema.schema")
     return request
+
+
+def _refuse_field(error: Any, param: str) -> None:
+    """An unknown or a missing field as OpenAI words it (400)."""
+    if error["type"] == "extra_forbidden":
+        raise APIError(400, f"Unrecognized request argument supplied: {param}", param=param) from None
+    if error["type"] == "missing":
+        raise APIError(400, f"Missing required parameter: '{param}'.", param=param) from None
+
+
+class FeedbackRequest(_Strict):
+    """``POST /v1/feedback``: a reward (and success, info) for an episode, or for one of its turns."""
+
+    episode_id: str = Field(min_length=1, max_length=256)
+    reward: float | None = None
+    success: bool | None = None
+    info: dict[str, Any] | None = None
+    #: the turn (0-based, in the episode's order) the reward is for; absent: the whole episode
+    turn: int | None = Field(None, ge=0)
+
+    def model_post_init(self, context: Any) -> None:
+        if self.turn is not None and self.reward is None:
+            raise ValueError("turn feedback needs a reward")
+
+
+def parse_feedback(body: Any) -> FeedbackRequest:
+    """Validate a feedback body; raise :class:`APIError` (400) naming the first bad field."""
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    if isinstance(body.get("reward"), int) and not isinstance(body.get("reward"), bool):
+        body = {**body, "reward": float(body["reward"])}  # JSON has one number type
+    try:
+        return FeedbackRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = _loc(first["loc"]) or "turn"
+        _refuse_field(first, param)
+        raise APIError(400, f"Invalid value for '{param}': {first['msg']} (got {first.get('input')!r:.200})",
+                       param=param) from None
 
 
 #: the most choices a schema may offer at one point of an answer: the keys an object may write

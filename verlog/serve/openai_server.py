@@ -30,6 +30,16 @@ over the limit is refused before it is tokenized whole (:mod:`verlog.serve.admis
 connection must send its headers, and then its body, within ``read_timeout_s`` (else it is
 closed, or answered 408); when the queue is full a request is refused (429) before its body is
 read or parsed.
+
+Production traffic back to training (``serve-model --record``): with a
+:class:`~verlog.traces.TraceRecorder` every completion is written to the trace store token-exact
+(prompt ids, response ids, logprobs, sampling, model version, latency), filed under the episode
+the client names (the ``X-Verlog-Episode`` header, else the request's ``user`` field, else one
+episode per completion; the answer carries the episode and the model version in
+``X-Verlog-Episode`` / ``X-Verlog-Model-Version``); ``POST /v1/feedback`` attaches a reward to an
+episode or a turn later. :meth:`OpenAIServer.swap` (``POST /v1/admin/reload`` with a reloader)
+puts a new checkpoint in service without dropping requests: requests in flight finish on the
+weights they started on, then the old engine is closed.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ import hmac
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
@@ -54,6 +65,9 @@ from verlog.local_server import LocalServer
 from verlog.serve.admission import Admission, PromptBound
 from verlog.serve import openai_protocol as proto
 from verlog.serve.openai_protocol import APIError
+from verlog.traces.records import EPISODE_HEADER, VERSION_HEADER, TracedTurn
+from verlog.traces.recorder import TraceRecorder
+from verlog.traces.store import UnknownEpisodeError
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +129,32 @@ class ServerLimits:
             )
 
 
+class _Policy:
+    """A model version in service: its engine, its id, and the requests generating on it (a
+    version swapped out is closed once they have finished)."""
+
+    def __init__(self, engine: Engine, version: str):
+        self.engine, self.version = engine, version
+        self.in_flight = 0
+        self.retired = False
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        self.idle.clear()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle.set()
+
+
+#: what a server's reloader returns: the new engine (``None`` when the newest version is the one
+#: in service), its tokenizer, its version id
+Reloaded = tuple["Engine | None", Any, str]
+
+
 class _TokenStream:
     """An engine call whose tokens arrive as they are chosen (``engine.stream``: all at the end
     for engines that cannot report them earlier). Iterate for batches of ``(id, logprob)``; then
@@ -154,6 +194,8 @@ class _PreparedCall:
     prefix: str
     sampling: SamplingParams
     has_tools: bool
+    #: the request's messages as sent (kept for the trace store's ``full`` privacy mode)
+    messages: Any = None
 
 
 def _held_back(text: str, markers: list[str]) -> int:
@@ -178,6 +220,10 @@ class OpenAIServer(LocalServer):
         limits: request limits (see :class:`ServerLimits`).
         chat_template_kwargs: as in training's ``multi_turn.chat_template_kwargs``.
         host, port: where :meth:`start` listens (``port=0``: a free port, see :attr:`port`).
+        model_version: the id of the weights served (a checkpoint id), recorded with each trace.
+        recorder: records every completion in a trace store (``None``: nothing is recorded).
+        reloader: loads the newest checkpoint of what is served (``POST /v1/admin/reload``);
+            ``None``: the endpoint answers 404.
     """
 
     def __init__(
@@ -191,9 +237,15 @@ class OpenAIServer(LocalServer):
         chat_template_kwargs: dict[str, Any] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        model_version: str | None = None,
+        recorder: TraceRecorder | None = None,
+        reloader: Callable[[], Reloaded] | None = None,
     ):
         super().__init__(host, port)
-        self.engine = engine
+        self._policy = _Policy(engine, model_version or model_name)
+        self.recorder = recorder
+        self.reloader = reloader
+        self._swapping = asyncio.Lock()
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.api_key = api_key or None
@@ -221,6 +273,16 @@ class OpenAIServer(LocalServer):
         self.responses: dict[int, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def engine(self) -> Engine:
+        """The engine of the model version now in service (new requests go to it)."""
+        return self._policy.engine
+
+    @property
+    def model_version(self) -> str:
+        """The id of the weights now in service."""
+        return self._policy.version
+
     @property
     def base_url(self) -> str:
         """What OpenAI clients take as ``base_url``: ``http://host:port/v1``."""
@@ -252,6 +314,8 @@ class OpenAIServer(LocalServer):
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_get("/health", self._health)
+        app.router.add_post("/v1/feedback", self._feedback)
+        app.router.add_post("/v1/admin/reload", self._reload)
         return app
 
     # ------------------------------------------------------------------ plumbing
@@ -278,7 +342,7 @@ class OpenAIServer(LocalServer):
             kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
             message = f"{request.method} {request.path}: {exc.reason}"
             if exc.status == 404:
-                message += " (served: POST /v1/chat/completions, GET /v1/models, GET /health)"
+                message += " (served: POST /v1/chat/completions, GET /v1/models, GET /health, POST /v1/feedback)"
             response = web.json_response(proto.error_body(message, type=kind), status=exc.status)
         except (asyncio.CancelledError, ConnectionResetError):
             raise
@@ -329,7 +393,7 @@ class OpenAIServer(LocalServer):
 
     # ------------------------------------------------------------------ endpoints
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "model": self.model_name,
+        return web.json_response({"status": "ok", "model": self.model_name, "version": self.model_version,
                                   "generating": self._admission.active, "waiting": self._admission.queued})
 
     def _model_card(self) -> dict[str, Any]:
@@ -367,10 +431,19 @@ class OpenAIServer(LocalServer):
                     await asyncio.to_thread(self.engine.validate_constraint, sampling.constraint)
                 except EngineError as exc:
                     raise APIError(400, str(exc), param="response_format" if req.response_format else "tools") from None
+            episode = self._episode_of(request, req)
             async with self._admission.slot():
-                if req.stream:
-                    return await self._stream(request, req, prompt_ids, prefix, sampling, has_tools)
-                generation = await self._generate(prompt_ids, sampling)
+                policy, started = self._policy, time.perf_counter()
+                policy.enter()
+                try:
+                    if req.stream:
+                        return await self._stream(request, req, prompt_ids, prefix, sampling, has_tools,
+                                                  policy=policy, episode=episode, messages=call.messages)
+                    generation = await self._generate(prompt_ids, sampling, policy.engine)
+                finally:
+                    policy.leave()
+        self._record(episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started,
+                     self._answer_text(generation, sampling, prefix), call.messages)
         message = self.chat_model.to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
         content, calls = proto.answer_parts(message, self._answer_text(generation, sampling, prefix))
         choice: dict[str, Any] = {
@@ -390,7 +463,7 @@ class OpenAIServer(LocalServer):
             "model": self.model_name,
             "choices": [choice],
             "usage": proto.usage(len(prompt_ids), len(generation.token_ids)),
-        })
+        }, headers=self._trace_headers(episode, policy))
 
     def _prepare(self, raw: bytes) -> _PreparedCall:
         """Decode, validate and render a request body (on a worker thread: its cost grows with
@@ -415,7 +488,9 @@ class OpenAIServer(LocalServer):
             raise APIError(400, f"the model's chat template cannot render these messages: {exc}",
                            param="messages") from None
         sampling = dataclasses.replace(self._sampling(req, len(plan.prompt_ids)), constraint=plan.constraint)
-        return _PreparedCall(req, plan.prompt_ids, plan.prefix, sampling, bool(tools) and req.tool_choice != "none")
+        kept = body["messages"] if self.recorder is not None and self.recorder.store.policy.privacy == "full" else None
+        return _PreparedCall(req, plan.prompt_ids, plan.prefix, sampling, bool(tools) and req.tool_choice != "none",
+                             kept)
 
     def _answer_text(self, generation: Generation, sampling: SamplingParams, prefix: str) -> str:
         """The answer exactly as the model wrote it (forced prefix, no end/stop tokens)."""
@@ -449,14 +524,106 @@ class OpenAIServer(LocalServer):
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
 
-    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams, engine: Engine) -> Generation:
         try:
-            return await asyncio.wait_for(self.engine.generate(prompt_ids, sampling), self.limits.request_timeout_s)
+            return await asyncio.wait_for(engine.generate(prompt_ids, sampling), self.limits.request_timeout_s)
         except asyncio.TimeoutError:
             raise APIError(504, f"the generation did not finish within {self.limits.request_timeout_s} s",
                            type="server_error", code="timeout") from None
         except EngineError as exc:
             raise APIError(500, f"the engine failed: {exc}", type="server_error") from None
+
+    # ------------------------------------------------------------------ traces, feedback, swaps
+    def _episode_of(self, request: web.Request, req: proto.ChatCompletionRequest) -> str | None:
+        """The episode a recorded completion is filed under: the client's ``X-Verlog-Episode``
+        header, else its ``user`` field, else a new one of its own (``None`` when not recording)."""
+        if self.recorder is None:
+            return None
+        named = request.headers.get(EPISODE_HEADER) or req.user
+        if named is not None and not 0 < len(named) <= 256:
+            raise APIError(400, f"the episode id ({EPISODE_HEADER} or 'user') must be 1 to 256 characters",
+                           param="user")
+        return named or proto.completion_id()
+
+    def _trace_headers(self, episode: str | None, policy: _Policy) -> dict[str, str]:
+        headers = {VERSION_HEADER: policy.version}
+        if episode is not None:
+            headers[EPISODE_HEADER] = episode
+        return headers
+
+    def _record(self, episode: str | None, prompt_ids: list[int], generation: Generation, sampling: SamplingParams,
+                policy: _Policy, latency_s: float, text: str, messages: Any) -> None:
+        if self.recorder is None or episode is None:
+            return
+        self.recorder.submit(TracedTurn(
+            episode_id=episode, turn_index=-1, prompt_ids=list(prompt_ids), response_ids=list(generation.token_ids),
+            logprobs=list(generation.logprobs), model_version=policy.version, temperature=sampling.temperature,
+            top_p=sampling.top_p, top_k=sampling.top_k,
+            constraint=sampling.constraint.kind if sampling.constraint is not None else None,
+            finish_reason=generation.finish_reason, latency_s=latency_s, created=time.time(),
+            response_text=text, messages=messages,
+        ))
+
+    async def _feedback(self, request: web.Request) -> web.Response:
+        """``POST /v1/feedback``: ``{"episode_id", "reward", "success"?, "info"?, "turn"?}``."""
+        self._check_auth(request)
+        if self.recorder is None:
+            raise APIError(404, "this server does not record traces (start it with --record)", code="not_recording")
+        feedback = proto.parse_feedback(proto.decode_body(await self._read_body(request)))
+        store = self.recorder.store
+
+        def attach() -> None:
+            self.recorder.flush()  # the turns just served are in the store before feedback names them
+            store.add_feedback(feedback.episode_id, feedback.reward, success=feedback.success, info=feedback.info,
+                               turn_index=feedback.turn)
+
+        try:
+            await asyncio.to_thread(attach)
+        except UnknownEpisodeError as exc:
+            raise APIError(404, str(exc), param="episode_id" if feedback.turn is None else "turn",
+                           code="episode_not_found") from None
+        return web.json_response({"object": "feedback", "episode_id": feedback.episode_id, "turn": feedback.turn})
+
+    async def _reload(self, request: web.Request) -> web.Response:
+        """``POST /v1/admin/reload``: put the newest checkpoint of what is served in service."""
+        self._check_auth(request)
+        if self.reloader is None:
+            raise APIError(404, "this server has no checkpoint to reload from", code="not_reloadable")
+        async with self._swapping:
+            engine, tokenizer, version = await asyncio.to_thread(self.reloader)
+            if version == self.model_version or engine is None:
+                if engine is not None:
+                    await asyncio.to_thread(_close_engine, engine)
+                return web.json_response({"object": "reload", "version": version, "swapped": False})
+            try:
+                previous = await self.swap(engine, version, tokenizer=tokenizer)
+            except ValueError as exc:
+                await asyncio.to_thread(_close_engine, engine)
+                raise APIError(409, str(exc), code="incompatible_checkpoint") from None
+        return web.json_response({"object": "reload", "version": version, "previous": previous, "swapped": True})
+
+    async def swap(self, engine: Engine, version: str, *, tokenizer: Any = None, close_old: bool = True) -> str:
+        """Serve ``engine`` (model version ``version``) from now on; returns the version it replaces.
+
+        New requests go to ``engine`` at once; requests in flight finish on the old one, which is
+        then closed (``close_old``). The new model must share the served tokenizer's vocabulary
+        and chat template (a ``ValueError`` otherwise): prompts are rendered once, for both.
+        """
+        if tokenizer is not None and not _same_tokenizer(tokenizer, self.tokenizer):
+            raise ValueError(f"version {version!r} has another tokenizer (vocabulary or chat template) than the "
+                             f"served {self.model_version!r}: serve it with its own server")
+        old, self._policy = self._policy, _Policy(engine, version)
+        self.chat_model.engine = engine
+        old.retired = True
+        log.info("model version %s in service (was %s; %d requests finishing on it)", version, old.version,
+                 old.in_flight)
+        if close_old:
+            asyncio.get_running_loop().create_task(self._retire(old))
+        return old.version
+
+    async def _retire(self, old: _Policy) -> None:
+        await old.idle.wait()
+        await asyncio.to_thread(_close_engine, old.engine)
 
     # ------------------------------------------------------------------ streaming
     def _streamable(self, text: str, sampling: SamplingParams, has_tools: bool) -> str:
@@ -477,13 +644,15 @@ class OpenAIServer(LocalServer):
 
     async def _stream(
         self, request: web.Request, req: proto.ChatCompletionRequest, prompt_ids: list[int], prefix: str,
-        sampling: SamplingParams, has_tools: bool,
+        sampling: SamplingParams, has_tools: bool, *, policy: _Policy, episode: str | None, messages: Any,
     ) -> web.StreamResponse:
         cid, created, name = proto.completion_id(), proto.now(), self.model_name
         want_logprobs = bool(req.logprobs)
-        stream = _TokenStream(self.engine, prompt_ids, sampling)
+        started = time.perf_counter()
+        stream = _TokenStream(policy.engine, prompt_ids, sampling)
         response = web.StreamResponse(headers={
-            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+            **self._trace_headers(episode, policy)})
         ids: list[int] = []
         lps: list[float] = []
         sent, reported = "", 0
@@ -528,6 +697,8 @@ class OpenAIServer(LocalServer):
             await response.write_eof()
             return response
         generation = stream.generation
+        self._record(episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started,
+                     self._answer_text(generation, sampling, prefix), messages)
         message = self.chat_model.to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
         content, calls = proto.answer_parts(message, self._answer_text(generation, sampling, prefix))
         rest = content[len(sent):] if content.startswith(sent) else ""
@@ -542,6 +713,16 @@ class OpenAIServer(LocalServer):
         await emit("[DONE]")
         await response.write_eof()
         return response
+
+
+def _close_engine(engine: Engine) -> None:
+    close = getattr(engine, "close", None)
+    if callable(close):
+        close()
+
+
+def _same_tokenizer(a: Any, b: Any) -> bool:
+    return a.get_vocab() == b.get_vocab() and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
 
 
 # ---------------------------------------------------------------------------------- running it

@@ -44,6 +44,14 @@ class PolicySource:
         """What the source is called in messages: the checkpoint, the adapters or the model folder."""
         return str(self.checkpoint or self.adapter or self.model)
 
+    @property
+    def version(self) -> str:
+        """The id of these weights as a served model version: ``RUN/update_NNNNNN`` for a training
+        checkpoint, else the adapters' or the model's folder name (a model spec's name)."""
+        if self.checkpoint is not None:
+            return f"{self.checkpoint.parent.parent.name}/{self.checkpoint.name}"
+        return (self.adapter or self.model).name
+
 
 def _is_checkpoint_source(path: Path) -> bool:
     return os.path.lexists(path / "state.json") or os.path.lexists(checkpoints_root(path))

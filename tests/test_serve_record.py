@@ -1,0 +1,181 @@
+"""`serve-model --record`: every completion in the trace store token-exact, feedback over HTTP,
+and the served model swapped in place without dropping requests.
+
+A real HTTP server on the embedded engine with the tiny model, driven by the official OpenAI
+client; what the store holds is compared with what the client received, and its logprobs with a
+teacher-forced pass of the version that answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import aiohttp
+import pytest
+import torch
+
+from verlog.backends.embedded import EmbeddedEngine
+from verlog.serve import OpenAIServer
+from verlog.traces import EPISODE_HEADER, VERSION_HEADER, RecordingPolicy, TraceRecorder, open_store
+
+openai = pytest.importorskip("openai")
+
+
+def teacher_forced(model, prompt_ids: list[int], response_ids: list[int], temperature: float) -> list[float]:
+    """The logprobs of ``response_ids`` after ``prompt_ids`` under ``model``, one plain forward pass."""
+    ids = torch.tensor([prompt_ids + response_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float() / (temperature or 1.0)
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids).unsqueeze(-1)).squeeze(-1).tolist()
+
+
+@pytest.fixture
+def recorder(tmp_path):
+    store = open_store(tmp_path / "traces")
+    recorder = TraceRecorder(store)
+    yield recorder
+    recorder.close()
+    store.close()
+
+
+def _client(server: OpenAIServer, key: str = "k") -> "openai.AsyncOpenAI":
+    return openai.AsyncOpenAI(base_url=server.base_url, api_key=key, max_retries=0)
+
+
+async def test_completions_are_recorded_token_exact_and_feedback_attaches(tiny_model, tiny_tokenizer, recorder):
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", api_key="k", recorder=recorder,
+                            model_version="v0") as server:
+        oai = _client(server)
+        raw = await oai.chat.completions.with_raw_response.create(
+            model="tiny", messages=messages, max_tokens=12, temperature=0.8, seed=1, logprobs=True, user="episode-1")
+        assert raw.headers[EPISODE_HEADER] == "episode-1" and raw.headers[VERSION_HEADER] == "v0"
+        first = raw.parse()
+        stream = await oai.chat.completions.create(  # the header names the episode too, and wins
+            model="tiny", messages=messages, max_tokens=12, temperature=0.8, seed=2, logprobs=True, stream=True,
+            extra_headers={EPISODE_HEADER: "episode-1"}, user="ignored")
+        chunks = [c async for c in stream]
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        streamed_lps = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        anonymous = await oai.chat.completions.with_raw_response.create(model="tiny", messages=messages, max_tokens=4)
+        alone = anonymous.headers[EPISODE_HEADER]  # a completion of its own episode
+
+        async with aiohttp.ClientSession() as session:
+            url, auth = f"{server.base_url}/feedback", {"Authorization": "Bearer k"}
+            async with session.post(url, json={"episode_id": "episode-1", "reward": 1}) as r:
+                assert r.status == 401
+            async with session.post(url, json={"episode_id": "episode-1", "reward": 1, "success": True,
+                                               "info": {"source": "thumbs"}}, headers=auth) as r:
+                assert r.status == 200, await r.text()
+            async with session.post(url, json={"episode_id": "episode-1", "turn": 0, "reward": -0.5}, headers=auth) as r:
+                assert r.status == 200
+            async with session.post(url, json={"episode_id": "nobody", "reward": 1}, headers=auth) as r:
+                assert r.status == 404 and (await r.json())["error"]["param"] == "episode_id"
+            async with session.post(url, json={"episode_id": "episode-1", "reward": "good"}, headers=auth) as r:
+                assert r.status == 400 and (await r.json())["error"]["param"] == "reward"
+            async with session.post(url, json={"episode_id": "episode-1", "stars": 5}, headers=auth) as r:
+                assert r.status == 400 and "stars" in (await r.json())["error"]["message"]
+    engine.close()
+
+    store = recorder.store
+    turns = store.turns("episode-1")
+    assert [t.turn_index for t in turns] == [0, 1] and len(store.turns(alone)) == 1
+    for turn, text, entries in ((turns[0], first.choices[0].message.content, first.choices[0].logprobs.content),
+                                (turns[1], streamed, streamed_lps)):
+        assert turn.model_version == "v0" and (turn.temperature, turn.top_p) == (0.8, 1.0)
+        assert turn.response_text == text and turn.messages == messages
+        # byte-equal to what the client received, token by token, and the same logprobs
+        assert [e.logprob for e in entries] == turn.logprobs and len(entries) == len(turn.response_ids)
+        assert b"".join(bytes(e.bytes) for e in entries) == text.encode()
+        assert turn.logprobs == pytest.approx(
+            teacher_forced(tiny_model, turn.prompt_ids, turn.response_ids, turn.temperature), abs=1e-4)
+        assert turn.latency_s > 0
+    record = store.episode("episode-1")
+    assert (record.reward, record.success, record.info) == (1.0, True, {"source": "thumbs"})
+    assert [t.reward for t in turns] == [-0.5, 0.0]  # the turn feedback, on its turn
+
+
+async def test_ids_only_and_a_server_that_does_not_record(tiny_model, tiny_tokenizer, tmp_path):
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
+    store = open_store(tmp_path / "private", RecordingPolicy(privacy="ids_only"))
+    recorder = TraceRecorder(store)
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", recorder=recorder) as server:
+        await _client(server).chat.completions.create(model="tiny", user="p", max_tokens=4,
+                                                      messages=[{"role": "user", "content": "secret"}])
+    recorder.flush()
+    (turn,) = store.turns("p")
+    assert turn.response_text is None and turn.messages is None and turn.prompt_ids and turn.model_version == "tiny"
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as server:
+        raw = await _client(server).chat.completions.with_raw_response.create(
+            model="tiny", user="p", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+        assert EPISODE_HEADER not in raw.headers and raw.headers[VERSION_HEADER] == "tiny"
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{server.base_url}/feedback", json={"episode_id": "p", "reward": 1}) as r:
+                assert r.status == 404 and (await r.json())["error"]["code"] == "not_recording"
+            async with session.post(f"{server.base_url}/admin/reload") as r:
+                assert r.status == 404 and (await r.json())["error"]["code"] == "not_reloadable"
+    recorder.close()
+    store.close()
+    engine.close()
+
+
+async def test_swap_in_place_finishes_requests_in_flight_on_the_old_weights(tiny_model, tiny_tokenizer, recorder):
+    new_model = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in new_model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    old_engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
+    new_engine = EmbeddedEngine(new_model, tiny_tokenizer, seed=0)
+    reloads = []
+
+    def reloader():
+        reloads.append(1)
+        return (new_engine, tiny_tokenizer, "v1") if len(reloads) == 1 else (None, tiny_tokenizer, "v1")
+
+    messages = [{"role": "user", "content": "Tell me a long story."}]
+    async with OpenAIServer(old_engine, tiny_tokenizer, model_name="tiny", recorder=recorder, model_version="v0",
+                            reloader=reloader) as server:
+        oai = _client(server)
+        stream = await oai.chat.completions.create(model="tiny", messages=messages, max_tokens=200, temperature=1.0,
+                                                   seed=3, stream=True, user="in-flight")
+        chunks = [await stream.__anext__(), await stream.__anext__()]  # generating on v0
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{server.base_url}/admin/reload") as r:
+                swapped = await r.json()
+            async with session.post(f"{server.base_url}/admin/reload") as r:  # nothing newer: no swap
+                again = await r.json()
+        assert swapped == {"object": "reload", "version": "v1", "previous": "v0", "swapped": True}
+        assert again["swapped"] is False and server.model_version == "v1"
+        after = await oai.chat.completions.with_raw_response.create(
+            model="tiny", messages=messages, max_tokens=8, temperature=1.0, seed=4, user="after")
+        assert after.headers[VERSION_HEADER] == "v1"
+        chunks += [c async for c in stream]  # the request in flight finishes, on v0
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        for _ in range(50):
+            if old_engine._closed:
+                break
+            await asyncio.sleep(0.05)
+        assert old_engine._closed and not new_engine._closed  # the old engine is closed once idle
+    new_engine.close()
+    recorder.flush()
+    (flight,), (later,) = recorder.store.turns("in-flight"), recorder.store.turns("after")
+    assert (flight.model_version, later.model_version) == ("v0", "v1")
+    assert len(flight.response_ids) > 2
+    for turn, model in ((flight, tiny_model), (later, new_model)):
+        assert turn.logprobs == pytest.approx(teacher_forced(model, turn.prompt_ids, turn.response_ids, 1.0), abs=1e-4)
+    assert flight.logprobs != pytest.approx(teacher_forced(new_model, flight.prompt_ids, flight.response_ids, 1.0),
+                                            abs=1e-3)
+
+
+async def test_swap_refuses_another_tokenizer(tiny_model, tiny_tokenizer):
+    other = copy.deepcopy(tiny_tokenizer)
+    other.chat_template = "{{ messages }}"
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny",
+                            reloader=lambda: (engine, other, "v9")) as server:
+        with pytest.raises(ValueError, match="another tokenizer"):
+            await server.swap(engine, "v9", tokenizer=other)
+        assert server.model_version == "tiny"
+    engine.close()
