@@ -33,9 +33,10 @@ def one_token_batch(turn_rewards, terminated, truncated=None):
 
 
 def test_registry_lists_every_estimator_and_what_it_needs():
-    assert estimator_names() == ("gae", "gigpo", "grpo", "reinforce_pp", "rloo", "zero")
+    assert estimator_names() == ("gae", "gigpo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo", "zero")
     critic = {name: get_estimator(name).needs_critic for name in estimator_names()}
-    assert critic == {"gae": True, "gigpo": False, "grpo": False, "reinforce_pp": False, "rloo": False, "zero": True}
+    assert critic == {"gae": True, "gigpo": False, "grpo": False, "reinforce_pp": False, "reinforce_pp_baseline": False,
+                      "rloo": False, "zero": True}
     assert get_estimator("gigpo").needs == {"groups", "anchors", "episode_starts"}
     assert get_estimator("reinforce_pp").needs == frozenset()
     assert not get_estimator("zero").learns
@@ -49,7 +50,7 @@ def test_config_takes_the_allowed_values_from_the_registry():
     with pytest.raises(ConfigError) as err:
         config_from_dict({"multi_turn": {"langgraph": {"path": "g.py"}}, "algorithm": {"estimator": "ppo"}})
     message = str(err.value)
-    assert "algorithm.estimator" in message and "gae, gigpo, grpo, reinforce_pp, rloo, zero" in message
+    assert "algorithm.estimator" in message and "gae, gigpo, grpo, reinforce_pp, reinforce_pp_baseline, rloo, zero" in message
 
 
 def test_the_config_reads_the_registry_without_torch():

@@ -19,6 +19,7 @@ CASES = {
              "algorithm.clip_eps=0.0003", "algorithm.clip_eps_high=0.0004", "algorithm.dual_clip=null",
              "algorithm.loss_aggregation=sequence_mean"],
     "reinforce_pp": ["algorithm.estimator=reinforce_pp", "algorithm.clip_eps_high=0.28", "algorithm.kl_coef=0.001"],
+    "reinforce_pp_baseline": ["algorithm.estimator=reinforce_pp_baseline", "trainer.group_size=2", "rollout.seed=1"],
 }
 
 

@@ -101,9 +101,13 @@ def test_forward_reads_the_right_positions(toy):
     assert (entropy[s.response_mask] > 0).all()
 
 
-def test_micro_batching_does_not_change_the_update(toy):
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean"])
+def test_micro_batching_does_not_change_the_update(toy, aggregation):
+    """Nor does it under either loss aggregation: the entropy bonus is weighed as the policy loss
+    (a large coefficient, so that a token-mean bonus under ``sequence_mean`` would show)."""
     lm, _ = toy
-    algo = AlgorithmConfig(ppo_epochs=1, mini_batch_turns=12, entropy_coef=0.01, kl_coef=0.0, value_clip=0.5)
+    algo = AlgorithmConfig(ppo_epochs=1, mini_batch_turns=12, entropy_coef=0.5, kl_coef=0.0, value_clip=0.5,
+                           loss_aggregation=aggregation)
 
     def one_update(token_budget):
         torch.manual_seed(0)
@@ -126,6 +130,7 @@ def test_micro_batching_does_not_change_the_update(toy):
         assert torch.allclose(p, q, atol=1e-6)
     assert m1["policy_loss"] == pytest.approx(m2["policy_loss"], abs=1e-6)
     assert m1["value_loss"] == pytest.approx(m2["value_loss"], abs=1e-6)
+    assert m1["entropy"] == pytest.approx(m2["entropy"], abs=1e-6)
 
 
 def test_a_mini_batch_with_no_policy_token_does_not_step_the_actor(toy):

@@ -100,6 +100,7 @@ def test_wandb_mode_reaches_every_ray_worker_through_the_runtime_env(monkeypatch
         ("actor_rollout_ref.rollout.multi_turn.langgraph.graph_config.recursion_limt=5", "recursion_limt"),
         ("algorithm.adv_estimator=remax", "algorithm.adv_estimator"),
         ("algorithm.adv_estimator=reinforce_plus_plus", "reinforce_pp"),
+        ("algorithm.adv_estimator=reinforce_plus_plus_baseline", "reinforce_pp_baseline"),
         ("algorithm.adv_estimator=grpo", "verlog.group_size"),  # groups of one slot: every advantage 0
         ("verlog.group_size=3", "verlog.group_size"),  # does not divide the 32 slots
         ("critic.enable=false", "critic.enable"),
@@ -123,6 +124,7 @@ ESTIMATOR_CASES = {
     "gae": ([], True),
     "zero": ([], True),
     "reinforce_pp": ([], False),
+    "reinforce_pp_baseline": (["verlog.group_size=8"], False),
     "grpo": (["verlog.group_size=8"], False),
     "rloo": (["verlog.group_size=8"], False),
     "gigpo": (["verlog.group_size=8"], False),

@@ -707,6 +707,7 @@ ESTIMATOR_SETTINGS = {
     "gae": {},
     "zero": {},
     "reinforce_pp": {},
+    "reinforce_pp_baseline": {},
     "grpo": {},
     "grpo+dapo": {"drop_uniform_groups": True, "group_norm": "mean"},
     "rloo": {},

@@ -209,6 +209,36 @@ class DataInputConfig(_Section):
     )
 
 
+class StalenessConfig(_Section):
+    """How turns served by older model versions count when training from traces. A turn's staleness
+    is how many versions have answered since its own (0: served by the newest version in the store)."""
+
+    max_versions: int | None = Field(
+        None, ge=0, description="turns more than this many versions behind the newest are dropped (not trained on); "
+        "null: none are dropped"
+    )
+    decay: float = Field(
+        1.0, gt=0, le=1, description="a turn's weight in the policy loss is decay ** staleness (1: no down-weighting)"
+    )
+
+
+class TracesConfig(_Section):
+    """Production traffic as training data: the episodes ``verlog serve-model --record`` stored, with
+    the rewards feedback attached (only episodes with feedback are trained). Their turns are scored
+    like live ones (values, advantages over each episode's turns) and updated with decoupled PPO
+    against the recorded behaviour logprobs (``verlog.algo.off_policy``)."""
+
+    store: str = Field(min_length=1, description="the trace store: the folder given to --record, or a postgresql:// URL")
+    fraction: float = Field(
+        1.0, gt=0, le=1, description="the share of each batch's slots filled with recorded turns; 1: traces only "
+        "(no rollouts), below 1: the other slots play the graph live"
+    )
+    behaviour_weight_cap: float = Field(
+        2.0, ge=1, description="truncation of the importance weight pi_proximal / pi_behaviour of each token"
+    )
+    staleness: StalenessConfig = Field(default_factory=StalenessConfig)
+
+
 class DataConfig(_Section):
     """The task rows episodes play (instead of ``make_input(seed)``): a training split played in
     shuffled epochs, a validation split for the periodic evaluations and a test split for the
@@ -220,6 +250,10 @@ class DataConfig(_Section):
     input: DataInputConfig = Field(default_factory=DataInputConfig)
     shuffle: bool = Field(True, description="a new order of the training rows every epoch")
     seed: int = Field(0, description="seed of the epochs' orders")
+    traces: TracesConfig | None = Field(
+        None, description="train on recorded production episodes (verlog serve-model --record), alone or beside "
+        "live rollouts; see docs/production_loop.md"
+    )
 
     @field_validator("train", "validation", "test", mode="before")
     @classmethod
@@ -408,7 +442,10 @@ class AdvantageConfig(_Section):
     lam_step: float = Field(0.95, ge=0, le=1)
     gamma_token: float = Field(1.0, ge=0, le=1)
     lam_token: float = Field(1.0, ge=0, le=1)
-    whiten_advantages: bool = True
+    whiten_advantages: bool | None = Field(
+        None, description="whiten the estimator's advantages over the batch (mean 0, std 1); null: as its paper "
+        "does (gae: yes; grpo, rloo, gigpo: no, group scale kept; reinforce_pp/_baseline normalize in their formula)"
+    )
     group_norm: Literal["mean_std", "mean"] | None = Field(
         None, description="grpo/gigpo: divide group-centred returns by the group's std (mean_std) or not (mean); "
         "null: each paper's default (grpo: mean_std, gigpo: mean)"
@@ -430,7 +467,7 @@ class AlgorithmConfig(AdvantageConfig):
 
     estimator: str = Field(
         "gae", description="advantage estimator, one of verlog.algo.estimators' registry: gae (dual-discount "
-        "GAE with the critic), grpo, gigpo, rloo, reinforce_pp (no critic), zero (advantages zeroed: a control "
+        "GAE with the critic), grpo, gigpo, rloo, reinforce_pp, reinforce_pp_baseline (no critic), zero (advantages zeroed: a control "
         "that must not learn); see docs/algorithms.md",
     )
     ppo_epochs: int = Field(1, ge=1)

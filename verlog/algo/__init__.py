@@ -1,5 +1,5 @@
 """The RL maths of verlog, pure torch: advantage estimators (one registry: dual-discount GAE,
-GRPO, GiGPO, RLOO, REINFORCE++, the zero control), policy and value losses (PPO with dual clip
+GRPO, GiGPO, RLOO, REINFORCE++ and its group baseline, the zero control), policy and value losses (PPO with dual clip
 and clip-higher, GSPO) and the critic warm-up schedule. Nothing here knows about engines, models
 or graphs.
 
@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "verlog.algo.advantages": ("Episodes", "episode_index", "episodes_of", "group_moments", "whiten"),
+    "verlog.algo.advantages": ("Episodes", "episode_index", "episodes_of", "group_moments", "tied_groups", "whiten"),
     "verlog.algo.critic_warmup": ("CriticWarmup", "WarmupPlan"),
     "verlog.algo.gae": ("TurnBatch", "classic_gae", "discounted_reverse_cumsum", "dual_gae", "next_state_values"),
     "verlog.algo.losses": (
@@ -34,6 +34,7 @@ _EXPORTS = {
     "verlog.algo.estimators.gigpo": ("gigpo_advantages",),
     "verlog.algo.estimators.rloo": ("rloo_advantages",),
     "verlog.algo.estimators.reinforce_pp": ("reinforce_pp_advantages",),
+    "verlog.algo.estimators.reinforce_pp_baseline": ("reinforce_pp_baseline_advantages",),
     "verlog.algo.estimators.registry": (
         "AdvantageEstimator",
         "Estimate",
@@ -63,7 +64,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
-    from verlog.algo.advantages import Episodes, episode_index, episodes_of, group_moments, whiten
+    from verlog.algo.advantages import Episodes, episode_index, episodes_of, group_moments, tied_groups, whiten
     from verlog.algo.critic_warmup import CriticWarmup, WarmupPlan
     from verlog.algo.estimators.gigpo import gigpo_advantages
     from verlog.algo.estimators.grpo import grpo_advantages
@@ -77,6 +78,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         get_estimator,
     )
     from verlog.algo.estimators.reinforce_pp import reinforce_pp_advantages
+    from verlog.algo.estimators.reinforce_pp_baseline import reinforce_pp_baseline_advantages
     from verlog.algo.estimators.rloo import rloo_advantages
     from verlog.algo.gae import TurnBatch, classic_gae, discounted_reverse_cumsum, dual_gae, next_state_values
     from verlog.algo.losses import (

@@ -3,7 +3,8 @@
 A ``TurnBatch`` holds ``N`` slots x ``K`` consecutive turns; a slot's turns may span several
 episodes (a done turn closes one). The group estimators (GRPO, RLOO, GiGPO) compare episodes of
 the same task: ``episodes_of`` numbers the episodes, sums their rewards and tells which are
-complete in the batch; ``group_moments`` gives per-group counts, means and variances.
+complete in the batch; ``group_moments`` gives per-group counts, means and variances; ``tied_groups`` tells which groups'
+members all have the same value (no learning signal: their advantages are exactly ``0``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch import Tensor
 
 from verlog.algo.gae import TurnBatch
 
-__all__ = ["Episodes", "episode_index", "episodes_of", "group_moments", "whiten"]
+__all__ = ["Episodes", "episode_index", "episodes_of", "group_moments", "tied_groups", "whiten"]
 
 
 @torch.no_grad()
@@ -114,3 +115,22 @@ def group_moments(x: Tensor, member: Tensor, group: Tensor, n_groups: int) -> tu
     squares = torch.where(member, (x - mean[group]) ** 2, zero)
     var = torch.zeros_like(count).index_add_(0, group, squares) / (count - 1).clamp(min=1)
     return count, mean, var
+
+
+@torch.no_grad()
+def tied_groups(x: Tensor, member: Tensor, group: Tensor, n_groups: int, tolerance: float = 0.0) -> Tensor:
+    """Which groups ``[n_groups]`` bool have members (``member`` entries of ``x``) and all of them
+    within ``tolerance`` of each other (``0``: exactly equal).
+
+    A tied group compares equal outcomes: its centred values are ``0`` in exact arithmetic, but
+    ``x - mean`` in floating point is not always (``mean(0.1, 0.1, 0.1) != 0.1``), and a std
+    scaling would blow that rounding up. The group estimators set their advantage to exactly ``0``;
+    DAPO's dynamic sampling drops them from the policy loss.
+    """
+    lo = torch.full((n_groups,), float("inf"), dtype=x.dtype, device=x.device)
+    hi = torch.full_like(lo, float("-inf"))
+    lo.scatter_reduce_(0, group[member], x[member], "amin")
+    hi.scatter_reduce_(0, group[member], x[member], "amax")
+    scored = torch.zeros(n_groups, dtype=torch.bool, device=x.device)
+    scored[group[member]] = True
+    return scored & (hi - lo <= tolerance)

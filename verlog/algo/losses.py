@@ -171,13 +171,14 @@ def gspo_policy_loss(
 
     averaged ``aggregation``-wise (the paper: ``sequence_mean``). Clip ranges are far smaller
     than PPO's (the paper: 3e-4 / 4e-4), as a sequence ratio moves less than a token's.
-    ``clip_frac`` counts tokens of clipped sequences. ``log s_i`` is capped at 10 (as verl does).
+    ``clip_frac`` counts tokens of clipped sequences. ``log s_{i,t}`` is capped at 10 against
+    overflow, as verl does: a capped token's ratio is the constant ``e^10`` and passes no gradient.
     """
     valid = mask.bool()
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     log_ratio = torch.where(valid, logp - old_logp, zero)
     seq_log_ratio = log_ratio.sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp(min=1)
-    token_log_ratio = seq_log_ratio.detach().clamp(max=10.0) + logp - logp.detach()
+    token_log_ratio = (seq_log_ratio.detach() + logp - logp.detach()).clamp(max=10.0)
     return _clipped_surrogate(
         torch.exp(token_log_ratio), log_ratio, old_logp, logp, advantages, mask, clip_eps, clip_eps_high,
         dual_clip, aggregation,
@@ -265,9 +266,11 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return -torch.where(p > 0, p * logp, torch.zeros((), dtype=p.dtype, device=p.device)).sum(-1)
 
 
-def entropy_bonus(logits: Tensor, mask: Tensor) -> Tensor:
-    """Token-mean entropy of the policy over ``mask``; subtract ``coef * entropy_bonus`` from the loss."""
-    return masked_mean(entropy_from_logits(logits), mask)
+def entropy_bonus(logits: Tensor, mask: Tensor, aggregation: LossAggregation = "token_mean") -> Tensor:
+    """Entropy of the policy over ``mask``, averaged as the policy loss is (``aggregate``); subtract
+    ``coef * entropy_bonus`` from the loss. Averaged the policy loss's way, it weighs each
+    micro-batch as the loss does, so the bonus does not depend on how a mini-batch is split."""
+    return aggregate(entropy_from_logits(logits), mask, aggregation)
 
 
 def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from verlog.algo import aggregation_weight, clipped_value_loss, kl_in_reward, masked_mean, policy_loss_fn
+from verlog.algo import aggregate, aggregation_weight, clipped_value_loss, kl_in_reward, masked_mean, policy_loss_fn
 from verlog.config import AlgorithmConfig
 from verlog.train.forward import (
     PackedRows,
@@ -244,7 +244,7 @@ def _actor_step(s: RolloutStorage, micro: list[int], learner: Learner, share: fl
     )
     loss = policy_loss
     if entropy is not None:
-        mean_entropy = masked_mean(entropy, token_mask)
+        mean_entropy = aggregate(entropy, token_mask, algo.loss_aggregation)  # weighed as the policy loss
         loss = loss - algo.entropy_coef * mean_entropy
         metrics["entropy"] = mean_entropy.item()
     _backward(loss * share, learner.actor_scaler)

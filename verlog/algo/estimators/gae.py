@@ -1,5 +1,6 @@
 """PPO's estimator: Verlog's dual-discount GAE with the critic (the recursion is in
-``verlog/algo/gae.py``). Returns ``A + V`` are the critic's targets."""
+``verlog/algo/gae.py``). Returns ``A + V`` are the critic's targets. The advantages are whitened
+over the batch by default, as PPO implementations and Verlog do (``whitens=True``)."""
 
 from __future__ import annotations
 
@@ -18,4 +19,5 @@ ESTIMATOR = AdvantageEstimator(
     needs_critic=True,
     needs=frozenset(),
     compute=compute,
+    whitens=True,
 )

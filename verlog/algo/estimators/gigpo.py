@@ -17,7 +17,8 @@ With ``R_i`` the return of episode ``i``, ``r_t`` the reward of turn ``t``::
 
 ``F`` is the group's unbiased std (+ eps) with ``group_norm: mean_std``, ``1`` with ``mean``
 (verl-agent's ``mean_norm``, and the default here). A group of one episode, or a state visited once, has no baseline:
-its term is ``0``. As in GRPO only episodes complete in the batch take part.
+its term is ``0``, and so is a group or a state whose returns are all equal (exactly: no rounding
+left over). As in GRPO only episodes complete in the batch take part; not re-whitened over the batch.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from verlog.algo.advantages import episodes_of, group_moments
+from verlog.algo.advantages import episodes_of, group_moments, tied_groups
 from verlog.algo.estimators.grpo import grpo_advantages
 from verlog.algo.estimators.registry import AdvantageEstimator, AdvantageSettings, Estimate, TurnData
 from verlog.algo.gae import TurnBatch
@@ -77,15 +78,16 @@ def gigpo_advantages(
     step_adv = flat_returns - mean[step_group]
     if scale_by_std:
         step_adv = step_adv / (var.sqrt()[step_group] + eps)
-    shared = member & (count[step_group] >= 2)
+    visited = member & (count[step_group] >= 2)  # a state another scored turn of the group shares
+    shared = visited & ~tied_groups(flat_returns, member, step_group, n_step_groups)[step_group]
     zero = torch.zeros((), dtype=step_adv.dtype, device=step_adv.device)
     step_adv = torch.where(shared, step_adv, zero).reshape(included.shape)
 
     advantages = episode_adv + step_weight * torch.where(batch.response_mask, step_adv.unsqueeze(-1), zero)
     scored = max(int(member.sum()), 1)
     metrics = {
-        "step_group_frac": float(shared.sum()) / scored,
-        "step_group_size": float(count[step_group][shared].mean()) if bool(shared.any()) else 1.0,
+        "step_group_frac": float(visited.sum()) / scored,
+        "step_group_size": float(count[step_group][visited].mean()) if bool(visited.any()) else 1.0,
     }
     return advantages, included, metrics
 

@@ -6,7 +6,9 @@ same seeds). With ``R_i`` the return of episode ``i`` of a group of ``G`` comple
     A_i = (R_i - mean_j R_j) / (std_j R_j + eps)      (group_norm: mean_std, the default; std unbiased)
     A_i =  R_i - mean_j R_j                           (group_norm: mean, Dr. GRPO)
 
-broadcast to every token of every turn of the episode.
+broadcast to every token of every turn of the episode. A group whose returns are all equal (a tie:
+all solved, all failed) gets exactly ``0``, as does a group of one (no baseline). The advantages are
+not re-whitened over the batch (``algorithm.whiten_advantages: null`` keeps GRPO's own scale).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from verlog.algo.advantages import episodes_of, group_moments
+from verlog.algo.advantages import episodes_of, group_moments, tied_groups
 from verlog.algo.estimators.registry import AdvantageEstimator, AdvantageSettings, Estimate, TurnData
 from verlog.algo.gae import TurnBatch
 
@@ -35,7 +37,8 @@ def grpo_advantages(
     ``[N, K]`` gives each turn the group of its episode (constant inside an episode). Only
     complete episodes take part: one still running at the batch boundary has no return yet, and
     one that began in an earlier batch (``starts_episode`` ``[N]`` False for its slot) lacks its
-    earlier rewards. A group with a single complete episode has no baseline: advantage ``0``.
+    earlier rewards. A group with a single complete episode has no baseline, a group of equal
+    returns no signal: advantage exactly ``0``.
     Multiply ``included`` into the loss mask (excluded turns have advantage ``0``).
     """
     ep = episodes_of(batch, group_ids, starts_episode)
@@ -44,7 +47,8 @@ def grpo_advantages(
     if scale_by_std:
         advantage = advantage / (var.sqrt()[ep.group] + eps)
     zero = torch.zeros((), dtype=advantage.dtype, device=advantage.device)
-    advantage = torch.where(ep.complete & (count[ep.group] >= 2), advantage, zero)
+    tied = tied_groups(ep.returns, ep.complete, ep.group, ep.n_groups)
+    advantage = torch.where(ep.complete & (count[ep.group] >= 2) & ~tied[ep.group], advantage, zero)
     turn_advantage = ep.per_turn(advantage).unsqueeze(-1)
     return torch.where(batch.response_mask, turn_advantage, zero), ep.per_turn(ep.complete)
 

@@ -8,7 +8,8 @@ Every module of this package but this one is an estimator named as its file and 
 must not load torch), ``get_estimator`` imports one.
 
 ``estimate_advantages`` is what a trainer calls: the estimator, then what every estimator shares
-— DAPO's dynamic sampling (``drop_uniform_groups``) and whitening over the batch.
+— DAPO's dynamic sampling (``drop_uniform_groups``) and, where asked, whitening over the batch
+(``whiten_advantages``; ``null``: the estimator's own ``whitens`` default, as its paper does).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class AdvantageSettings(Protocol):
     lam_step: float
     gamma_token: float
     lam_token: float
-    whiten_advantages: bool
+    whiten_advantages: bool | None
     group_norm: str | None
     gigpo_step_weight: float
     gigpo_gamma: float
@@ -94,6 +95,9 @@ class AdvantageEstimator:
     ``needs_critic``: the trainer loads a critic and fills ``TurnBatch.values`` (and bootstrap
     values) before ``compute``. ``needs``: the ``TurnData`` fields ``compute`` reads.
     ``learns``: ``False`` only for the zero-advantage control (nothing to whiten).
+    ``whitens``: the output is whitened over the batch unless ``whiten_advantages`` says otherwise
+    (PPO's GAE: ``True``; the group estimators keep their paper's scale: ``False``; an estimator
+    whose formula normalizes over the batch, REINFORCE++, does it in ``compute``).
     """
 
     name: str
@@ -102,6 +106,7 @@ class AdvantageEstimator:
     needs: frozenset[TurnNeed]
     compute: Callable[["TurnBatch", TurnData, AdvantageSettings], Estimate]
     learns: bool = True
+    whitens: bool = False
 
     @property
     def compares_groups(self) -> bool:
@@ -147,14 +152,15 @@ def estimate_advantages(settings: AdvantageSettings, batch: "TurnBatch", data: T
       the same return carry no learning signal; their turns leave the policy loss (so they do not
       dilute its token mean). Fixed-turn batches cannot resample them: the fraction dropped is
       reported (``dropped_group_frac``, ``dropped_turn_frac``).
-    * ``whiten_advantages``: ``(A - mean) / std`` over the tokens the policy loss uses.
+    * ``whiten_advantages`` (``null``: ``estimator.whitens``): ``(A - mean) / std`` over the tokens
+      the policy loss uses.
 
     Metrics: the estimator's own, plus ``policy_token_frac`` (share of response tokens the policy
     loss uses) when some turns are left out.
     """
     import torch  # here, not at the top: the config imports this module without torch
 
-    from verlog.algo.advantages import episodes_of, whiten
+    from verlog.algo.advantages import episodes_of, tied_groups, whiten
 
     estimator = get_estimator(settings.estimator)
     check_estimator_settings(settings)
@@ -163,13 +169,9 @@ def estimate_advantages(settings: AdvantageSettings, batch: "TurnBatch", data: T
 
     if settings.drop_uniform_groups:
         ep = episodes_of(batch, data.groups, data.episode_starts)
-        lo = torch.full((ep.n_groups,), float("inf"), dtype=ep.returns.dtype, device=ep.returns.device)
-        hi = torch.full_like(lo, float("-inf"))
-        lo.scatter_reduce_(0, ep.group[ep.complete], ep.returns[ep.complete], "amin")
-        hi.scatter_reduce_(0, ep.group[ep.complete], ep.returns[ep.complete], "amax")
-        scored = torch.zeros(ep.n_groups, dtype=torch.bool, device=lo.device)
+        uniform = tied_groups(ep.returns, ep.complete, ep.group, ep.n_groups, tolerance=1e-6)
+        scored = torch.zeros(ep.n_groups, dtype=torch.bool, device=uniform.device)
         scored[ep.group[ep.complete]] = True
-        uniform = scored & (hi - lo <= 1e-6)
         dropped = ep.per_turn(uniform[ep.group] & ep.complete)  # [N, K]
         included = ~dropped if out.included is None else out.included & ~dropped
         out.advantages = torch.where(included.unsqueeze(-1), out.advantages, torch.zeros_like(out.advantages))
@@ -178,7 +180,8 @@ def estimate_advantages(settings: AdvantageSettings, batch: "TurnBatch", data: T
         out.metrics["dropped_turn_frac"] = dropped.float().mean().item()
 
     policy_mask = batch.response_mask if out.included is None else batch.response_mask & out.included.unsqueeze(-1)
-    if settings.whiten_advantages and estimator.learns:
+    whitens = estimator.whitens if settings.whiten_advantages is None else settings.whiten_advantages
+    if whitens and estimator.learns:
         out.advantages = whiten(out.advantages, policy_mask)
     if out.included is not None:
         out.metrics["policy_token_frac"] = (policy_mask.sum() / batch.response_mask.sum().clamp(min=1)).item()

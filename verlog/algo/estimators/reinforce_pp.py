@@ -8,7 +8,9 @@ response, ``gamma_step`` across turns; ``L_k`` tokens in turn ``k``)::
     G_{k,j} = sum_{j <= i < L_k} gamma_tok^(i-j) r_{k,i}  +  gamma_tok^(L_k-j) * gamma_step * G_{k+1,0}
     A = (G - mean(G)) / std(G)            over every token the policy loss uses in the batch
 
-(``G_{k+1,0} = 0`` after a done turn). Without a critic nothing can stand in for the rewards of
+(``G_{k+1,0} = 0`` after a done turn). The batch normalization is part of the formula, so it is
+applied whatever ``algorithm.whiten_advantages`` says. ``reinforce_pp_baseline`` subtracts a
+group-mean baseline from episode returns instead of discounting. Without a critic nothing can stand in for the rewards of
 an episode still running at the batch boundary: its turns sit the update out. Episodes that
 began in an earlier batch take part (every reward after each of their turns is in the batch).
 """

@@ -6,7 +6,8 @@ Each episode is compared with the mean return of the *other* complete episodes o
     A_i = R_i - 1/(G-1) * sum_{j != i} R_j  =  G/(G-1) * (R_i - mean_j R_j)
 
 broadcast to every token of every turn of the episode; no critic, no division by a std. As in
-GRPO, only complete episodes take part and a group of one has no baseline (advantage ``0``).
+GRPO, only complete episodes take part, and a group of one (no baseline) or of equal returns (no
+signal) gets exactly ``0``. Not re-whitened over the batch (the paper's scale).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from verlog.algo.advantages import episodes_of, group_moments
+from verlog.algo.advantages import episodes_of, group_moments, tied_groups
 from verlog.algo.estimators.registry import AdvantageEstimator, AdvantageSettings, Estimate, TurnData
 from verlog.algo.gae import TurnBatch
 
@@ -32,7 +33,8 @@ def rloo_advantages(
     g = count[ep.group]
     leave_one_out = (g * mean[ep.group] - ep.returns) / (g - 1).clamp(min=1)  # mean of the others
     zero = torch.zeros((), dtype=ep.returns.dtype, device=ep.returns.device)
-    advantage = torch.where(ep.complete & (g >= 2), ep.returns - leave_one_out, zero)
+    tied = tied_groups(ep.returns, ep.complete, ep.group, ep.n_groups)[ep.group]
+    advantage = torch.where(ep.complete & (g >= 2) & ~tied, ep.returns - leave_one_out, zero)
     turn_advantage = ep.per_turn(advantage).unsqueeze(-1)
     return torch.where(batch.response_mask, turn_advantage, zero), ep.per_turn(ep.complete)
 

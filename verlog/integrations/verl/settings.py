@@ -8,7 +8,7 @@ A verl run of a verlog graph is configured by verl's own hydra config plus two v
   estimator's settings and the critic pre-training schedule (``VerlSettings``).
 
 The estimator itself is verl's key, ``algorithm.adv_estimator``, naming one of verlog's registry
-(``verlog.algo.estimators``: gae, grpo, gigpo, rloo, reinforce_pp, zero).
+(``verlog.algo.estimators``: gae, grpo, gigpo, rloo, reinforce_pp, reinforce_pp_baseline, zero).
 
 Both are validated here with errors that name the bad key by its full dotted path. Nothing in
 this module imports verl: the agent loop, the trainer and the launcher all read their settings
@@ -51,7 +51,10 @@ MULTI_TURN_OWN_KEYS = ("langgraph", "chat_template_kwargs")
 #: the verl key naming the advantage estimator (one of verlog's registry under this trainer)
 ESTIMATOR_KEY = "algorithm.adv_estimator"
 #: verl's names of estimators verlog has under another name
-VERL_ESTIMATOR_NAMES = {"reinforce_plus_plus": "reinforce_pp", "grpo_vectorized": "grpo", "rloo_vectorized": "rloo"}
+VERL_ESTIMATOR_NAMES = {
+    "reinforce_plus_plus": "reinforce_pp", "reinforce_plus_plus_baseline": "reinforce_pp_baseline",
+    "grpo_vectorized": "grpo", "rloo_vectorized": "rloo",
+}
 
 
 class _Section(BaseModel):
