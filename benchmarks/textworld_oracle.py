@@ -32,8 +32,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from verlog.envs.base import play_steps  # noqa: E402
+from verlog.envs.textworld import BALROG_TASK_NAMES  # noqa: E402
 from verlog.envs.textworld.env import (  # noqa: E402
-    BALROG_TASK_NAMES,
     TextWorldTextEnv,
     TextWorldWalkthroughAgent,
     shortened_walkthrough,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from verlog.envs.agent_graph import build_game_graph
-from verlog.envs.family import get_family
+from verlog.envs import get_family
 
 
 def make_input(seed: int) -> dict[str, Any]:

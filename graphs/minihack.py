@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from verlog.envs.agent_graph import build_env_graph
-from verlog.envs.family import check_protocol, get_family
+from verlog.envs import check_protocol, get_family
 
-TASKS = ("MazeWalk-9x9", "MazeWalk-15x15", "Corridor-R3", "CorridorBattle-Dark", "Quest-Easy", "Quest-Medium")
+TASKS = get_family("minihack").tasks
 
 
 def make_input(seed: int) -> dict[str, Any]:
@@ -43,10 +43,8 @@ def build_graph(
     ``balrog_source``: your BALROG checkout (default ``$VERLOG_BALROG``), whose wording
     ``protocol="balrog"`` then uses."""
     if task not in TASKS:
-        raise ValueError(
-            f"unknown MiniHack task {task!r}; valid: {', '.join(TASKS)} "
-            "(Boxoban-Hard and Boxoban-Medium are left out: their levels are downloaded at run time)"
-        )
+        left_out = "; ".join(f"{name}: {why}" for name, why in get_family("minihack").left_out.items())
+        raise ValueError(f"unknown MiniHack task {task!r}; valid: {', '.join(TASKS)} (left out: {left_out})")
     env_kwargs: dict[str, Any] = {"max_steps": max_steps, "invalid_action_penalty": invalid_action_penalty}
     if check_protocol(protocol) == "balrog":
         balrog = get_family("minihack").balrog

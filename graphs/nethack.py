@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from verlog.envs.agent_graph import build_env_graph
-from verlog.envs.family import check_protocol, get_family
+from verlog.envs import check_protocol, get_family
 
 
 def make_input(seed: int) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from verlog.envs.agent_graph import build_env_graph
-from verlog.envs.family import check_protocol, get_family
+from verlog.envs import check_protocol, get_family
 
 GAMES = ("treasure_hunter", "coin_collector", "cooking")
 

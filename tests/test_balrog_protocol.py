@@ -18,10 +18,10 @@ import yaml
 from langchain_core.messages import AIMessage, HumanMessage
 
 from verlog.envs import balrog_protocol
+from verlog.envs import BalrogSettings, EnvFamily, families, get_family, register_family
 from verlog.envs.base import play_steps
-from verlog.envs.family import BalrogSettings, EnvFamily, families, get_family, register_family
 from verlog.envs.play import RULE, make_bot, model_message
-from verlog.envs.registry import list_envs, make_env
+from verlog.envs.registry import FAMILIES, list_envs, make_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "configs" / "suites" / "balrog.yaml"
@@ -67,9 +67,7 @@ def test_register_family_and_unknown_names() -> None:
         with pytest.raises(ValueError, match="already registered"):
             register_family(family)
     finally:
-        from verlog.envs import family as family_module
-
-        family_module._FAMILIES.pop("toy-test")
+        FAMILIES.unregister("toy-test")
     with pytest.raises(ValueError, match="unknown protocol 'bogus'; valid: verlog, balrog"):
         make_env("babyai:goto", protocol="bogus")
     with pytest.raises(ValueError, match="Boxoban-Hard is left out"):

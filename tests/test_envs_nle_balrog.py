@@ -46,7 +46,7 @@ def test_balrog_settings_are_pinned() -> None:
     assert isinstance(nethack, BalrogNetHackTextEnv)
     assert nethack.max_steps == 100_000 and nethack.default_action == "esc"
     assert nethack.game.no_progress_timeout == 150 and nethack.game._max_episode_steps == 100_000
-    from verlog.envs.family import get_family
+    from verlog.envs import get_family
 
     mh = get_family("minihack").balrog
     assert mh is not None and mh.task_names() == (

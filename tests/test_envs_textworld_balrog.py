@@ -17,10 +17,10 @@ import pytest
 pytest.importorskip("textworld")
 
 from verlog.envs.base import play_steps  # noqa: E402
+from verlog.envs.textworld import BALROG_TASK_NAMES  # noqa: E402
 from verlog.envs.textworld.env import (  # noqa: E402
     AMBIGUOUS,
     BALROG_POOL_SIZE,
-    BALROG_TASK_NAMES,
     DEFAULT_MAX_STEPS,
     SETTINGS,
     TextWorldTextEnv,
@@ -46,7 +46,7 @@ def test_balrog_settings_are_pinned() -> None:
     env = TextWorldTextEnv("coin_collector", protocol="balrog")
     assert env.max_steps == 80 and env.pool_size == 25 and env.game_index(27) == 3  # (s + 1) % 25: BALROG's counter
     assert TextWorldTextEnv("coin_collector").pool_size is None  # verlog: every seed its own game
-    from verlog.envs.family import get_family
+    from verlog.envs import get_family
 
     balrog = get_family("textworld").balrog
     assert balrog is not None

@@ -4,10 +4,28 @@ players (oracles, scripted and random agents) that act through the same text.
     from verlog.envs import make_env, list_envs, play_steps
     env = make_env("babyai:goto", seed=0)
 
-Game modules (minigrid, crafter, textworld, nle) are imported only when a game of theirs is made.
+One folder per game family (``babyai/``, ``babaisai/``, ``crafter/``, ``textworld/``, ``nle/``
+for MiniHack and NetHack), whose ``__init__`` declares the family (its tasks, BALROG's protocol,
+its constants); the game modules themselves (minigrid, crafter, textworld, nle) are imported only
+when a game of theirs is made.
 """
 
 from verlog.envs.base import StepResult, TextAgent, TextEnv, play_steps
-from verlog.envs.registry import list_envs, make_env
+from verlog.envs.family import PROTOCOLS, BalrogSettings, EnvFamily, check_protocol
+from verlog.envs.registry import families, get_family, list_envs, make_env, register_family
 
-__all__ = ["StepResult", "TextAgent", "TextEnv", "list_envs", "make_env", "play_steps"]
+__all__ = [
+    "PROTOCOLS",
+    "BalrogSettings",
+    "EnvFamily",
+    "StepResult",
+    "TextAgent",
+    "TextEnv",
+    "check_protocol",
+    "families",
+    "get_family",
+    "list_envs",
+    "make_env",
+    "play_steps",
+    "register_family",
+]

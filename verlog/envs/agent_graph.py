@@ -49,8 +49,8 @@ from typing_extensions import TypedDict
 from verlog.envs import balrog_protocol
 from verlog.envs.balrog_source import BalrogSource, open_source
 from verlog.envs.base import StepResult, TextEnv
-from verlog.envs.family import check_protocol, split_env_name
-from verlog.envs.registry import make_env
+from verlog.envs.family import check_protocol
+from verlog.envs.registry import get_family, make_env, split_env_name
 from verlog.rollout.events import areport_reward
 
 #: most games kept alive at once by one graph (the least recently stepped go first; a thread
@@ -385,8 +385,6 @@ def build_game_graph(
     model's own answer budget) or BALROG's for the game's family (``BalrogSettings``: 16 past
     observations, 8192 tokens, its step cap). Explicit values override the defaults;
     ``balrog_source`` names the user's BALROG (its wording, see :func:`build_env_graph`)."""
-    from verlog.envs.family import get_family
-
     check_protocol(protocol)
     balrog = get_family(env_name).balrog if protocol == "balrog" else None
     if protocol == "balrog" and balrog is None:

@@ -1,4 +1,4 @@
-"""Environment families: every text game verlog knows, declared in one place.
+"""What an environment family is: the declaration type every game fills in (:class:`EnvFamily`).
 
 A *family* is one game with its tasks (``babyai`` with ``goto``, ``pickup`` ...; ``crafter`` with
 no task). Its :class:`EnvFamily` says everything the rest of verlog needs to know about it:
@@ -16,23 +16,19 @@ no task). Its :class:`EnvFamily` says everything the rest of verlog needs to kno
   list, step caps, history length, answer budget, the action run on an invalid answer, and the
   constructor settings that switch the game to BALROG's levels and wording), or ``None``.
 
-Who reads it: :func:`verlog.envs.registry.make_env` and ``list_envs``, ``verlog play``'s bots,
-:data:`verlog.envs.progression.PROGRESSION_FUNCTIONS`, the game graphs (task lists, BALROG's
-settings) and the benchmarks. Adding a game is one :func:`register_family` call; nothing else
-branches on game names.
+This module holds the types and the protocol names only. verlog's own families are declared in
+their game folders (``verlog/envs/<game>/__init__.py``: ``babyai``, ``babaisai``, ``crafter``,
+``textworld``, ``nle`` for ``minihack`` and ``nethack``); :mod:`verlog.envs.registry` holds them
+all by name and is what the rest of verlog asks (``make_env``, ``get_family``). Another package
+adds a game with :func:`verlog.envs.register_family` or an entry point (see :mod:`verlog.registry`)::
 
-verlog's own families are declared in :mod:`verlog.envs.families` (a light module: it imports no
-game package) and registered on the first lookup. Another package registers its own::
-
-    from verlog.envs.family import EnvFamily, register_family
+    from verlog.envs import EnvFamily, register_family
     register_family(EnvFamily(name="mygame", tasks=("easy", "hard"), make=make_mygame,
                               progression=goal_progression))
 """
 
 from __future__ import annotations
 
-import importlib
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -40,8 +36,6 @@ from verlog.envs.base import TextAgent, TextEnv
 
 #: the evaluation protocols a game graph can play under: verlog's training variant or BALROG's
 PROTOCOLS: tuple[str, ...] = ("verlog", "balrog")
-#: the module holding verlog's own family declarations (imported on the first lookup)
-BUILTIN_FAMILIES_MODULE = "verlog.envs.families"
 
 MakeFn = Callable[..., TextEnv]
 BotFn = Callable[[TextEnv], "TextAgent | None"]
@@ -147,57 +141,6 @@ def check_protocol(protocol: str) -> str:
     return protocol
 
 
-_FAMILIES: dict[str, EnvFamily] = {}
-_LOCK = threading.Lock()
-_builtins_loaded = False
-
-
-def register_family(family: EnvFamily, *, replace: bool = False) -> EnvFamily:
-    """Add ``family`` to the registry (``replace=True`` to redeclare a name); returns it."""
-    if not family.name or ":" in family.name:
-        raise ValueError(f"a family name must be non-empty and have no ':' (got {family.name!r})")
-    with _LOCK:
-        if family.name in _FAMILIES and not replace:
-            raise ValueError(f"the environment family {family.name!r} is already registered")
-        _FAMILIES[family.name] = family
-    return family
-
-
-def _load_builtins() -> None:
-    global _builtins_loaded
-    if not _builtins_loaded:
-        _builtins_loaded = True
-        importlib.import_module(BUILTIN_FAMILIES_MODULE)
-
-
-def families() -> dict[str, EnvFamily]:
-    """Every registered family by name, in registration order."""
-    _load_builtins()
-    return dict(_FAMILIES)
-
-
-def get_family(name: str) -> EnvFamily:
-    """The family called ``name`` (``"babyai"``; an environment name ``"babyai:goto"`` works too)."""
-    family_name = family_name_of(name)
-    found = families().get(family_name)
-    if found is None:
-        raise ValueError(f"unknown environment family {family_name!r}; valid: {', '.join(families())}")
-    return found
-
-
 def family_name_of(env_name: str) -> str:
     """``"minihack:MazeWalk-9x9"`` -> ``"minihack"`` (``"nethack"`` -> ``"nethack"``)."""
     return env_name.partition(":")[0]
-
-
-def split_env_name(env_name: str) -> tuple[EnvFamily, str]:
-    """The family and task of an environment name; a ``ValueError`` lists every valid name."""
-    family_name, _, task = env_name.partition(":")
-    family = families().get(family_name)
-    if family is None or (family.tasks and task not in family.tasks) or (not family.tasks and task):
-        note = ""
-        if family is not None and task in family.left_out:
-            note = f" ({task} is left out: {family.left_out[task]})"
-        valid = ", ".join(name for f in families().values() for name in f.env_names())
-        raise ValueError(f"unknown environment {env_name!r}{note}; valid names: {valid}")
-    return family, task

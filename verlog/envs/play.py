@@ -19,8 +19,7 @@ from verlog.envs import balrog_protocol
 from verlog.envs.agent_graph import balrog_env_kwargs, balrog_wording, build_prompt, shown_step
 from verlog.envs.balrog_source import open_source
 from verlog.envs.base import TextAgent, TextEnv
-from verlog.envs.family import get_family
-from verlog.envs.registry import make_env
+from verlog.envs.registry import get_family, make_env
 
 RULE = "-" * 72
 

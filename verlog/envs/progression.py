@@ -17,8 +17,8 @@ that results can be averaged across games. Its definitions, reproduced here:
 
 Each family has a function ``<family>_progression(episode_info) -> float`` reading the ``info``
 dict of the episode's last step (the keys each one reads are in its docstring); each environment
-family declares its function (:mod:`verlog.envs.family`) and :func:`progression` picks it from an
-environment name. The environments also put the
+family declares its function (:mod:`verlog.envs.family`) and
+:func:`verlog.envs.registry.progression` picks it from an environment name. The environments also put the
 running value in ``info["progression"]`` at every step.
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 #: Crafter's achievement count (BALROG divides by it)
 CRAFTER_ACHIEVEMENTS = 22
@@ -35,7 +35,8 @@ CRAFTER_ACHIEVEMENTS = 22
 NETHACK_TABLE_FILE = "data/nethack_progression.json"
 
 
-def _clip(value: float) -> float:
+def clip_unit(value: float) -> float:
+    """``value`` clipped to ``[0, 1]``, BALROG's progression scale."""
     return min(1.0, max(0.0, float(value)))
 
 
@@ -51,13 +52,13 @@ def goal_value(won: bool) -> float:
 def crafter_value(achievements: Iterable[str] | int) -> float:
     """Distinct achievements (names, or a count) over Crafter's 22."""
     n = achievements if isinstance(achievements, int) else len(set(achievements))
-    return _clip(n / CRAFTER_ACHIEVEMENTS)
+    return clip_unit(n / CRAFTER_ACHIEVEMENTS)
 
 
 def textworld_value(score: float, max_score: float, won: bool) -> float:
     """``max(score / max_score, won)``; a game without points counts only the win."""
     fraction = score / max_score if max_score else 0.0
-    return _clip(max(fraction, 1.0 if won else 0.0))
+    return clip_unit(max(fraction, 1.0 if won else 0.0))
 
 
 @lru_cache(maxsize=1)
@@ -135,49 +136,3 @@ def nethack_progression(episode_info: Mapping[str, Any]) -> float:
     depth = episode_info.get("max_depth", episode_info.get("depth", 1))
     level = episode_info.get("max_experience_level", episode_info.get("experience_level", 1))
     return nethack_value(int(depth), int(level))
-
-
-class _FamilyProgressions(Mapping[str, Callable[[Mapping[str, Any]], float]]):
-    """The progression function of every registered environment family, by family name (read
-    from :mod:`verlog.envs.family` on each access, so families registered later are included)."""
-
-    def _table(self) -> dict[str, Callable[[Mapping[str, Any]], float]]:
-        from verlog.envs.family import families  # the declarations import this module
-
-        return {name: family.progression for name, family in families().items()}
-
-    def __getitem__(self, name: str) -> Callable[[Mapping[str, Any]], float]:
-        return self._table()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._table())
-
-    def __len__(self) -> int:
-        return len(self._table())
-
-
-#: family name -> its progression function (``"babyai"`` -> :func:`babyai_progression`)
-PROGRESSION_FUNCTIONS: Mapping[str, Callable[[Mapping[str, Any]], float]] = _FamilyProgressions()
-
-
-def family_of(env_name: str) -> str:
-    """``"minihack:MazeWalk-9x9"`` -> ``"minihack"``."""
-    return env_name.partition(":")[0]
-
-
-def progression(env_name: str, episode_info: Mapping[str, Any]) -> float:
-    """BALROG's progression (0-1) of an episode of ``env_name``, from its last step's info.
-
-    ``info["progression"]``, which every verlog environment keeps up to date, is trusted when
-    present; otherwise the family's function computes it.
-    """
-    if "progression" in episode_info:
-        return _clip(float(episode_info["progression"]))
-    family = family_of(env_name)
-    try:
-        fn = PROGRESSION_FUNCTIONS[family]
-    except KeyError:
-        raise ValueError(
-            f"no progression is defined for {env_name!r}; families: {', '.join(PROGRESSION_FUNCTIONS)}"
-        ) from None
-    return _clip(fn(episode_info))

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from verlog.envs.progression import PROGRESSION_FUNCTIONS, family_of, goal_value, progression
+from verlog.envs.progression import goal_value
+from verlog.envs.registry import find_family, progression
 from verlog.evaluation.results import PROGRESSION_SCALE, EpisodeRecord, TaskResult, summarize
 from verlog.episodes import EpisodePlan, build_scorer
 from verlog.evaluation.tasks import EvalTask, config_tasks
@@ -74,7 +75,7 @@ class ScoreRecorder(TurnRecorder):
 def episode_progression(env: str, info: Mapping[str, Any], success: bool) -> float:
     """BALROG's progression of an episode on 0-100: the environment's own when it reports one
     (or its family's definition), else 100 for a reached goal and 0 otherwise."""
-    if "progression" in info or family_of(env) in PROGRESSION_FUNCTIONS:
+    if "progression" in info or find_family(env) is not None:
         return PROGRESSION_SCALE * progression(env, info)
     return PROGRESSION_SCALE * goal_value(success)
 

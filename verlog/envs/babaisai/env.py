@@ -32,6 +32,7 @@ from typing import Any
 from verlog.envs import balrog_protocol
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
+from verlog.envs.family import check_protocol
 from verlog.envs.progression import goal_value
 from verlog.envs.text import count, offset_phrase
 
@@ -64,8 +65,6 @@ _ACTION_HELP = {
 }
 
 
-#: the protocols a game can be played under (see the module docstring)
-PROTOCOLS: tuple[str, ...] = ("verlog", "balrog")
 
 #: the instruction under BALROG's protocol: BALROG's facts (the actions, tips on rules), verlog's words
 _BALROG_INSTRUCTION = (
@@ -245,8 +244,7 @@ class BabaIsAIEnv(TextEnv):
     ) -> None:
         if task not in TASKS:
             raise ValueError(f"unknown BabaIsAI task {task!r}; valid tasks: {', '.join(TASKS)}")
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"unknown BabaIsAI protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+        check_protocol(protocol)
         balrog = protocol == "balrog"
         self.task = task
         self.protocol = protocol

@@ -66,14 +66,13 @@ from minigrid.envs.babyai.core.verifier import (
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
 from verlog.envs import balrog_protocol
+from verlog.envs.babyai import TASKS
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
+from verlog.envs.family import check_protocol
 from verlog.envs.progression import goal_value
 from verlog.envs.text import offset_phrase
 
-TASKS: tuple[str, ...] = ("goto", "pickup", "pick_up_seq_go_to", "open", "putnext")
-#: the protocols a game can be played under (see the module docstring)
-PROTOCOLS: tuple[str, ...] = ("verlog", "balrog")
 LAYOUTS: tuple[str, ...] = ("local", "maze")
 
 #: the text actions, in minigrid's numbering (index = minigrid action id); ``done`` is not offered
@@ -464,8 +463,7 @@ class BabyAITextEnv(TextEnv):
         default_action: str | None = None,
         protocol: str = "verlog",
     ) -> None:
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"unknown BabyAI protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
+        check_protocol(protocol)
         if protocol == "balrog":
             if layout != "local":
                 raise ValueError("BALROG's BabyAI levels have one layout: leave layout unset with protocol='balrog'")

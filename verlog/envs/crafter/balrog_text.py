@@ -50,8 +50,6 @@ def _balrog_name(action: str) -> str:
 BALROG_ACTIONS: tuple[str, ...] = tuple(_balrog_name(a) for a in constants.actions)
 #: the action BALROG runs when an answer names none
 BALROG_DEFAULT_ACTION = BALROG_ACTIONS[0]
-#: BALROG's episode length for Crafter (``crafter_kwargs.max_episode_steps``)
-BALROG_MAX_STEPS = 2000
 
 
 def semantic_names(game: Any) -> list[str]:

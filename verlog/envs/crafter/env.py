@@ -34,6 +34,7 @@ import numpy as np
 from crafter import constants
 
 from verlog.envs import balrog_protocol
+from verlog.envs.crafter import BALROG_MAX_STEPS
 from verlog.envs.crafter import balrog_text as crafter_balrog
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv, play_steps
@@ -244,7 +245,7 @@ class CrafterTextEnv(TextEnv):
         if invalid_action_penalty is None:
             invalid_action_penalty = 0.0 if balrog else DEFAULT_INVALID_ACTION_PENALTY
         if max_steps is None:
-            max_steps = crafter_balrog.BALROG_MAX_STEPS if balrog else DEFAULT_MAX_STEPS
+            max_steps = BALROG_MAX_STEPS if balrog else DEFAULT_MAX_STEPS
         self.invalid_action_penalty = invalid_action_penalty
         self.max_steps = max_steps
         self.max_per_type = max_per_type

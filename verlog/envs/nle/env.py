@@ -57,6 +57,8 @@ from nle import nethack
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv
+from verlog.envs.family import check_protocol
+from verlog.envs.nle import MINIHACK_LEFT_OUT, MINIHACK_MAX_STEPS, MINIHACK_TASKS, NETHACK_ID, NETHACK_MAX_STEPS
 from verlog.envs.nle.verlog_text import (
     BASE_ACTIONS,
     DIRECTIONS,
@@ -71,21 +73,6 @@ from verlog.envs.nle.verlog_text import (
 )
 from verlog.envs.progression import NetHackProgress, goal_value
 
-#: the MiniHack tasks of BALROG's suite that run offline: verlog name -> gym id
-MINIHACK_TASKS: Mapping[str, str] = {
-    "MazeWalk-9x9": "MiniHack-MazeWalk-9x9-v0",
-    "MazeWalk-15x15": "MiniHack-MazeWalk-15x15-v0",
-    "Corridor-R3": "MiniHack-Corridor-R3-v0",
-    "CorridorBattle-Dark": "MiniHack-CorridorBattle-Dark-v0",
-    "Quest-Easy": "MiniHack-Quest-Easy-v0",
-    "Quest-Medium": "MiniHack-Quest-Medium-v0",
-}
-#: BALROG's MiniHack tasks that cannot run here, and why
-MINIHACK_LEFT_OUT: Mapping[str, str] = {
-    "Boxoban-Hard": "its levels are downloaded at run time (no network here)",
-    "Boxoban-Medium": "its levels are downloaded at run time (no network here)",
-}
-NETHACK_ID = "NetHackChallenge-v0"
 
 #: the goal of each MiniHack task, as told to the model
 MINIHACK_GOALS: Mapping[str, str] = {
@@ -129,8 +116,8 @@ OBSERVATION_KEYS = (
     "tty_cursor",
     "screen_descriptions",
 )
-DEFAULT_MINIHACK_MAX_STEPS = 100  # BALROG
-DEFAULT_NETHACK_MAX_STEPS = 100_000  # BALROG
+DEFAULT_MINIHACK_MAX_STEPS = MINIHACK_MAX_STEPS
+DEFAULT_NETHACK_MAX_STEPS = NETHACK_MAX_STEPS
 DEFAULT_NO_PROGRESS_TIMEOUT = 150  # BALROG: steps without the game's turn counter moving
 #: keystrokes the environment sends for one action, at most (a stuck game raises instead)
 MAX_KEYS_PER_ACTION = 64
@@ -694,7 +681,8 @@ BALROG_MINIHACK_KWARGS: Mapping[str, Any] = {
     "penalty_mode": "constant", "autopickup": False,
 }
 #: BALROG's ``nle_kwargs`` (config.yaml), less the ones that only save files
-BALROG_NETHACK_KWARGS: Mapping[str, Any] = {"character": "@", "max_episode_steps": 100_000, "no_progress_timeout": 150}
+BALROG_NETHACK_KWARGS: Mapping[str, Any] = {"character": "@", "max_episode_steps": NETHACK_MAX_STEPS,
+                                         "no_progress_timeout": DEFAULT_NO_PROGRESS_TIMEOUT}
 def balrog_answer(answer: str) -> str:
     """An answer as BALROG checks it: stripped, then only letters, white space and colons kept."""
     from verlog.envs.balrog_protocol import clean_answer
@@ -1037,8 +1025,6 @@ class BalrogNetHackTextEnv(BalrogNLETextEnv):
 def make_minihack(task: str, seed: int | None = None, protocol: str = "verlog", **kwargs: Any) -> TextEnv:
     """The MiniHack task ``task`` under ``protocol``: verlog's :class:`MiniHackTextEnv` or
     BALROG's :class:`BalrogMiniHackTextEnv`."""
-    from verlog.envs.family import check_protocol
-
     if check_protocol(protocol) == "balrog":
         return BalrogMiniHackTextEnv(task, seed, **kwargs)
     return MiniHackTextEnv(task, seed, **kwargs)
@@ -1047,8 +1033,6 @@ def make_minihack(task: str, seed: int | None = None, protocol: str = "verlog", 
 def make_nethack(seed: int | None = None, protocol: str = "verlog", **kwargs: Any) -> TextEnv:
     """NetHack under ``protocol``: verlog's :class:`NetHackTextEnv` or BALROG's
     :class:`BalrogNetHackTextEnv`."""
-    from verlog.envs.family import check_protocol
-
     if check_protocol(protocol) == "balrog":
         return BalrogNetHackTextEnv(seed, **kwargs)
     return NetHackTextEnv(seed, **kwargs)

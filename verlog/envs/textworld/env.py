@@ -73,6 +73,7 @@ from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, p
 from verlog.envs.balrog_protocol import clean_answer
 from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
+from verlog.envs.textworld import BALROG_MAX_STEPS, GAMES
 from verlog.envs.progression import textworld_value
 from verlog.envs.textworld.games import (
     ENGINE_LOCK,
@@ -97,16 +98,11 @@ SETTINGS: Mapping[str, Mapping[str, Mapping[str, Any]]] = {
         "cooking": {**_COOKING_VERLOG, "split": "test", "recipe_seed": 0},
     },
 }
-FAMILIES: tuple[str, ...] = ("treasure_hunter", "coin_collector", "cooking")
-#: BALROG's names of the families (its task list), in its order
-BALROG_TASK_NAMES: Mapping[str, str] = {
-    "treasure_hunter": "treasure_hunter",
-    "cooking": "the_cooking_game",
-    "coin_collector": "coin_collector",
-}
+#: the games (TextWorld challenges) verlog plays, declared with the family
+FAMILIES: tuple[str, ...] = GAMES
 #: BALROG's number of games per family (episode seed s plays game (s + 1) % 25: see the module docstring)
 BALROG_POOL_SIZE = 25
-DEFAULT_MAX_STEPS = 80  # BALROG's textworld_kwargs.max_episode_steps
+DEFAULT_MAX_STEPS = BALROG_MAX_STEPS
 DEFAULT_ACTION = "look"  # verlog's protocol only: under BALROG's every answer is a command
 _SEED_STRIDE = SEED_STRIDE  # kept for callers of the old name
 
