@@ -85,7 +85,7 @@ def _run_serve_model(args: argparse.Namespace) -> int:
     def reload() -> tuple[Any, Any, str]:
         """The newest checkpoint of what is served (``None`` for the engine: it is the one in
         service), through the same checked loader."""
-        newest = find_policy(args.checkpoint, base=args.base_model)
+        newest = find_policy(args.reload_from or args.checkpoint, base=args.base_model)
         if newest.version == server.model_version:
             return None, tokenizer, newest.version
         _say(f"loading {newest.label} (version {newest.version}) ...")
@@ -178,6 +178,9 @@ def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the store's size bound: the least recently written episodes are deleted past it (0: none)")
     r.add_argument("--record-retention-days", type=float, default=30.0,
                    help="episodes not written to for this long are deleted (0: kept)")
+    r.add_argument("--reload-from", default=None, metavar="RUN_DIR",
+                   help="the training run whose newest checkpoint POST /v1/admin/reload puts in service (default: "
+                   "CHECKPOINT itself, when it is a run folder); requests in flight finish on the old weights")
     g = p.add_argument_group("request limits")
     g.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     g.add_argument("--max-prompt-tokens", type=int, default=None,

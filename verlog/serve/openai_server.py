@@ -590,7 +590,10 @@ class OpenAIServer(LocalServer):
         if self.reloader is None:
             raise APIError(404, "this server has no checkpoint to reload from", code="not_reloadable")
         async with self._swapping:
-            engine, tokenizer, version = await asyncio.to_thread(self.reloader)
+            try:
+                engine, tokenizer, version = await asyncio.to_thread(self.reloader)
+            except (FileNotFoundError, ValueError) as exc:  # no checkpoint yet, one the loader refuses
+                raise APIError(409, f"cannot reload: {exc}", code="reload_failed") from None
             if version == self.model_version or engine is None:
                 if engine is not None:
                     await asyncio.to_thread(_close_engine, engine)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from verlog.algo import aggregate, aggregation_weight, clipped_value_loss, kl_in_reward, masked_mean, policy_loss_fn
+from verlog.algo.off_policy import OffPolicyCorrection, decoupled_advantages
 from verlog.config import AlgorithmConfig
 from verlog.train.forward import (
     PackedRows,
@@ -131,15 +132,19 @@ def _compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> N
         )
 
 
-def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True) -> dict[str, float]:
+def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True,
+                off_policy: OffPolicyCorrection | None = None) -> dict[str, float]:
     """Old logprobs, values, KL-in-reward and advantages for a fresh batch; returns metrics.
 
     ``logprobs=False`` keeps the (KL-penalized) rewards and logprobs already computed: the
     critic warm-up rescores the same buffer, with an unchanged actor, after each critic pass.
+    ``off_policy``: a batch with recorded turns (``s.turn_weights``) is corrected toward the
+    behaviour policy that sampled them (decoupled PPO, ``verlog.algo.off_policy``): the old
+    logprobs are then always the proximal policy's, recomputed.
     """
     algo, metrics = learner.algo, {}
     if logprobs or s.old_logprobs is None:
-        if algo.recompute_logprobs:
+        if algo.recompute_logprobs or (off_policy is not None and s.turn_weights is not None):
             s.old_logprobs = _policy_logprobs(learner.actor, s, learner)
             gap = (s.old_logprobs - s.rollout_logprobs).abs()
             metrics["rollout_logprob_gap"] = masked_mean(gap, s.response_mask).item()
@@ -155,6 +160,11 @@ def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True) -
     if learner.critic is not None:
         compute_values(learner.critic, s, learner)
     metrics |= s.compute_advantages(algo)  # the estimator of verlog.algo.estimators' registry
+    if off_policy is not None and s.turn_weights is not None:  # recorded turns: decoupled PPO
+        s.policy_mask = s.policy_mask & (s.turn_weights > 0).unsqueeze(1)  # turns the staleness rule drops
+        s.advantages, weights = decoupled_advantages(
+            s.advantages, s.old_logprobs, s.rollout_logprobs, s.policy_mask, s.turn_weights, off_policy)
+        metrics |= weights
     if s.returns is not None and s.values is not None:
         metrics["explained_variance"] = explained_variance(s.values, s.returns, s.value_mask)
     return metrics

@@ -75,6 +75,9 @@ class RolloutStorage:
     returns: Tensor | None = None  # [B, T + 1]
     #: the tokens the policy loss uses (``response_mask`` less the turns the estimator leaves out)
     policy_mask: Tensor | None = None  # [B, T]
+    #: [B] each turn's weight in the policy loss: recorded turns' staleness weight (0: dropped),
+    #: 1 for live turns; ``None``: a batch without recorded turns (no off-policy correction)
+    turn_weights: Tensor | None = None
 
     @classmethod
     def from_batch(cls, batch: SlotBatch) -> "RolloutStorage":
@@ -109,6 +112,9 @@ class RolloutStorage:
                 for t in turns
             ],
         )
+        weights = getattr(batch, "turn_weights", None)  # a TraceBatch (verlog.train.trace_batches)
+        if weights:
+            storage.turn_weights = torch.as_tensor([w for slot in weights for w in slot], dtype=torch.float32)
         storage.token_rewards = storage.env_token_rewards()
         return storage
 

@@ -42,7 +42,7 @@ from verlog.agent import build_chat_model, judge_chat_models, load_agent, pick_d
 from verlog.algo import CriticWarmup
 from verlog.algo.estimators import check_estimator_settings, get_estimator
 from verlog.backends.embedded import EmbeddedEngine
-from verlog.config import EVAL_SPLITS, ConfigError, VerlogConfig
+from verlog.config import EVAL_SPLITS, SPLITS, ConfigError, VerlogConfig
 from verlog.data import shared_rows, split_rows
 from verlog.episodes import EpisodePlan, build_scorer
 from verlog.evaluation import TaskResult, evaluate, print_results
@@ -55,6 +55,7 @@ from verlog.weights.actor_critic import load_actor, load_critic, load_reference
 from verlog.weights.precision import autocast_dtype, check_master_dtype, grad_scaler
 from verlog.train.ppo import Learner, adamw, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
+from verlog.train.trace_batches import TraceBatch, TraceSource, merge_batches
 
 __all__ = ["TrainResult", "train"]
 
@@ -107,11 +108,12 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
                 logger.status("update")
                 tick = time.perf_counter()
                 with run.engine.weights_lock():
-                    metrics = score_batch(storage, run.learner)
+                    metrics = score_batch(storage, run.learner, off_policy=run.traces.correction if run.traces else None)
                     metrics |= ppo_update(storage, run.learner, generator=run.shuffle)
                 metrics["update_s"] = time.perf_counter() - tick
                 # 4. report, save, evaluate
-                logger.log(update, metrics | rollout_metrics(batch) | run.counters() | memory_metrics())
+                logger.log(update, metrics | rollout_metrics(batch) | _trace_metrics(batch) | run.counters()
+                           | memory_metrics())
                 result.history.append({"update": update, **metrics})
                 result.updates = run.state["update"] = update
                 if t.save_every and update % t.save_every == 0:
@@ -175,6 +177,10 @@ class _Run:
     shuffle: torch.Generator
     state: dict[str, Any]
     logger: RunLogger | None = None
+    #: recorded production episodes (``data.traces``) filling ``traces.num_slots`` slots of each batch
+    traces: TraceSource | None = None
+    #: slots played live by the graph (0: the batches are recorded turns only)
+    live_slots: int = 0
 
     @classmethod
     def build(cls, config: VerlogConfig, checkpoint: Path | None, console: Console) -> "_Run":
@@ -216,15 +222,21 @@ class _Run:
         scorer = build_scorer(config, cache_dir=Path(t.run_dir),
                               chat_model_for=judge_chat_models(config, build_chat_model(config, engine, tokenizer)))
         slots_agent = _SlotsAgent(config, scorer)
+        traced = config.data.traces if config.data is not None else None
+        trace_slots = max(1, round(traced.fraction * t.num_envs)) if traced is not None else 0
         runner = SlotRunner(
-            engine, slots_agent.build, slots_agent.episode_input, num_envs=t.num_envs, turns_per_env=t.turns_per_env,
-            graph_config=config.multi_turn.langgraph.graph_config, timeout_s=config.rollout.episode_timeout_s,
-            seed=config.rollout.seed if config.data is None else 0, group_size=t.group_size,
+            engine, slots_agent.build, slots_agent.episode_input, num_envs=max(1, t.num_envs - trace_slots),
+            turns_per_env=t.turns_per_env, graph_config=config.multi_turn.langgraph.graph_config,
+            timeout_s=config.rollout.episode_timeout_s,
+            seed=config.rollout.seed if config.data is None or config.data.train is None else 0,
+            group_size=t.group_size,
             max_consecutive_failures=t.max_consecutive_failures, render_prompt=slots_agent.render_prompt,
             on_episode_end=slots_agent.on_episode_end,
         )
         run = cls(config, Path(t.run_dir), tokenizer, learner, peft_actor, engine, runner, slots_agent,
-                  torch.Generator().manual_seed(t.seed), {"update": 0, "warmup_done": False})
+                  torch.Generator().manual_seed(t.seed), {"update": 0, "warmup_done": False},
+                  traces=TraceSource(traced, trace_slots, t.turns_per_env, seed=t.seed) if traced else None,
+                  live_slots=t.num_envs - trace_slots)
         if checkpoint is not None:
             run.restore(checkpoint)
             console.print(f"resuming [bold]{run.run_dir}[/] from {checkpoint.name} (update {run.state['update']})")
@@ -277,10 +289,13 @@ class _Run:
 
     # ------------------------------------------------------------------ the rest
     async def collect(self) -> SlotBatch:
-        """The next fixed-turn batch, its groups scored by the ranking judges."""
-        batch = await self.runner.collect()
-        await self.slots_agent.rank(batch)
-        return batch
+        """The next fixed-turn batch, its groups scored by the ranking judges; with ``data.traces``,
+        its recorded slots beside the live ones (or alone)."""
+        batch = None
+        if self.live_slots:
+            batch = await self.runner.collect()
+            await self.slots_agent.rank(batch)
+        return merge_batches(batch, self.traces.next_batch() if self.traces is not None else None)
 
     def counters(self) -> dict[str, float]:
         c = self.runner.counters
@@ -304,6 +319,8 @@ class _Run:
     async def aclose(self) -> None:
         await self.runner.aclose()
         await self.engine.aclose()
+        if self.traces is not None:
+            self.traces.close()
 
 
 # ---------------------------------------------------------------------- helpers
@@ -378,8 +395,11 @@ def _check_data(config: VerlogConfig) -> None:
     data, ev, t = config.data, config.eval, config.trainer
     if data is None:
         return
-    if data.train is None:
-        raise ConfigError("data.train: training plays the rows of the training split; give its file")
+    if data.train is None and data.traces is None:
+        raise ConfigError("data.train: training plays the rows of the training split (or recorded episodes, "
+                          "data.traces); give its file")
+    if all(data.split(s) is None for s in SPLITS):  # recorded episodes alone: live slots and evaluations play seeds
+        return
     if t.eval_every and data.validation is None:
         raise ConfigError("trainer.eval_every: the periodic evaluations play data.validation, which is not set "
                           "(give a validation split, or set trainer.eval_every: 0)")
@@ -390,7 +410,7 @@ def _check_data(config: VerlogConfig) -> None:
 
 def _warn_shared_rows(config: VerlogConfig, console: Console) -> None:
     """Say so when an evaluation split repeats training rows (it would measure memory)."""
-    if config.data is None:
+    if config.data is None or config.data.train is None:
         return
     train = split_rows(config, "train")
     for split in EVAL_SPLITS:
@@ -399,6 +419,15 @@ def _warn_shared_rows(config: VerlogConfig, console: Console) -> None:
             if shared:
                 console.print(f"[yellow]warning:[/] {shared} of the {split} rows are also training rows "
                               f"(same content): their {split} scores measure memory, not skill")
+
+
+def _trace_metrics(batch: SlotBatch) -> dict[str, float]:
+    """What a batch took from the trace store: recorded turns and episodes, their staleness weight."""
+    if not isinstance(batch, TraceBatch):
+        return {}
+    recorded = [w for slot, kinds in zip(batch.turn_weights, batch.versions) for w, v in zip(slot, kinds) if v is not None]
+    return {"trace_turns": float(batch.trace_turns), "trace_episodes": float(batch.trace_episodes),
+            "trace_dropped_turns": float(sum(w == 0 for w in recorded))}
 
 
 def _warn_masked_logprobs(batch: SlotBatch, console: Console) -> bool:

@@ -1,0 +1,175 @@
+"""Recorded production episodes as fixed-turn batches: the embedded trainer's trace source.
+
+``TraceSource`` reads the episodes of a trace store that have feedback (``data.traces``) and lays
+their turns out as a :class:`TraceBatch`, the same ``num_slots x turns_per_env`` shape live
+rollouts have: the episodes' turns, in a shuffled order of episodes, fill the slots one after the
+other (an episode may continue in the next slot, as a live episode continues after an update).
+So everything downstream — values, dual-discount GAE over each episode's turns, whitening — is
+the same code as for live turns:
+
+* each turn's reward is the turn feedback it got; the episode feedback's reward is paid on its
+  last turn, which is ``terminated`` (the episode's outcome is known);
+* a slot whose last turn does not end its episode is bootstrapped from the prompt of the
+  episode's next recorded turn (exactly the state that followed);
+* each turn carries its staleness weight (``verlog.algo.off_policy.staleness_weights``): versions
+  served since its own, under the user's rule. Episodes every turn of which is dropped are skipped.
+
+The behaviour logprobs are the recorded ones (``Turn.logprobs``); the trainer recomputes the
+proximal policy's and applies the decoupled correction (``verlog.algo.off_policy``).
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from verlog.algo.off_policy import OffPolicyCorrection, staleness_weights
+from verlog.config import ConfigError, TracesConfig
+from verlog.rollout.slots import SlotBatch
+from verlog.rollout.turn import Turn
+from verlog.traces import EpisodeRecord, TracedTurn, TraceStore, TraceStoreError, open_store
+
+__all__ = ["TraceBatch", "TraceSource", "correction_of", "merge_batches"]
+
+#: the feedback ``info`` key that names an episode's task: episodes of one group are compared by
+#: group estimators (GRPO, RLOO...); without it each episode is a group of its own
+GROUP_KEY = "group"
+
+
+@dataclass
+class TraceBatch(SlotBatch):
+    """A fixed-turn batch whose turns carry a weight each (``[num_envs][turns_per_env]``): the
+    staleness weight of recorded turns (0: dropped), 1 for live ones."""
+
+    turn_weights: list[list[float]] = field(default_factory=list)
+    #: the recorded turns' model versions (``None`` for live turns)
+    versions: list[list[str | None]] = field(default_factory=list)
+    #: recorded episodes read into this batch, and how many turns were recorded ones
+    trace_episodes: int = 0
+    trace_turns: int = 0
+
+
+def correction_of(settings: TracesConfig) -> OffPolicyCorrection:
+    """The off-policy correction ``data.traces`` asks for."""
+    return OffPolicyCorrection(settings.behaviour_weight_cap, settings.staleness.max_versions,
+                               settings.staleness.decay)
+
+
+class TraceSource:
+    """Batches of recorded turns from the store ``settings.store`` (see the module doc).
+
+    Episodes are read in epochs: each epoch takes the store's episodes with feedback at that time
+    (new traces join at the next epoch) in a shuffled order. ``turns_per_env`` is the slots'
+    length, as for live slots.
+    """
+
+    def __init__(self, settings: TracesConfig, num_slots: int, turns_per_env: int, *, seed: int = 0,
+                 store: TraceStore | None = None):
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        self.settings = settings
+        self.num_slots, self.turns_per_env = num_slots, turns_per_env
+        self.correction = correction_of(settings)
+        try:
+            self.store = store or open_store(settings.store)
+        except TraceStoreError as exc:
+            raise ConfigError(f"data.traces.store: {exc}") from None
+        self._rng = random.Random(seed)
+        self._queue: list[tuple[Turn, float, str]] = []  # turns of the epoch not yet batched
+        self.epochs = 0
+
+    # ------------------------------------------------------------------ reading episodes
+    def _episode_turns(self, record: EpisodeRecord, ranks: dict[str, int], newest: int) -> list[tuple[Turn, float, str]]:
+        traced = self.store.turns(record.episode_id)
+        if not traced:
+            return []
+        lags = torch.as_tensor([newest - ranks.get(t.model_version, newest) for t in traced])
+        weights = staleness_weights(lags, self.correction.max_versions, self.correction.decay).tolist()
+        if not any(weights):
+            return []  # every turn too stale: nothing of it is trained
+        group = record.info.get(GROUP_KEY, record.episode_id)
+        seed = zlib.crc32(str(group).encode()) & 0x7FFFFFFF
+        last = len(traced) - 1
+        return [(self._turn(t, record, seed, is_last=i == last), w, t.model_version)
+                for i, (t, w) in enumerate(zip(traced, weights))]
+
+    @staticmethod
+    def _turn(t: TracedTurn, record: EpisodeRecord, seed: int, *, is_last: bool) -> Turn:
+        reward = t.reward + ((record.reward or 0.0) if is_last else 0.0)
+        info: dict[str, Any] = {"model_version": t.model_version, "trace_seed": seed}
+        if is_last and record.success is not None:
+            info["success"] = record.success
+        return Turn(
+            episode_id=t.episode_id, turn_index=t.turn_index, prompt_ids=t.prompt_ids, response_ids=t.response_ids,
+            logprobs=t.logprobs, reward=reward, terminated=is_last, finish_reason=t.finish_reason,
+            temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, constraint=t.constraint, info=info,
+        )
+
+    def _refill(self) -> None:
+        """The next epoch's turns, episode after episode in a shuffled order."""
+        records = self.store.episodes(with_feedback=True)
+        ranks = self.store.versions()
+        newest = max(ranks.values(), default=0)
+        self._rng.shuffle(records)
+        for record in records:
+            self._queue += self._episode_turns(record, ranks, newest)
+        if not self._queue:
+            total = len(self.store.episodes())
+            raise ConfigError(
+                f"data.traces.store: {self.store.where} holds no episode to train on ({total} episodes, none with "
+                "feedback and trainable turns): attach rewards with POST /v1/feedback or TraceStore.add_feedback, "
+                "or relax data.traces.staleness.max_versions")
+        self.epochs += 1
+
+    # ------------------------------------------------------------------ batches
+    def next_batch(self) -> TraceBatch:
+        """``num_slots x turns_per_env`` recorded turns, weights and bootstrap prompts."""
+        need = self.num_slots * self.turns_per_env
+        while len(self._queue) < need + 1:  # one more: the prompt after the batch's last turn
+            before = len(self._queue)
+            self._refill()
+            if len(self._queue) == before:
+                break
+        taken, self._queue = self._queue[:need], self._queue[need:]
+        k = self.turns_per_env
+        turns, weights, versions, boot, starts, seeds = [], [], [], [], [], []
+        for i in range(self.num_slots):
+            part = taken[i * k:(i + 1) * k]
+            turns.append([t for t, _, _ in part])
+            weights.append([w for _, w, _ in part])
+            versions.append([v for _, _, v in part])
+            seeds.append([t.info["trace_seed"] for t, _, _ in part])
+            starts.append(part[0][0].turn_index == 0)
+            last = part[-1][0]
+            following = taken[(i + 1) * k][0] if (i + 1) * k < len(taken) else (self._queue[0][0] if self._queue else None)
+            # a cut episode continues with its next recorded turn; a finished one needs no value
+            boot.append(list(following.prompt_ids) if following is not None and not last.done else list(last.prompt_ids))
+        episodes = {t.episode_id for slot in turns for t in slot}
+        return TraceBatch(turns=turns, bootstrap_prompt_ids=boot, starts_episode=starts, seeds=seeds,
+                          turn_weights=weights, versions=versions, trace_episodes=len(episodes), trace_turns=need)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def merge_batches(live: SlotBatch | None, traces: TraceBatch | None) -> SlotBatch:
+    """One batch of live slots and recorded slots side by side (same ``turns_per_env``)."""
+    if live is None or traces is None:
+        batch = live if traces is None else traces
+        if batch is None:
+            raise ValueError("merge_batches needs at least one batch")
+        return batch
+    if live.turns_per_env != traces.turns_per_env:
+        raise ValueError(f"live slots give {live.turns_per_env} turns, recorded slots {traces.turns_per_env}")
+    return TraceBatch(
+        turns=live.turns + traces.turns, bootstrap_prompt_ids=live.bootstrap_prompt_ids + traces.bootstrap_prompt_ids,
+        starts_episode=live.starts_episode + traces.starts_episode, seeds=live.seeds + traces.seeds,
+        episodes=live.episodes, failed=live.failed, seconds=live.seconds,
+        turn_weights=[[1.0] * live.turns_per_env for _ in live.turns] + traces.turn_weights,
+        versions=[[None] * live.turns_per_env for _ in live.turns] + traces.versions,
+        trace_episodes=traces.trace_episodes, trace_turns=traces.trace_turns,
+    )
