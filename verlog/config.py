@@ -482,8 +482,9 @@ class AlgorithmConfig(AdvantageConfig):
         None, gt=0, description="ratio clip above 1 (DAPO's clip-higher, e.g. 0.28; null: clip_eps)"
     )
     dual_clip: float | None = Field(3.0, gt=1, description="dual-clip constant c (null: plain PPO)")
-    policy_loss: Literal["ppo", "gspo"] = Field(
-        "ppo", description="ppo: per-token ratio; gspo: one ratio per turn (GSPO; clip ranges ~3e-4/4e-4)"
+    policy_loss: str = Field(
+        "ppo", description="policy loss, one of verlog.algo.loss_registry's: ppo (per-token ratio), gspo (one ratio "
+        "per turn, GSPO; clip ranges ~3e-4/4e-4), or one a package registers"
     )
     loss_aggregation: Literal["token_mean", "sequence_mean"] = Field(
         "token_mean", description="token_mean: every token weighs the same (DAPO); sequence_mean: per turn first (GRPO, GSPO)"
@@ -504,6 +505,15 @@ class AlgorithmConfig(AdvantageConfig):
 
         if value not in estimator_names():
             raise ValueError(f"must be one of {', '.join(estimator_names())}")
+        return value
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _check_policy_loss(cls, value: str) -> str:
+        from verlog.algo.loss_registry import policy_loss_names  # torch-free
+
+        if value not in policy_loss_names():
+            raise ValueError(f"must be one of {', '.join(policy_loss_names())}")
         return value
 
 

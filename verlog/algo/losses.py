@@ -11,11 +11,14 @@ Shapes are free as long as they broadcast: per-token tensors are typically ``[N,
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+# the policy losses by name (``algorithm.policy_loss``) live in a torch-free registry; re-exported here
+from verlog.algo.loss_registry import POLICY_LOSSES, policy_loss_fn
 
 __all__ = [
     "POLICY_LOSSES",
@@ -183,21 +186,6 @@ def gspo_policy_loss(
         torch.exp(token_log_ratio), log_ratio, old_logp, logp, advantages, mask, clip_eps, clip_eps_high,
         dual_clip, aggregation,
     )
-
-
-#: the policy losses ``algorithm.policy_loss`` chooses from
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, float]]]] = {
-    "ppo": ppo_policy_loss,
-    "gspo": gspo_policy_loss,
-}
-
-
-def policy_loss_fn(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]]:
-    """The policy loss named ``name`` (``ppo`` | ``gspo``); both take the same arguments."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy loss {name!r}; allowed: {', '.join(POLICY_LOSSES)}") from None
 
 
 def clipped_value_loss(

@@ -58,6 +58,7 @@ from verlog.backends.decode_rows import DecodeRows, RowSpec, seed_stream, unpack
 from verlog.backends.grammar import ConstraintMatcher, GrammarCompiler, fill_masks
 from verlog.backends.prefix_cache import PrefixCache
 from verlog.backends.stop_strings import StopStrings
+from verlog.tokens import common_prefix_len, pad_token_id
 
 #: the prefix cache's default size: about 11,000 tokens of SmolLM2-135M's KV in float32
 DEFAULT_PREFIX_CACHE_BYTES = 512 * 2**20
@@ -194,8 +195,7 @@ class EmbeddedEngine(Engine):
         gen_cfg = getattr(model, "generation_config", None)
         eos |= _as_id_set(getattr(gen_cfg, "eos_token_id", None))
         self.eos_token_ids = tuple(sorted(eos))
-        pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad_id = pad if isinstance(pad, int) else (self.eos_token_ids[0] if self.eos_token_ids else 0)
+        self.pad_id = pad_token_id(tokenizer, self.eos_token_ids)
         self.stats = EngineStats()
         if prefix_cache_bytes < 0:
             raise ValueError(f"prefix_cache_bytes must be >= 0 (0 turns the cache off), got {prefix_cache_bytes}")
@@ -433,9 +433,9 @@ class EmbeddedEngine(Engine):
         # the rows not covered by a longer cached prefix share a common start: compute it once
         rest = list(range(len(batch)))
         if len(batch) > 1:
-            shared = _common_prefix_len(prompts)
+            shared = _shared_start(prompts)
             rest = [i for i in rest if hits[i][0] < shared] or rest
-            shared = _common_prefix_len([prompts[i] for i in rest]) if len(rest) > 1 else 0
+            shared = _shared_start([prompts[i] for i in rest]) if len(rest) > 1 else 0
             base, base_kv = hits[rest[0]]
             if len(rest) > 1 and shared - base >= max(1, self.min_shared_prefix):
                 kv = self._extend(prompts[rest[0]][:shared], base, base_kv)
@@ -794,13 +794,9 @@ def _pack_by_length(lengths: list[int], overhead: int) -> list[list[int]]:
     return groups[::-1]
 
 
-def _common_prefix_len(prompts: list[list[int]]) -> int:
-    """Length of the longest common prefix, leaving at least one own token to every prompt."""
-    first, limit = prompts[0], min(len(p) for p in prompts) - 1
-    n = 0
-    while n < limit and all(p[n] == first[n] for p in prompts):
-        n += 1
-    return n
+def _shared_start(prompts: list[list[int]]) -> int:
+    """Length of the prompts' common prefix, leaving at least one own token to every prompt."""
+    return common_prefix_len(prompts, min(len(p) for p in prompts) - 1)
 
 
 def _as_id_set(value: Any) -> set[int]:

@@ -36,6 +36,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from verlog.algo import entropy_from_logits
+from verlog.tokens import common_prefix_len  # re-exported: the trainer's modules import it from here
 
 __all__ = [
     "PackedRows",
@@ -97,17 +98,6 @@ class PackedRows:
     def offset(self) -> int:
         """Sequence position of ``input_ids[:, 0]`` (the shared prefix's length)."""
         return 0 if self.prefix_ids is None else self.prefix_ids.shape[1]
-
-
-def common_prefix_len(seqs: Sequence[Sequence[int]], limit: int) -> int:
-    """How many leading tokens all of ``seqs`` share, at most ``limit``."""
-    if not seqs:
-        return 0
-    first = seqs[0]
-    n = 0
-    while n < limit and all(s[n] == first[n] for s in seqs[1:]):
-        n += 1
-    return n
 
 
 def pack_rows(

@@ -4,8 +4,9 @@ An estimator (``AdvantageEstimator``) maps a ``TurnBatch`` (``N`` slots x ``K`` 
 ``verlog.algo.gae``) plus the per-turn data it declares (``TurnData``) to advantages ``[N, K, T]``,
 critic targets ``[N, K, T + 1]`` when it trains a critic, and the turns the policy loss may use.
 Every module of this package but this one is an estimator named as its file and exposing
-``ESTIMATOR``; ``estimator_names`` lists them without importing them (the config reads it, and
-must not load torch), ``get_estimator`` imports one.
+``ESTIMATOR``; another package adds one with :func:`register_estimator` or a ``verlog.estimators``
+entry point (see :mod:`verlog.registry`). ``estimator_names`` lists them without importing them
+(the config reads it, and must not load torch), ``get_estimator`` imports one.
 
 ``estimate_advantages`` is what a trainer calls: the estimator, then what every estimator shares
 — DAPO's dynamic sampling (``drop_uniform_groups``) and, where asked, whitening over the batch
@@ -14,12 +15,12 @@ must not load torch), ``get_estimator`` imports one.
 
 from __future__ import annotations
 
-import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal, Protocol
+
+from verlog.registry import Registry
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -34,8 +35,10 @@ __all__ = [
     "TurnNeed",
     "check_estimator_settings",
     "estimate_advantages",
+    "ESTIMATORS",
     "estimator_names",
     "get_estimator",
+    "register_estimator",
 ]
 
 #: per-turn data an estimator may need besides the ``TurnBatch``:
@@ -114,24 +117,41 @@ class AdvantageEstimator:
         return "groups" in self.needs
 
 
-@cache
-def estimator_names() -> tuple[str, ...]:
-    """The registered estimators: this package's modules (without importing them)."""
+def _check_estimator(name: str, estimator: object) -> None:
+    if not isinstance(estimator, AdvantageEstimator) or estimator.name != name:
+        raise TypeError(f"the advantage estimator {name!r} must be an AdvantageEstimator(name={name!r}, ...) "
+                        f"(got {type(estimator).__name__})")
+
+
+def _builtin_estimators(registry: Registry[AdvantageEstimator]) -> None:
+    """This package's modules, each one estimator named as its file (imported on first use)."""
     here = Path(__file__).parent
-    return tuple(sorted(
-        m.name for m in pkgutil.iter_modules([str(here)]) if m.name != "registry" and not m.name.startswith("_")
-    ))
+    for name in sorted(m.name for m in pkgutil.iter_modules([str(here)])):
+        if name != "registry" and not name.startswith("_"):
+            registry.register_lazy(name, f"{__package__}.{name}:ESTIMATOR", source="verlog")
 
 
-@cache
+#: every advantage estimator by name: this package's, then entry points, then ``register_estimator``
+ESTIMATORS: Registry[AdvantageEstimator] = Registry(
+    "advantage estimator", check=_check_estimator, builtins=_builtin_estimators
+)
+
+
+def estimator_names() -> tuple[str, ...]:
+    """The registered estimators' names (imports none of them)."""
+    return ESTIMATORS.names()
+
+
 def get_estimator(name: str) -> AdvantageEstimator:
     """The estimator registered as ``name``; ``ValueError`` naming the allowed ones otherwise."""
-    if name not in estimator_names():
-        raise ValueError(f"unknown advantage estimator {name!r}; allowed: {', '.join(estimator_names())}")
-    estimator = getattr(importlib.import_module(f"{__package__}.{name}"), "ESTIMATOR", None)
-    if not isinstance(estimator, AdvantageEstimator) or estimator.name != name:
-        raise TypeError(f"{__package__}.{name} must define ESTIMATOR = AdvantageEstimator(name={name!r}, ...)")
-    return estimator
+    return ESTIMATORS.get(name)
+
+
+def register_estimator(estimator: AdvantageEstimator, *, replace: bool = False) -> AdvantageEstimator:
+    """Add ``estimator`` under its ``name`` (``replace=True`` to redeclare one); returns it.
+    A config then names it as ``algorithm.estimator``."""
+    ESTIMATORS.names()  # verlog's own first, so a clash with one of them is refused
+    return ESTIMATORS.register(estimator.name, estimator, replace=replace)
 
 
 def check_estimator_settings(settings: AdvantageSettings) -> None:

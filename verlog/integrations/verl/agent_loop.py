@@ -66,6 +66,7 @@ from verlog.integrations.verl.samples import (
     turn_output,
 )
 from verlog.integrations.verl.settings import AGENT_NAME, AgentSpec, agent_spec
+from verlog.tokens import pad_token_id
 
 __all__ = [
     "AGENT_NAME",
@@ -355,11 +356,7 @@ class LangGraphAgentLoop(AgentLoopBase):
         return slot_seed(self.spec.settings.seed, j, self._group(index, session), self.spec.num_groups)
 
     def _pad_id(self) -> int:
-        tok = self.verlog_tokenizer
-        for candidate in (getattr(tok, "eos_token_id", None), getattr(tok, "pad_token_id", None)):
-            if isinstance(candidate, int):
-                return candidate
-        return 0
+        return pad_token_id(self.verlog_tokenizer)
 
     # ------------------------------------------------------------------ whole episodes
     async def _run_episode(

@@ -1,0 +1,188 @@
+"""One registry class for env families, advantage estimators and policy losses: verlog's own,
+another package's through entry points (a real installed distribution, in a child process), and
+``register_*`` calls; and the two token-id rules of ``verlog.tokens``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from verlog.algo import gspo_policy_loss, policy_loss_fn, ppo_policy_loss
+from verlog.algo.estimators import ESTIMATORS, AdvantageEstimator, Estimate, get_estimator, register_estimator
+from verlog.algo.loss_registry import POLICY_LOSSES, policy_loss_names, register_policy_loss
+from verlog.config import AlgorithmConfig
+from verlog.envs import EnvFamily, families, get_family, list_envs, register_family
+from verlog.envs.registry import FAMILIES
+from verlog.registry import Registry, load_reference
+from verlog.tokens import common_prefix_len, pad_token_id
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _zero(batch, data, settings) -> Estimate:
+    return Estimate(advantages=torch.zeros_like(batch.rewards))
+
+
+def test_lazy_entries_import_nothing_until_looked_up() -> None:
+    registry: Registry[object] = Registry("policy loss")
+    registry.register_lazy("json_dumps", "json:dumps")
+    assert registry.names()[-1] == "json_dumps" and "json_dumps" in registry
+    assert registry.get("json_dumps") is json.dumps
+    with pytest.raises(ValueError, match=r"unknown policy loss 'nope'; allowed: .*json_dumps"):
+        registry.get("nope")
+    with pytest.raises(ValueError, match="'module:attribute'"):
+        load_reference("json.dumps")
+
+
+def test_builtins_are_registered_once_and_clashes_are_refused() -> None:
+    assert policy_loss_names()[:2] == ("ppo", "gspo")
+    assert policy_loss_fn("ppo") is ppo_policy_loss and policy_loss_fn("gspo") is gspo_policy_loss
+    with pytest.raises(ValueError, match=r"the policy loss 'ppo' is already registered \(by verlog\)"):
+        register_policy_loss("ppo", ppo_policy_loss)
+    with pytest.raises(ValueError, match="the advantage estimator 'grpo' is already registered"):
+        register_estimator(get_estimator("grpo"))
+    with pytest.raises(ValueError, match="the environment family 'babyai' is already registered"):
+        register_family(get_family("babyai"))
+    with pytest.raises(TypeError, match="must be a function"):
+        register_policy_loss("not_a_function", 3)  # type: ignore[arg-type]
+
+
+def test_register_calls_reach_the_config_and_the_lookups() -> None:
+    estimator = AdvantageEstimator(name="zero_test", summary="test", needs_critic=False, needs=frozenset(),
+                                   compute=_zero)
+    register_estimator(estimator)
+    register_policy_loss("ppo_test", ppo_policy_loss)
+    family = EnvFamily(name="toy-registry", tasks=("a",), make=lambda task, seed, **kw: None,  # type: ignore[arg-type,return-value]
+                       progression=lambda info: 0.0)
+    register_family(family)
+    try:
+        config = AlgorithmConfig(estimator="zero_test", policy_loss="ppo_test")
+        assert get_estimator(config.estimator) is estimator and policy_loss_fn(config.policy_loss) is ppo_policy_loss
+        assert "toy-registry:a" in list_envs() and families()["toy-registry"] is family
+    finally:
+        ESTIMATORS.unregister("zero_test")
+        POLICY_LOSSES.unregister("ppo_test")
+        FAMILIES.unregister("toy-registry")
+    with pytest.raises(ValueError, match="must be one of ppo, gspo"):
+        AlgorithmConfig(policy_loss="ppo_test")
+
+
+USER_PACKAGE = '''
+import torch
+from verlog.algo.estimators import AdvantageEstimator, Estimate
+from verlog.algo.losses import ppo_policy_loss
+from verlog.envs import EnvFamily
+from verlog.envs.babyai.env import BabyAITextEnv
+
+
+def _halved(batch, data, settings):
+    return Estimate(advantages=0.5 * batch.rewards.clone())
+
+
+ESTIMATOR = AdvantageEstimator(name="halved", summary="half the reward", needs_critic=False,
+                               needs=frozenset(), compute=_halved)
+
+
+def my_loss(*args, **kwargs):
+    loss, metrics = ppo_policy_loss(*args, **kwargs)
+    return 2 * loss, {**metrics, "doubled": 1.0}
+
+
+FAMILY = EnvFamily(name="mygame", tasks=("goto",), make=lambda task, seed, **kw: BabyAITextEnv(task, seed, **kw),
+                   progression=lambda info: float(bool(info.get("success"))))
+'''
+
+ENTRY_POINTS = """
+[verlog.estimators]
+halved = my_verlog_plugins:ESTIMATOR
+
+[verlog.policy_losses]
+doubled = my_verlog_plugins:my_loss
+
+[verlog.env_families]
+mygame = my_verlog_plugins:FAMILY
+"""
+
+CHILD = '''
+import json, torch
+from verlog.config import AlgorithmConfig
+from verlog.algo import policy_loss_fn
+from verlog.algo.estimators import estimator_names, get_estimator
+from verlog.envs import list_envs, make_env
+
+config = AlgorithmConfig(estimator="halved", policy_loss="doubled")
+estimate = get_estimator(config.estimator).compute(type("B", (), {"rewards": torch.ones(2)})(), None, config)
+loss, metrics = policy_loss_fn(config.policy_loss)(torch.zeros(3), torch.zeros(3), torch.ones(3), torch.ones(3))
+env = make_env("mygame:goto", seed=0)
+observation = env.reset()
+print(json.dumps({"estimators": list(estimator_names()), "advantages": estimate.advantages.tolist(),
+                  "doubled": metrics["doubled"], "envs": [n for n in list_envs() if n.startswith("mygame")],
+                  "observation": bool(observation)}))
+'''
+
+
+def test_a_package_plugs_in_through_entry_points(tmp_path: Path) -> None:
+    """An installed distribution (a dist-info folder on the path, as pip leaves it) declares an
+    estimator, a policy loss and a game; a fresh process finds all three by name."""
+    (tmp_path / "my_verlog_plugins.py").write_text(textwrap.dedent(USER_PACKAGE))
+    dist = tmp_path / "my_verlog_plugins-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-verlog-plugins\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(ENTRY_POINTS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["estimators"][-1] == "halved" and "gae" in result["estimators"]
+    assert result["advantages"] == [0.5, 0.5] and result["doubled"] == 1.0
+    assert result["envs"] == ["mygame:goto"] and result["observation"]
+
+
+def test_an_entry_point_clashing_with_a_builtin_is_named(tmp_path: Path) -> None:
+    dist = tmp_path / "clash-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: clash\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[verlog.estimators]\ngae = json:dumps\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    child = "from verlog.algo.estimators import estimator_names; estimator_names()"
+    out = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "the advantage estimator 'gae' is already registered (by verlog)" in out.stderr
+    assert "the entry point gae = 'json:dumps' of clash" in out.stderr
+
+
+# ---------------------------------------------------------------------- verlog.tokens
+
+
+def test_pad_token_id_rule() -> None:
+    from verlog.models import load_tokenizer
+
+    tokenizer = load_tokenizer("tiny")
+    assert isinstance(tokenizer.pad_token_id, int) and pad_token_id(tokenizer) == tokenizer.pad_token_id
+    pad = tokenizer.pad_token
+    try:
+        tokenizer.pad_token = None  # no pad token: the end-of-sequence token pads
+        assert pad_token_id(tokenizer) == tokenizer.eos_token_id
+    finally:
+        tokenizer.pad_token = pad
+
+    class Bare:  # a tokenizer-like object with neither: the generation config's eos, else 0
+        pad_token_id = None
+        eos_token_id = None
+
+    assert pad_token_id(Bare(), eos_ids=(7, 9)) == 7 and pad_token_id(Bare()) == 0
+
+
+def test_common_prefix_len() -> None:
+    assert common_prefix_len([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
+    assert common_prefix_len([[1, 2, 3], [1, 2, 3]]) == 3
+    assert common_prefix_len([[1, 2, 3], [1, 2, 3]], limit=2) == 2
+    assert common_prefix_len([[1, 2, 3], [1, 2, 3]], limit=len([1, 2, 3]) - 1) == 2  # one own token each
+    assert common_prefix_len([]) == 0 and common_prefix_len([[4, 5]]) == 2
