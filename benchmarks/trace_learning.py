@@ -1,0 +1,168 @@
+"""Learning from production traces alone: the served model improves by the loop serve -> record ->
+feedback -> train from traces -> hot swap, with no rollout of its own.
+
+`verlog serve-model MODEL --record STORE --reload-from RUN` runs as its own process. Each cycle:
+--episodes cue-corridor episodes (fresh seeds) play against it through LangChain's ChatOpenAI, as
+production clients would; each gets feedback from the client's side (the episode's outcome, 1 if it
+reached the end, on the episode; -0.1 on each turn whose answer was not a move, as a judge of the
+turn would); then `verlog train` makes --updates-per-cycle updates from the trace store alone
+(`data.traces`, fraction 1: no live slots) and `POST /v1/admin/reload` swaps the new checkpoint in.
+The staleness rule is stated and applied: turns served by a version more than --max-versions
+versions behind the newest are dropped, the others weigh --decay ** staleness.
+
+Success is measured on --eval-episodes held-out seeds through the served model, before the first
+cycle and after the last (mean +- standard error), beside the success of each cycle's episodes.
+
+Usage: python benchmarks/trace_learning.py [--model toy] [--cycles 40] [--episodes 64]
+       [--updates-per-cycle 1] [--max-versions 2] [--decay 0.5] [--eval-episodes 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_openai import ChatOpenAI
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_load import ROOT, free_port  # noqa: E402
+
+from verlog.config import load_config  # noqa: E402
+from verlog.graph_file import load_graph_file  # noqa: E402
+from verlog.traces import TraceStore, open_store  # noqa: E402
+from verlog.train import train  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+from graphs.cue_corridor import MOVES  # noqa: E402
+
+LENGTH, MAX_TURNS = 4, 10
+EVAL_SEED = 1_000_000
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
+    return mean, math.sqrt(var / n)
+
+
+class _Answers(BaseCallbackHandler):
+    """The answers the client received, in call order."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def on_llm_end(self, response, **kwargs) -> None:
+        self.texts.append(response.generations[0][0].text)
+
+
+async def _play(base_url: str, model_name: str, seeds: list[int], tag: str,
+                concurrency: int = 32) -> list[tuple[str, bool, list[str]]]:
+    """Episodes of the corridor served by the server: (episode id, success, the answers)."""
+    graph_file = load_graph_file(ROOT / "graphs" / "cue_corridor.py")
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(seed: int) -> tuple[str, bool, list[str]]:
+        episode = f"{tag}-{seed}"
+        model = ChatOpenAI(base_url=base_url, api_key="unused", model=model_name, temperature=1.0, max_retries=2)
+        graph = graph_file.build(model.bind(user=episode), length=LENGTH, max_turns=MAX_TURNS)
+        answers = _Answers()
+        async with gate:
+            final = await graph.ainvoke(graph_file.episode_input(seed),
+                                        {"recursion_limit": 4 * MAX_TURNS + 10, "callbacks": [answers]})
+        return episode, final["pos"] >= LENGTH, answers.texts
+
+    return await asyncio.gather(*(one(s) for s in seeds))
+
+
+def _feedback(store: TraceStore, played: list[tuple[str, bool, list[str]]]) -> None:
+    """The outcome on each episode, -0.1 on each turn that was not a move (the Python call)."""
+    for episode, success, answers in played:
+        for i, answer in enumerate(answers):
+            words = answer.split()
+            if not words or words[0].lower() not in MOVES:
+                store.add_feedback(episode, -0.1, turn_index=i)
+        store.add_feedback(episode, 1.0 if success else 0.0, success=success)
+
+
+def main() -> None:
+    asyncio.run(_main())
+
+
+async def _main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="toy")
+    parser.add_argument("--cycles", type=int, default=40)
+    parser.add_argument("--episodes", type=int, default=64, help="production episodes per cycle")
+    parser.add_argument("--updates-per-cycle", type=int, default=1)
+    parser.add_argument("--max-versions", type=int, default=2, help="drop turns more versions behind than this")
+    parser.add_argument("--decay", type=float, default=0.5, help="weight decay ** staleness")
+    parser.add_argument("--eval-episodes", type=int, default=128)
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="verlog-trace-learning-"))
+    store_dir, run_dir, port = work / "traces", work / "run", free_port()
+    base_url = f"http://127.0.0.1:{port}/v1"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "verlog.serve", "serve-model", args.model, "--port", str(port), "--record",
+         str(store_dir), "--reload-from", str(run_dir), "--device", "cpu", "--max-queue", "1024"],
+        cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "w"))
+    started = time.perf_counter()
+    try:
+        for _ in range(480):
+            try:
+                version = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()["version"]
+                break
+            except httpx.HTTPError:
+                time.sleep(0.25)
+        store = open_store(store_dir)
+        print(f"load {os.getloadavg()[0]:.2f}; serving {args.model} (version {version}); {args.cycles} cycles x "
+              f"{args.episodes} episodes, {args.updates_per_cycle} update(s) per cycle from traces alone; staleness "
+              f"rule: drop beyond {args.max_versions} versions behind, weight {args.decay} ** staleness; work {work}")
+        eval_seeds = list(range(EVAL_SEED, EVAL_SEED + args.eval_episodes))
+        before = [float(s) for _, s, _ in await _play(base_url, args.model, eval_seeds, "eval-before")]
+        overrides = [
+            f"model.path={args.model}", f"trainer.run_dir={run_dir}", "wandb.mode=disabled",
+            f"data.traces.store={store_dir}", f"data.traces.staleness.max_versions={args.max_versions}",
+            f"data.traces.staleness.decay={args.decay}", "eval.at_start=false", "eval.at_end=false",
+            "trainer.save_every=1",
+        ]
+        for cycle in range(args.cycles):
+            seeds = list(range(cycle * args.episodes, (cycle + 1) * args.episodes))
+            played = await _play(base_url, args.model, seeds, f"c{cycle}")
+            _feedback(store, played)
+            wins = sum(s for _, s, _ in played) / len(played)
+            config = load_config(ROOT / "configs" / "cue_corridor.yaml",
+                                 [*overrides, f"trainer.total_updates={(cycle + 1) * args.updates_per_cycle}"])
+            result = await asyncio.to_thread(train, config, resume=cycle > 0, console=Console(quiet=True))
+            logged = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+            swapped = (await asyncio.to_thread(httpx.post, f"{base_url}/admin/reload", timeout=300)).json()
+            print(f"cycle {cycle + 1:3d}: served success {wins:.3f} -> update {result.updates}, "
+                  f"staleness weight {logged.get('staleness_weight', float('nan')):.3f}, dropped turns "
+                  f"{logged.get('trace_dropped_turns', 0):.0f}, behaviour weight {logged.get('behaviour_weight', 1):.3f}; "
+                  f"now serving {swapped['version']} ({time.perf_counter() - started:.0f} s)", flush=True)
+        after = [float(s) for _, s, _ in await _play(base_url, args.model, eval_seeds, "eval-after")]
+        (b, bse), (a, ase) = _mean_se(before), _mean_se(after)
+        print(f"held-out success over {len(eval_seeds)} seeds: before {b:.3f} +- {bse:.3f} -> after {a:.3f} +- {ase:.3f} "
+              f"({args.cycles * args.updates_per_cycle} updates from traces alone, {time.perf_counter() - started:.0f} s, "
+              f"load {os.getloadavg()[0]:.2f})")
+        store.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
