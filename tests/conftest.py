@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# no test reaches the Hugging Face hub: a model path that is no local folder is looked up in the
+# local cache only (verlog.models.hub), whatever network the machine has
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

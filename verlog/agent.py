@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from verlog.backends.base import Engine
 from verlog.config import ConfigError, VerlogConfig
-from verlog.graph_file import GraphFile, load_graph_file
+from verlog.graph_file import GraphFile, GraphFileError, load_graph_file
 from verlog.llm.chat_model import VerlogChatModel
 from verlog.rollout import Episode, run_episodes
 
@@ -137,9 +137,17 @@ class Agent:
                 if hasattr(maybe, "__await__"):
                     await maybe
 
+        inputs = []
+        for i, episode_id in zip(tasks, ids):
+            try:
+                inputs.append(plan.input(i))
+            except Exception as exc:  # the graph file's make_input, or the config's data.input mapping
+                source = "data.input" if rows else f"make_input({i}) of {self.graph_file.path}"
+                raise GraphFileError(f"the input of episode {episode_id} failed ({source}): {type(exc).__name__}: "
+                                     f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
         return await run_episodes(
             self.graph,
-            [plan.input(i) for i in tasks],
+            inputs,
             episode_ids=ids,
             concurrency=r.concurrency,
             graph_config=self.config.multi_turn.langgraph.graph_config,

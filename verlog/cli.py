@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from rich.table import Table
 
 from verlog.backends.base import EngineError
-from verlog.config import ConfigError, load_config
+from verlog.config import ConfigError, VerlogConfig, load_config
 from verlog.console import console, print_error
 from verlog.graph_file import GraphFileError
 from verlog.models import MODEL_SPECS
@@ -46,10 +46,23 @@ def user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def _load_config(args: argparse.Namespace) -> VerlogConfig:
+    """The config of ``args`` with ``model.path`` made a full model's folder where it names a run,
+    a checkpoint or a Hugging Face hub id (``verlog.weights.policy.full_model_path``)."""
+    from verlog.weights.policy import full_model_path
+
+    config = load_config(args.config, args.overrides)
+    try:
+        config.model.path = full_model_path(config.model.path)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"model.path: {exc}") from None
+    return config
+
+
 def _rollout(args: argparse.Namespace) -> int:
     from verlog.agent import load_agent
 
-    config = load_config(args.config, args.overrides)
+    config = _load_config(args)
     episodes_n = args.episodes or config.rollout.episodes
     with console.status("loading model and graph..."):
         agent = load_agent(config)
@@ -132,7 +145,7 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError("--dry-run composes a verl config: use it with --engine verl")
     from verlog.train import train
 
-    config = load_config(args.config, args.overrides)
+    config = _load_config(args)
     result = train(config, resume=args.resume, console=console)
     console.print(f"{result.updates} updates in {result.seconds:.0f} s; run folder: {result.run_dir}")
     return 0

@@ -109,9 +109,14 @@ class MultiTurnConfig(_Section):
 
 
 class ModelConfig(_Section):
-    """The policy model: ``tiny`` (random-init test model), ``smollm2`` or a local HF folder."""
+    """The policy model: ``tiny`` (random-init test model), ``smollm2``, a local HF folder, a verlog
+    run or checkpoint folder (its latest actor) or a Hugging Face hub id (from the local cache)."""
 
-    path: str = "tiny"
+    path: str = Field(
+        "tiny", description="tiny, toy, babyai-words, smollm2; a local Hugging Face model folder; a verlog run or "
+        "checkpoint folder (its latest actor); or a hub id org/name (the local Hugging Face cache, or a download "
+        "unless HF_HUB_OFFLINE)"
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="the weights' dtype; training keeps float32 master weights (and refuses others)")
     autocast: Literal["none", "bfloat16", "float16"] = Field(

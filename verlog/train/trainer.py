@@ -448,8 +448,8 @@ def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path 
     A new run refuses a folder that holds checkpoints. ``--resume`` never deletes or overwrites
     what it cannot first prove belongs to the run it resumes: checkpoints that cannot be trusted
     (``latest`` naming something else, an unreadable ``state.json``, a tampered actor) are a
-    ``CheckpointError``, and a folder holding an earlier run's files but no checkpoint is refused
-    (with nothing at all, the run starts afresh)."""
+    ``CheckpointError``, and a folder without a checkpoint is refused (a run is started without
+    ``--resume``: a mistyped ``trainer.run_dir`` must not quietly begin from scratch)."""
     latest = ckpt.latest_checkpoint(run_dir)
     if latest is not None and not resume:
         raise ConfigError(
@@ -469,6 +469,10 @@ def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path 
                 f"trainer.run_dir: {str(run_dir)!r} holds {earlier[0].name} of an earlier run but no checkpoint to "
                 "resume from; nothing was changed: start a new run in another trainer.run_dir (or empty this one)"
             )
+        raise ConfigError(
+            f"trainer.run_dir: --resume, but {str(run_dir)!r} holds no checkpoint to resume from; nothing was "
+            "changed: check trainer.run_dir, or start a new run there without --resume"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     return latest

@@ -3,7 +3,8 @@
 
 A policy source is any of:
 
-* a model spec or Hugging Face folder (``tiny``, ``smollm2``, a training checkpoint's ``actor/``);
+* a model spec, Hugging Face folder or hub id (``tiny``, ``smollm2``, a training checkpoint's
+  ``actor/``, ``org/name`` in the local Hugging Face cache);
 * a training run folder (its latest checkpoint) or a checkpoint folder (``update_NNNNNN``): its
   ``actor/``, or its LoRA ``actor_adapter/`` on the base model;
 * a LoRA adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``).
@@ -22,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verlog.models import MODEL_SPECS, load_causal_lm, load_tokenizer, resolve_model_path
+from verlog.models import MODEL_SPECS, ModelNotFoundError, load_causal_lm, load_tokenizer, resolve_model_path
 from verlog.models.safe_load import ADAPTER_CONFIG, CheckpointError, check_adapter_folder, merge_adapter
 from verlog.weights.checkpoint import checkpoints_root, resolve_checkpoint, verify_checkpoint
 
-__all__ = ["PolicySource", "find_policy", "load_policy"]
+__all__ = ["PolicySource", "find_policy", "full_model_path", "load_policy"]
 
 
 @dataclass(frozen=True)
@@ -60,14 +61,17 @@ def _is_checkpoint_source(path: Path) -> bool:
 def find_policy(spec: str | os.PathLike, *, base: str | os.PathLike | None = None) -> PolicySource:
     """The parts of the policy at ``spec`` (see the module doc), every folder checked; ``base``
     is the model LoRA adapters apply to (default: the one they were trained on)."""
-    if os.fspath(spec) in MODEL_SPECS:
-        path = resolve_model_path(spec)
-        return PolicySource(path, None, path)
     path = Path(spec).expanduser()
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"no checkpoint in {os.fspath(spec)!r}: expected one of {', '.join(map(repr, MODEL_SPECS))} or an "
-            "existing folder (a Hugging Face model, a training run or checkpoint, LoRA adapters)")
+    if os.fspath(spec) in MODEL_SPECS or not path.is_dir():
+        try:
+            path = resolve_model_path(spec)  # a named model or a Hugging Face hub id
+        except ModelNotFoundError as exc:
+            raise ModelNotFoundError(
+                f"no checkpoint in {os.fspath(spec)!r}: expected one of {', '.join(map(repr, MODEL_SPECS))}, an "
+                f"existing folder (a Hugging Face model, a training run or checkpoint, LoRA adapters) or a Hugging "
+                f"Face hub id ({exc.hub})", hub=exc.hub,
+            ) from None
+        return PolicySource(path, None, path)
     checkpoint = None
     if _is_checkpoint_source(path):
         checkpoint = resolve_checkpoint(path)
@@ -90,6 +94,23 @@ def find_policy(spec: str | os.PathLike, *, base: str | os.PathLike | None = Non
         raise CheckpointError(f"the base model of the adapters in {path} is not here ({exc}); give its folder "
                               "(serve-model --base-model, eval's model.path)") from None
     return PolicySource(base_path, path, base_path, checkpoint)
+
+
+def full_model_path(spec: str | os.PathLike) -> str:
+    """What a config's ``model.path`` names as the full model to train or roll out: ``spec`` itself
+    when it is a named model or a model folder, else the folder :func:`find_policy` finds (a run's
+    or checkpoint's latest ``actor/``, a hub id's cached snapshot). A LoRA checkpoint is refused
+    (``CheckpointError``): its adapters are no full model; its base is."""
+    text = os.fspath(spec)
+    path = Path(text).expanduser()
+    if text in MODEL_SPECS or (path.is_dir() and not _is_checkpoint_source(path)):
+        return text
+    source = find_policy(spec)
+    if source.adapter is not None:
+        raise CheckpointError(
+            f"{source.label} holds LoRA adapters, not a full model: train or roll out its base (model.path="
+            f"{source.model}, actor.lora...), or evaluate it with verlog eval --checkpoint {source.label}")
+    return str(source.model)
 
 
 def load_policy(source: PolicySource, *, dtype: Any = "float32", device: str = "cpu") -> tuple[Any, Any]:
