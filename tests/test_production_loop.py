@@ -28,6 +28,7 @@ from rich.console import Console
 from verlog.backends.token_bytes import TokenBytes
 from verlog.config import load_config
 from verlog.graph_file import load_graph_file
+from verlog.testing.teacher_forced import teacher_forced_logprobs
 from verlog.traces import open_store, send_feedback
 from verlog.train import train
 from verlog.weights.policy import find_policy, load_policy
@@ -35,13 +36,6 @@ from verlog.weights.policy import find_policy, load_policy
 langchain_openai = pytest.importorskip("langchain_openai")
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def teacher_forced(model, prompt_ids: list[int], response_ids: list[int], temperature: float) -> list[float]:
-    ids = torch.tensor([prompt_ids + response_ids])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float() / (temperature or 1.0)
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids).unsqueeze(-1)).squeeze(-1).tolist()
 
 
 class _Received(BaseCallbackHandler):
@@ -144,9 +138,11 @@ async def test_serve_record_feedback_train_swap_serve(tmp_path):
             assert [e["logprob"] for e in entries] == turn.logprobs
             # the behaviour logprobs are the serving version's own
             assert turn.logprobs == pytest.approx(
-                teacher_forced(model, turn.prompt_ids, turn.response_ids, turn.temperature), abs=1e-4)
+                teacher_forced_logprobs(model, turn.prompt_ids, turn.response_ids, turn.temperature), abs=1e-4)
     # and not the other version's: the update moved what the second episode was sampled from
-    other = [lp for t in store.turns("episode-2") for lp in teacher_forced(first_model, t.prompt_ids, t.response_ids,
-                                                                            t.temperature)]
+    second_turns = store.turns("episode-2")
+    other = [lp for t in second_turns for lp in teacher_forced_logprobs(first_model, t.prompt_ids, t.response_ids,
+                                                                          t.temperature)]
+    assert other != pytest.approx([lp for t in second_turns for lp in t.logprobs], abs=1e-4)
     assert other != pytest.approx([lp for t in store.turns("episode-2") for lp in t.logprobs], abs=1e-4)
     store.close()

@@ -17,17 +17,10 @@ import torch
 
 from verlog.backends.embedded import EmbeddedEngine
 from verlog.serve import OpenAIServer
+from verlog.testing.teacher_forced import teacher_forced_logprobs
 from verlog.traces import EPISODE_HEADER, VERSION_HEADER, RecordingPolicy, TraceRecorder, open_store
 
 openai = pytest.importorskip("openai")
-
-
-def teacher_forced(model, prompt_ids: list[int], response_ids: list[int], temperature: float) -> list[float]:
-    """The logprobs of ``response_ids`` after ``prompt_ids`` under ``model``, one plain forward pass."""
-    ids = torch.tensor([prompt_ids + response_ids])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float() / (temperature or 1.0)
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids).unsqueeze(-1)).squeeze(-1).tolist()
 
 
 @pytest.fixture
@@ -90,7 +83,7 @@ async def test_completions_are_recorded_token_exact_and_feedback_attaches(tiny_m
         assert [e.logprob for e in entries] == turn.logprobs and len(entries) == len(turn.response_ids)
         assert b"".join(bytes(e.bytes) for e in entries) == text.encode()
         assert turn.logprobs == pytest.approx(
-            teacher_forced(tiny_model, turn.prompt_ids, turn.response_ids, turn.temperature), abs=1e-4)
+            teacher_forced_logprobs(tiny_model, turn.prompt_ids, turn.response_ids, turn.temperature), abs=1e-4)
         assert turn.latency_s > 0
     record = store.episode("episode-1")
     assert (record.reward, record.success, record.info) == (1.0, True, {"source": "thumbs"})
@@ -164,9 +157,10 @@ async def test_swap_in_place_finishes_requests_in_flight_on_the_old_weights(tiny
     assert (flight.model_version, later.model_version) == ("v0", "v1")
     assert len(flight.response_ids) > 2
     for turn, model in ((flight, tiny_model), (later, new_model)):
-        assert turn.logprobs == pytest.approx(teacher_forced(model, turn.prompt_ids, turn.response_ids, 1.0), abs=1e-4)
-    assert flight.logprobs != pytest.approx(teacher_forced(new_model, flight.prompt_ids, flight.response_ids, 1.0),
-                                            abs=1e-3)
+        recomputed = teacher_forced_logprobs(model, turn.prompt_ids, turn.response_ids, 1.0)
+        assert turn.logprobs == pytest.approx(recomputed, abs=1e-4)
+    other = teacher_forced_logprobs(new_model, flight.prompt_ids, flight.response_ids, 1.0)
+    assert flight.logprobs != pytest.approx(other, abs=1e-3)
 
 
 async def test_swap_refuses_another_tokenizer(tiny_model, tiny_tokenizer):
@@ -179,3 +173,14 @@ async def test_swap_refuses_another_tokenizer(tiny_model, tiny_tokenizer):
             await server.swap(engine, "v9", tokenizer=other)
         assert server.model_version == "tiny"
     engine.close()
+
+
+def test_serve_model_record_flags_fail_in_one_line(capsys, tmp_path):
+    from verlog.serve.commands import main
+
+    assert main(["serve-model", "tiny", "--record", "postgresql://u:pw@127.0.0.1:1/x?connect_timeout=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot connect to the trace store postgresql://u:***@127.0.0.1:1" in err[0]
+    assert "pw" not in err[0]
+    assert main(["serve-model", "tiny", "--record", str(tmp_path / "t"), "--record-max-mb", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --record-max-mb must be >= 0 (0: no bound), got -1.0"

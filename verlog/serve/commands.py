@@ -78,6 +78,7 @@ def _run_serve_model(args: argparse.Namespace) -> int:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     adapters = f" with the LoRA adapters of {source.adapter}" if source.adapter else ""
+    recorder = _open_recorder(args)  # before the model: a store that cannot be opened fails at once
     _say(f"loading {source.model}{adapters} on {device} ...")
     model, tokenizer = load_policy(source, dtype=args.dtype, device=device)
     engine = EmbeddedEngine(model, tokenizer, max_batch_size=args.max_batch_size, seed=args.seed)
@@ -93,7 +94,6 @@ def _run_serve_model(args: argparse.Namespace) -> int:
         new_engine = EmbeddedEngine(new_model, new_tokenizer, max_batch_size=args.max_batch_size, seed=args.seed)
         return new_engine, new_tokenizer, newest.version
 
-    recorder = _open_recorder(args)
     limits = ServerLimits(
         max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens,
@@ -135,9 +135,12 @@ def _open_recorder(args: argparse.Namespace) -> Any:
         return None
     from verlog.traces import RecordingPolicy, TraceRecorder, open_store
 
+    for flag, value in (("--record-max-mb", args.record_max_mb), ("--record-retention-days", args.record_retention_days)):
+        if value < 0:
+            raise ValueError(f"{flag} must be >= 0 (0: no bound), got {value}")
     policy = RecordingPolicy(
         privacy=args.record_privacy,
-        max_bytes=int(args.record_max_mb * 2**20) if args.record_max_mb else None,
+        max_bytes=max(1, int(args.record_max_mb * 2**20)) if args.record_max_mb else None,
         retention_days=args.record_retention_days or None,
     )
     return TraceRecorder(open_store(args.record, policy))

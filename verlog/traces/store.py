@@ -109,7 +109,7 @@ class TraceStore:
                 self._db.rollback()
                 if isinstance(exc, TraceStoreError):
                     raise
-                raise TraceStoreError(f"trace store {self.where}: {type(exc).__name__}: {exc}") from exc
+                raise TraceStoreError(f"trace store {self.where}: {type(exc).__name__}: {_one_line(exc)}") from exc
 
     def _query(self, text: str, params: Sequence[Any] = ()) -> list[tuple]:
         return self._run([(text, params)])[0]
@@ -299,6 +299,11 @@ class _PostgresStore(TraceStore):
         return data  # psycopg sends bytes as bytea
 
 
+def _one_line(exc: BaseException) -> str:
+    """A driver's message on one line (psycopg's span several)."""
+    return " ".join(str(exc).split())
+
+
 def _redacted(url: str) -> str:
     """A database URL without its password (for messages)."""
     from urllib.parse import urlsplit, urlunsplit
@@ -324,7 +329,7 @@ def open_store(target: str | os.PathLike, policy: RecordingPolicy | None = None)
         try:
             connection = psycopg.connect(text)
         except Exception as exc:
-            raise TraceStoreError(f"cannot connect to the trace store {_redacted(text)}: {exc}") from None
+            raise TraceStoreError(f"cannot connect to the trace store {_redacted(text)}: {_one_line(exc)}") from None
         store: TraceStore = _PostgresStore(connection, policy, _redacted(text))
         statements = _schema("BYTEA", "DOUBLE PRECISION", "BIGSERIAL PRIMARY KEY")
     else:
@@ -339,7 +344,7 @@ def open_store(target: str | os.PathLike, policy: RecordingPolicy | None = None)
             connection.execute("PRAGMA journal_mode=WAL")
             connection.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error as exc:
-            raise TraceStoreError(f"cannot open the trace store {path}: {exc}") from None
+            raise TraceStoreError(f"cannot open the trace store {path}: {_one_line(exc)}") from None
         store = _SQLiteStore(connection, policy, str(path))
         statements = _schema("BLOB", "REAL", "INTEGER PRIMARY KEY AUTOINCREMENT")
     store._run([(s, ()) for s in statements])
