@@ -149,6 +149,39 @@ async def test_subgraph_calls_are_captured(model, tiny_tokenizer, tiny_model):
     assert [t.node for t in episodes[0].turns] == ["think", "answer"]
 
 
+async def test_two_rewards_for_one_call_sum(model):
+    """An environment node that reports a shaped reward and the game's reward for the same model
+    call: the turn's reward is their sum (not the last one), the infos merge, the ends stick; a
+    reward before the first call is kept as the episode's unassigned reward."""
+    from verlog.rollout import areport_reward
+
+    async def start(state: MessagesState) -> dict:
+        await areport_reward(0.25, info={"note": "before any call"})
+        return {}
+
+    async def act(state: MessagesState) -> dict:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    async def env(state: MessagesState) -> dict:
+        await areport_reward(0.5, info={"valid_action": True, "shaping": 0.5})
+        await areport_reward(-2.0, terminated=True, info={"success": False})
+        return {}
+
+    g = StateGraph(MessagesState)
+    g.add_node("start", start)
+    g.add_node("act", act)
+    g.add_node("env", env)
+    g.add_edge(START, "start")
+    g.add_edge("start", "act")
+    g.add_edge("act", "env")
+    g.add_edge("env", END)
+    (episode,) = await run_episodes(g.compile(), [{"messages": [HumanMessage("go")]}])
+    (turn,) = episode.turns
+    assert turn.reward == pytest.approx(-1.5)
+    assert turn.terminated and turn.info == {"valid_action": True, "shaping": 0.5, "success": False}
+    assert episode.total_reward == pytest.approx(-1.25)
+
+
 def test_sync_invoke_inside_and_outside_a_loop(model):
     import asyncio
 

@@ -13,19 +13,23 @@ when a game of theirs is made.
 from verlog.envs.base import StepResult, TextAgent, TextEnv, play_steps
 from verlog.envs.family import PROTOCOLS, BalrogSettings, EnvFamily, check_protocol
 from verlog.envs.registry import families, get_family, list_envs, make_env, register_family
+from verlog.step_info import StepInfo, episode_won, step_info
 
 __all__ = [
     "PROTOCOLS",
     "BalrogSettings",
     "EnvFamily",
+    "StepInfo",
     "StepResult",
     "TextAgent",
     "TextEnv",
     "check_protocol",
+    "episode_won",
     "families",
     "get_family",
     "list_envs",
     "make_env",
     "play_steps",
     "register_family",
+    "step_info",
 ]

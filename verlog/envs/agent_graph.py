@@ -51,6 +51,7 @@ from verlog.envs.balrog_source import BalrogSource, open_source
 from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
 from verlog.envs.registry import get_family, make_env, split_env_name
+from verlog.step_info import ANCHOR_KEY
 from verlog.rollout.events import areport_reward
 
 #: most games kept alive at once by one graph (the least recently stepped go first; a thread
@@ -284,7 +285,7 @@ def build_env_graph(
         # the state the step was taken in, for estimators that compare turns by state (GiGPO)
         anchor = hashlib.sha1(state["observation"].encode()).hexdigest()[:16]
         await areport_reward(result.reward, terminated=result.terminated, truncated=result.truncated,
-                             info={**result.info, "anchor": anchor}, next_messages=next_messages)
+                             info={**result.info, ANCHOR_KEY: anchor}, next_messages=next_messages)
         return update
 
     graph = StateGraph(GameState)

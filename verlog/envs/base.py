@@ -11,6 +11,8 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Protocol
 
+from verlog.step_info import StepInfo
+
 
 @dataclass
 class StepResult:
@@ -18,15 +20,16 @@ class StepResult:
 
     ``terminated``: the task ended (win or loss): no bootstrapping past it.
     ``truncated``: a step cap cut the episode: the last state still has a value.
-    ``info`` carries at least ``action`` (the action actually executed), ``valid_action`` (whether
-    the text parsed to a valid action), and ``success`` once the episode ends.
+    ``info`` is a :class:`verlog.step_info.StepInfo` (built with :func:`verlog.step_info.step_info`):
+    at least ``action`` (the action actually executed), ``valid_action`` (whether the text parsed to
+    a valid action), ``step``, and ``success`` once the episode ends.
     """
 
     observation: str
     reward: float
     terminated: bool
     truncated: bool
-    info: dict[str, Any] = field(default_factory=dict)
+    info: StepInfo = field(default_factory=lambda: StepInfo())
 
     @property
     def done(self) -> bool:

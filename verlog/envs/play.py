@@ -20,6 +20,7 @@ from verlog.envs.agent_graph import balrog_env_kwargs, balrog_wording, build_pro
 from verlog.envs.balrog_source import open_source
 from verlog.envs.base import TextAgent, TextEnv
 from verlog.envs.registry import get_family, make_env
+from verlog.step_info import episode_won
 
 RULE = "-" * 72
 
@@ -125,7 +126,7 @@ def play(
         "seed": seed,
         "steps": steps,
         "return": total,
-        "success": bool(info.get("success", False)),
+        "success": episode_won(info),
         "stopped": stopped,
         "info": info,
     }

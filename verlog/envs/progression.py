@@ -29,6 +29,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Iterable, Iterator, Mapping
 
+from verlog.step_info import episode_won
+
 #: Crafter's achievement count (BALROG divides by it)
 CRAFTER_ACHIEVEMENTS = 22
 #: where the NetHack milestone table lives (package data)
@@ -99,13 +101,13 @@ class NetHackProgress:
 
 
 def babyai_progression(episode_info: Mapping[str, Any]) -> float:
-    """BabyAI: ``success`` (the mission was accomplished)."""
-    return goal_value(bool(episode_info.get("success", False)))
+    """BabyAI: the episode was won (``success``: the mission was accomplished)."""
+    return goal_value(episode_won(episode_info))
 
 
 def babaisai_progression(episode_info: Mapping[str, Any]) -> float:
-    """BabaIsAI: ``won`` (or ``success``)."""
-    return goal_value(bool(episode_info.get("won", episode_info.get("success", False))))
+    """BabaIsAI: the episode was won (``success``, or the game's ``won``)."""
+    return goal_value(episode_won(episode_info))
 
 
 def minihack_progression(episode_info: Mapping[str, Any]) -> float:
@@ -113,7 +115,7 @@ def minihack_progression(episode_info: Mapping[str, Any]) -> float:
     when it reports one (BALROG's variant counts a win only on a last-step reward of at least 1)."""
     if "progression" in episode_info:
         return float(episode_info["progression"])
-    return goal_value(bool(episode_info.get("success", False)))
+    return goal_value(episode_won(episode_info))
 
 
 def crafter_progression(episode_info: Mapping[str, Any]) -> float:

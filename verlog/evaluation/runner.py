@@ -32,6 +32,7 @@ from verlog.rewards import RewardError, RewardScorer
 from verlog.rollout.events import REWARD_EVENT
 from verlog.rollout.recorder import NO_TRAIN_TAG, TurnRecorder
 from verlog.rollout.runner import run_episode
+from verlog.step_info import episode_won
 
 __all__ = [
     "EpisodeLog", "EvalError", "ScoreRecorder", "episode_progression", "episode_seeds", "evaluate", "play_episode",
@@ -135,7 +136,7 @@ async def play_episode(task: EvalTask, graph: Any, plan: EpisodePlan, seed: int,
         else:
             if outcome is not None:
                 info, episode_return = outcome.merge_info(info), episode_return + outcome.reward
-    success = not episode.failed and bool(info.get("success", info.get("won", False)))
+    success = not episode.failed and episode_won(info)
     return EpisodeRecord(
         episode_id=recorder.episode_id, env=task.env, task=task.name, seed=seed, status=episode.status,
         turns=recorder.model_calls, episode_return=episode_return, success=success,

@@ -53,6 +53,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from verlog.backends.base import Constraint, Engine, Generation, SamplingParams, check_sync_call, run_sync
 from verlog.llm.constrained import forced_tool_call, response_format_constraint, structured_output
+from verlog.llm.metadata import SamplingMetadata, TokenMetadata
 from verlog.llm.prompt import PromptRenderer
 from verlog.llm.streaming import TextReleaser, last_chunk
 from verlog.llm.tool_calls import parse_tool_calls, tool_schemas
@@ -457,17 +458,14 @@ class VerlogChatModel(BaseChatModel):
         ids = gen.token_ids
         text = prefix + self.answer_text(ids, sampling, finished=gen.finish_reason == "stop")
         parsed = parse_tool_calls(text) if has_tools else None
-        metadata = {
-            "model_name": self.model_name,
-            "prompt_ids": list(prompt_ids),
-            "response_ids": list(ids),
-            "logprobs": list(gen.logprobs),
-            "finish_reason": gen.finish_reason,
-            # what the logprobs were drawn with: training recomputes them at this temperature
-            "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k},
-        }
+        # what the logprobs were drawn with: training recomputes them at this temperature
+        drawn = SamplingMetadata(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
         if sampling.constraint is not None:  # the logprobs are those of the masked distribution
-            metadata["sampling"]["constraint"] = sampling.constraint.kind
+            drawn["constraint"] = sampling.constraint.kind
+        metadata = TokenMetadata(
+            model_name=self.model_name, prompt_ids=list(prompt_ids), response_ids=list(ids),
+            logprobs=list(gen.logprobs), finish_reason=gen.finish_reason, sampling=drawn,
+        )
         usage = {
             "input_tokens": len(prompt_ids),
             "output_tokens": len(ids),

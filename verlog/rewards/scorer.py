@@ -26,11 +26,10 @@ from typing import Any, Callable, Iterable, Sequence
 from verlog.config import RewardConfig
 from verlog.rewards.functions import RewardError, RewardFunction
 from verlog.rewards.result import RewardResult, Trajectory
+from verlog.step_info import SUCCESS_KEY  # re-exported: the info key an episode's success is read from
 
 __all__ = ["COMPONENT_PREFIX", "Outcome", "RewardScorer", "SUCCESS_KEY", "component_key"]
 
-#: the info key an episode's success is read from (evaluation, metrics)
-SUCCESS_KEY = "success"
 #: info keys of reward components start with it (also their metrics' names)
 COMPONENT_PREFIX = "reward/"
 

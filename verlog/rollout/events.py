@@ -8,21 +8,39 @@ is no such handler and the event costs nothing.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, TypedDict
 
 from langchain_core.callbacks import adispatch_custom_event, dispatch_custom_event
 from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 
+from verlog.step_info import StepInfo
+
+__all__ = ["REWARD_EVENT", "RewardPayload", "areport_reward", "report_reward"]
+
 #: the custom-event name the recorder listens for
 REWARD_EVENT = "verlog.reward"
 
 
+class RewardPayload(TypedDict, total=False):
+    """The data of a :data:`REWARD_EVENT` (what the recorder reads): ``reward`` (required; the
+    rewards of one model call are summed), ``terminated``, ``truncated``, the step's ``info`` (a
+    :class:`verlog.step_info.StepInfo`, merged into the turn's) and, with ``truncated``, the
+    ``next_messages`` the critic bootstraps from."""
+
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: StepInfo
+    next_messages: list[BaseMessage]
+
+
 def _payload(
-    reward: float, terminated: bool, truncated: bool, info: dict[str, Any] | None,
+    reward: float, terminated: bool, truncated: bool, info: Mapping[str, Any] | None,
     next_messages: Sequence[BaseMessage] | None,
-) -> dict[str, Any]:
-    payload = {"reward": float(reward), "terminated": bool(terminated), "truncated": bool(truncated), "info": dict(info or {})}
+) -> RewardPayload:
+    payload = RewardPayload(reward=float(reward), terminated=bool(terminated), truncated=bool(truncated),
+                            info=dict(info or {}))  # type: ignore[typeddict-item]
     if next_messages is not None:
         payload["next_messages"] = list(next_messages)
     return payload
@@ -33,7 +51,7 @@ async def areport_reward(
     *,
     terminated: bool = False,
     truncated: bool = False,
-    info: dict[str, Any] | None = None,
+    info: StepInfo | Mapping[str, Any] | None = None,
     next_messages: Sequence[BaseMessage] | None = None,
     config: RunnableConfig | None = None,
 ) -> None:
@@ -56,7 +74,7 @@ def report_reward(
     *,
     terminated: bool = False,
     truncated: bool = False,
-    info: dict[str, Any] | None = None,
+    info: StepInfo | Mapping[str, Any] | None = None,
     next_messages: Sequence[BaseMessage] | None = None,
     config: RunnableConfig | None = None,
 ) -> None:

@@ -34,16 +34,18 @@ from langchain_core.messages import BaseMessage
 from langchain_core.outputs import LLMResult
 from langchain_core.tracers.context import register_configure_hook
 
-from verlog.rollout.events import REWARD_EVENT
+from verlog.llm.metadata import SamplingMetadata, TokenMetadata, has_tokens
+from verlog.rollout.events import REWARD_EVENT, RewardPayload
 from verlog.rollout.turn import Episode, EpisodeStatus, Turn
 
-__all__ = ["NO_TRAIN_TAG", "PromptRenderer", "TurnRecorder", "recording"]
+__all__ = ["NO_TRAIN_TAG", "RenderPrompt", "TurnRecorder", "recording"]
 
 #: the LangChain tag that keeps a model call out of training: ``model.with_config(tags=[NO_TRAIN_TAG])``
 NO_TRAIN_TAG = "verlog:no_train"
 
-#: ``render_prompt(messages, tools) -> prompt ids``: how the chat model renders a call
-PromptRenderer = Callable[[Sequence[BaseMessage], "list[dict] | None"], list[int]]
+#: ``render_prompt(messages, tools) -> prompt ids``: how the chat model renders a call (e.g. the
+#: ``render`` method of a :class:`verlog.llm.prompt.PromptRenderer`)
+RenderPrompt = Callable[[Sequence[BaseMessage], "list[dict] | None"], list[int]]
 
 #: the recorder of the episode running in this context (see :func:`recording`)
 _ACTIVE: ContextVar["TurnRecorder | None"] = ContextVar("verlog_active_recorder", default=None)
@@ -79,7 +81,7 @@ class TurnRecorder(BaseCallbackHandler):
     ignore_retriever = True
     ignore_retry = True
 
-    def __init__(self, episode_id: str, *, keep_messages: bool = False, render_prompt: PromptRenderer | None = None):
+    def __init__(self, episode_id: str, *, keep_messages: bool = False, render_prompt: RenderPrompt | None = None):
         self.episode_id = episode_id
         self.keep_messages = keep_messages
         self.render_prompt = render_prompt
@@ -119,7 +121,7 @@ class TurnRecorder(BaseCallbackHandler):
         self._reward(name, data)
 
     # ------------------------------------------------------------------ the steps of a call
-    def _reward(self, name: str, data: Any) -> Turn | None:
+    def _reward(self, name: str, data: RewardPayload | Any) -> Turn | None:
         """Add a reward event to the latest finished turn; returns that turn (``None`` for another
         event, or a reward before the first turn)."""
         if name != REWARD_EVENT:
@@ -169,11 +171,11 @@ class TurnRecorder(BaseCallbackHandler):
             index, node, messages, tools = started
             generation = response.generations[0][0] if response.generations and response.generations[0] else None
             message = getattr(generation, "message", None)
-            meta = getattr(message, "response_metadata", None) or {}
-            if "response_ids" not in meta or "prompt_ids" not in meta:
+            meta: TokenMetadata = getattr(message, "response_metadata", None) or {}
+            if not has_tokens(meta):
                 self.uncaptured_calls += 1
                 return True, None
-            sampling = meta.get("sampling") or {}
+            sampling: SamplingMetadata = meta.get("sampling") or {}
             turn = Turn(
                 episode_id=self.episode_id,
                 turn_index=index,

@@ -63,7 +63,7 @@ from langchain_core.runnables import Runnable
 from verlog.backends.base import BlockingCallError, Engine, Generation, SamplingParams
 from verlog.graph_file import GraphFileError
 from verlog.llm.chat_model import engine_call_run
-from verlog.rollout.recorder import PromptRenderer, TurnRecorder
+from verlog.rollout.recorder import RenderPrompt, TurnRecorder
 from verlog.rollout.runner import run_episode
 from verlog.rollout.schedule import slot_seed
 from verlog.rollout.turn import Episode, Turn
@@ -303,7 +303,7 @@ class SlotRunner:
         group_size: int = 1,
         max_consecutive_failures: int = 20,
         keep_messages: bool = False,
-        render_prompt: PromptRenderer | None = None,
+        render_prompt: RenderPrompt | None = None,
         on_episode_end: Callable[[Episode, int], Awaitable[None]] | None = None,
     ):
         if num_envs < 1:

@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from verlog.config import VerlogConfig
 from verlog.rewards.scorer import COMPONENT_PREFIX
 from verlog.rollout.slots import SlotBatch
+from verlog.step_info import episode_outcome
 
 __all__ = ["RunLogger", "memory_metrics", "rollout_metrics", "truncate_after"]
 
@@ -36,7 +37,8 @@ def rollout_metrics(batch: SlotBatch) -> dict[str, float]:
     """Figures of one collected batch (episodes are those that ended while it was collected)."""
     turns = batch.flat_turns()
     ended = batch.episodes
-    wins = [float(bool(e.info.get("success"))) for e in ended if "success" in e.info]
+    outcomes = [episode_outcome(e.info) for e in ended]
+    wins = [float(won) for won in outcomes if won is not None]  # episodes whose environment says
     validity = [bool(t.info["valid_action"]) for t in turns if "valid_action" in t.info]
     return {
         "episodes": float(len(ended)),

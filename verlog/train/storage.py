@@ -18,12 +18,10 @@ from verlog.algo import TurnBatch
 from verlog.algo.estimators import Estimate, TurnData, estimate_advantages
 from verlog.config import AlgorithmConfig
 from verlog.rollout.slots import SlotBatch
+from verlog.step_info import ANCHOR_KEY  # re-exported: the GiGPO anchor key's home is verlog.step_info
 
 __all__ = ["ANCHOR_KEY", "RolloutStorage", "anchor_ids"]
 
-#: the ``Turn.info`` key under which an environment names the state a turn acted in (GiGPO's
-#: anchor state): any hashable value, e.g. the observation text before the step or a key of it
-ANCHOR_KEY = "anchor"
 
 
 def anchor_ids(infos: Sequence[dict]) -> Tensor:

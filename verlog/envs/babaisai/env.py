@@ -35,6 +35,7 @@ from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
 from verlog.envs.progression import goal_value
 from verlog.envs.text import count, offset_phrase
+from verlog.step_info import step_info
 
 from . import game
 from .game import ACTIONS, OBJECT_NAMES, GameState, kind_name, render_ascii
@@ -344,19 +345,13 @@ class BabaIsAIEnv(TextEnv):
             reward += 1.0
         self.won = outcome.won
         self.done = terminated or truncated
-        info: dict[str, Any] = {
-            "action": action,
-            "valid_action": valid,
-            "rules": self._state.rules.texts(),
-            "step": self.steps_taken,
-            "won": outcome.won,
-            "lost": lost,
-            "progression": goal_value(outcome.won),  # BALROG's: 1 on a win
-        }
-        if self.levels_restarted:
-            info["levels_restarted"] = self.levels_restarted
-        if self.done:
-            info["success"] = outcome.won
+        extra: dict[str, Any] = {"levels_restarted": self.levels_restarted} if self.levels_restarted else {}
+        info = step_info(
+            action, valid, self.steps_taken, done=self.done, success=outcome.won,
+            rules=self._state.rules.texts(), won=outcome.won, lost=lost,
+            progression=goal_value(outcome.won),  # BALROG's: 1 on a win
+            **extra,
+        )
         return StepResult(observation or self.observation(), reward, terminated, truncated, info)
 
     # -- views -----------------------------------------------------------------------------

@@ -72,6 +72,7 @@ from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
 from verlog.envs.progression import goal_value
 from verlog.envs.text import offset_phrase
+from verlog.step_info import step_info
 
 LAYOUTS: tuple[str, ...] = ("local", "maze")
 
@@ -535,15 +536,11 @@ class BabyAITextEnv(TextEnv):
         success = bool(terminated and native_reward > 0)
         truncated = bool(truncated and not terminated)
         reward = (1.0 if success else 0.0) - (0.0 if valid else self.invalid_action_penalty)
-        info: dict[str, Any] = {
-            "action": executed,
-            "valid_action": valid,
-            "step": self._steps,
-            "progression": goal_value(success),  # BALROG's: 1 once the mission is accomplished
-        }
         self._done = bool(terminated or truncated)
-        if self._done:
-            info["success"] = success
+        info = step_info(
+            executed, valid, self._steps, done=self._done, success=success,
+            progression=goal_value(success),  # BALROG's: 1 once the mission is accomplished
+        )
         self._observation = self._render(obs)
         return StepResult(self._observation, reward, bool(terminated), truncated, info)
 

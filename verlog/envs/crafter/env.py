@@ -41,6 +41,7 @@ from verlog.envs.base import StepResult, TextEnv, play_steps
 from verlog.envs.family import check_protocol
 from verlog.envs.progression import crafter_value
 from verlog.envs.text import offset_phrase
+from verlog.step_info import step_info
 
 #: the 17 text actions, in Crafter's numbering ("move_left" -> "move left")
 ACTIONS: tuple[str, ...] = tuple(name.replace("_", " ") for name in constants.actions)
@@ -318,16 +319,12 @@ class CrafterTextEnv(TextEnv):
         truncated = not terminated and self._steps >= self.max_steps
         if not valid:
             reward -= self.invalid_action_penalty
-        info: dict[str, Any] = {
-            "action": executed,
-            "valid_action": valid,
-            "step": self._steps,
-            "achievements": self.achievements,
-        }
-        info["progression"] = crafter_value(info["achievements"])  # BALROG's: achievements / 22
         self._done = terminated or truncated
-        if self._done:
-            info["success"] = not terminated
+        achievements = self.achievements
+        info = step_info(
+            executed, valid, self._steps, done=self._done, success=not terminated, achievements=achievements,
+            progression=crafter_value(achievements),  # BALROG's: achievements / 22
+        )
         observation = self._render()
         if self.balrog:
             info["history_observation"] = self._history_observation

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from verlog.envs.base import play_steps
 from verlog.envs.nle.verlog_text import DIRECTION_OF_OFFSET, DIRECTIONS
+from verlog.step_info import episode_won
 
 _POSITION = re.compile(r"^Position: column (\d+), row (\d+)\.$")
 _RAY = re.compile(r"^- (north|east|south|west|northeast|southeast|southwest|northwest): (.+)$")
@@ -301,5 +302,5 @@ def play_episode(env: Any, agent: Any, seed: int | None = None) -> dict[str, Any
     """Play one episode of ``env`` with ``agent``; returns steps, return, success and last info."""
     results = play_steps(env, agent, seed)
     last = results[-1]
-    return {"steps": len(results), "return": sum(r.reward for r in results), "success": bool(last.info.get("success")),
+    return {"steps": len(results), "return": sum(r.reward for r in results), "success": episode_won(last.info),
             "info": last.info}

@@ -72,6 +72,7 @@ from verlog.envs.nle.verlog_text import (
     screen_lines,
 )
 from verlog.envs.progression import NetHackProgress, goal_value
+from verlog.step_info import step_info
 
 
 #: the goal of each MiniHack task, as told to the model
@@ -479,19 +480,13 @@ class NLETextEnv(TextEnv):
                 "(You died: the game is over.)" if end_status == "DEATH" else "(The game is over.)"))
         self._message = self._join(messages, notes)
         self._done = terminated or truncated
-        step_info: dict[str, Any] = {
-            "action": executed,
-            "valid_action": parsed.valid,
-            "step": self._steps,
-            **extra,
-        }
         if abort is not None:
-            step_info["aborted"] = abort
+            extra["aborted"] = abort
         if self._done:
-            step_info["success"] = success
-            step_info["end_status"] = end_status
+            extra["end_status"] = end_status
+        reported = step_info(executed, parsed.valid, self._steps, done=self._done, success=success, **extra)
         self._observation = self._render()
-        return StepResult(self._observation, float(score), terminated, truncated, step_info)
+        return StepResult(self._observation, float(score), terminated, truncated, reported)
 
     @property
     def instruction(self) -> str:
@@ -807,19 +802,13 @@ class BalrogNLETextEnv(TextEnv):
         self._done = terminated or truncated
         end_status = getattr(info.get("end_status"), "name", str(info.get("end_status", "")))
         self._render(message)
-        step_info: dict[str, Any] = {
-            "action": executed,
-            "valid_action": valid,
-            "step": self._steps,
-            "history_observation": self._history_observation,
-            **extra,
-        }
+        extra = {"history_observation": self._history_observation, **extra}
         if end_status == "ABORTED":
-            step_info["aborted"] = "the game's own limit (steps, or turns without progress)"
+            extra["aborted"] = "the game's own limit (steps, or turns without progress)"
         if self._done:
-            step_info["success"] = success
-            step_info["end_status"] = end_status
-        return StepResult(self._observation, float(score), terminated, truncated, step_info)
+            extra["end_status"] = end_status
+        reported = step_info(executed, valid, self._steps, done=self._done, success=success, **extra)
+        return StepResult(self._observation, float(score), terminated, truncated, reported)
 
     def close(self) -> None:
         try:

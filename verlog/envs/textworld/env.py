@@ -75,6 +75,7 @@ from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
 from verlog.envs.textworld import BALROG_MAX_STEPS, GAMES
 from verlog.envs.progression import textworld_value
+from verlog.step_info import step_info
 from verlog.envs.textworld.games import (
     ENGINE_LOCK,
     SEED_STRIDE,
@@ -374,21 +375,12 @@ class TextWorldTextEnv(TextEnv):
         if not valid:
             reward -= self.invalid_action_penalty
         self._done = terminated or truncated
-        info: dict[str, Any] = {
-            "action": command,
-            "valid_action": valid,
-            "step": self._steps,
-            "score": score,
-            "max_score": self.max_score,
-            "won": won,
-            "lost": lost,
-            "progression": textworld_value(score, self.max_score, won),
-            "game_seed": self.game_seed,
-        }
-        if self.game_file is not None:
-            info["game_file"] = self.game_file.name
-        if self._done:
-            info["success"] = won
+        extra: dict[str, Any] = {"game_file": self.game_file.name} if self.game_file is not None else {}
+        info = step_info(
+            command, valid, self._steps, done=self._done, success=won, score=score, max_score=self.max_score,
+            won=won, lost=lost, progression=textworld_value(score, self.max_score, won), game_seed=self.game_seed,
+            **extra,
+        )
         feedback = self._feedback(self._state.feedback)
         if not self.balrog:
             feedback = feedback.split("*** The End ***", 1)[0].strip()

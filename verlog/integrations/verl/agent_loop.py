@@ -66,6 +66,7 @@ from verlog.integrations.verl.samples import (
     turn_output,
 )
 from verlog.integrations.verl.settings import AGENT_NAME, AgentSpec, agent_spec
+from verlog.step_info import episode_won
 from verlog.tokens import pad_token_id
 
 __all__ = [
@@ -425,7 +426,7 @@ def _row_extra(row: dict[str, Any]) -> dict[str, Any]:
 def _episode_metrics(episode: Episode) -> dict[str, float]:
     """verl's validation metrics of one episode (``acc``: success, as verl's win-rate key)."""
     info = episode.info
-    success = float(bool(info.get("success", False)))
+    success = float(episode_won(info))
     return {
         "acc": success,
         "episode_return": float(episode.total_reward),

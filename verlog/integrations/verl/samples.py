@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
 from verlog.rollout.turn import Episode, Turn
+from verlog.step_info import ANCHOR_KEY, episode_outcome
 
 __all__ = [
     "BOOTSTRAP",
@@ -63,8 +64,6 @@ SUMMARY = "verlog_summary"  # on the first row of a call: episodes ended / faile
 SEED = "verlog_seed"  # a turn's episode's seed (its group), None where unknown
 STARTS_EPISODE = "verlog_starts_episode"  # the turn opens its episode
 ANCHOR = "verlog_anchor"  # the key of the state the turn acted in (``info["anchor"]``), None: none
-#: the ``Turn.info`` key under which an environment names the state a turn acted in (GiGPO)
-ANCHOR_INFO_KEY = "anchor"
 
 TURN: Literal["turn"] = "turn"
 BOOTSTRAP: Literal["bootstrap"] = "bootstrap"
@@ -75,7 +74,7 @@ def anchor_key(info: dict[str, Any] | None) -> Any:
     """The anchor state a turn's environment reported (``info["anchor"]``) as a value rows can
     carry: the value itself when it is a str, int, float or bool, else its ``repr`` (the embedded
     trainer compares anchors the same way); None where there is none."""
-    anchor = (info or {}).get(ANCHOR_INFO_KEY)
+    anchor = (info or {}).get(ANCHOR_KEY)
     if anchor is None or isinstance(anchor, (str, int, float, bool)):
         return anchor
     return repr(anchor)
@@ -184,7 +183,7 @@ def episode_summary(ended: Sequence[Episode], failed: Sequence[Episode]) -> dict
     return {
         "returns": [float(e.total_reward) for e in ended],
         "lengths": [len(e.turns) for e in ended],
-        "success": [float(bool(e.info.get("success"))) for e in ended if "success" in e.info],
+        "success": [float(won) for won in (episode_outcome(e.info) for e in ended) if won is not None],
         "failed": failures,
     }
 
