@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -184,3 +185,26 @@ def test_serve_model_record_flags_fail_in_one_line(capsys, tmp_path):
     assert "pw" not in err[0]
     assert main(["serve-model", "tiny", "--record", str(tmp_path / "t"), "--record-max-mb", "-1"]) == 2
     assert capsys.readouterr().err.strip() == "error: --record-max-mb must be >= 0 (0: no bound), got -1.0"
+
+
+async def test_a_served_graph_files_each_thread_as_an_episode(tiny_model, tiny_tokenizer, recorder, monkeypatch):
+    """`verlog serve`'s ChatOpenAI names the LangGraph thread as the episode of its calls."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from verlog.graph_file import load_graph_file
+
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", recorder=recorder) as server:
+        for name, value in (("VERLOG_BASE_URL", server.base_url), ("VERLOG_MODEL", "tiny"),
+                            ("VERLOG_GRAPHS_DIR", str(Path(__file__).parent / "graphs"))):
+            monkeypatch.setenv(name, value)  # the module builds its graphs when imported
+        from verlog.serve.langgraph_app import chat_model_from_env
+
+        model = chat_model_from_env({"VERLOG_BASE_URL": server.base_url, "VERLOG_MODEL": "tiny"})
+        graph_file = load_graph_file(Path(__file__).resolve().parents[1] / "graphs" / "cue_corridor.py")
+        graph = graph_file.build(model, length=4, max_turns=3)
+        graph.checkpointer = InMemorySaver()
+        await graph.ainvoke(graph_file.episode_input(5), {"configurable": {"thread_id": "thread-7"}})
+    engine.close()
+    recorder.flush()
+    assert [t.turn_index for t in recorder.store.turns("thread-7")] == [0, 1, 2]

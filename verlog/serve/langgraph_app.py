@@ -30,6 +30,11 @@ in every stream mode: with ``stream_mode`` including ``"events"`` LangGraph's se
 ``astream_events``, whose config defaults fill in LangChain's 25 before the graph sees its own
 limit; :func:`with_own_recursion_limit` keeps the graph's instead.
 
+**Episodes.** Every model call of a run names the run's thread as its episode (the OpenAI
+``user`` field, unless a node binds its own): a ``serve-model --record`` endpoint files a
+thread's turns as one episode, to which feedback can then be posted by thread id
+(docs/production_loop.md).
+
 Rewards reported by environment nodes (``areport_reward``) are LangChain custom events: with no
 training recorder listening they change nothing, and a client streaming with
 ``stream_mode="events"`` sees them as ``on_custom_event`` named ``verlog.reward``.
@@ -80,7 +85,25 @@ def chat_model_from_env(environ: dict[str, str] | None = None) -> Any:
                 kwargs[key] = kind(raw)
             except ValueError:
                 raise ValueError(f"${name}={raw!r} is not a valid {kind.__name__}") from None
-    return ChatOpenAI(**kwargs)
+    return _thread_episodes(ChatOpenAI)(**kwargs)
+
+
+def _thread_episodes(chat_openai: type) -> type:
+    """``ChatOpenAI`` whose requests name the LangGraph thread they run in as their episode."""
+
+    class ThreadEpisodeChatOpenAI(chat_openai):  # type: ignore[misc, valid-type]
+        """``ChatOpenAI`` sending the current run's ``thread_id`` as the request's ``user``."""
+
+        def _get_request_payload(self, input_: Any, *, stop: list[str] | None = None, **kwargs: Any) -> dict:
+            payload = super()._get_request_payload(input_, stop=stop, **kwargs)
+            from langchain_core.runnables.config import ensure_config
+
+            thread = ensure_config().get("configurable", {}).get("thread_id")
+            if thread is not None and not payload.get("user"):
+                payload["user"] = str(thread)
+            return payload
+
+    return ThreadEpisodeChatOpenAI
 
 
 def graph_kwargs_from_env() -> dict[str, Any]:
