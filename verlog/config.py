@@ -466,7 +466,7 @@ class AdvantageConfig(_Section):
 class AlgorithmConfig(AdvantageConfig):
     """Advantages and PPO losses. The defaults are Verlog's (github.com/WentseChen/Verlog, for
     3B instruct models): dual-discount GAE with gamma_step 0.99, lam_step 0.95, gamma_token =
-    lam_token = 1 (the recursion is written out in ``verlog/algo/gae.py``), whitened advantages,
+    lam_token = 1 (the recursion is written out in ``verlog/algo/multiturn_gae.py``), whitened advantages,
     clip 0.2, dual-clip 3.0, value clip 0.5, a turn's first value weighted x3, entropy 0.001,
     KL-in-reward 0.001, one PPO epoch."""
 

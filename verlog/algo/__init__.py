@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "verlog.algo.advantages": ("Episodes", "episode_index", "episodes_of", "group_moments", "tied_groups", "whiten"),
     "verlog.algo.critic_warmup": ("CriticWarmup", "WarmupPlan"),
-    "verlog.algo.gae": ("TurnBatch", "classic_gae", "discounted_reverse_cumsum", "dual_gae", "next_state_values"),
+    "verlog.algo.multiturn_gae": ("TurnBatch", "classic_gae", "discounted_reverse_cumsum", "dual_gae", "next_state_values"),
     "verlog.algo.losses": (
         "aggregate",
         "aggregation_weight",
@@ -80,7 +80,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from verlog.algo.estimators.reinforce_pp import reinforce_pp_advantages
     from verlog.algo.estimators.reinforce_pp_baseline import reinforce_pp_baseline_advantages
     from verlog.algo.estimators.rloo import rloo_advantages
-    from verlog.algo.gae import TurnBatch, classic_gae, discounted_reverse_cumsum, dual_gae, next_state_values
+    from verlog.algo.multiturn_gae import TurnBatch, classic_gae, discounted_reverse_cumsum, dual_gae, next_state_values
     from verlog.algo.losses import (
         aggregate,
         aggregation_weight,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from verlog.algo.gae import TurnBatch
+from verlog.algo.multiturn_gae import TurnBatch
 
 __all__ = ["Episodes", "episode_index", "episodes_of", "group_moments", "tied_groups", "whiten"]
 

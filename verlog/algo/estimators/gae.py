@@ -1,11 +1,11 @@
 """PPO's estimator: Verlog's dual-discount GAE with the critic (the recursion is in
-``verlog/algo/gae.py``). Returns ``A + V`` are the critic's targets. The advantages are whitened
+``verlog/algo/multiturn_gae.py``). Returns ``A + V`` are the critic's targets. The advantages are whitened
 over the batch by default, as PPO implementations and Verlog do (``whitens=True``)."""
 
 from __future__ import annotations
 
 from verlog.algo.estimators.registry import AdvantageEstimator, AdvantageSettings, Estimate, TurnData
-from verlog.algo.gae import TurnBatch, dual_gae
+from verlog.algo.multiturn_gae import TurnBatch, dual_gae
 
 
 def compute(batch: TurnBatch, data: TurnData, settings: AdvantageSettings) -> Estimate:

@@ -29,7 +29,7 @@ from torch import Tensor
 from verlog.algo.advantages import episodes_of, group_moments, tied_groups
 from verlog.algo.estimators.grpo import grpo_advantages
 from verlog.algo.estimators.registry import AdvantageEstimator, AdvantageSettings, Estimate, TurnData
-from verlog.algo.gae import TurnBatch
+from verlog.algo.multiturn_gae import TurnBatch
 
 __all__ = ["gigpo_advantages", "step_returns"]
 

@@ -1,7 +1,7 @@
 """The registry of advantage estimators: what each needs, and one call that applies it.
 
 An estimator (``AdvantageEstimator``) maps a ``TurnBatch`` (``N`` slots x ``K`` turns, see
-``verlog.algo.gae``) plus the per-turn data it declares (``TurnData``) to advantages ``[N, K, T]``,
+``verlog.algo.multiturn_gae``) plus the per-turn data it declares (``TurnData``) to advantages ``[N, K, T]``,
 critic targets ``[N, K, T + 1]`` when it trains a critic, and the turns the policy loss may use.
 Every module of this package but this one is an estimator named as its file and exposing
 ``ESTIMATOR``; another package adds one with :func:`register_estimator` or a ``verlog.estimators``
@@ -25,7 +25,7 @@ from verlog.registry import Registry
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from verlog.algo.gae import TurnBatch
+    from verlog.algo.multiturn_gae import TurnBatch
 
 __all__ = [
     "AdvantageEstimator",

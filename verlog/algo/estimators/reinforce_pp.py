@@ -22,7 +22,7 @@ from torch import Tensor
 
 from verlog.algo.advantages import episodes_of, whiten
 from verlog.algo.estimators.registry import AdvantageEstimator, AdvantageSettings, Estimate, TurnData
-from verlog.algo.gae import TurnBatch, dual_gae
+from verlog.algo.multiturn_gae import TurnBatch, dual_gae
 
 __all__ = ["reinforce_pp_advantages"]
 

@@ -25,7 +25,7 @@ from torch import Tensor
 from verlog.algo.advantages import whiten
 from verlog.algo.estimators.grpo import grpo_advantages
 from verlog.algo.estimators.registry import AdvantageEstimator, AdvantageSettings, Estimate, TurnData
-from verlog.algo.gae import TurnBatch
+from verlog.algo.multiturn_gae import TurnBatch
 
 __all__ = ["reinforce_pp_baseline_advantages"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from verlog.algo.estimators.registry import AdvantageEstimator, AdvantageSettings, Estimate, TurnData
-from verlog.algo.gae import TurnBatch, dual_gae
+from verlog.algo.multiturn_gae import TurnBatch, dual_gae
 
 
 def compute(batch: TurnBatch, data: TurnData, settings: AdvantageSettings) -> Estimate:

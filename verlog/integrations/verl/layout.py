@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from verlog.algo.estimators import TurnData
-from verlog.algo.gae import TurnBatch
+from verlog.algo.multiturn_gae import TurnBatch
 from verlog.integrations.verl.samples import BOOTSTRAP, NEXT_STATE, TURN, RowInfo
 
 __all__ = ["RowLayout", "rows_to_turn_batch", "token_scores", "turn_data"]
