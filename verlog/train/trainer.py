@@ -56,6 +56,7 @@ from verlog.weights.precision import autocast_dtype, check_master_dtype, grad_sc
 from verlog.train.ppo import Learner, adamw, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
 from verlog.train.trace_batches import TraceBatch, TraceSource, merge_batches
+from verlog.tokens import pad_token_id
 
 __all__ = ["TrainResult", "train"]
 
@@ -206,7 +207,7 @@ class _Run:
                 model.gradient_checkpointing_enable()
         learner = Learner(
             actor, critic, adamw(actor, config.actor), adamw(critic, config.critic) if critic else None,
-            reference, algo, pad_id=_pad_id(tokenizer), device=device,
+            reference, algo, pad_id=pad_token_id(tokenizer), device=device,
             actor_max_grad_norm=config.actor.max_grad_norm, critic_max_grad_norm=config.critic.max_grad_norm,
             autocast=compute, actor_scaler=grad_scaler(device, compute),
             critic_scaler=grad_scaler(device, compute) if critic else None,
@@ -482,11 +483,6 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _pad_id(tokenizer: Any) -> int:
-    pad = tokenizer.pad_token_id
-    return pad if isinstance(pad, int) else (tokenizer.eos_token_id or 0)
 
 
 def _write_eval_json(path: Path, result: TrainResult) -> None:
