@@ -276,4 +276,4 @@ async def test_a_reward_reported_after_its_turn_was_cut_is_counted_and_warned(ti
             await asyncio.wait_for(runner.collect(), 10)
     finally:
         await runner.aclose()
-    assert runner.counters["late_rewards"] == 1
+    assert runner.counters.late_rewards == 1

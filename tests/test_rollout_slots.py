@@ -174,11 +174,11 @@ async def test_quota_continuation_bootstrap_and_new_episodes(tiny_tokenizer, syn
     assert len(engine.calls) == 4 * 3 * 4
     # episodes that ended are reported once, with their full return
     ended = [e for batch in batches for e in batch.episodes]
-    assert len({e.episode_id for e in ended}) == len(ended) == runner.counters["episodes"]
+    assert len({e.episode_id for e in ended}) == len(ended) == runner.counters.episodes
     for episode in ended:
         n = len(episode.turns)
         assert episode.total_reward == n * (n + 1) / 2 and episode.info["success"]
-    assert runner.counters["turns"] == 4 * 3 * 4 and runner.counters["batches"] == 4
+    assert runner.counters.turns == 4 * 3 * 4 and runner.counters.batches == 4
 
 
 async def test_nothing_runs_while_the_batch_is_held(tiny_tokenizer):
@@ -213,7 +213,7 @@ async def test_failed_episodes_are_dropped_and_counted(tiny_tokenizer, sync):
                 assert seed not in fail | hang or t == 0
     statuses = sorted(e.status for batch in batches for e in batch.failed)
     assert statuses == ["error", "error", "timeout"]
-    assert runner.counters["failed"] == {"error": 2, "timeout": 1}
+    assert runner.counters.failed == {"error": 2, "timeout": 1}
     assert len(failed_so_far) == 3
 
 
@@ -222,7 +222,7 @@ async def test_timeout_does_not_run_while_held(tiny_tokenizer, sync):
     runner, _ = make_runner(tiny_tokenizer, num_envs=2, turns_per_env=2, timeout_s=0.5, sync=sync)
     batches = await collect_batches(runner, 3, pause_s=0.8)  # "updates" longer than the timeout
     assert not any(batch.failed for batch in batches)
-    assert runner.counters["failed"] == {}
+    assert runner.counters.failed == {}
 
 
 async def test_resume_counters_continue_seeds(tiny_tokenizer):
@@ -236,7 +236,7 @@ async def test_resume_counters_continue_seeds(tiny_tokenizer):
         seed, t = state_of(tiny_tokenizer, turns[0].prompt_ids)
         j = state["episodes_started"][i]
         assert t == 0 and seed == 2 * j + (i + j) % 2  # the slot's next seed
-    assert again.counters["turns"] == state["counters"]["turns"] + 6
+    assert again.counters.turns == state["counters"]["turns"] + 6
 
 
 async def test_a_graph_that_always_fails_stops_the_run(tiny_tokenizer):
@@ -253,7 +253,7 @@ async def test_seed_dependent_failures_are_spread_over_the_slots(tiny_tokenizer)
                             fail_seeds={s for s in range(1000) if s % 3 == 0})
     batches = await collect_batches(runner, 6)
     failed = [e for batch in batches for e in batch.failed]
-    assert failed and runner.counters["failed"] == {"error": len(failed)}
+    assert failed and runner.counters.failed == {"error": len(failed)}
 
 
 async def test_make_input_missing_stops_at_once(tiny_tokenizer):

@@ -68,7 +68,7 @@ from verlog.rollout.runner import run_episode
 from verlog.rollout.schedule import slot_seed
 from verlog.rollout.turn import Episode, Turn
 
-__all__ = ["SlotBatch", "SlotFailureError", "SlotRunner"]
+__all__ = ["SlotBatch", "SlotCounters", "SlotFailureError", "SlotRunner"]
 
 
 class SlotFailureError(RuntimeError):
@@ -179,6 +179,36 @@ class _Call:
     #: the task waiting at the gate or on the engine (cancelled if its episode ends first)
     task: asyncio.Task | None = None
     turn: Turn | None = None
+
+
+@dataclass
+class SlotCounters:
+    """A slot runner's totals over the run (saved in checkpoints as a plain dict)."""
+
+    #: batches collected
+    batches: int = 0
+    #: turns given to batches
+    turns: int = 0
+    #: episodes that ended well
+    episodes: int = 0
+    #: episodes dropped, by how they failed (``error``, ``timeout``, ``empty`` ...)
+    failed: dict[str, int] = field(default_factory=dict)
+    #: rewards reported for a turn already cut into a batch (see ``SlotRunner._late_reward``)
+    late_rewards: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"batches": self.batches, "turns": self.turns, "episodes": self.episodes,
+                "failed": dict(self.failed), "late_rewards": self.late_rewards}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SlotCounters:
+        """The counters :meth:`as_dict` wrote (``TypeError``/``ValueError`` for anything else)."""
+        if not isinstance(data, dict) or not isinstance(data.get("failed") or {}, dict):
+            raise TypeError(f"slot counters are a dict with a 'failed' dict (got {type(data).__name__})")
+        return cls(batches=int(data.get("batches", 0)), turns=int(data.get("turns", 0)),
+                   episodes=int(data.get("episodes", 0)),
+                   failed={str(k): int(v) for k, v in (data.get("failed") or {}).items()},
+                   late_rewards=int(data.get("late_rewards", 0)))
 
 
 @dataclass
@@ -324,7 +354,7 @@ class SlotRunner:
         #: the newest round begun by each slot group
         self._newest_round: dict[int, int] = {}
         #: totals over the run (saved in checkpoints)
-        self.counters: dict[str, Any] = {"batches": 0, "turns": 0, "episodes": 0, "failed": {}}
+        self.counters = SlotCounters()
         self._slots = [_Slot(i) for i in range(num_envs)]
         self._segments: dict[str, _Segment] = {}
         #: training calls of running episodes, by LangChain run id (the gate's and the recorder's key)
@@ -437,8 +467,8 @@ class SlotRunner:
                 "model other than the one build_graph was given) and are not trained; keep such calls out of "
                 "training on purpose with model.with_config(tags=[NO_TRAIN_TAG])", RuntimeWarning, stacklevel=2,
             )
-        self.counters["batches"] += 1
-        self.counters["turns"] += self.num_envs * self.turns_per_env
+        self.counters.batches += 1
+        self.counters.turns += self.num_envs * self.turns_per_env
         return batch
 
     # ------------------------------------------------------------------ the gate
@@ -516,8 +546,8 @@ class SlotRunner:
         """A reward (or an episode's end) was reported for a turn already cut into a batch: the
         environment answered after the boundary (another branch of the episode was held there),
         so the batch trained the turn without it."""
-        self.counters["late_rewards"] = self.counters.get("late_rewards", 0) + 1
-        if self.counters["late_rewards"] == 1:
+        self.counters.late_rewards += 1
+        if self.counters.late_rewards == 1:
             warnings.warn(
                 f"episode {episode_id} reported a reward for a turn already given to a batch (a branch of the graph "
                 "answered after the batch boundary while another waited at it): that batch trained the turn without "
@@ -603,7 +633,7 @@ class SlotRunner:
                 self._drop(segment)
                 self._failed.append(episode)
                 status = episode.status if episode.failed else "empty"
-                self.counters["failed"][status] = self.counters["failed"].get(status, 0) + 1
+                self.counters.failed[status] = self.counters.failed.get(status, 0) + 1
                 slot.consecutive_failures += 1
                 if slot.consecutive_failures >= self.max_consecutive_failures:
                     last = (episode.error or "it made no training call").strip().splitlines()
@@ -617,7 +647,7 @@ class SlotRunner:
                 segment.episode = episode
                 slot.consecutive_failures = 0
                 self._ended.append(episode)
-                self.counters["episodes"] += 1
+                self.counters.episodes += 1
             self._notify()
 
     def _stop(self, error: BaseException) -> None:
@@ -629,7 +659,7 @@ class SlotRunner:
         """Counters to resume from: episodes started per slot (seeds go on) and run totals."""
         return {
             "episodes_started": self.episodes_started,
-            "counters": {**self.counters, "failed": dict(self.counters["failed"])},
+            "counters": self.counters.as_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -643,8 +673,7 @@ class SlotRunner:
         for slot in self._slots:  # the slots of a group start in step, on a round none has begun
             first = slot.index - slot.index % self.group_size
             slot.episodes_started = max(started[first:first + self.group_size])
-        counters = state["counters"]
-        self.counters = {**counters, "failed": dict(counters.get("failed", {}))}
+        self.counters = SlotCounters.from_dict(state["counters"])
 
     async def aclose(self) -> None:
         """Stop every slot (episodes in flight are cancelled)."""

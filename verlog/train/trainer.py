@@ -300,8 +300,8 @@ class _Run:
 
     def counters(self) -> dict[str, float]:
         c = self.runner.counters
-        out = {"turns_total": float(c["turns"]), "episodes_total": float(c["episodes"]),
-               "failed_total": float(sum(c["failed"].values()))}
+        out = {"turns_total": float(c.turns), "episodes_total": float(c.episodes),
+               "failed_total": float(sum(c.failed.values()))}
         rows = self.slots_agent.plan.size if self.slots_agent.plan is not None else None
         if rows:  # how far the training rows' epochs have gone: rounds begun x groups / rows
             groups = self.config.trainer.num_envs // self.config.trainer.group_size
