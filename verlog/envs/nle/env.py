@@ -171,24 +171,60 @@ def native_keys(gym_id: str) -> frozenset[str]:
 
 
 
-def _restart(env: Any, seed: int | None) -> Mapping[str, np.ndarray]:
-    """Reset an NLE-backed text env's game for ``seed`` (its pending seed, else a random one) and
-    its episode bookkeeping; the first observation. Shared by verlog's and BALROG's variants."""
-    if seed is None:
-        seed = env._seed if env._seed is not None else env._rng.randrange(2**31)
-    env._seed = None
-    env.last_seed = seed
-    env._seed_game(seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        obs, _ = env.game.reset()
-    env._obs = obs
-    env._steps = 0
-    env._done = False
-    env._begin_episode(obs)
-    return obs
+class _NLEGame(TextEnv):
+    """An NLE game behind a text environment: what verlog's variant (:class:`NLETextEnv`) and
+    BALROG's (:class:`BalrogNLETextEnv`) share: the gym game, its seeding, and the episode
+    bookkeeping a reset starts over. Subclasses render and step the game their own way."""
 
-class NLETextEnv(TextEnv):
+    def _open_game(
+        self, gym_id: str, seed: int | None, *, max_steps: int, invalid_action_penalty: float,
+        gym_kwargs: Mapping[str, Any],
+    ) -> None:
+        self.gym_id = gym_id
+        self.max_steps = max_steps
+        self.invalid_action_penalty = invalid_action_penalty
+        self.game = _make_gym(gym_id, **gym_kwargs)
+        self._rng = random.Random(seed)
+        self._seed = seed
+        self._obs: Mapping[str, np.ndarray] | None = None
+        self._steps = 0
+        self._done = True
+        self._observation = ""
+        self.last_seed: int | None = None
+
+    def _seed_game(self, seed: int) -> None:
+        nh = self.game.nethack
+        # NetHackChallenge forbids ``seed`` (and shadows set_initial_seeds on the instance);
+        # the class method still sets the seeds of the next reset.
+        type(nh).set_initial_seeds(nh, seed, seed, False)
+
+    def _begin_episode(self, obs: Mapping[str, np.ndarray]) -> None:
+        """Reset per-episode bookkeeping (subclasses add theirs)."""
+
+    def _score_step(
+        self, obs: Mapping[str, np.ndarray], reward: float, done: bool, info: dict[str, Any]
+    ) -> tuple[float, bool, dict[str, Any]]:
+        """Turn the game's outcome into (reward, success, extra info)."""
+        return reward, False, {}
+
+    def _restart(self, seed: int | None) -> Mapping[str, np.ndarray]:
+        """Reset the game for ``seed`` (the pending seed, else a random one) and the episode's
+        bookkeeping; the first observation."""
+        if seed is None:
+            seed = self._seed if self._seed is not None else self._rng.randrange(2**31)
+        self._seed = None
+        self.last_seed = seed
+        self._seed_game(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            obs, _ = self.game.reset()
+        self._obs = obs
+        self._steps = 0
+        self._done = False
+        self._begin_episode(obs)
+        return obs
+
+class NLETextEnv(_NLEGame):
     """A NetHack-based game in text: the machinery shared by MiniHack and NetHack.
 
     Subclasses give the gym id, the actions offered, the default action and the goal text, and
@@ -208,9 +244,6 @@ class NLETextEnv(TextEnv):
         max_per_name: int = 3,
         gym_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        self.gym_id = gym_id
-        self.max_steps = max_steps
-        self.invalid_action_penalty = invalid_action_penalty
         self.show_map = show_map
         self.max_per_name = max_per_name
         kwargs = dict(
@@ -221,31 +254,16 @@ class NLETextEnv(TextEnv):
             fix_moon_phase=True,
         )
         kwargs.update(gym_kwargs or {})
-        self.game = _make_gym(gym_id, **kwargs)
+        self._open_game(gym_id, seed, max_steps=max_steps, invalid_action_penalty=invalid_action_penalty,
+                        gym_kwargs=kwargs)
         self._key_index = {chr(int(a)): i for i, a in enumerate(self.game.actions)}
-        self._rng = random.Random(seed)
-        self._seed = seed
-        self._obs: Mapping[str, np.ndarray] | None = None
         self._message = ""
-        self._steps = 0
-        self._done = True
-        self._observation = ""
-        self.last_seed: int | None = None
 
     # -- subclass hooks ----------------------------------------------------------------------
 
     def base_actions(self) -> list[str]:
         """The named actions offered (with ``<item>``/``<direction>`` placeholders)."""
         return list(BASE_ACTIONS)
-
-    def _begin_episode(self, obs: Mapping[str, np.ndarray]) -> None:
-        """Reset per-episode bookkeeping."""
-
-    def _score_step(
-        self, obs: Mapping[str, np.ndarray], reward: float, done: bool, info: dict[str, Any]
-    ) -> tuple[float, bool, dict[str, Any]]:
-        """Turn the game's outcome into (reward, success, extra info)."""
-        return reward, False, {}
 
     def _abort_reason(self, obs: Mapping[str, np.ndarray]) -> str | None:
         """A reason to cut the episode now (beyond the step cap), or None."""
@@ -257,14 +275,8 @@ class NLETextEnv(TextEnv):
 
     # -- the game ----------------------------------------------------------------------------
 
-    def _seed_game(self, seed: int) -> None:
-        nh = self.game.nethack
-        # NetHackChallenge forbids ``seed`` (and shadows set_initial_seeds on the instance);
-        # the class method still sets the seeds of the next reset.
-        type(nh).set_initial_seeds(nh, seed, seed, False)
-
     def reset(self, seed: int | None = None) -> str:
-        obs = _restart(self, seed)
+        obs = self._restart(seed)
         messages: list[str] = []
         notes: list[str] = []
         obs, _, done, _ = self._settle(obs, {}, messages, notes, 0.0)
@@ -685,7 +697,7 @@ def balrog_answer(answer: str) -> str:
     return clean_answer(answer)
 
 
-class BalrogNLETextEnv(TextEnv):
+class BalrogNLETextEnv(_NLEGame):
     """A NetHack-based game under BALROG's protocol (:func:`make_minihack` / :func:`make_nethack`
     with ``protocol="balrog"``).
 
@@ -713,40 +725,19 @@ class BalrogNLETextEnv(TextEnv):
         invalid_action_penalty: float,
         gym_kwargs: Mapping[str, Any],
     ) -> None:
-        self.gym_id = gym_id
-        self.max_steps = max_steps
-        self.invalid_action_penalty = invalid_action_penalty
-        self.game = _make_gym(gym_id, **gym_kwargs)
+        self._open_game(gym_id, seed, max_steps=max_steps, invalid_action_penalty=invalid_action_penalty,
+                        gym_kwargs=gym_kwargs)
         if "max_episode_steps" in gym_kwargs:  # gymnasium's make keeps this one for its TimeLimit
             self.game._max_episode_steps = gym_kwargs["max_episode_steps"]
         self._key_index = {int(a): i for i, a in enumerate(self.game.actions)}
-        self._rng = random.Random(seed)
-        self._seed = seed
-        self._obs: Mapping[str, np.ndarray] | None = None
-        self._steps = 0
-        self._done = True
-        self._observation = ""
         self._history_observation = ""
-        self.last_seed: int | None = None
-
-    # -- hooks ----------------------------------------------------------------------------------
-
-    def _seed_game(self, seed: int) -> None:
-        nh = self.game.nethack
-        type(nh).set_initial_seeds(nh, seed, seed, False)
-
-    def _begin_episode(self, obs: Mapping[str, np.ndarray]) -> None:
-        """Reset per-episode bookkeeping."""
-
-    def _score_step(self, obs, reward: float, done: bool, info: dict[str, Any]) -> tuple[float, bool, dict[str, Any]]:
-        return reward, False, {}
 
     # -- the game ---------------------------------------------------------------------------------
 
     def reset(self, seed: int | None = None) -> str:
         from verlog.envs.nle.balrog_text import text_message
 
-        obs = _restart(self, seed)
+        obs = self._restart(seed)
         self._render(text_message(obs["tty_chars"]))
         return self._observation
 
