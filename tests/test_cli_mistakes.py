@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -185,3 +186,23 @@ def test_serve_takes_a_relative_state_dir(tmp_path):
     with running(cmd, env, tmp_path, port, tmp_path / "serve.log"):
         assert (tmp_path / "state" / "here" / "langgraph.json").is_file()
     assert f"threads kept in {tmp_path / 'state' / 'here' / 'threads.sqlite'}" in (tmp_path / "serve.log").read_text()
+
+
+# ---------------------------------------------------------------------- --help
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["serve", "--help"], ["rollout"]])
+def test_help_and_usage_errors_do_not_load_torch(argv):
+    """``verlog --help`` (and a command's help, a missing argument) answers without importing torch,
+    transformers or LangChain: the commands import them when they run."""
+    code = ("import sys\nfrom verlog.cli import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'langchain_core') if m in sys.modules))") % (argv,)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_eval_help_still_lists_its_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    out = capsys.readouterr().out
+    assert "--checkpoint" in out and "resumes an interrupted run" in out

@@ -16,40 +16,69 @@ will not load) prints one ``error: ...`` line on stderr and exits 2, without a t
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from rich.table import Table
-
-from verlog.backends.base import EngineError
-from verlog.config import ConfigError, VerlogConfig, load_config
-from verlog.console import console, print_error
-from verlog.graph_file import GraphFileError
 from verlog.models import MODEL_SPECS
-from verlog.rollout import Episode, SlotFailureError
 
+if TYPE_CHECKING:
+    from verlog.config import VerlogConfig
+    from verlog.rollout import Episode
+
+# Heavier modules (torch, transformers, LangChain, the engines) are imported by the command that
+# needs them, so that ``verlog --help`` and a bad argument answer at once.
+
+#: the exceptions that mean the user must change something, by module and name: a module's error
+#: counts once the module is loaded (an error of a module never loaded cannot have been raised)
+USER_ERRORS = (
+    ("verlog.config", "ConfigError"),
+    ("verlog.graph_file", "GraphFileError"),
+    ("verlog.backends.base", "EngineError"),
+    ("verlog.rollout.slots", "SlotFailureError"),
+    ("verlog.models.safe_load", "CheckpointError"),
+    ("verlog.evaluation.runner", "EvalError"),
+)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean the user must change something (a config, a graph file, a run
     folder): reported as one ``error:`` line and exit status 2. Anything else is a bug and keeps
-    its traceback. (A module's error joins once the module is loaded: no torch import for it.)"""
-    errors: list[type[BaseException]] = [ConfigError, GraphFileError, EngineError, SlotFailureError]
-    for module, name in (("verlog.models.safe_load", "CheckpointError"), ("verlog.evaluation.runner", "EvalError")):
+    its traceback. Read from the modules loaded so far (no import for it)."""
+    errors = []
+    for module, name in USER_ERRORS:
         loaded = sys.modules.get(module)
         if loaded is not None and hasattr(loaded, name):
             errors.append(getattr(loaded, name))
     return tuple(errors)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A sub-command's parser whose arguments may come from a heavier module, added on first use
+    (``populate``): the top-level ``--help`` lists the command without importing it."""
+
+    populate: Callable[[argparse.ArgumentParser], None] | None = None
+
+    def _ready(self) -> None:
+        populate, self.populate = self.populate, None
+        if populate is not None:
+            populate(self)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._ready()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._ready()
+        return super().format_help()
+
+
 def _load_config(args: argparse.Namespace) -> VerlogConfig:
     """The config of ``args`` with ``model.path`` made a full model's folder where it names a run,
     a checkpoint or a Hugging Face hub id (``verlog.weights.policy.full_model_path``)."""
     from verlog.weights.policy import full_model_path
+
+    from verlog.config import ConfigError, load_config
 
     config = load_config(args.config, args.overrides)
     try:
@@ -60,7 +89,11 @@ def _load_config(args: argparse.Namespace) -> VerlogConfig:
 
 
 def _rollout(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
     from verlog.agent import load_agent
+    from verlog.console import console
 
     config = _load_config(args)
     episodes_n = args.episodes or config.rollout.episodes
@@ -90,6 +123,8 @@ def _rollout(args: argparse.Namespace) -> int:
 
 
 def _episode_json(episode: Episode) -> dict[str, Any]:
+    from dataclasses import asdict
+
     data = asdict(episode)
     data.pop("output", None)
     for turn in data["turns"]:
@@ -98,6 +133,8 @@ def _episode_json(episode: Episode) -> dict[str, Any]:
 
 
 def _print_episode(episode: Episode, tokenizer: Any, *, show_messages: bool) -> None:
+    from verlog.console import console
+
     colour = "green" if not episode.failed else "red"
     console.rule(
         f"[{colour}]episode {episode.episode_id}: {episode.status}[/] · {len(episode.turns)} turns · "
@@ -123,6 +160,10 @@ def _print_episode(episode: Episode, tokenizer: Any, *, show_messages: bool) -> 
 
 
 def _print_summary(episodes: list[Episode]) -> None:
+    from rich.table import Table
+
+    from verlog.console import console
+
     table = Table(title="rollout summary")
     for col in ("episodes", "failed", "turns", "mean return", "success"):
         table.add_column(col)
@@ -141,6 +182,9 @@ def _print_summary(episodes: list[Episode]) -> None:
 def _train(args: argparse.Namespace) -> int:
     if args.engine == "verl":
         return _train_verl(args)
+    from verlog.config import ConfigError
+    from verlog.console import console
+
     if args.dry_run:
         raise ConfigError("--dry-run composes a verl config: use it with --engine verl")
     from verlog.train import train
@@ -153,6 +197,9 @@ def _train(args: argparse.Namespace) -> int:
 
 def _train_verl(args: argparse.Namespace) -> int:
     """Train with verl (Ray, FSDP/Megatron, SGLang/vLLM): see docs/verl.md."""
+    from verlog.config import ConfigError
+    from verlog.console import console
+
     try:
         from verlog.integrations.verl.launch import launch
     except ImportError as exc:
@@ -162,6 +209,7 @@ def _train_verl(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
+    from verlog.console import console
     from verlog.models import resolve_model_path
 
     path = resolve_model_path(args.name)
@@ -170,6 +218,7 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _play(args: argparse.Namespace) -> int:
+    from verlog.console import print_error
     from verlog.envs.play import play
 
     try:
@@ -182,7 +231,7 @@ def _play(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verlog", description="Multi-turn RL for LangGraph agents")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
 
     p = sub.add_parser("rollout", help="run episodes of a config's graph and print every captured turn")
     p.add_argument("config", help="a YAML config file (see configs/)")
@@ -202,9 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="with --engine verl: print the composed verl config and stop")
     p.set_defaults(func=_train)
 
-    from verlog.evaluation.command import add_eval_command
-
-    add_eval_command(sub)  # eval: a checkpoint or an OpenAI-compatible endpoint on configs or a suite
+    p = sub.add_parser(
+        "eval", help="evaluate a checkpoint or an OpenAI-compatible endpoint: progression, win rate, return ± s.e.")
+    p.populate = _eval_arguments  # its module loads the evaluation stack: only for `verlog eval`
 
     p = sub.add_parser("play", help="play a text environment in the terminal, seeing what the model sees")
     p.add_argument("env", help="an environment name, e.g. babyai:goto, babaisai:two_room-goto_win, crafter")
@@ -228,6 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _eval_arguments(parser: argparse.ArgumentParser) -> None:
+    from verlog.evaluation.command import add_eval_arguments
+
+    add_eval_arguments(parser)
+
+
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse ``argv``, taking ``key=value`` overrides (and ``verlog eval``'s config files) after
     options too: ``verlog rollout CONFIG --episodes 2 sampling.temperature=0``."""
@@ -249,12 +304,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except user_errors() as exc:
+        from verlog.console import print_error
+
         message = str(exc).strip()
-        if isinstance(exc, SlotFailureError):  # the episode's error may carry LangGraph's multi-line context
+        if type(exc).__name__ == "SlotFailureError":  # the episode's error may carry LangGraph's multi-line context
             message = message.splitlines()[0]
         print_error(message)
         return 2
     except KeyboardInterrupt:
+        from verlog.console import console
+
         console.print("[yellow]interrupted[/]")
         return 130
 

@@ -34,7 +34,7 @@ from verlog.evaluation.suite_protocol import balrog_tasks, protocol_differences,
 from verlog.evaluation.runner import EpisodeLog, EvalError, episode_seeds, play_tasks, task_spec
 from verlog.evaluation.tasks import EvalTask, plan_tasks
 
-__all__ = ["add_eval_command", "run_eval"]
+__all__ = ["add_eval_arguments", "run_eval"]
 
 #: this many episodes ending in ``error`` one after another stop the run (the model is down)
 MAX_CONSECUTIVE_ERRORS = 10
@@ -42,14 +42,12 @@ SUMMARY_FILE = "summary.json"
 CHART_FILE = "progression.png"
 
 
-def add_eval_command(sub: Any) -> None:
-    """Register ``verlog eval`` on the CLI's subparsers."""
-    p = sub.add_parser(
-        "eval", help="evaluate a checkpoint or an OpenAI-compatible endpoint: progression, win rate, return ± s.e.",
-        description="Play seeded episodes of one or more configs' graphs (or a --suite) with a checkpoint or "
-                    "any OpenAI-compatible endpoint. Finished episodes are saved as they end; the same command "
-                    "resumes an interrupted run.",
-    )
+def add_eval_arguments(p: argparse.ArgumentParser) -> None:
+    """Give ``verlog eval``'s parser (the CLI makes it, with its one-line help) its description,
+    arguments and command."""
+    p.description = ("Play seeded episodes of one or more configs' graphs (or a --suite) with a checkpoint or "
+                     "any OpenAI-compatible endpoint. Finished episodes are saved as they end; the same command "
+                     "resumes an interrupted run.")
     p.add_argument("targets", nargs="*", metavar="CONFIG|key=value",
                    help="config files (see configs/) and key.path=value overrides applied to every config")
     p.add_argument("--suite", default=None, help="a suite of configs, e.g. balrog (configs/suites/NAME.yaml) or a path")

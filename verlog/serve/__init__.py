@@ -9,6 +9,23 @@
 * :mod:`verlog.serve.commands`: the ``serve-model`` and ``serve`` commands.
 """
 
-from verlog.serve.openai_server import OpenAIServer, ServerLimits, run_server, serve_in_thread
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["OpenAIServer", "ServerLimits", "run_server", "serve_in_thread"]
+
+
+def __getattr__(name: str) -> Any:
+    """The server's names, imported on first use: ``verlog.serve.commands`` (the CLI's parsers)
+    loads without the engine and torch, so ``verlog --help`` stays fast."""
+    if name not in __all__:
+        raise AttributeError(f"module 'verlog.serve' has no attribute {name!r}")
+    value = getattr(importlib.import_module("verlog.serve.openai_server"), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see
+    from verlog.serve.openai_server import OpenAIServer, ServerLimits, run_server, serve_in_thread
