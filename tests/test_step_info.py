@@ -47,7 +47,7 @@ def test_every_step_reports_the_contract(name: str) -> None:
     assert name in list_envs()
     env = make_env(name, seed=0, max_steps=3)
     env.reset()
-    steps = [env.step(f"ACTION: {env.actions[0]}") for _ in range(3)]
+    steps = [env.step(f"ACTION: {env.valid_actions()[0]}") for _ in range(3)]
     for k, result in enumerate(steps, 1):
         assert {"action", "valid_action", "step"} <= set(result.info) and result.info["step"] == k
         assert isinstance(result.info["valid_action"], bool) and 0.0 <= result.info["progression"] <= 1.0
