@@ -13,8 +13,11 @@ versions behind the newest are dropped, the others weigh --decay ** staleness.
 Success is measured on --eval-episodes held-out seeds through the served model, before the first
 cycle and after the last (mean +- standard error), beside the success of each cycle's episodes.
 
+Writes the per-cycle figures to OUT/trace_learning.json and draws OUT/trace_learning.png.
+
 Usage: python benchmarks/trace_learning.py [--model toy] [--cycles 40] [--episodes 64]
        [--updates-per-cycle 1] [--max-versions 2] [--decay 0.5] [--eval-episodes 128]
+       [--out runs/trace_learning]
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
+import shutil
 import time
 from pathlib import Path
 
@@ -109,10 +112,14 @@ async def _main() -> None:
     parser.add_argument("--max-versions", type=int, default=2, help="drop turns more versions behind than this")
     parser.add_argument("--decay", type=float, default=0.5, help="weight decay ** staleness")
     parser.add_argument("--eval-episodes", type=int, default=128)
-    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--out", default=str(ROOT / "runs" / "trace_learning"),
+                        help="where the trace store, the run and the figures go (emptied first)")
     args = parser.parse_args()
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="verlog-trace-learning-"))
+    work = Path(args.out)
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
     store_dir, run_dir, port = work / "traces", work / "run", free_port()
     base_url = f"http://127.0.0.1:{port}/v1"
     server = subprocess.Popen(
@@ -139,6 +146,7 @@ async def _main() -> None:
             f"data.traces.staleness.decay={args.decay}", "eval.at_start=false", "eval.at_end=false",
             "trainer.save_every=1",
         ]
+        cycles: list[dict] = []
         for cycle in range(args.cycles):
             seeds = list(range(cycle * args.episodes, (cycle + 1) * args.episodes))
             played = await _play(base_url, args.model, seeds, f"c{cycle}")
@@ -149,6 +157,11 @@ async def _main() -> None:
             result = await asyncio.to_thread(train, config, resume=cycle > 0, console=Console(quiet=True))
             logged = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
             swapped = (await asyncio.to_thread(httpx.post, f"{base_url}/admin/reload", timeout=300)).json()
+            mean, se = _mean_se([float(s) for _, s, _ in played])
+            cycles.append({"cycle": cycle + 1, "version": version, "served_success": mean, "served_se": se,
+                           "staleness_weight": logged.get("staleness_weight"),
+                           "behaviour_weight": logged.get("behaviour_weight"), "seconds": time.perf_counter() - started})
+            version = swapped["version"]
             print(f"cycle {cycle + 1:3d}: served success {wins:.3f} -> update {result.updates}, "
                   f"staleness weight {logged.get('staleness_weight', float('nan')):.3f}, dropped turns "
                   f"{logged.get('trace_dropped_turns', 0):.0f}, behaviour weight {logged.get('behaviour_weight', 1):.3f}; "
@@ -158,10 +171,41 @@ async def _main() -> None:
         print(f"held-out success over {len(eval_seeds)} seeds: before {b:.3f} +- {bse:.3f} -> after {a:.3f} +- {ase:.3f} "
               f"({args.cycles * args.updates_per_cycle} updates from traces alone, {time.perf_counter() - started:.0f} s, "
               f"load {os.getloadavg()[0]:.2f})")
+        summary = {"settings": vars(args), "before": [b, bse], "after": [a, ase], "cycles": cycles}
+        (work / "trace_learning.json").write_text(json.dumps(summary, indent=1))
+        _plot(work / "trace_learning.png", summary)
+        print(f"figures: {work / 'trace_learning.json'}, {work / 'trace_learning.png'}")
         store.close()
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def _plot(png: Path, summary: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s, cycles = summary["settings"], summary["cycles"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.errorbar([c["cycle"] for c in cycles], [c["served_success"] for c in cycles],
+                yerr=[c["served_se"] for c in cycles], marker="o", markersize=3, capsize=2,
+                label=f"production episodes of each cycle ({s['episodes']}, +- s.e.)")
+    last = cycles[-1]["cycle"] if cycles else 0
+    for x, (mean, se), name, side in ((0, summary["before"], "before", "left"),
+                                      (last, summary["after"], "after", "right")):
+        ax.errorbar([x], [mean], yerr=[se], marker="s", color="black", capsize=4)
+        ax.annotate(f"held-out {name}: {mean:.2f} +- {se:.2f}", (x, mean), textcoords="offset points",
+                    xytext=(6 if side == "left" else -6, 8), ha=side, fontsize=8)
+    ax.set_xlabel(f"cycle: serve, feedback, {s['updates_per_cycle']} update(s) from traces alone, hot swap")
+    ax.set_ylabel("success")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"cue corridor, {s['model']} model; staleness: drop > {s['max_versions']} versions, "
+                 f"weight {s['decay']}^versions", fontsize=9)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
 
 
 if __name__ == "__main__":
