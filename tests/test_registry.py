@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _zero(batch, data, settings) -> Estimate:
-    return Estimate(advantages=torch.zeros_like(batch.rewards))
+    return Estimate(advantages=torch.zeros_like(batch.token_rewards))
 
 
 def test_lazy_entries_import_nothing_until_looked_up() -> None:
@@ -83,7 +83,7 @@ from verlog.envs.babyai.env import BabyAITextEnv
 
 
 def _halved(batch, data, settings):
-    return Estimate(advantages=0.5 * batch.rewards.clone())
+    return Estimate(advantages=0.5 * batch.token_rewards)
 
 
 ESTIMATOR = AdvantageEstimator(name="halved", summary="half the reward", needs_critic=False,
@@ -113,12 +113,14 @@ mygame = my_verlog_plugins:FAMILY
 CHILD = '''
 import json, torch
 from verlog.config import AlgorithmConfig
-from verlog.algo import policy_loss_fn
-from verlog.algo.estimators import estimator_names, get_estimator
+from verlog.algo import TurnBatch, policy_loss_fn
+from verlog.algo.estimators import TurnData, estimate_advantages, estimator_names
 from verlog.envs import list_envs, make_env
 
-config = AlgorithmConfig(estimator="halved", policy_loss="doubled")
-estimate = get_estimator(config.estimator).compute(type("B", (), {"rewards": torch.ones(2)})(), None, config)
+config = AlgorithmConfig(estimator="halved", policy_loss="doubled", whiten_advantages=False)
+rewards = torch.tensor([[[0.0, 1.0]]])
+batch = TurnBatch(rewards, torch.ones_like(rewards, dtype=torch.bool), torch.tensor([[True]]), torch.tensor([[False]]))
+estimate = estimate_advantages(config, batch, TurnData())
 loss, metrics = policy_loss_fn(config.policy_loss)(torch.zeros(3), torch.zeros(3), torch.ones(3), torch.ones(3))
 env = make_env("mygame:goto", seed=0)
 observation = env.reset()
@@ -141,7 +143,7 @@ def test_a_package_plugs_in_through_entry_points(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["estimators"][-1] == "halved" and "gae" in result["estimators"]
-    assert result["advantages"] == [0.5, 0.5] and result["doubled"] == 1.0
+    assert result["advantages"] == [[[0.0, 0.5]]] and result["doubled"] == 1.0
     assert result["envs"] == ["mygame:goto"] and result["observation"]
 
 
