@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from verlog.envs.agent_graph import build_env_graph
-from verlog.envs import check_protocol, get_family
+from verlog.envs import check_protocol
+from verlog.envs.agent_graph import build_game_graph
 
 
 def make_input(seed: int) -> dict[str, Any]:
@@ -40,14 +40,11 @@ def build_graph(
     the ASCII map to verlog's observation. ``history_turns`` and ``max_tokens`` default to the
     protocol's; ``balrog_source``: your BALROG checkout (default ``$VERLOG_BALROG``), whose
     wording ``protocol="balrog"`` then uses."""
-    env_kwargs: dict[str, Any] = {"max_steps": max_steps, "invalid_action_penalty": invalid_action_penalty}
-    if check_protocol(protocol) == "balrog":
-        balrog = get_family("nethack").balrog
-        history_turns = balrog.history_length if history_turns is None and balrog else history_turns
-        max_tokens = balrog.max_tokens if max_tokens is None and balrog else max_tokens
-    else:
-        env_kwargs["show_map"] = show_map
-    return build_env_graph(
-        model, "nethack", history_turns=1 if history_turns is None else history_turns,
-        max_tokens=max_tokens, protocol=protocol, balrog_source=balrog_source, env_kwargs=env_kwargs,
+    verlog_only = {"show_map": show_map} if check_protocol(protocol) == "verlog" else {}  # BALROG's text has the map
+    return build_game_graph(
+        model, "nethack", protocol=protocol,
+        history_turns="default" if history_turns is None else history_turns,
+        max_tokens="default" if max_tokens is None else max_tokens,
+        max_steps=max_steps, invalid_action_penalty=invalid_action_penalty, balrog_source=balrog_source,
+        **verlog_only,
     )

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from verlog.envs.agent_graph import build_env_graph
-from verlog.envs import check_protocol, get_family
+from verlog.envs import get_family
+from verlog.envs.agent_graph import build_game_graph
 
-GAMES = ("treasure_hunter", "coin_collector", "cooking")
+GAMES = get_family("textworld").tasks
 
 
 def make_input(seed: int) -> dict[str, Any]:
@@ -44,12 +44,10 @@ def build_graph(
     ``$VERLOG_BALROG``), whose wording and game files ``protocol="balrog"`` then uses."""
     if game not in GAMES:
         raise ValueError(f"unknown TextWorld game {game!r}; valid: {', '.join(GAMES)}")
-    if check_protocol(protocol) == "balrog":
-        balrog = get_family("textworld").balrog
-        history_turns = balrog.history_length if history_turns is None and balrog else history_turns
-        max_tokens = balrog.max_tokens if max_tokens is None and balrog else max_tokens
-    return build_env_graph(
-        model, f"textworld:{game}", history_turns=1 if history_turns is None else history_turns,
-        max_tokens=max_tokens, protocol=protocol, balrog_source=balrog_source,
-        env_kwargs={"max_steps": max_steps, "invalid_action_penalty": invalid_action_penalty, **(settings or {})},
+    return build_game_graph(
+        model, f"textworld:{game}", protocol=protocol,
+        history_turns="default" if history_turns is None else history_turns,
+        max_tokens="default" if max_tokens is None else max_tokens,
+        max_steps=max_steps, invalid_action_penalty=invalid_action_penalty, balrog_source=balrog_source,
+        **(settings or {}),
     )

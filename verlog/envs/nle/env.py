@@ -207,6 +207,18 @@ class _NLEGame(TextEnv):
         """Turn the game's outcome into (reward, success, extra info)."""
         return reward, False, {}
 
+    @property
+    def observation(self) -> str:
+        """The current observation text."""
+        return self._observation
+
+    @property
+    def raw_observation(self) -> Mapping[str, np.ndarray]:
+        """The last ``nle`` observation (arrays)."""
+        if self._obs is None:
+            raise RuntimeError("call reset() first")
+        return self._obs
+
     def _restart(self, seed: int | None) -> Mapping[str, np.ndarray]:
         """Reset the game for ``seed`` (the pending seed, else a random one) and the episode's
         bookkeeping; the first observation."""
@@ -290,18 +302,6 @@ class NLETextEnv(_NLEGame):
         if not int(self._obs["blstats"][nethack.NLE_BL_DEPTH]):  # the game is over: no map left
             return f"Message: {self._message or '(none)'}"
         return render(self._obs, self._message, show_map=self.show_map, max_per_name=self.max_per_name)
-
-    @property
-    def observation(self) -> str:
-        """The current observation text."""
-        return self._observation
-
-    @property
-    def raw_observation(self) -> Mapping[str, np.ndarray]:
-        """The last ``nle`` observation (arrays)."""
-        if self._obs is None:
-            raise RuntimeError("call reset() first")
-        return self._obs
 
     @property
     def stats(self) -> Stats:
@@ -748,19 +748,9 @@ class BalrogNLETextEnv(_NLEGame):
         self._observation, self._history_observation = balrog_texts(self._obs, message)
 
     @property
-    def observation(self) -> str:
-        return self._observation
-
-    @property
     def history_observation(self) -> str:
         """The current observation as BALROG keeps it in the history (no inventory)."""
         return self._history_observation
-
-    @property
-    def raw_observation(self) -> Mapping[str, np.ndarray]:
-        if self._obs is None:
-            raise RuntimeError("call reset() first")
-        return self._obs
 
     def _press(self, key: int) -> tuple[Mapping[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.game.step(self._key_index[key])
