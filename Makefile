@@ -1,6 +1,6 @@
 # verlog: the two commands of the README do all set-up on a fresh machine.
 #   make run    - the main job: verlog train configs/quickstart.yaml (embedded engine, CPU)
-#   make test   - the test suite (what CI runs via .ci/run)
+#   make test   - the linter (make lint) and the test suite (what CI runs via .ci/run)
 # Other targets: make setup, make test-slow, make bench, make bench-train, make gpu-check.
 
 PYTHON ?= python3
@@ -11,7 +11,7 @@ STAMP   = $(VENV)/.verlog-installed
 # pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup run test test-slow bench bench-train gpu-check clean
+.PHONY: setup run lint test test-slow bench bench-train gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ run: $(STAMP)
 	rm -rf runs/quickstart
 	$(BIN)/verlog train configs/quickstart.yaml
 	$(BIN)/python -m verlog.evaluation.baseline runs/quickstart
+
+# ruff: pyflakes, import order, bugbear ([tool.ruff] in pyproject.toml); a second or two
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
