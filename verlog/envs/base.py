@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Protocol
+from typing import Callable, ClassVar, Mapping, Protocol
 
 from verlog.step_info import StepInfo
 
@@ -74,7 +74,7 @@ class TextEnv(abc.ABC):
     def instruction(self) -> str:
         """The system text: the game's rules, the goal of this episode, the answer format."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a hook: most games hold nothing to release)
         """Release resources."""
 
 

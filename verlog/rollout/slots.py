@@ -444,7 +444,7 @@ class SlotRunner:
         for slot in self._slots:
             order = {id(segment): k for k, segment in enumerate(slot.segments)}
 
-            def when(call: _Call) -> tuple[int, int]:  # episode by episode, then in start order
+            def when(call: _Call, order: dict[int, int] = order) -> tuple[int, int]:  # episode by episode, then start order
                 return order[id(call.segment)], call.index if call.turn is None else call.turn.turn_index
 
             calls = sorted(slot.batch_calls, key=when)
