@@ -12,7 +12,7 @@ What is read, from that folder (:class:`BalrogSource`):
 * **each game's instruction**: the ``get_instruction_prompt`` function of
   ``balrog/environments/<game>/__init__.py``, called as BALROG's evaluator calls it
   (:class:`PromptCall`; the calls are declared with each family's BALROG settings in
-  :mod:`verlog.envs.families`). The module runs without its import lines: a name it imports from a
+  each game folder's ``__init__``, e.g. :mod:`verlog.envs.babyai`). The module runs without its import lines: a name it imports from a
   sibling module is read from that module when it is a plain value there (Crafter's action list
   from ``crafter/env.py``), and the few names it needs from other packages (the NLE language
   wrapper's action table for MiniHack) are given by verlog. This runs code of the user's BALROG.
