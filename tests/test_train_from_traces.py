@@ -162,3 +162,12 @@ def test_a_run_mixes_live_slots_and_recorded_ones(tmp_path):
     assert all(m["trace_turns"] == 8 and m["trace_episodes"] == 2 for m in updates)
     assert all(0 < m["staleness_weight"] < 1 for m in updates)  # live turns weigh 1, the old version's 0.5
     assert (tmp_path / "run" / "checkpoints" / "update_000002").is_dir()
+
+
+def test_the_verl_path_refuses_a_traces_section():
+    from verlog.integrations.verl.launch import compose_verl_config
+    from verlog.integrations.verl.trainer import check_verl_config
+
+    with pytest.raises(ConfigError, match="data.traces: training on recorded episodes runs on the embedded trainer"):
+        check_verl_config(compose_verl_config(ROOT / "configs" / "verl_calculator.yaml",
+                                              ["actor_rollout_ref.model.path=tiny", "verlog.data.traces.store=traces/"]))

@@ -106,6 +106,9 @@ class VerlSettings(_Section):
 
     @model_validator(mode="after")
     def _check_sources(self) -> "VerlSettings":
+        if self.data is not None and self.data.traces is not None:
+            raise ValueError("data.traces: training on recorded episodes runs on the embedded trainer (verlog train); "
+                             "the verl path plays live slots only: remove data.traces here")
         if self.data is not None and self.data.train is None:
             raise ValueError("data.train: the slots play the training split's rows; give its file")
         for i, judge in enumerate(self.reward.judges):
