@@ -163,12 +163,13 @@ def _print_summary(episodes: list[Episode]) -> None:
     from rich.table import Table
 
     from verlog.console import console
+    from verlog.step_info import episode_outcome
 
     table = Table(title="rollout summary")
     for col in ("episodes", "failed", "turns", "mean return", "success"):
         table.add_column(col)
     ok = [e for e in episodes if not e.failed]
-    successes = [bool(e.info.get("success")) for e in ok if "success" in e.info]
+    successes = [won for won in (episode_outcome(e.info) for e in ok) if won is not None]
     table.add_row(
         str(len(episodes)),
         str(len(episodes) - len(ok)),
