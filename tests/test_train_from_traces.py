@@ -171,3 +171,13 @@ def test_the_verl_path_refuses_a_traces_section():
     with pytest.raises(ConfigError, match="data.traces: training on recorded episodes runs on the embedded trainer"):
         check_verl_config(compose_verl_config(ROOT / "configs" / "verl_calculator.yaml",
                                               ["actor_rollout_ref.model.path=tiny", "verlog.data.traces.store=traces/"]))
+
+
+def test_trace_slots_keep_the_live_slots_whole_groups(tmp_path):
+    from verlog.train.trace_batches import trace_slots
+
+    settings = _traces_config(tmp_path, fraction=0.3)
+    assert trace_slots(settings, 32) == 10
+    assert trace_slots(settings, 32, group_size=8) == 16  # 22 live slots would split a group: 16 live
+    assert trace_slots(_traces_config(tmp_path, fraction=1.0), 32, group_size=8) == 32
+    assert trace_slots(_traces_config(tmp_path, fraction=0.01), 4) == 1  # at least one

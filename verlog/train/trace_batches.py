@@ -33,7 +33,7 @@ from verlog.rollout.slots import SlotBatch
 from verlog.rollout.turn import Turn
 from verlog.traces import EpisodeRecord, TracedTurn, TraceStore, TraceStoreError, open_store
 
-__all__ = ["TraceBatch", "TraceSource", "correction_of", "merge_batches"]
+__all__ = ["TraceBatch", "TraceSource", "correction_of", "merge_batches", "trace_slots"]
 
 #: the feedback ``info`` key that names an episode's task: episodes of one group are compared by
 #: group estimators (GRPO, RLOO...); without it each episode is a group of its own
@@ -51,6 +51,13 @@ class TraceBatch(SlotBatch):
     #: recorded episodes read into this batch, and how many turns were recorded ones
     trace_episodes: int = 0
     trace_turns: int = 0
+
+
+def trace_slots(settings: TracesConfig, num_envs: int, group_size: int = 1) -> int:
+    """How many of a batch's ``num_envs`` slots hold recorded turns: ``fraction`` of them, at least
+    one, rounded so that the live slots left are whole groups of ``group_size``."""
+    live = num_envs - max(1, round(settings.fraction * num_envs))
+    return num_envs - live // group_size * group_size
 
 
 def correction_of(settings: TracesConfig) -> OffPolicyCorrection:

@@ -55,7 +55,7 @@ from verlog.weights.actor_critic import load_actor, load_critic, load_reference
 from verlog.weights.precision import autocast_dtype, check_master_dtype, grad_scaler
 from verlog.train.ppo import Learner, adamw, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
-from verlog.train.trace_batches import TraceBatch, TraceSource, merge_batches
+from verlog.train.trace_batches import TraceBatch, TraceSource, merge_batches, trace_slots
 from verlog.tokens import pad_token_id
 
 __all__ = ["TrainResult", "train"]
@@ -224,9 +224,12 @@ class _Run:
                               chat_model_for=judge_chat_models(config, build_chat_model(config, engine, tokenizer)))
         slots_agent = _SlotsAgent(config, scorer)
         traced = config.data.traces if config.data is not None else None
-        trace_slots = max(1, round(traced.fraction * t.num_envs)) if traced is not None else 0
-        runner = SlotRunner(
-            engine, slots_agent.build, slots_agent.episode_input, num_envs=max(1, t.num_envs - trace_slots),
+        recorded = trace_slots(traced, t.num_envs, t.group_size) if traced is not None else 0
+        if recorded:
+            console.print(f"batches: {t.num_envs - recorded} live slots and {recorded} of recorded turns "
+                          f"({traced.store}) x {t.turns_per_env} turns")
+        runner = SlotRunner(  # without live slots it never plays (its slots are not started)
+            engine, slots_agent.build, slots_agent.episode_input, num_envs=t.num_envs - recorded or t.group_size,
             turns_per_env=t.turns_per_env, graph_config=config.multi_turn.langgraph.graph_config,
             timeout_s=config.rollout.episode_timeout_s,
             seed=config.rollout.seed if config.data is None or config.data.train is None else 0,
@@ -236,8 +239,8 @@ class _Run:
         )
         run = cls(config, Path(t.run_dir), tokenizer, learner, peft_actor, engine, runner, slots_agent,
                   torch.Generator().manual_seed(t.seed), {"update": 0, "warmup_done": False},
-                  traces=TraceSource(traced, trace_slots, t.turns_per_env, seed=t.seed) if traced else None,
-                  live_slots=t.num_envs - trace_slots)
+                  traces=TraceSource(traced, recorded, t.turns_per_env, seed=t.seed) if traced else None,
+                  live_slots=t.num_envs - recorded)
         if checkpoint is not None:
             run.restore(checkpoint)
             console.print(f"resuming [bold]{run.run_dir}[/] from {checkpoint.name} (update {run.state['update']})")
