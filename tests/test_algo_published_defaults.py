@@ -11,14 +11,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_algo_advantages import grpo_batch
+from test_algo_estimators import one_token_batch
 
 from verlog.algo import TurnBatch, dual_gae, entropy_bonus, gspo_policy_loss, whiten
 from verlog.algo.estimators import TurnData, estimate_advantages, get_estimator
 from verlog.algo.estimators.reinforce_pp_baseline import reinforce_pp_baseline_advantages
 from verlog.config import AlgorithmConfig
-
-from test_algo_advantages import grpo_batch
-from test_algo_estimators import one_token_batch
 
 STARTS = torch.ones(3, dtype=torch.bool)
 

@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from verlog.cli import main
-
 from langgraph_server import free_port, running
 from test_cli_errors import COMMANDS, command, one_error_line
+
+from verlog.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

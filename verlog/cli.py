@@ -76,9 +76,8 @@ class CommandParser(argparse.ArgumentParser):
 def _load_config(args: argparse.Namespace) -> VerlogConfig:
     """The config of ``args`` with ``model.path`` made a full model's folder where it names a run,
     a checkpoint or a Hugging Face hub id (``verlog.weights.policy.full_model_path``)."""
-    from verlog.weights.policy import full_model_path
-
     from verlog.config import ConfigError, load_config
+    from verlog.weights.policy import full_model_path
 
     config = load_config(args.config, args.overrides)
     try:

@@ -80,7 +80,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from verlog.algo.estimators.reinforce_pp import reinforce_pp_advantages
     from verlog.algo.estimators.reinforce_pp_baseline import reinforce_pp_baseline_advantages
     from verlog.algo.estimators.rloo import rloo_advantages
-    from verlog.algo.multiturn_gae import TurnBatch, classic_gae, discounted_reverse_cumsum, dual_gae, next_state_values
     from verlog.algo.losses import (
         aggregate,
         aggregation_weight,
@@ -95,3 +94,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         policy_loss_fn,
         ppo_policy_loss,
     )
+    from verlog.algo.multiturn_gae import TurnBatch, classic_gae, discounted_reverse_cumsum, dual_gae, next_state_values

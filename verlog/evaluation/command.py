@@ -30,8 +30,8 @@ from verlog.evaluation.players import EndpointModel, EngineModel
 from verlog.evaluation.progress import EvalProgress
 from verlog.evaluation.report import plot_progression, require_matplotlib, summary_table, write_json
 from verlog.evaluation.results import EpisodeRecord, TaskResult, summarize
-from verlog.evaluation.suite_protocol import balrog_tasks, protocol_differences, wording_report
 from verlog.evaluation.runner import EpisodeLog, EvalError, episode_seeds, play_tasks, task_spec
+from verlog.evaluation.suite_protocol import balrog_tasks, protocol_differences, wording_report
 from verlog.evaluation.tasks import EvalTask, plan_tasks
 
 __all__ = ["add_eval_arguments", "run_eval"]

@@ -86,6 +86,7 @@ _VOCAB_WORDS = _unique(BABYAI_WORDS)
 def build_babyai_words_tokenizer():
     """The word-level tokenizer (a ``transformers.PreTrainedTokenizerFast``), see the module doc."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
     from verlog.models.word_level import wrap_word_tokenizer
 
     vocab = {tok: i for i, tok in enumerate(_SPECIALS + BABYAI_ACTION_TOKENS + _VOCAB_WORDS)}

@@ -29,8 +29,9 @@ import random
 import shutil
 import tempfile
 import uuid
-from verlog.models.quiet import quiet_progress_bars
 from pathlib import Path
+
+from verlog.models.quiet import quiet_progress_bars
 
 __all__ = [
     "TINY_MODEL_NAME",
@@ -392,8 +393,7 @@ def _training_corpus(seed: int = 1234) -> list[str]:
 
 def _backend_tokenizer():
     """Train the ``tokenizers.Tokenizer`` (deterministic: same corpus, same merges)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()

@@ -40,6 +40,7 @@ TOY_WORDS: tuple[str, ...] = (
 
 def _tokenizer():
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
     from verlog.models.word_level import wrap_word_tokenizer
 
     vocab = {tok: i for i, tok in enumerate(_SPECIALS + TOY_WORDS)}
