@@ -136,7 +136,6 @@ class _Policy:
     def __init__(self, engine: Engine, version: str):
         self.engine, self.version = engine, version
         self.in_flight = 0
-        self.retired = False
         self.idle = asyncio.Event()
         self.idle.set()
 
@@ -617,7 +616,6 @@ class OpenAIServer(LocalServer):
                              f"served {self.model_version!r}: serve it with its own server")
         old, self._policy = self._policy, _Policy(engine, version)
         self.chat_model.engine = engine
-        old.retired = True
         log.info("model version %s in service (was %s; %d requests finishing on it)", version, old.version,
                  old.in_flight)
         if close_old:
