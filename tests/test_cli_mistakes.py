@@ -14,49 +14,24 @@ from pathlib import Path
 
 import pytest
 from langgraph_server import free_port, running
-from test_cli_errors import COMMANDS, command, one_error_line
+from test_cli_errors import COMMANDS, GRAPH, command, one_error_line
 
 from verlog.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: a graph file that imports a module beside it, and whose make_input can be told to raise
-NEIGHBOUR_GRAPH = '''
-from langgraph.graph import END, START, StateGraph
-from typing_extensions import TypedDict
-
-from prompts_beside import PROMPT
-
-
-class State(TypedDict):
-    seed: int
-
-
-def make_input(seed):
-    if {raise_in_input}:
-        raise RuntimeError("no task for this seed")
-    return {{"seed": seed}}
-
-
-def build_graph(model, **graph_kwargs):
-    async def policy(state):
-        await model.ainvoke(PROMPT)
-        return {{}}
-
-    graph = StateGraph(State)
-    graph.add_node("policy", policy)
-    graph.add_edge(START, "policy")
-    graph.add_edge("policy", END)
-    return graph.compile()
-'''
-
-
 def neighbour_graph(folder: Path, *, raise_in_input: bool = False) -> Path:
-    """A graph file in ``folder`` (not a ``graphs/`` folder) importing ``prompts_beside.py`` beside it."""
+    """``test_cli_errors``' graph file, put in ``folder`` (not a ``graphs/`` folder) and importing
+    its prompt from ``prompts_beside.py`` beside it; its ``make_input`` raises if told to."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "prompts_beside.py").write_text('PROMPT = "Say yes."\n')
+    text = "from prompts_beside import PROMPT\n" + GRAPH.format(build="pass", node="pass")
+    text = text.replace('model.ainvoke("Say yes.")', "model.ainvoke(PROMPT)")
+    if raise_in_input:
+        text = text.replace("def make_input(seed):\n", 'def make_input(seed):\n    raise RuntimeError("no task for this seed")\n')
     path = folder / "my_agent.py"
-    path.write_text(NEIGHBOUR_GRAPH.format(raise_in_input=raise_in_input))
+    path.write_text(text)
+    assert "PROMPT)" in text and ("RuntimeError" in text) == raise_in_input
     return path
 
 
