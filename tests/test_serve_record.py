@@ -85,10 +85,11 @@ async def test_completions_are_recorded_token_exact_and_feedback_attaches(tiny_m
         assert b"".join(bytes(e.bytes) for e in entries) == text.encode()
         assert turn.logprobs == pytest.approx(
             teacher_forced_logprobs(tiny_model, turn.prompt_ids, turn.response_ids, turn.temperature), abs=1e-4)
-        assert turn.latency_s > 0
+        assert turn.latency_s > 0 and turn.info["max_tokens"] == 12
     record = store.episode("episode-1")
     assert (record.reward, record.success, record.info) == (1.0, True, {"source": "thumbs"})
     assert [t.reward for t in turns] == [-0.5, 0.0]  # the turn feedback, on its turn
+    assert [t.info["seed"] for t in turns] == [1, 2]
 
 
 async def test_ids_only_and_a_server_that_does_not_record(tiny_model, tiny_tokenizer, tmp_path):

@@ -560,7 +560,7 @@ class OpenAIServer(LocalServer):
             top_p=sampling.top_p, top_k=sampling.top_k,
             constraint=sampling.constraint.kind if sampling.constraint is not None else None,
             finish_reason=generation.finish_reason, latency_s=latency_s, created=time.time(),
-            response_text=text, messages=messages,
+            response_text=text, messages=messages, info=_sampling_info(sampling),
         ))
 
     async def _feedback(self, request: web.Request) -> web.Response:
@@ -714,6 +714,16 @@ class OpenAIServer(LocalServer):
         await emit("[DONE]")
         await response.write_eof()
         return response
+
+
+def _sampling_info(sampling: SamplingParams) -> dict[str, Any]:
+    """The rest of a turn's sampling, kept beside it: the budget, the seed and stop strings if any."""
+    info: dict[str, Any] = {"max_tokens": sampling.max_new_tokens}
+    if sampling.seed is not None:
+        info["seed"] = sampling.seed
+    if sampling.stop:
+        info["stop"] = list(sampling.stop)
+    return info
 
 
 def _close_engine(engine: Engine) -> None:
