@@ -16,7 +16,7 @@ cycle and after the last (mean +- standard error), beside the success of each cy
 Writes the per-cycle figures to OUT/trace_learning.json and draws OUT/trace_learning.png.
 
 Usage: python benchmarks/trace_learning.py [--model toy] [--cycles 40] [--episodes 64]
-       [--updates-per-cycle 1] [--max-versions 2] [--decay 0.5] [--eval-episodes 128]
+       [--updates-per-cycle 1] [--max-versions 1] [--decay 0.5] [--eval-episodes 128]
        [--out runs/trace_learning]
 """
 
@@ -109,7 +109,7 @@ async def _main() -> None:
     parser.add_argument("--cycles", type=int, default=40)
     parser.add_argument("--episodes", type=int, default=64, help="production episodes per cycle")
     parser.add_argument("--updates-per-cycle", type=int, default=1)
-    parser.add_argument("--max-versions", type=int, default=2, help="drop turns more versions behind than this")
+    parser.add_argument("--max-versions", type=int, default=1, help="drop turns more versions behind than this")
     parser.add_argument("--decay", type=float, default=0.5, help="weight decay ** staleness")
     parser.add_argument("--eval-episodes", type=int, default=128)
     parser.add_argument("--out", default=str(ROOT / "runs" / "trace_learning"),
