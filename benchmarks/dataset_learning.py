@@ -7,10 +7,17 @@ split before and after training is printed as mean ± standard error, with the d
 standard errors of the difference, the run's settings and its wall time. Writes
 ``<out>/dataset_learning.json``.
 
-    python benchmarks/dataset_learning.py [--updates 32] [--lr 5e-5] [--test-rows 200] [--out runs/bench]
+    python benchmarks/dataset_learning.py [--updates 24] [--lr 5e-5] [--test-rows 200] [--out runs/bench]
 
 The evaluation is greedy (temperature 0) on the test split's first ``--test-rows`` rows: rows never
 trained on. ``--resume`` continues an interrupted run from its last checkpoint.
+
+Measured 2026-11-26 with this recipe (24 updates, 2 cores shared with other work, load 1.5-3):
+test accuracy 0.625 ± 0.034 -> 0.755 ± 0.030 (+0.130: 3.8 s.e. of the after figure, 2.8 s.e. of
+the difference of independent samples), 47.4 min wall, 100 s per update, peak RSS about 9.7 GB.
+The same recipe run beside three busy processes took 440 s per update: the figure needs the cores.
+What limits it is zero-shot tool use: without ``require_tool`` SmolLM2 never calls the calculator
+(0.055 ± 0.016 on the same rows), so the recipe requires the tool on the first answer.
 """
 
 from __future__ import annotations
@@ -40,8 +47,8 @@ RECIPE = {
     "sampling.temperature": 0.7,          # a 135M model at 1.0 rambles: few groups with a success
     "sampling.max_tokens": 64,            # a call or an answer needs ~30
     "trainer.num_envs": 16,               # 16 slots x 4 turns = 64 turns per update
-    "trainer.turns_per_env": 4,           # an episode is 2 calls (the tool call, the answer)
-    "trainer.group_size": 4,              # GRPO groups of 4 plays of one question: 8 questions per update
+    "trainer.turns_per_env": 4,
+    "trainer.group_size": 8,              # GRPO groups of 8 plays of one question
     "trainer.save_every": 4,
     "algorithm.estimator": "grpo",
     "algorithm.kl_coef": 0.0,             # no reference model: memory and time
@@ -67,7 +74,7 @@ def difference(before: dict, after: dict) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--updates", type=int, default=32)
+    parser.add_argument("--updates", type=int, default=24)
     parser.add_argument("--lr", type=float, default=5e-5, help="the actor's AdamW learning rate")
     parser.add_argument("--test-rows", type=int, default=200, help="test rows evaluated before and after (200: all)")
     parser.add_argument("--out", default="runs/bench")
