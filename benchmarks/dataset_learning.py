@@ -15,7 +15,7 @@ trained on. ``--resume`` continues an interrupted run from its last checkpoint.
 Measured 2026-11-26 with this recipe (24 updates, 2 cores shared with other work, load 1.5-3):
 test accuracy 0.625 ± 0.034 -> 0.755 ± 0.030 (+0.130: 3.8 s.e. of the before figure, 4.3 of the after, 2.8 of
 the difference of independent samples), 47.4 min wall, 100 s per update, peak RSS about 9.7 GB.
-The same recipe run beside three busy processes took 440 s per update: the figure needs the cores.
+A rerun (groups of 4) beside three busy processes took 440 s per update: the figure needs the cores.
 What limits it is zero-shot tool use: without ``require_tool`` SmolLM2 never calls the calculator
 (0.055 ± 0.016 on the same rows), so the recipe requires the tool on the first answer.
 """
