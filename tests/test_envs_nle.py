@@ -315,8 +315,10 @@ def test_unknown_task_names_list_the_valid_ones() -> None:
     assert "Boxoban-Hard" in message and "downloaded" in message
     with pytest.raises(ValueError, match="valid names: .*minihack:Corridor-R3"):
         make_env("minihack:Boxoban-Medium")
-    with pytest.raises(ValueError, match="nethack"):
+    with pytest.raises(ValueError, match="valid names: minihack:MazeWalk-9x9, .*minihack:Quest-Medium$"):
         make_env("minihack:Nope")
+    with pytest.raises(ValueError, match="with a family of babyai, babaisai, crafter, textworld, minihack, nethack"):
+        make_env("zork:1")
     assert get_family("minihack").tasks == tuple(MINIHACK_TASKS)
     names = list_envs()
     assert "nethack" in names and all(f"minihack:{t}" in names for t in MINIHACK_TASKS)

@@ -86,14 +86,19 @@ def get_family(name: str) -> EnvFamily:
 
 
 def split_env_name(env_name: str) -> tuple[EnvFamily, str]:
-    """The family and task of an environment name; a ``ValueError`` lists every valid name."""
+    """The family and task of an environment name; a ``ValueError`` names the valid ones (the
+    family's names when the family exists, else the families with an example of each)."""
     family_name, _, task = env_name.partition(":")
     family = find_family(family_name)
-    if family is None or (family.tasks and task not in family.tasks) or (not family.tasks and task):
-        note = ""
-        if family is not None and task in family.left_out:
-            note = f" ({task} is left out: {family.left_out[task]})"
-        raise ValueError(f"unknown environment {env_name!r}{note}; valid names: {', '.join(list_envs())}")
+    if family is None:
+        examples = ", ".join(f.env_names()[0] for f in families().values())
+        raise ValueError(
+            f"unknown environment {env_name!r}; valid names: '<family>:<task>' (or the family alone when it has no "
+            f"tasks) with a family of {', '.join(FAMILIES)}, e.g. {examples} (all: verlog.envs.list_envs())"
+        )
+    if (family.tasks and task not in family.tasks) or (not family.tasks and task):
+        note = f" ({task} is left out: {family.left_out[task]})" if task in family.left_out else ""
+        raise ValueError(f"unknown environment {env_name!r}{note}; valid names: {', '.join(family.env_names())}")
     return family, task
 
 
