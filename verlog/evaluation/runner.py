@@ -32,7 +32,7 @@ from verlog.rewards import RewardError, RewardScorer
 from verlog.rollout.events import REWARD_EVENT
 from verlog.rollout.recorder import NO_TRAIN_TAG, TurnRecorder
 from verlog.rollout.runner import run_episode
-from verlog.step_info import episode_won
+from verlog.step_info import StepInfo, episode_won
 
 __all__ = [
     "EpisodeLog", "EvalError", "ScoreRecorder", "episode_progression", "episode_seeds", "evaluate", "play_episode",
@@ -52,7 +52,7 @@ class ScoreRecorder(TurnRecorder):
     def __init__(self, episode_id: str):
         super().__init__(episode_id)
         self.model_calls = 0
-        self.info: dict[str, Any] = {}
+        self.info: StepInfo = StepInfo()  # the environment's latest, merged
 
     def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
         if NO_TRAIN_TAG in (kwargs.get("tags") or ()):
