@@ -8,9 +8,11 @@
     verlog serve GRAPH --base-url URL --model NAME
     verlog models build {tiny,toy,smollm2}
 
-A user's mistake (a bad config key, a graph file that fails to import or build or lacks
-``make_input``, a graph whose episodes keep failing, an unreachable engine, a checkpoint verlog
-will not load) prints one ``error: ...`` line on stderr and exits 2, without a traceback.
+A user's mistake (a bad config key, a ``model.path`` that names no model, a graph file that fails
+to import or build or lacks ``make_input``, a ``make_input`` that raises, a graph whose episodes
+keep failing, an unreachable engine, a checkpoint verlog will not load, ``--resume`` without a
+checkpoint) prints one ``error: ...`` line on stderr and exits 2, without a traceback; each is
+listed with what to do in docs/troubleshooting.md.
 """
 
 from __future__ import annotations
