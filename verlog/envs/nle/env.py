@@ -536,6 +536,18 @@ class NLETextEnv(_NLEGame):
             pass
 
 
+def _seed_minihack(game: Any, seed: int) -> None:
+    """Seed the next reset of a MiniHack game (its core and display seeds, no reseeding)."""
+    game.seed(seed, seed, reseed=False)
+
+
+def _minihack_success(done: bool, info: Mapping[str, Any]) -> bool:
+    """Whether a MiniHack step ended the episode with the task's goal reached."""
+    from minihack import MiniHack
+
+    return bool(done and info.get("end_status") == MiniHack.StepStatus.TASK_SUCCESSFUL)
+
+
 class MiniHackTextEnv(NLETextEnv):
     """A MiniHack task of BALROG's suite in text (see the module docstring)."""
 
@@ -574,15 +586,13 @@ class MiniHackTextEnv(NLETextEnv):
         )
 
     def _seed_game(self, seed: int) -> None:
-        self.game.seed(seed, seed, reseed=False)
+        _seed_minihack(self.game, seed)
 
     def base_actions(self) -> list[str]:
         return list(self._bases)
 
     def _score_step(self, obs, reward, done, info):
-        from minihack import MiniHack
-
-        success = bool(done and info.get("end_status") == MiniHack.StepStatus.TASK_SUCCESSFUL)
+        success = _minihack_success(done, info)
         return (1.0 if success else 0.0), success, {"progression": goal_value(success)}
 
     @property
@@ -887,15 +897,13 @@ class BalrogMiniHackTextEnv(BalrogNLETextEnv):
         self._actions = minihack_action_names(self.game.actions)
 
     def _seed_game(self, seed: int) -> None:
-        self.game.seed(seed, seed, reseed=False)
+        _seed_minihack(self.game, seed)
 
     def valid_actions(self) -> list[str]:
         return list(self._actions)
 
     def _score_step(self, obs, reward, done, info):
-        from minihack import MiniHack
-
-        success = bool(done and info.get("end_status") == MiniHack.StepStatus.TASK_SUCCESSFUL)
+        success = _minihack_success(done, info)
         # BALROG's progression: 1 when the last step's game reward (MiniHack's 1 for the goal plus
         # its -0.01 penalty for a step on which the turn counter does not move) is at least 1
         return (1.0 if success else 0.0), success, {"progression": goal_value(reward >= 1.0), "game_reward": reward}
