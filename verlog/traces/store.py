@@ -19,13 +19,14 @@ deleted, then the least recently written episodes until the store is under its s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from verlog.traces.records import (
     EpisodeRecord, RecordingPolicy, TracedTurn, pack_floats, pack_ids, unpack_floats, unpack_ids,
@@ -94,22 +95,30 @@ class TraceStore:
     def _sql(self, text: str) -> str:
         return text if self._mark == "?" else text.replace("?", self._mark)
 
-    def _run(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> list[list[tuple]]:
-        """Run ``statements`` in one transaction; the rows each returned."""
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Callable[..., list[tuple]]]:
+        """One transaction: yields ``execute(sql, params) -> rows``; commits at the end, rolls
+        back (and raises :class:`TraceStoreError`) on any failure."""
         with self._lock:
             try:
                 cursor = self._db.cursor()
-                out = []
-                for text, params in statements:
+
+                def execute(text: str, params: Sequence[Any] = ()) -> list[tuple]:
                     cursor.execute(self._sql(text), tuple(params))
-                    out.append(cursor.fetchall() if cursor.description else [])
+                    return cursor.fetchall() if cursor.description else []
+
+                yield execute
                 self._db.commit()
-                return out
             except Exception as exc:
                 self._db.rollback()
                 if isinstance(exc, TraceStoreError):
                     raise
                 raise TraceStoreError(f"trace store {self.where}: {type(exc).__name__}: {_one_line(exc)}") from exc
+
+    def _run(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> list[list[tuple]]:
+        """Run ``statements`` in one transaction; the rows each returned."""
+        with self._transaction() as execute:
+            return [execute(text, params) for text, params in statements]
 
     def _query(self, text: str, params: Sequence[Any] = ()) -> list[tuple]:
         return self._run([(text, params)])[0]
@@ -133,8 +142,9 @@ class TraceStore:
             for version in dict.fromkeys(t.model_version for t in turns):  # in serving order
                 if version not in self._versions:
                     self._register_version(version)
-            for turn in turns:
-                indices.append(self._record_one(turn))
+            with self._transaction() as execute:  # one transaction for the whole batch
+                for turn in turns:
+                    indices.append(self._record_one(execute, turn))
         return indices
 
     def _register_version(self, version: str) -> None:
@@ -145,17 +155,17 @@ class TraceStore:
         marks = ", ".join("?" for _ in columns)
         return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}) ON CONFLICT DO NOTHING"
 
-    def _record_one(self, turn: TracedTurn) -> int:
+    def _record_one(self, execute: Callable[..., list[tuple]], turn: TracedTurn) -> int:
         full = self.policy.privacy == "full"
         created = turn.created or time.time()
         nbytes = turn.nbytes if full else TracedTurn(**{**turn.__dict__, "messages": None, "response_text": None}).nbytes
         # the episode's row first: its turn count, raised atomically, is this turn's index
-        counted = self._run([(
+        counted = execute(
             "INSERT INTO episodes (episode_id, turns, created, updated, nbytes) VALUES (?, 1, ?, ?, ?) "
             "ON CONFLICT (episode_id) DO UPDATE SET turns = episodes.turns + 1, updated = excluded.updated, "
             "nbytes = episodes.nbytes + excluded.nbytes RETURNING turns",
             (turn.episode_id, created, created, nbytes),
-        )])[0]
+        )
         index = int(counted[0][0]) - 1
         values = (
             turn.episode_id, index, created, turn.model_version, turn.latency_s, self._blob(pack_ids(turn.prompt_ids)),
@@ -165,8 +175,7 @@ class TraceStore:
             json.dumps(turn.messages, ensure_ascii=False) if full and turn.messages is not None else None,
             json.dumps(turn.info) if turn.info else None, nbytes,
         )
-        self._run([(f"INSERT INTO turns ({', '.join(_TURN_COLUMNS)}) VALUES ({', '.join('?' for _ in values)})",
-                    values)])
+        execute(f"INSERT INTO turns ({', '.join(_TURN_COLUMNS)}) VALUES ({', '.join('?' for _ in values)})", values)
         return index
 
     @staticmethod
