@@ -51,6 +51,7 @@ RECIPE = {
     "trainer.group_size": 8,              # GRPO groups of 8 plays of one question
     "trainer.save_every": 4,
     "algorithm.estimator": "grpo",
+    "algorithm.whiten_advantages": True,  # batch-whitened GRPO: the setting the figure below was measured with
     "algorithm.kl_coef": 0.0,             # no reference model: memory and time
     "algorithm.entropy_coef": 0.0,
     "algorithm.ppo_epochs": 1,
