@@ -35,7 +35,6 @@ import statistics
 import time
 
 import torch
-
 from rollout_overhead import build_loop, start
 
 from verlog.backends.base import SamplingParams

@@ -21,13 +21,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from verlog.testing.scripted_engine import ScriptedEngine  # noqa: E402
 from verlog.envs.agent_graph import recursion_limit_for  # noqa: E402
 from verlog.envs.crafter.env import CrafterScriptedAgent  # noqa: E402
 from verlog.graph_file import load_graph_file  # noqa: E402
 from verlog.llm import VerlogChatModel  # noqa: E402
 from verlog.models import load_tokenizer  # noqa: E402
 from verlog.rollout import run_episode  # noqa: E402
+from verlog.testing.scripted_engine import ScriptedEngine  # noqa: E402
 
 MARK = "Current Observation:\n"
 

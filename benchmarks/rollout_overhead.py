@@ -28,11 +28,11 @@ from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
 from verlog.backends.base import SamplingParams
-from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.llm import VerlogChatModel
 from verlog.llm.prompt import PromptRenderer
 from verlog.models import load_tokenizer
 from verlog.rollout import TurnRecorder, areport_reward, episode_config, report_reward, run_episode
+from verlog.testing.scripted_engine import ScriptedEngine
 
 ANSWER = "I go forward.\nACTION: go forward"
 OBSERVATION = "You see a red ball 2 steps forward and a wall 3 steps to the left."

@@ -64,10 +64,9 @@ def one_run(game: str, share: int, turns: int, threads: int, checkpointing: bool
     from verlog.models import load_tokenizer
     from verlog.rollout.slots import SlotBatch
     from verlog.rollout.turn import Turn
-    from verlog.weights.actor_critic import load_actor, load_critic, load_reference
-    from verlog.train.ppo import Learner, ppo_update, score_batch
+    from verlog.train.ppo import Learner, adamw, ppo_update, score_batch
     from verlog.train.storage import RolloutStorage
-    from verlog.train.ppo import adamw
+    from verlog.weights.actor_critic import load_actor, load_critic, load_reference
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -27,9 +27,9 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
-import shutil
 import time
 from pathlib import Path
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from verlog.envs.agent_graph import build_game_graph
 from verlog.envs import get_family
+from verlog.envs.agent_graph import build_game_graph
 
 
 def make_input(seed: int) -> dict[str, Any]:

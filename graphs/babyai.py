@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from verlog.envs.agent_graph import build_game_graph
 from verlog.envs import get_family
+from verlog.envs.agent_graph import build_game_graph
 
 TASKS = get_family("babyai").tasks
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from test_algo_advantages import grpo_batch
 
 from verlog.algo import TurnBatch, dual_gae, whiten
 from verlog.algo.estimators import TurnData, estimate_advantages, estimator_names, get_estimator
@@ -17,8 +18,6 @@ from verlog.algo.estimators.gigpo import gigpo_advantages, step_returns
 from verlog.algo.estimators.reinforce_pp import reinforce_pp_advantages
 from verlog.algo.estimators.rloo import rloo_advantages
 from verlog.config import AlgorithmConfig, ConfigError, config_from_dict
-
-from test_algo_advantages import grpo_batch
 
 
 def one_token_batch(turn_rewards, terminated, truncated=None):

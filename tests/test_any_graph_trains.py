@@ -291,8 +291,8 @@ async def test_every_entry_point_is_captured_token_exact(tiny_tokenizer, tiny_mo
     structured call, the forced tool call's opening), and its logprobs those of a teacher-forced
     pass (a constrained call's are of the masked distribution: never below the unmasked ones)."""
     from langchain_core.utils.function_calling import convert_to_openai_tool
-
     from test_rollout_capture import forced_logprobs
+
     from verlog.backends.embedded import EmbeddedEngine
     from verlog.graph_file import load_graph_file
     from verlog.llm import VerlogChatModel

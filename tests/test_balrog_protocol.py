@@ -17,8 +17,7 @@ import pytest
 import yaml
 from langchain_core.messages import AIMessage, HumanMessage
 
-from verlog.envs import balrog_protocol
-from verlog.envs import BalrogSettings, EnvFamily, families, get_family, register_family
+from verlog.envs import BalrogSettings, EnvFamily, balrog_protocol, families, get_family, register_family
 from verlog.envs.base import play_steps
 from verlog.envs.play import RULE, make_bot, model_message
 from verlog.envs.registry import FAMILIES, list_envs, make_env

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from balrog_layout import EXPECTED, NOTE, RULE, write_balrog_layout
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, HumanMessage
 
-from balrog_layout import EXPECTED, NOTE, RULE, write_balrog_layout
 from verlog.envs.balrog_source import ENV_VAR, BalrogSource, BalrogSourceError, find_root, open_source
 from verlog.envs.registry import make_env
 from verlog.graph_file import load_graph_file

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.llm import VerlogChatModel
 from verlog.models import load_tokenizer
+from verlog.testing.scripted_engine import ScriptedEngine
 
 langchain_tests = pytest.importorskip("langchain_tests.unit_tests")
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.envs.agent_graph import recursion_limit_for
 from verlog.envs.babaisai import make as make_baba
 from verlog.envs.babaisai.solver import bot_actions
@@ -19,6 +18,7 @@ from verlog.envs.babyai.env import BabyAIBotAgent, BabyAITextEnv
 from verlog.graph_file import load_graph_file
 from verlog.llm import VerlogChatModel
 from verlog.rollout import Episode, run_episode
+from verlog.testing.scripted_engine import ScriptedEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 

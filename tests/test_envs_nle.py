@@ -418,12 +418,12 @@ def test_nethack_random_text_actions_2000_steps(seed: int) -> None:
 async def _run_graph(name: str, script, seed: int, max_steps: int, **kwargs):
     from pathlib import Path
 
-    from verlog.testing.scripted_engine import ScriptedEngine
     from verlog.envs.agent_graph import recursion_limit_for
     from verlog.graph_file import load_graph_file
     from verlog.llm import VerlogChatModel
     from verlog.models import load_tokenizer
     from verlog.rollout import run_episode
+    from verlog.testing.scripted_engine import ScriptedEngine
 
     tokenizer = load_tokenizer("tiny")
     graph_file = load_graph_file(Path(__file__).resolve().parents[1] / "graphs" / f"{name}.py")

@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("textworld")
 
 from verlog.envs.base import play_steps  # noqa: E402
-from verlog.envs.textworld import env as TW  # noqa: E402
 from verlog.envs.registry import list_envs, make_env  # noqa: E402
+from verlog.envs.textworld import env as TW  # noqa: E402
 from verlog.envs.textworld.env import (  # noqa: E402
     TextWorldTextEnv,
     TextWorldWalkthroughAgent,
@@ -176,12 +176,12 @@ def test_cache_root_follows_verlog_cache(monkeypatch, tmp_path: Path) -> None:
 async def test_walkthrough_wins_through_the_agent_graph() -> None:
     """graphs/textworld.py with a scripted engine answering the walkthrough: the graph, the
     recorder and the environment agree turn by turn."""
-    from verlog.testing.scripted_engine import ScriptedEngine
     from verlog.envs.agent_graph import recursion_limit_for
     from verlog.graph_file import load_graph_file
     from verlog.llm import VerlogChatModel
     from verlog.models import load_tokenizer
     from verlog.rollout import run_episode
+    from verlog.testing.scripted_engine import ScriptedEngine
 
     env = TextWorldTextEnv("coin_collector")
     answers = [f"I follow the walkthrough.\n{a}" for a in _walkthrough_answers(env, seed=1)]

@@ -12,6 +12,7 @@ import asyncio
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
 import pytest
 
 pytest.importorskip("textworld")

@@ -14,7 +14,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from verlog.backends.base import Engine, Generation, SamplingParams
 from verlog.backends.embedded import EmbeddedEngine
 from verlog.cli import main
-from verlog.config import JudgeConfig, RewardConfig
+from verlog.config import RewardConfig
 from verlog.llm import VerlogChatModel
 from verlog.rewards import RewardScorer, Trajectory
 from verlog.rollout.slots import SlotRunner

@@ -14,13 +14,13 @@ from langchain_core.messages import HumanMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from verlog.backends.base import SamplingParams
-from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.backends.sglang import SGLangEngine
 from verlog.backends.sglang_server import SGLangCompatServer
 from verlog.graph_file import load_graph_file
-from verlog.rewards import load_function
 from verlog.llm import VerlogChatModel
+from verlog.rewards import load_function
 from verlog.rollout import areport_reward, run_episode
+from verlog.testing.scripted_engine import ScriptedEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 CALCULATOR = load_graph_file(ROOT / "graphs" / "calculator.py")

@@ -17,10 +17,8 @@ and both end as their uninterrupted episodes.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 

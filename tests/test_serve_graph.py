@@ -11,19 +11,14 @@ sampling (``temperature=1, seed=7``), whose varied answers make the graphs take 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import httpx
 import pytest
+from langgraph_server import free_port, running
 
 from verlog.backends.base import Engine, Generation, SamplingParams
 from verlog.backends.embedded import EmbeddedEngine
@@ -31,8 +26,6 @@ from verlog.graph_file import load_graph_file
 from verlog.llm import VerlogChatModel
 from verlog.rollout import run_episode
 from verlog.serve import OpenAIServer, serve_in_thread
-
-from langgraph_server import free_port, running
 
 pytest.importorskip("langchain_openai")
 pytest.importorskip("langgraph_api")

@@ -15,14 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from langgraph_server import free_port
 
 from verlog.cli import main
 from verlog.config import load_config
 from verlog.evaluation.players import EngineModel
 from verlog.llm import VerlogChatModel
 from verlog.weights.policy import find_policy, load_policy
-
-from langgraph_server import free_port
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("peft")

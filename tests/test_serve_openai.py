@@ -15,14 +15,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from openai_tools import CALCULATE
 
 from verlog.backends.base import Engine, Generation, SamplingParams
 from verlog.backends.embedded import EmbeddedEngine
-from verlog.testing.scripted_engine import ScriptedEngine
 from verlog.graph_file import load_graph_file
 from verlog.llm import VerlogChatModel
 from verlog.serve import OpenAIServer, ServerLimits, serve_in_thread
-from openai_tools import CALCULATE
+from verlog.testing.scripted_engine import ScriptedEngine
 
 openai = pytest.importorskip("openai")
 langchain_openai = pytest.importorskip("langchain_openai")

@@ -14,19 +14,18 @@ import http.client
 import json
 import select
 import socket
-import threading
 import time
 from typing import Any
 
 import aiohttp
 import pytest
+from openai_tools import CALCULATE
 
 from verlog.backends.embedded import EmbeddedEngine
 from verlog.serve import OpenAIServer, ServerLimits, serve_in_thread
 from verlog.serve.commands import main as serve_main
 from verlog.serve.openai_protocol import MAX_JSON_DEPTH, TokenBytes
 from verlog.testing.scripted_engine import ScriptedEngine
-from openai_tools import CALCULATE
 
 openai = pytest.importorskip("openai")
 

@@ -19,7 +19,6 @@ from verlog.backends.base import (
 )
 from verlog.backends.sglang import ROUTING_KEY_HEADER, SGLangEngine, parse_generate_response
 from verlog.backends.sglang_server import (
-    GenerateCall,
     SGLangCompatServer,
     delay,
     fail_first,

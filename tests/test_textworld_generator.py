@@ -13,10 +13,10 @@ import pytest
 pytest.importorskip("textworld")
 
 import textworld  # noqa: E402
+from textworld.challenges.tw_treasure_hunter import treasure_hunter  # noqa: E402
 from textworld.generator import QuestGenerationError, World, chaining  # noqa: E402
 from textworld.generator import game as tw_game  # noqa: E402
 from textworld.generator.data import KnowledgeBase  # noqa: E402
-from textworld.challenges.tw_treasure_hunter import treasure_hunter  # noqa: E402
 from textworld.logic import Proposition, Variable  # noqa: E402
 
 from verlog.envs.textworld import generator as textworld_generator  # noqa: E402

@@ -9,7 +9,13 @@ import time
 import pytest
 
 from verlog.traces import (
-    SQLITE_FILE, RecordingPolicy, TracedTurn, TraceRecorder, TraceStoreError, UnknownEpisodeError, open_store,
+    SQLITE_FILE,
+    RecordingPolicy,
+    TracedTurn,
+    TraceRecorder,
+    TraceStoreError,
+    UnknownEpisodeError,
+    open_store,
 )
 
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_train_cli import short_run
 
 from verlog.algo.estimators import get_estimator
 from verlog.cli import main
-
-from test_train_cli import short_run
 
 CASES = {
     # rollout seed 1: its groups' returns are not all tied (tied groups are dropped: no policy loss at all)

@@ -13,17 +13,16 @@ from verlog.algo import TurnBatch, dual_gae
 from verlog.config import AlgorithmConfig
 from verlog.rollout.slots import SlotBatch
 from verlog.rollout.turn import Turn
-from verlog.weights import checkpoint as ckpt
 from verlog.train.forward import micro_batches, pack_rows, policy_logprobs, values_at_positions
-from verlog.weights.actor_critic import ValueModel
 from verlog.train.ppo import Learner, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
+from verlog.weights import checkpoint as ckpt
+from verlog.weights.actor_critic import ValueModel
 
 
 @pytest.fixture(scope="module")
 def toy():
-    from verlog.models import load_causal_lm, load_tokenizer
-    from verlog.models import toy_model_dir
+    from verlog.models import load_causal_lm, load_tokenizer, toy_model_dir
 
     folder = toy_model_dir()
     return load_causal_lm(folder), load_tokenizer(folder)

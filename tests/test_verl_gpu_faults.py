@@ -11,9 +11,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 from omegaconf import OmegaConf
-
 from test_verl_pipeline import (
-    GRAPH, NUM_ENVS, TURNS, _by_slot, _expected_advantages, _rollout_world, advantage_trainer,
+    GRAPH,
+    NUM_ENVS,
+    TURNS,
+    _by_slot,
+    _expected_advantages,
+    _rollout_world,
+    advantage_trainer,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,7 +275,7 @@ def test_the_dry_run_prints_the_preflight_lines(capsys):
     assert main(["train", "--engine", "verl", str(ROOT / "configs" / "verl_babyai.yaml"), OFFLINE_MODEL, "--dry-run"]) == 0
     err = capsys.readouterr().err
     for what in ("GPUs:", "Ray CPUs:", "flash-attn:", "rollout engine:"):
-        assert f"pre-flight: " in err and what in err
+        assert "pre-flight: " in err and what in err
 
 
 def test_critic_pretraining_padding_values_take_the_critics_dtype():

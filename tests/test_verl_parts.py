@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-
 # ---------------------------------------------------------------------- LLMServerEngine
 
 

@@ -81,7 +81,7 @@ class LangGraphConfig(_Section):
         if value is None:
             return {}
         if not isinstance(value, dict):
-            raise ValueError(f"must be a mapping (a run config), e.g. {{recursion_limit: 50}}")
+            raise ValueError("must be a mapping (a run config), e.g. {recursion_limit: 50}")
         return value
 
     @field_validator("graph_config")

@@ -8,9 +8,8 @@ builds its application in :meth:`app`.
 
 from __future__ import annotations
 
-from typing_extensions import Self  # typing.Self is 3.11+
-
 from aiohttp import web
+from typing_extensions import Self  # typing.Self is 3.11+
 
 __all__ = ["LocalServer"]
 

@@ -8,7 +8,14 @@
 from verlog.data.files import DataError, Rows, read_rows, row_digest
 from verlog.data.inputs import input_maker, makes_input_from_row, messages_input
 from verlog.data.tasks import (
-    EpochOrder, RowTasks, SeedTasks, Task, TaskSource, load_tasks, shared_rows, split_rows,
+    EpochOrder,
+    RowTasks,
+    SeedTasks,
+    Task,
+    TaskSource,
+    load_tasks,
+    shared_rows,
+    split_rows,
 )
 
 __all__ = [

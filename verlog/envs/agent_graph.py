@@ -51,8 +51,8 @@ from verlog.envs.balrog_source import BalrogSource, open_source
 from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
 from verlog.envs.registry import get_family, make_env, split_env_name
-from verlog.step_info import ANCHOR_KEY
 from verlog.rollout.events import areport_reward
+from verlog.step_info import ANCHOR_KEY
 
 #: most games kept alive at once by one graph (the least recently stepped go first; a thread
 #: that goes on rebuilds its game from the state)

@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from verlog.envs.progression import goal_value
 from verlog.envs.registry import find_family, progression
-from verlog.evaluation.results import PROGRESSION_SCALE, EpisodeRecord, TaskResult, summarize
 from verlog.episodes import EpisodePlan, build_scorer
+from verlog.evaluation.results import PROGRESSION_SCALE, EpisodeRecord, TaskResult, summarize
 from verlog.evaluation.tasks import EvalTask, config_tasks
 from verlog.graph_file import GraphFile, load_graph_file
 from verlog.rewards import RewardError, RewardScorer

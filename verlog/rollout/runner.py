@@ -26,7 +26,6 @@ from verlog.llm.chat_model import EPISODE_ID_KEY
 from verlog.rollout.recorder import TurnRecorder, recording
 from verlog.rollout.turn import Episode
 
-
 #: the recursion limit of a run whose config sets none, of a graph that carries none of its own
 DEFAULT_RECURSION_LIMIT = 100
 

@@ -13,10 +13,16 @@ Training reads the store through the config's ``data.traces`` section
 """
 
 from verlog.traces.feedback import send_feedback
-from verlog.traces.records import (
-    EPISODE_HEADER, PRIVACY_MODES, VERSION_HEADER, EpisodeRecord, PrivacyMode, RecordingPolicy, TracedTurn,
-)
 from verlog.traces.recorder import TraceRecorder
+from verlog.traces.records import (
+    EPISODE_HEADER,
+    PRIVACY_MODES,
+    VERSION_HEADER,
+    EpisodeRecord,
+    PrivacyMode,
+    RecordingPolicy,
+    TracedTurn,
+)
 from verlog.traces.store import SQLITE_FILE, TraceStore, TraceStoreError, UnknownEpisodeError, open_store
 
 __all__ = [

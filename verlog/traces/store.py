@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from verlog.traces.records import (
-    EpisodeRecord, RecordingPolicy, TracedTurn, pack_floats, pack_ids, unpack_floats, unpack_ids,
+    EpisodeRecord,
+    RecordingPolicy,
+    TracedTurn,
+    pack_floats,
+    pack_ids,
+    unpack_floats,
+    unpack_ids,
 )
 
 __all__ = ["SQLITE_FILE", "TraceStore", "TraceStoreError", "UnknownEpisodeError", "open_store"]

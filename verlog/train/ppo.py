@@ -27,9 +27,9 @@ from verlog.train.forward import (
     policy_logprobs,
     values_at_positions,
 )
-from verlog.weights.precision import autocast
 from verlog.train.storage import RolloutStorage
 from verlog.weights.actor_critic import trainable_parameters
+from verlog.weights.precision import autocast
 
 __all__ = ["Learner", "adamw", "ppo_update", "score_batch"]
 

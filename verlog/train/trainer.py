@@ -49,14 +49,14 @@ from verlog.evaluation import TaskResult, evaluate, print_results
 from verlog.models import load_tokenizer
 from verlog.rewards import RewardScorer
 from verlog.rollout.slots import SlotBatch, SlotRunner
-from verlog.weights import checkpoint as ckpt
+from verlog.tokens import pad_token_id
 from verlog.train.metrics import RunLogger, memory_metrics, rollout_metrics
-from verlog.weights.actor_critic import load_actor, load_critic, load_reference
-from verlog.weights.precision import autocast_dtype, check_master_dtype, grad_scaler
 from verlog.train.ppo import Learner, adamw, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
 from verlog.train.trace_batches import TraceBatch, TraceSource, merge_batches, trace_slots
-from verlog.tokens import pad_token_id
+from verlog.weights import checkpoint as ckpt
+from verlog.weights.actor_critic import load_actor, load_critic, load_reference
+from verlog.weights.precision import autocast_dtype, check_master_dtype, grad_scaler
 
 __all__ = ["TrainResult", "train"]
 

@@ -66,8 +66,8 @@ from minigrid.envs.babyai.core.verifier import (
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
 from verlog.envs import balrog_protocol
-from verlog.envs.babyai import TASKS
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
+from verlog.envs.babyai import TASKS
 from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
 from verlog.envs.progression import goal_value

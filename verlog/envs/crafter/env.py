@@ -34,10 +34,10 @@ import numpy as np
 from crafter import constants
 
 from verlog.envs import balrog_protocol
-from verlog.envs.crafter import BALROG_MAX_STEPS
-from verlog.envs.crafter import balrog_text as crafter_balrog
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv, play_steps
+from verlog.envs.crafter import BALROG_MAX_STEPS
+from verlog.envs.crafter import balrog_text as crafter_balrog
 from verlog.envs.family import check_protocol
 from verlog.envs.progression import crafter_value
 from verlog.envs.text import offset_phrase

@@ -74,7 +74,6 @@ from verlog.envs.nle.verlog_text import (
 from verlog.envs.progression import NetHackProgress, goal_value
 from verlog.step_info import step_info
 
-
 #: the goal of each MiniHack task, as told to the model
 MINIHACK_GOALS: Mapping[str, str] = {
     "MazeWalk-9x9": (

@@ -73,9 +73,8 @@ from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, p
 from verlog.envs.balrog_protocol import clean_answer
 from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
-from verlog.envs.textworld import BALROG_MAX_STEPS, GAMES
 from verlog.envs.progression import textworld_value
-from verlog.step_info import step_info
+from verlog.envs.textworld import BALROG_MAX_STEPS, GAMES
 from verlog.envs.textworld.games import (
     ENGINE_LOCK,
     SEED_STRIDE,
@@ -84,6 +83,7 @@ from verlog.envs.textworld.games import (
     game_dir,
     zmachine_game,
 )
+from verlog.step_info import step_info
 
 _COOKING_VERLOG = {"recipe": 5, "take": 5, "go": 12, "open": True, "cook": True, "cut": True, "drop": False, "split": "train"}
 #: protocol -> family -> default generator settings (see the module docstring)

@@ -51,13 +51,6 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, register
 from verlog.config import SplitName
 from verlog.episodes import EpisodePlan, build_scorer
 from verlog.graph_file import GraphFile, load_graph_file
-from verlog.rewards import RewardError
-from verlog.llm.chat_model import VerlogChatModel
-from verlog.rollout.recorder import TurnRecorder
-from verlog.rollout.runner import run_episode
-from verlog.rollout.schedule import slot_seed
-from verlog.rollout.slots import SlotFailureError, SlotRunner
-from verlog.rollout.turn import Episode, Turn
 from verlog.integrations.verl.engine import LLMServerEngine
 from verlog.integrations.verl.samples import (
     bootstrap_output,
@@ -66,6 +59,13 @@ from verlog.integrations.verl.samples import (
     turn_output,
 )
 from verlog.integrations.verl.settings import AGENT_NAME, AgentSpec, agent_spec
+from verlog.llm.chat_model import VerlogChatModel
+from verlog.rewards import RewardError
+from verlog.rollout.recorder import TurnRecorder
+from verlog.rollout.runner import run_episode
+from verlog.rollout.schedule import slot_seed
+from verlog.rollout.slots import SlotFailureError, SlotRunner
+from verlog.rollout.turn import Episode, Turn
 from verlog.step_info import episode_won
 from verlog.tokens import pad_token_id
 

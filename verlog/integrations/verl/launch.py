@@ -39,8 +39,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from verlog.config import ConfigError, apply_overrides, read_yaml_mapping
-from verlog.integrations.verl.preflight import ATTENTION_KEYS, FLASH_ATTENTION, default_attention, has_package, preflight
-from verlog.models import MODEL_SPECS
+from verlog.integrations.verl.preflight import (
+    ATTENTION_KEYS,
+    FLASH_ATTENTION,
+    default_attention,
+    has_package,
+    preflight,
+)
 from verlog.integrations.verl.settings import (
     AGENT_NAME,
     MULTI_TURN_KEY,
@@ -50,6 +55,7 @@ from verlog.integrations.verl.settings import (
     resolve_graph_path,
     resolve_source_paths,
 )
+from verlog.models import MODEL_SPECS
 
 __all__ = ["compose_verl_config", "launch", "ray_env_vars", "wire_verlog"]
 

@@ -19,12 +19,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from verlog.config import (
-    SPLITS, AdvantageConfig, ConfigError, CriticWarmupConfig, DataConfig, MultiTurnConfig, RewardConfig, _describe,
+    SPLITS,
+    AdvantageConfig,
+    ConfigError,
+    CriticWarmupConfig,
+    DataConfig,
+    MultiTurnConfig,
+    RewardConfig,
+    _describe,
 )
 
 __all__ = [
