@@ -441,10 +441,11 @@ class OpenAIServer(LocalServer):
                     generation = await self._generate(prompt_ids, sampling, policy.engine)
                 finally:
                     policy.leave()
-        self._record(episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started,
-                     self._answer_text(generation, sampling, prefix), call.messages)
+        text = self._answer_text(generation, sampling, prefix)
+        self._record(episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started, text,
+                     call.messages)
         message = self.chat_model.to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
-        content, calls = proto.answer_parts(message, self._answer_text(generation, sampling, prefix))
+        content, calls = proto.answer_parts(message, text)
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": content if content or not calls else None,
@@ -698,10 +699,10 @@ class OpenAIServer(LocalServer):
             await response.write_eof()
             return response
         generation = stream.generation
-        self._record(episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started,
-                     self._answer_text(generation, sampling, prefix), messages)
+        text = self._answer_text(generation, sampling, prefix)
+        self._record(episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started, text, messages)
         message = self.chat_model.to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
-        content, calls = proto.answer_parts(message, self._answer_text(generation, sampling, prefix))
+        content, calls = proto.answer_parts(message, text)
         rest = content[len(sent):] if content.startswith(sent) else ""
         if rest or (want_logprobs and reported < len(ids)):
             await emit(proto.chunk(cid, created, name, {"content": rest}, logprobs=logprobs_since()))

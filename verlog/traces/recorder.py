@@ -29,10 +29,15 @@ class TraceRecorder:
         max_pending: turns waiting to be written beyond which new ones are dropped (and counted
             in :attr:`dropped`): a stuck database must not grow the server's memory without bound.
         bounds_every_s: how often the store's retention and size bounds are applied.
+        write_every_s: the writer wakes at most this often and writes everything queued meanwhile
+            in one transaction (waking for every turn would contend with the server's threads for
+            the interpreter); :meth:`flush` waits at most this long more.
     """
 
-    def __init__(self, store: TraceStore, *, max_pending: int = 10_000, bounds_every_s: float = 60.0):
+    def __init__(self, store: TraceStore, *, max_pending: int = 10_000, bounds_every_s: float = 60.0,
+                 write_every_s: float = 0.2):
         self.store = store
+        self.write_every_s = write_every_s
         self.max_pending = max_pending
         self.bounds_every_s = bounds_every_s
         #: turns written, turns dropped (queue full or a write failed)
@@ -100,3 +105,4 @@ class TraceRecorder:
                 event.set()
             if stop:
                 return
+            time.sleep(self.write_every_s)  # let turns gather: one wake-up and one transaction for them all
