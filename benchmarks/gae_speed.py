@@ -92,8 +92,8 @@ def main() -> None:
     worst_ratio = float("inf")
     for gammas in [(0.99, 0.95, 1.0, 1.0), (0.99, 0.95, 0.99, 0.95)]:
         dual_gae(batch, *gammas)  # warm-up
-        t_loop, (adv_loop, ret_loop) = timed(lambda: loop_gae(batch, *gammas), 5)
-        t_vec, (adv_vec, ret_vec) = timed(lambda: dual_gae(batch, *gammas), 20)
+        t_loop, (adv_loop, ret_loop) = timed(lambda gammas=gammas: loop_gae(batch, *gammas), 5)
+        t_vec, (adv_vec, ret_vec) = timed(lambda gammas=gammas: dual_gae(batch, *gammas), 20)
         diff = max((adv_vec - adv_loop).abs().max().item(), (ret_vec - ret_loop).abs().max().item())
         ratio = t_loop / t_vec
         worst_ratio = min(worst_ratio, ratio)

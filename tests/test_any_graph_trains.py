@@ -305,7 +305,7 @@ async def test_every_entry_point_is_captured_token_exact(tiny_tokenizer, tiny_mo
     try:
         for styles in (module.PARALLEL, module.SEQUENTIAL):
             runner = SlotRunner(
-                engine, lambda e: graph_file.build(VerlogChatModel(engine=e, tokenizer=tiny_tokenizer), styles=styles),
+                engine, lambda e, styles=styles: graph_file.build(VerlogChatModel(engine=e, tokenizer=tiny_tokenizer), styles=styles),
                 graph_file.episode_input, num_envs=4, turns_per_env=6, graph_config={"recursion_limit": 200},
                 keep_messages=True,
             )

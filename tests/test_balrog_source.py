@@ -164,7 +164,7 @@ def test_what_is_not_balrog_is_refused_in_one_line(tmp_path: Path, layout: Path)
     (odd / "balrog/agents/naive.py").write_text("RULE = 'no naive_instruction here'\n")
     (odd / "balrog/evaluator.py").write_text("note = f'{action}'\n")
     with pytest.raises(BalrogSourceError, match="no naive_instruction text"):
-        BalrogSource(odd).answer_rule
+        _ = BalrogSource(odd).answer_rule
     with pytest.raises(BalrogSourceError, match="no invalid-answer note"):
         BalrogSource(odd).invalid_note("north")
     with pytest.raises(BalrogSourceError, match="no TextWorld games for 'treasure_hunter'"):

@@ -535,7 +535,7 @@ def test_a_truncated_turn_sends_its_next_state_as_a_value_row(sync_world):
     assert metrics["verlog/truncated_turns_bootstrapped"] == NUM_ENVS
     gamma = trainer.spec.settings.advantage.gamma_step
     for rows in _by_slot(SimpleNamespace(store=store, keys={1: keys}), 1).values():
-        (last_key, last, _), (next_key, _, _) = rows[2], rows[3]
+        (_, last, _), (next_key, _, _) = rows[2], rows[3]
         assert last["returns"][-1].item() == pytest.approx(0.5 + gamma * keys.index(next_key))
 
 
@@ -693,7 +693,7 @@ def test_slots_of_a_group_play_the_same_seeds_and_rows_carry_seed_start_and_anch
             turns = [(row, e) for _, row, e in rows if e["verlog_kind"] == "turn"]
             facts = [_prompt_facts(group_world, row) for row, _ in turns]
             played[(step, slot)] = [seed for seed, _ in facts]
-            for (row, e), (seed, s) in zip(turns, facts):
+            for (_, e), (seed, s) in zip(turns, facts):
                 assert e["verlog_seed"] == seed
                 assert e["verlog_starts_episode"] == (s == 0)
                 assert e["verlog_anchor"] == (f"{seed}:{s}" if s >= 1 else None)

@@ -240,7 +240,7 @@ class Engine(abc.ABC):
         """The token ids that end this generation: the request's and the model's end of sequence."""
         return sorted(set(sampling.stop_token_ids) | set(self.eos_token_ids))
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 (a hook: an engine holding nothing has nothing to release)
         """Release resources (threads, HTTP sessions)."""
 
 
