@@ -59,14 +59,14 @@ from aiohttp import web, web_protocol
 
 from verlog.backends.base import Engine, EngineError, Generation, SamplingParams, TokenDelta
 from verlog.llm.chat_model import VerlogChatModel
-from verlog.llm.tool_calls import TOOL_CALL_OPEN
 from verlog.llm.prompt import PromptRenderer
+from verlog.llm.tool_calls import TOOL_CALL_OPEN
 from verlog.local_server import LocalServer
-from verlog.serve.admission import Admission, PromptBound
 from verlog.serve import openai_protocol as proto
+from verlog.serve.admission import Admission, PromptBound
 from verlog.serve.openai_protocol import APIError
-from verlog.traces.records import EPISODE_HEADER, VERSION_HEADER, TracedTurn
 from verlog.traces.recorder import TraceRecorder
+from verlog.traces.records import EPISODE_HEADER, VERSION_HEADER, TracedTurn
 from verlog.traces.store import UnknownEpisodeError
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ class _TokenStream:
                     yield list(zip(item.token_ids, item.logprobs))
             else:
                 self._generation = item
-        self.generation  # raises if the stream ended without one
+        _ = self.generation  # raises if the stream ended without one
 
     async def aclose(self) -> None:
         """Stop the generation (the client went away, the time limit passed)."""
