@@ -35,7 +35,8 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP)
+# the linter first (a second), then the default test run
+test: lint
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)
