@@ -25,6 +25,11 @@ pip resolve running beside it, 7.3x, 7.2x, 7.1x (median 7.2x, 77%). The ratio ne
 cores (the engine's thread and the event loop run at once in the batched run, one at a time in
 the single one), so a third busy process lowers it; on a GPU a decode step's cost hardly grows
 with its rows.
+2026-11-26 13:20, the quietest window of the day (load 0.2-0.8, nothing else running), after
+the step-info and registry work: 7.7x, 7.0x, 8.3x and 7.7x, 7.8x, 9.0x (medians 7.7x and 7.8x;
+150-158 and 125-155 turns/s against 16-23), 54-88% of ceilings of 9.4-14.3x: the one-row decode
+step measured 2.2-3.7 ms against 6.2-8.0 ms with 32 rows, so the ceiling itself moves by half
+between runs. Below the 8x / 85% target on these runs.
 """
 
 from __future__ import annotations
