@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, Protocol, Sequence, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from verlog.registry import Registry
 
 
 class ConfigError(ValueError):
@@ -506,20 +509,25 @@ class AlgorithmConfig(AdvantageConfig):
     @field_validator("estimator")
     @classmethod
     def _check_estimator(cls, value: str) -> str:
-        from verlog.algo.estimators.registry import estimator_names  # torch-free: lists the registry's files
+        from verlog.algo.estimators.registry import ESTIMATORS  # torch-free: lists the registry's files
 
-        if value not in estimator_names():
-            raise ValueError(f"must be one of {', '.join(estimator_names())}")
-        return value
+        return _registered(value, ESTIMATORS)
 
     @field_validator("policy_loss")
     @classmethod
     def _check_policy_loss(cls, value: str) -> str:
-        from verlog.algo.loss_registry import policy_loss_names  # torch-free
+        from verlog.algo.loss_registry import POLICY_LOSSES  # torch-free
 
-        if value not in policy_loss_names():
-            raise ValueError(f"must be one of {', '.join(policy_loss_names())}")
-        return value
+        return _registered(value, POLICY_LOSSES)
+
+
+def _registered(value: str, registry: Registry[Any]) -> str:
+    """``value`` if ``registry`` has a plug-in of that name (without importing it), else the
+    ``ValueError`` naming the registered ones."""
+    names = registry.names()
+    if value not in names:
+        raise ValueError(f"must be one of {', '.join(names)}")
+    return value
 
 
 class CriticWarmupConfig(_Section):
