@@ -54,7 +54,7 @@ import threading
 import time
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Awaitable, Callable
 from uuid import UUID
 
@@ -197,8 +197,7 @@ class SlotCounters:
     late_rewards: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"batches": self.batches, "turns": self.turns, "episodes": self.episodes,
-                "failed": dict(self.failed), "late_rewards": self.late_rewards}
+        return asdict(self)  # a copy: ``failed`` included
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SlotCounters:
