@@ -13,6 +13,7 @@ from verlog.backends.base import Engine
 from verlog.config import ConfigError, VerlogConfig
 from verlog.graph_file import GraphFile, GraphFileError, load_graph_file
 from verlog.llm.chat_model import VerlogChatModel
+from verlog.models.safe_load import first_line
 from verlog.rollout import Episode, run_episodes
 
 
@@ -143,8 +144,7 @@ class Agent:
                 inputs.append(plan.input(i))
             except Exception as exc:  # the graph file's make_input, or the config's data.input mapping
                 source = "data.input" if rows else f"make_input({i}) of {self.graph_file.path}"
-                raise GraphFileError(f"the input of episode {episode_id} failed ({source}): {type(exc).__name__}: "
-                                     f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+                raise GraphFileError(f"the input of episode {episode_id} failed ({source}): {first_line(exc)}") from exc
         return await run_episodes(
             self.graph,
             inputs,
