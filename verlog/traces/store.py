@@ -20,6 +20,7 @@ deleted, then the least recently written episodes until the store is under its s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sqlite3
@@ -154,17 +155,14 @@ class TraceStore:
         return indices
 
     def _register_version(self, version: str) -> None:
-        self._run([(self._insert_ignore("versions", ("version", "first_seen")), (version, time.time()))])
+        self._run([("INSERT INTO versions (version, first_seen) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                    (version, time.time()))])
         self._versions = self.versions()
-
-    def _insert_ignore(self, table: str, columns: Sequence[str]) -> str:
-        marks = ", ".join("?" for _ in columns)
-        return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}) ON CONFLICT DO NOTHING"
 
     def _record_one(self, execute: Callable[..., list[tuple]], turn: TracedTurn) -> int:
         full = self.policy.privacy == "full"
         created = turn.created or time.time()
-        nbytes = turn.nbytes if full else TracedTurn(**{**turn.__dict__, "messages": None, "response_text": None}).nbytes
+        nbytes = (turn if full else dataclasses.replace(turn, messages=None, response_text=None)).nbytes
         # the episode's row first: its turn count, raised atomically, is this turn's index
         counted = execute(
             "INSERT INTO episodes (episode_id, turns, created, updated, nbytes) VALUES (?, 1, ?, ?, ?) "
@@ -174,8 +172,8 @@ class TraceStore:
         )
         index = int(counted[0][0]) - 1
         values = (
-            turn.episode_id, index, created, turn.model_version, turn.latency_s, self._blob(pack_ids(turn.prompt_ids)),
-            self._blob(pack_ids(turn.response_ids)), self._blob(pack_floats(turn.logprobs)), turn.temperature,
+            turn.episode_id, index, created, turn.model_version, turn.latency_s, pack_ids(turn.prompt_ids),
+            pack_ids(turn.response_ids), pack_floats(turn.logprobs), turn.temperature,
             turn.top_p, turn.top_k, turn.constraint, turn.finish_reason, turn.reward,
             turn.response_text if full else None,
             json.dumps(turn.messages, ensure_ascii=False) if full and turn.messages is not None else None,
@@ -183,10 +181,6 @@ class TraceStore:
         )
         execute(f"INSERT INTO turns ({', '.join(_TURN_COLUMNS)}) VALUES ({', '.join('?' for _ in values)})", values)
         return index
-
-    @staticmethod
-    def _blob(data: bytes) -> Any:
-        return data
 
     def add_feedback(self, episode_id: str, reward: float | None = None, *, success: bool | None = None,
                      info: dict[str, Any] | None = None, turn_index: int | None = None) -> None:
@@ -302,16 +296,10 @@ def _episode(r: tuple) -> EpisodeRecord:
                          None if r[7] is None else float(r[7]))
 
 
-class _SQLiteStore(TraceStore):
-    pass
-
-
 class _PostgresStore(TraceStore):
-    _mark = "%s"
+    """psycopg's placeholders are ``%s`` (it sends ``bytes`` as ``bytea``, as sqlite3 sends them as BLOBs)."""
 
-    @staticmethod
-    def _blob(data: bytes) -> Any:
-        return data  # psycopg sends bytes as bytea
+    _mark = "%s"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -360,7 +348,7 @@ def open_store(target: str | os.PathLike, policy: RecordingPolicy | None = None)
             connection.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error as exc:
             raise TraceStoreError(f"cannot open the trace store {path}: {_one_line(exc)}") from None
-        store = _SQLiteStore(connection, policy, str(path))
+        store = TraceStore(connection, policy, str(path))
         statements = _schema("BLOB", "REAL", "INTEGER PRIMARY KEY AUTOINCREMENT")
     store._run([(s, ()) for s in statements])
     store._versions = store.versions()
