@@ -175,7 +175,10 @@ class _NLEGame(TextEnv):
     BALROG's (:class:`BalrogNLETextEnv`) share: the gym game, its seeding, and the episode
     bookkeeping a reset starts over. Subclasses render and step the game their own way."""
 
-    def _open_game(
+    #: the action an invalid answer runs (NetHack's; MiniHack's is ``north``)
+    default_action = "esc"
+
+    def __init__(
         self, gym_id: str, seed: int | None, *, max_steps: int, invalid_action_penalty: float,
         gym_kwargs: Mapping[str, Any],
     ) -> None:
@@ -242,8 +245,6 @@ class NLETextEnv(_NLEGame):
     score the steps (``_score_step``).
     """
 
-    default_action = "esc"
-
     def __init__(
         self,
         gym_id: str,
@@ -265,8 +266,8 @@ class NLETextEnv(_NLEGame):
             fix_moon_phase=True,
         )
         kwargs.update(gym_kwargs or {})
-        self._open_game(gym_id, seed, max_steps=max_steps, invalid_action_penalty=invalid_action_penalty,
-                        gym_kwargs=kwargs)
+        super().__init__(gym_id, seed, max_steps=max_steps, invalid_action_penalty=invalid_action_penalty,
+                         gym_kwargs=kwargs)
         self._key_index = {chr(int(a)): i for i, a in enumerate(self.game.actions)}
         self._message = ""
 
@@ -723,8 +724,6 @@ class BalrogNLETextEnv(_NLEGame):
       (BALROG's ``skip_more``), its texts joined into the message.
     """
 
-    default_action = "esc"
-
     def __init__(
         self,
         gym_id: str,
@@ -734,8 +733,8 @@ class BalrogNLETextEnv(_NLEGame):
         invalid_action_penalty: float,
         gym_kwargs: Mapping[str, Any],
     ) -> None:
-        self._open_game(gym_id, seed, max_steps=max_steps, invalid_action_penalty=invalid_action_penalty,
-                        gym_kwargs=gym_kwargs)
+        super().__init__(gym_id, seed, max_steps=max_steps, invalid_action_penalty=invalid_action_penalty,
+                         gym_kwargs=gym_kwargs)
         if "max_episode_steps" in gym_kwargs:  # gymnasium's make keeps this one for its TimeLimit
             self.game._max_episode_steps = gym_kwargs["max_episode_steps"]
         self._key_index = {int(a): i for i, a in enumerate(self.game.actions)}
