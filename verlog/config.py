@@ -274,6 +274,11 @@ class DataConfig(_Section):
             raise ValueError(f"unknown split {name!r}; one of {', '.join(SPLITS)}")
         return getattr(self, name)
 
+    def has_rows(self) -> bool:
+        """Whether any split gives task rows (with ``traces`` alone none does: the live slots and
+        the evaluations play ``make_input(seed)``)."""
+        return any(self.split(name) is not None for name in SPLITS)
+
 
 class RewardFunctionConfig(_Section):
     """A reward function run once an episode ends: ``path/to/file.py:function`` or

@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from verlog.config import SPLITS, DataSourceConfig, EpisodeSources, SplitName
+from verlog.config import DataSourceConfig, EpisodeSources, SplitName
 from verlog.data.files import DataError, Rows, read_rows, row_digest
 from verlog.data.inputs import input_maker
 from verlog.graph_file import GraphFile
@@ -136,7 +136,7 @@ def load_tasks(
     """The tasks of ``split`` for ``graph_file``: its dataset rows when the config has a data
     section (training rows in shuffled epochs unless ``in_order``), else seeds from ``first_seed``
     (``make_input(seed)``)."""
-    if config.data is None or all(config.data.split(s) is None for s in SPLITS):  # no rows (traces alone)
+    if config.data is None or not config.data.has_rows():  # no rows (traces alone)
         return SeedTasks(graph_file.episode_input, first_seed)
     rows = split_rows(config, split)
     to_input = input_maker(graph_file, config.data.input, rows.columns, split)

@@ -42,7 +42,7 @@ from verlog.agent import build_chat_model, judge_chat_models, load_agent, pick_d
 from verlog.algo import CriticWarmup
 from verlog.algo.estimators import check_estimator_settings, get_estimator
 from verlog.backends.embedded import EmbeddedEngine
-from verlog.config import EVAL_SPLITS, SPLITS, ConfigError, VerlogConfig
+from verlog.config import EVAL_SPLITS, ConfigError, VerlogConfig
 from verlog.data import shared_rows, split_rows
 from verlog.episodes import EpisodePlan, build_scorer
 from verlog.evaluation import TaskResult, evaluate, print_results
@@ -402,7 +402,7 @@ def _check_data(config: VerlogConfig) -> None:
     if data.train is None and data.traces is None:
         raise ConfigError("data.train: training plays the rows of the training split (or recorded episodes, "
                           "data.traces); give its file")
-    if all(data.split(s) is None for s in SPLITS):  # recorded episodes alone: live slots and evaluations play seeds
+    if not data.has_rows():  # recorded episodes alone: live slots and evaluations play seeds
         return
     if t.eval_every and data.validation is None:
         raise ConfigError("trainer.eval_every: the periodic evaluations play data.validation, which is not set "
