@@ -197,24 +197,7 @@ class LocalTaskLevel(RoomGridLevel):
         extra = 2 if self.task in ("pick_up_seq_go_to", "putnext") else 1
         objs = self.add_distractors(num_distractors=self.num_dists + extra, all_unique=False)
         self.check_objs_reachable()
-        target = self._rand_elem(objs)
-        desc = ObjDesc(target.type, target.color)
-        if self.task == "goto":
-            self.instrs = GoToInstr(desc)
-        elif self.task == "pickup":
-            self.instrs = PickupInstr(desc)
-        elif self.task == "putnext":
-            self.instrs = PutNextInstr(desc, ObjDesc(*_other_kind(self, target, objs)))
-        else:
-            self.instrs = self._pick_up_then_go_to(target, objs)
-
-    def _pick_up_then_go_to(self, first: Any, objs: list[Any]) -> BeforeInstr | AfterInstr:
-        """Pick up ``first``, then go to another object; phrased with "then" or "after you"."""
-        pick = PickupInstr(ObjDesc(first.type, first.color))
-        go = GoToInstr(ObjDesc(*_other_kind(self, first, objs)))
-        if self._rand_bool():
-            return BeforeInstr(pick, go)
-        return AfterInstr(go, pick)
+        self.instrs = _object_mission(self, self.task, self._rand_elem(objs), objs)
 
     def _gen_open(self) -> None:
         color = self._rand_elem(COLOR_NAMES)
@@ -226,6 +209,24 @@ class LocalTaskLevel(RoomGridLevel):
         self.place_agent(free, 0)
         self.check_objs_reachable()
         self.instrs = OpenInstr(ObjDesc("door", self._rand_elem([None, color])))
+
+
+def _object_mission(
+    level: RoomGridLevel, task: str, first: Any, objs: list[Any]
+) -> GoToInstr | PickupInstr | PutNextInstr | BeforeInstr | AfterInstr:
+    """The mission of an object task about ``first`` (one of ``objs``): go to it, pick it up, put
+    it next to another object, or pick it up and go to another object (phrased with "then" or
+    "after you")."""
+    desc = ObjDesc(first.type, first.color)
+    if task == "goto":
+        return GoToInstr(desc)
+    if task == "pickup":
+        return PickupInstr(desc)
+    other = ObjDesc(*_other_kind(level, first, objs))
+    if task == "putnext":
+        return PutNextInstr(desc, other)
+    pick, go = PickupInstr(desc), GoToInstr(other)
+    return BeforeInstr(pick, go) if level._rand_bool() else AfterInstr(go, pick)
 
 
 def _other_kind(level: RoomGridLevel, first: Any, objs: list[Any]) -> tuple[str, str]:
@@ -276,18 +277,8 @@ class BalrogTaskLevel(RoomGridLevel):
             objs = self.add_distractors(num_distractors=self.num_dists + extra, all_unique=False)
             if not self.check_objs_reachable(raise_exc=False):
                 raise RejectSampling("unreachable object")
-            first = self._rand_elem(objs)  # add_distractors makes keys, balls and boxes only
-            desc = ObjDesc(first.type, first.color)
-            if self.task == "goto":
-                self.instrs = GoToInstr(desc)
-            elif self.task == "pickup":
-                self.instrs = PickupInstr(desc)
-            elif self.task == "putnext":
-                self.instrs = PutNextInstr(desc, ObjDesc(*_other_kind(self, first, objs)))
-            else:
-                pick = PickupInstr(desc)
-                go = GoToInstr(ObjDesc(*_other_kind(self, first, objs)))
-                self.instrs = BeforeInstr(pick, go) if self._rand_bool() else AfterInstr(go, pick)
+            # add_distractors makes keys, balls and boxes only
+            self.instrs = _object_mission(self, self.task, self._rand_elem(objs), objs)
         surface = self.instrs.surface(self)
         if any(pair in surface for pair in BALROG_EXCLUDED_PAIRS):
             raise RejectSampling("excluded colour/object pair")
