@@ -9,14 +9,8 @@ checkpoint in Postgres, and it ends as the uninterrupted episode of the same see
 from __future__ import annotations
 
 import asyncio
-import glob
 import os
-import pwd
-import shutil
 import signal
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -25,46 +19,17 @@ pytest.importorskip("langgraph_api")
 langgraph_sdk = pytest.importorskip("langgraph_sdk")
 
 from langgraph_server import ROOT, SlowCountingEngine, free_port, serve_command, server_process  # noqa: E402
+from postgres_server import running_postgres  # noqa: E402
 
 from verlog.backends.embedded import EmbeddedEngine  # noqa: E402
 from verlog.serve import OpenAIServer, serve_in_thread  # noqa: E402
 
 
-def _postgres_bin(name: str) -> str | None:
-    found = shutil.which(name) or sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    return found if isinstance(found, str) else (found[-1] if found else None)
-
-
 @pytest.fixture(scope="module")
 def postgres_uri():
     """A PostgreSQL server of this machine's, started in a temporary folder for the module."""
-    initdb, pg_ctl = _postgres_bin("initdb"), _postgres_bin("pg_ctl")
-    if not initdb or not pg_ctl:
-        pytest.skip("no PostgreSQL server installed here (initdb, pg_ctl)")
-    as_user: list[str] = []
-    folder = Path(tempfile.mkdtemp(prefix="verlog-pg-"))
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-        try:
-            user = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and there is no 'postgres' user to run PostgreSQL as")
-        os.chown(folder, user.pw_uid, user.pw_gid)
-        as_user = ["runuser", "-u", "postgres", "--"]
-    data, port = folder / "data", free_port()
-    try:
-        subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "verlog"], check=True,
-                       capture_output=True, timeout=120)
-        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(folder / "log"), "-w", "-t", "60", "-o",
-                        f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"],
-                       check=True, capture_output=True, timeout=120)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-        shutil.rmtree(folder, ignore_errors=True)
-        pytest.skip(f"PostgreSQL does not start here: {exc}")
-    try:
-        yield f"postgresql://verlog@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, timeout=60)
-        shutil.rmtree(folder, ignore_errors=True)
+    with running_postgres() as uri:
+        yield uri
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import sqlite3
 import time
 
 import pytest
+from postgres_server import running_postgres
 
 from verlog.traces import (
     SQLITE_FILE,
@@ -37,12 +38,8 @@ def store_target(request, tmp_path):
 
 @pytest.fixture(scope="module")
 def postgres_uri():
-    from test_serve_postgres import postgres_uri as server  # one home for starting a PostgreSQL server
-
-    generator = server.__wrapped__()
-    uri = next(generator)
-    yield uri
-    next(generator, None)
+    with running_postgres() as uri:
+        yield uri
 
 
 def test_turns_round_trip_token_exact_in_order(store_target):
