@@ -72,13 +72,19 @@ def test_missing_inputs_and_settings_that_do_not_combine_are_named():
         estimate_advantages(AlgorithmConfig(estimator="gigpo"), batch, no_anchors)
 
 
-def test_gae_and_zero_through_the_registry():
-    g = torch.Generator().manual_seed(0)
-    batch = TurnBatch(
+def gae_batch(seed: int) -> TurnBatch:
+    """Two slots x three turns x four tokens of random rewards and critic values; slot 0's second
+    turn ends its episode, slot 1's episode runs on."""
+    g = torch.Generator().manual_seed(seed)
+    return TurnBatch(
         torch.randn(2, 3, 4, generator=g, dtype=torch.float64), torch.ones(2, 3, 4, dtype=torch.bool),
         torch.tensor([[False, True, False], [False, False, False]]), torch.zeros(2, 3, dtype=torch.bool),
         values=torch.randn(2, 3, 5, generator=g, dtype=torch.float64), bootstrap_values=torch.zeros(2, dtype=torch.float64),
     )
+
+
+def test_gae_and_zero_through_the_registry():
+    batch = gae_batch(0)
     adv, ret = dual_gae(batch, 0.9, 0.8)
     out = estimate_advantages(AlgorithmConfig(estimator="gae", gamma_step=0.9, lam_step=0.8), batch, TurnData())
     torch.testing.assert_close(out.advantages, whiten(adv, batch.response_mask))

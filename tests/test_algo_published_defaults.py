@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from test_algo_advantages import grpo_batch
-from test_algo_estimators import one_token_batch
+from test_algo_estimators import gae_batch, one_token_batch
 
 from verlog.algo import TurnBatch, dual_gae, entropy_bonus, gspo_policy_loss, whiten
 from verlog.algo.estimators import TurnData, estimate_advantages, get_estimator
@@ -48,12 +48,7 @@ def test_grpo_and_rloo_by_default_are_their_papers_values():
 
 
 def test_gae_is_whitened_by_default_and_not_when_told():
-    g = torch.Generator().manual_seed(1)
-    batch = TurnBatch(
-        torch.randn(2, 3, 4, generator=g, dtype=torch.float64), torch.ones(2, 3, 4, dtype=torch.bool),
-        torch.tensor([[False, True, False], [False, False, False]]), torch.zeros(2, 3, dtype=torch.bool),
-        values=torch.randn(2, 3, 5, generator=g, dtype=torch.float64), bootstrap_values=torch.zeros(2, dtype=torch.float64),
-    )
+    batch = gae_batch(1)
     adv, _ = dual_gae(batch, 0.99, 0.95)
     default = estimate_advantages(AlgorithmConfig(), batch, TurnData()).advantages
     torch.testing.assert_close(default, whiten(adv, batch.response_mask))
