@@ -1,4 +1,5 @@
-"""Test helpers: a LangGraph server process for the serving tests (started, awaited, stopped)."""
+"""Test helpers: a server process for the serving tests (LangGraph's, or serve-model's: started,
+awaited, stopped)."""
 
 from __future__ import annotations
 
@@ -35,20 +36,20 @@ def running(cmd: list[str], env: dict[str, str], cwd: Path, port: int, log: Path
 
 
 @contextmanager
-def server_process(cmd: list[str], env: dict[str, str], cwd: Path, port: int,
-                   log: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Run a LangGraph server process until its ``/ok`` answers; yield its URL and the process
-    (a test may kill it); stop it if it is still running."""
+def server_process(cmd: list[str], env: dict[str, str], cwd: Path, port: int, log: Path, *, ready: str = "/ok",
+                   ready_timeout_s: float = 90) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Run a server process until its ``ready`` path answers (LangGraph's ``/ok``; serve-model's
+    ``/health``); yield its URL and the process (a test may kill it); stop it if it is still running."""
     url = f"http://127.0.0.1:{port}"
     with open(log, "w") as out:
         process = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + ready_timeout_s
         while True:
             if process.poll() is not None:
                 pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
             try:
-                if httpx.get(f"{url}/ok", timeout=1).status_code == 200:
+                if httpx.get(f"{url}{ready}", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

@@ -14,15 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
 from langchain_core.callbacks import BaseCallbackHandler
+from langgraph_server import free_port, server_process
 from rich.console import Console
 
 from verlog.backends.token_bytes import TokenBytes
@@ -48,14 +47,6 @@ class _Received(BaseCallbackHandler):
         self.messages.append(response.generations[0][0].message)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def _episode(base_url: str, episode: str, seed: int) -> tuple[dict, list]:
     """One corridor episode through ChatOpenAI, its turns filed under ``episode``."""
     graph_file = load_graph_file(ROOT / "graphs" / "cue_corridor.py")
@@ -69,24 +60,15 @@ async def _episode(base_url: str, episode: str, seed: int) -> tuple[dict, list]:
 
 @pytest.mark.timeout(600)
 async def test_serve_record_feedback_train_swap_serve(tmp_path):
-    store_dir, run_dir, port = tmp_path / "traces", tmp_path / "run", _free_port()
+    store_dir, run_dir, port = tmp_path / "traces", tmp_path / "run", free_port()
     env = {**os.environ, "VERLOG_API_KEY": "key"}
-    log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "verlog.serve", "serve-model", "toy", "--port", str(port), "--record", str(store_dir),
-         "--reload-from", str(run_dir), "--device", "cpu"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    base_url, auth = f"http://127.0.0.1:{port}/v1", {"Authorization": "Bearer key"}
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()
-                time.sleep(0.25)
-        first_version = health["version"]
+    command = [sys.executable, "-m", "verlog.serve", "serve-model", "toy", "--port", str(port), "--record",
+               str(store_dir), "--reload-from", str(run_dir), "--device", "cpu"]
+    auth = {"Authorization": "Bearer key"}
+    with server_process(command, env, ROOT, port, tmp_path / "server.log", ready="/health",
+                        ready_timeout_s=120) as (url, _):
+        base_url = f"{url}/v1"
+        first_version = httpx.get(f"{url}/health", timeout=10).json()["version"]
         # no checkpoint in the run yet: a reload says so and keeps serving
         refused = httpx.post(f"{base_url}/admin/reload", headers=auth, timeout=60)
         assert refused.status_code == 409 and "no checkpoint" in refused.json()["error"]["message"]
@@ -115,10 +97,6 @@ async def test_serve_record_feedback_train_swap_serve(tmp_path):
         assert swapped == {"object": "reload", "version": second_version, "previous": first_version, "swapped": True}
         final, second_received = await _episode(base_url, "episode-2", seed=12)
         send_feedback(base_url, "episode-2", 0.0, success=False, api_key="key")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
 
     store = open_store(store_dir)
     first_model, tokenizer = load_policy(find_policy("toy"))
@@ -144,5 +122,4 @@ async def test_serve_record_feedback_train_swap_serve(tmp_path):
     other = [lp for t in second_turns for lp in teacher_forced_logprobs(first_model, t.prompt_ids, t.response_ids,
                                                                           t.temperature)]
     assert other != pytest.approx([lp for t in second_turns for lp in t.logprobs], abs=1e-4)
-    assert other != pytest.approx([lp for t in store.turns("episode-2") for lp in t.logprobs], abs=1e-4)
     store.close()

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
-from langgraph_server import free_port
+from langgraph_server import free_port, server_process
 
 from verlog.cli import main
 from verlog.config import load_config
@@ -70,25 +67,10 @@ def _served_answer(base_url: str, name: str) -> tuple[str, list[float]]:
 async def test_serve_model_answers_a_lora_run_as_eval_plays_it(lora_run, tmp_path):
     port = free_port()
     log = tmp_path / "serve.log"
-    with open(log, "w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "verlog.serve", "serve-model", str(lora_run), "--device", "cpu",
-                                   "--port", str(port), "--served-model-name", "agent"],
-                                  cwd=ROOT, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.25)
-        served = _served_answer(f"http://127.0.0.1:{port}/v1", "agent")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    command = [sys.executable, "-m", "verlog.serve", "serve-model", str(lora_run), "--device", "cpu", "--port", str(port),
+               "--served-model-name", "agent"]
+    with server_process(command, dict(os.environ), ROOT, port, log, ready="/health", ready_timeout_s=120) as (url, _):
+        served = _served_answer(f"{url}/v1", "agent")
     assert "with the LoRA adapters of" in log.read_text()
     content, logprobs = await _eval_answer(lora_run)
     assert served[0] == content
