@@ -39,7 +39,7 @@ from langchain_openai import ChatOpenAI
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import ROOT, free_port  # noqa: E402
+from serve_load import ROOT, free_port, wait_healthy  # noqa: E402
 
 from verlog.config import load_config  # noqa: E402
 from verlog.graph_file import load_graph_file  # noqa: E402
@@ -128,12 +128,8 @@ async def _main() -> None:
         cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "w"))
     started = time.perf_counter()
     try:
-        for _ in range(480):
-            try:
-                version = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).json()["version"]
-                break
-            except httpx.HTTPError:
-                time.sleep(0.25)
+        await wait_healthy(f"http://127.0.0.1:{port}", server)
+        version = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["version"]
         store = open_store(store_dir)
         print(f"load {os.getloadavg()[0]:.2f}; serving {args.model} (version {version}); {args.cycles} cycles x "
               f"{args.episodes} episodes, {args.updates_per_cycle} update(s) per cycle from traces alone; staleness "
