@@ -18,7 +18,7 @@ from verlog.algo import gspo_policy_loss, policy_loss_fn, ppo_policy_loss
 from verlog.algo.estimators import ESTIMATORS, AdvantageEstimator, Estimate, get_estimator, register_estimator
 from verlog.algo.loss_registry import POLICY_LOSSES, policy_loss_names, register_policy_loss
 from verlog.config import AlgorithmConfig
-from verlog.envs import EnvFamily, families, get_family, list_envs, register_family
+from verlog.envs import EnvFamily, families, get_family, list_envs, make_env, register_family
 from verlog.envs.registry import FAMILIES
 from verlog.registry import Registry, load_reference
 from verlog.tokens import common_prefix_len, pad_token_id
@@ -72,6 +72,19 @@ def test_register_calls_reach_the_config_and_the_lookups() -> None:
         FAMILIES.unregister("toy-registry")
     with pytest.raises(ValueError, match="must be one of ppo, gspo"):
         AlgorithmConfig(policy_loss="ppo_test")
+
+
+def test_a_family_checks_its_task_names_with_one_rule() -> None:
+    """``EnvFamily.has_task`` is what both ``make_env`` and the family's own ``make_env`` check."""
+    minihack, crafter = get_family("minihack"), get_family("crafter")
+    assert minihack.has_task("Corridor-R3") and not minihack.has_task("") and not minihack.has_task("Boxoban-Hard")
+    assert crafter.has_task("") and not crafter.has_task("x")
+    with pytest.raises(ValueError, match=r"unknown minihack task 'Boxoban-Hard' \(its levels are downloaded"):
+        minihack.make_env("Boxoban-Hard")
+    with pytest.raises(ValueError, match="'crafter' has no tasks"):
+        crafter.make_env("x")
+    with pytest.raises(ValueError, match=r"unknown environment 'crafter:x'; valid names: crafter$"):
+        make_env("crafter:x")
 
 
 USER_PACKAGE = '''

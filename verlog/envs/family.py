@@ -111,15 +111,19 @@ class EnvFamily:
         """The registry names of the family's games."""
         return [f"{self.name}:{task}" for task in self.tasks] if self.tasks else [self.name]
 
+    def has_task(self, task: str) -> bool:
+        """Whether ``task`` names one of the family's games (``""`` for a family without tasks)."""
+        return task in self.tasks if self.tasks else not task
+
     def make_env(self, task: str, seed: int | None = None, protocol: str = "verlog", **kwargs: Any) -> TextEnv:
         """Build the game of ``task``; ``protocol="balrog"`` applies :attr:`balrog`'s settings
         (levels, wording, invalid action, step cap), which explicit ``kwargs`` still override."""
         check_protocol(protocol)
-        if self.tasks and task not in self.tasks:
+        if not self.has_task(task):
+            if not self.tasks:
+                raise ValueError(f"{self.name!r} has no tasks (got {task!r}): use the name {self.name!r} alone")
             note = f" ({self.left_out[task]})" if task in self.left_out else ""
             raise ValueError(f"unknown {self.name} task {task!r}{note}; valid tasks: {', '.join(self.tasks)}")
-        if not self.tasks and task:
-            raise ValueError(f"{self.name!r} has no tasks (got {task!r}): use the name {self.name!r} alone")
         if protocol == "balrog":
             kwargs = {**self.balrog_kwargs(task), **kwargs}
         return self.make(task, seed, **kwargs)

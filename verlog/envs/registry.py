@@ -96,7 +96,7 @@ def split_env_name(env_name: str) -> tuple[EnvFamily, str]:
             f"unknown environment {env_name!r}; valid names: '<family>:<task>' (or the family alone when it has no "
             f"tasks) with a family of {', '.join(FAMILIES)}, e.g. {examples} (all: verlog.envs.list_envs())"
         )
-    if (family.tasks and task not in family.tasks) or (not family.tasks and task):
+    if not family.has_task(task):
         note = f" ({task} is left out: {family.left_out[task]})" if task in family.left_out else ""
         raise ValueError(f"unknown environment {env_name!r}{note}; valid names: {', '.join(family.env_names())}")
     return family, task
