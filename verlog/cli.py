@@ -164,13 +164,13 @@ def _print_summary(episodes: list[Episode]) -> None:
     from rich.table import Table
 
     from verlog.console import console
-    from verlog.step_info import episode_outcome
+    from verlog.step_info import episode_outcomes
 
     table = Table(title="rollout summary")
     for col in ("episodes", "failed", "turns", "mean return", "success"):
         table.add_column(col)
     ok = [e for e in episodes if not e.failed]
-    successes = [won for won in (episode_outcome(e.info) for e in ok) if won is not None]
+    successes = episode_outcomes(e.info for e in ok)
     table.add_row(
         str(len(episodes)),
         str(len(episodes) - len(ok)),

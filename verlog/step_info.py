@@ -15,9 +15,12 @@ This module imports nothing, so environments, the rollout, the trainers and eval
 
 from __future__ import annotations
 
-from typing import Any, Mapping, TypedDict
+from typing import Any, Iterable, Mapping, TypedDict
 
-__all__ = ["ANCHOR_KEY", "SUCCESS_KEY", "VALID_ACTION_KEY", "StepInfo", "episode_outcome", "episode_won", "step_info"]
+__all__ = [
+    "ANCHOR_KEY", "SUCCESS_KEY", "VALID_ACTION_KEY", "StepInfo", "episode_outcome", "episode_outcomes", "episode_won",
+    "step_info",
+]
 
 #: whether the episode's task was done; reported once the episode has ended
 SUCCESS_KEY = "success"
@@ -66,6 +69,12 @@ def episode_outcome(info: Mapping[str, Any]) -> bool | None:
         if info.get(key) is not None:
             return bool(info[key])
     return None
+
+
+def episode_outcomes(infos: Iterable[Mapping[str, Any]]) -> list[bool]:
+    """The outcomes of the episodes (by their last ``info``) whose environment says whether they
+    were won: what a win rate over them counts (the others are left out, not lost)."""
+    return [won for won in map(episode_outcome, infos) if won is not None]
 
 
 def episode_won(info: Mapping[str, Any]) -> bool:

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from verlog.config import VerlogConfig
 from verlog.rewards.scorer import COMPONENT_PREFIX
 from verlog.rollout.slots import SlotBatch
-from verlog.step_info import episode_outcome
+from verlog.step_info import VALID_ACTION_KEY, episode_outcomes
 
 __all__ = ["RunLogger", "memory_metrics", "rollout_metrics", "truncate_after"]
 
@@ -37,9 +37,8 @@ def rollout_metrics(batch: SlotBatch) -> dict[str, float]:
     """Figures of one collected batch (episodes are those that ended while it was collected)."""
     turns = batch.flat_turns()
     ended = batch.episodes
-    outcomes = [episode_outcome(e.info) for e in ended]
-    wins = [float(won) for won in outcomes if won is not None]  # episodes whose environment says
-    validity = [bool(t.info["valid_action"]) for t in turns if "valid_action" in t.info]
+    wins = [float(won) for won in episode_outcomes(e.info for e in ended)]
+    validity = [bool(t.info[VALID_ACTION_KEY]) for t in turns if VALID_ACTION_KEY in t.info]
     return {
         "episodes": float(len(ended)),
         "episode_return": _mean([e.total_reward for e in ended]),

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
 from verlog.rollout.turn import Episode, Turn
-from verlog.step_info import ANCHOR_KEY, episode_outcome
+from verlog.step_info import ANCHOR_KEY, episode_outcomes
 
 __all__ = [
     "BOOTSTRAP",
@@ -183,7 +183,7 @@ def episode_summary(ended: Sequence[Episode], failed: Sequence[Episode]) -> dict
     return {
         "returns": [float(e.total_reward) for e in ended],
         "lengths": [len(e.turns) for e in ended],
-        "success": [float(won) for won in (episode_outcome(e.info) for e in ended) if won is not None],
+        "success": [float(won) for won in episode_outcomes(e.info for e in ended)],
         "failed": failures,
     }
 
