@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -42,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import ROOT, free_port, wait_healthy  # noqa: E402
 
 from verlog.config import load_config  # noqa: E402
+from verlog.evaluation.results import mean_se  # noqa: E402
 from verlog.graph_file import load_graph_file  # noqa: E402
 from verlog.traces import TraceStore, open_store  # noqa: E402
 from verlog.train import train  # noqa: E402
@@ -51,13 +51,6 @@ from graphs.cue_corridor import MOVES  # noqa: E402
 
 LENGTH, MAX_TURNS = 4, 10
 EVAL_SEED = 1_000_000
-
-
-def _mean_se(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
-    return mean, math.sqrt(var / n)
 
 
 class _Answers(BaseCallbackHandler):
@@ -153,7 +146,7 @@ async def _main() -> None:
             result = await asyncio.to_thread(train, config, resume=cycle > 0, console=Console(quiet=True))
             logged = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
             swapped = (await asyncio.to_thread(httpx.post, f"{base_url}/admin/reload", timeout=300)).json()
-            mean, se = _mean_se([float(s) for _, s, _ in played])
+            mean, se = mean_se([float(s) for _, s, _ in played])
             cycles.append({"cycle": cycle + 1, "version": version, "served_success": mean, "served_se": se,
                            "staleness_weight": logged.get("staleness_weight"),
                            "behaviour_weight": logged.get("behaviour_weight"), "seconds": time.perf_counter() - started})
@@ -163,7 +156,7 @@ async def _main() -> None:
                   f"{logged.get('trace_dropped_turns', 0):.0f}, behaviour weight {logged.get('behaviour_weight', 1):.3f}; "
                   f"now serving {swapped['version']} ({time.perf_counter() - started:.0f} s)", flush=True)
         after = [float(s) for _, s, _ in await _play(base_url, args.model, eval_seeds, "eval-after")]
-        (b, bse), (a, ase) = _mean_se(before), _mean_se(after)
+        (b, bse), (a, ase) = mean_se(before), mean_se(after)
         print(f"held-out success over {len(eval_seeds)} seeds: before {b:.3f} +- {bse:.3f} -> after {a:.3f} +- {ase:.3f} "
               f"({args.cycles * args.updates_per_cycle} updates from traces alone, {time.perf_counter() - started:.0f} s, "
               f"load {os.getloadavg()[0]:.2f})")
