@@ -52,6 +52,10 @@ def test_builtins_are_registered_once_and_clashes_are_refused() -> None:
         register_family(get_family("babyai"))
     with pytest.raises(TypeError, match="must be a function"):
         register_policy_loss("not_a_function", 3)  # type: ignore[arg-type]
+    # the registry itself loads its built-ins before a registration, whoever registers
+    fresh: Registry[object] = Registry("policy loss", builtins=lambda r: r.register_lazy("own", "json:dumps", source="verlog"))
+    with pytest.raises(ValueError, match=r"the policy loss 'own' is already registered \(by verlog\)"):
+        fresh.register("own", json.loads)
 
 
 def test_register_calls_reach_the_config_and_the_lookups() -> None:

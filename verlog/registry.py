@@ -66,8 +66,8 @@ class Registry(Generic[T]):
     ``kind`` names the plug-in in error messages (``"advantage estimator"``) and picks its
     entry-point group (:data:`ENTRY_POINT_GROUPS`). ``check(name, obj)`` validates an object when
     it is first loaded (raise ``TypeError`` naming what is wrong). ``builtins`` is called once, on
-    the first lookup, to register the package's own plug-ins (the lazy way to avoid import cycles
-    and heavy imports); entry points are read right after it.
+    the first lookup or registration, to register the package's own plug-ins (the lazy way to avoid
+    import cycles and heavy imports); entry points are read right after it.
     """
 
     def __init__(
@@ -104,6 +104,7 @@ class Registry(Generic[T]):
     def _add(self, name: str, entry: T | str, *, replace: bool, source: str) -> None:
         if not name or not isinstance(name, str):
             raise ValueError(f"a {self.kind} needs a non-empty name (got {name!r})")
+        self._load_builtins()  # the package's own and the entry points first: a clash with one is refused
         with self._lock:
             if name in self._entries and not replace:
                 raise ValueError(

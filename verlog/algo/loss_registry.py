@@ -46,5 +46,4 @@ def policy_loss_fn(name: str) -> PolicyLoss:
 
 def register_policy_loss(name: str, loss: PolicyLoss, *, replace: bool = False) -> PolicyLoss:
     """Add ``loss`` as ``name`` (``replace=True`` to redeclare one); returns it."""
-    POLICY_LOSSES.names()  # verlog's own first, so a clash with one of them is refused
     return POLICY_LOSSES.register(name, loss, replace=replace)

@@ -62,7 +62,6 @@ FAMILIES: Registry[EnvFamily] = Registry("environment family", check=_check_fami
 
 def register_family(family: EnvFamily, *, replace: bool = False) -> EnvFamily:
     """Add ``family`` to the registry (``replace=True`` to redeclare a name); returns it."""
-    FAMILIES.names()  # verlog's own first, so a clash with one of them is refused
     return FAMILIES.register(family.name, family, replace=replace)
 
 

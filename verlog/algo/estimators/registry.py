@@ -150,7 +150,6 @@ def get_estimator(name: str) -> AdvantageEstimator:
 def register_estimator(estimator: AdvantageEstimator, *, replace: bool = False) -> AdvantageEstimator:
     """Add ``estimator`` under its ``name`` (``replace=True`` to redeclare one); returns it.
     A config then names it as ``algorithm.estimator``."""
-    ESTIMATORS.names()  # verlog's own first, so a clash with one of them is refused
     return ESTIMATORS.register(estimator.name, estimator, replace=replace)
 
 
