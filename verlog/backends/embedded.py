@@ -452,7 +452,7 @@ class EmbeddedEngine(Engine):
         self.stats.requests += len(batch)
         # one own token after a cached prefix: fed at the next decode step, no pass of its own
         deferred = [i for i, (p, n) in enumerate(zip(prompts, lengths)) if n >= 1 and len(p) - n == 1]
-        passed = [i for i in range(len(batch)) if i not in set(deferred)]
+        passed = sorted(set(range(len(batch))) - set(deferred))
         running: _Running | None = None
         if passed:
             # rows whose own parts differ much in length run in separate passes (padding costs compute)
