@@ -26,12 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from verlog.config import AlgorithmConfig, LoRAConfig  # noqa: E402
 from verlog.rollout.slots import SlotBatch  # noqa: E402
 from verlog.rollout.turn import Turn  # noqa: E402
-from verlog.train.ppo import (  # noqa: E402
-    Learner,
-    adamw,  # noqa: E402
-    ppo_update,
-    score_batch,
-)
+from verlog.train.ppo import Learner, adamw, ppo_update, score_batch  # noqa: E402
 from verlog.train.storage import RolloutStorage  # noqa: E402
 from verlog.weights.actor_critic import load_actor, load_critic, load_reference  # noqa: E402
 
