@@ -146,6 +146,18 @@ def test_resume_without_a_checkpoint_refuses(what, tmp_path, capsys):
     assert not (run / "config.yaml").exists() and not (run / "metrics.jsonl").exists()  # nothing written
 
 
+def test_resume_over_an_earlier_run_without_checkpoint_refuses(tmp_path, capsys):
+    """A folder with an earlier run's log but no checkpoint: --resume names what it found and
+    leaves it as it was (it used to delete the log and start afresh there)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"update": 1}\n')
+    assert main([*command("train", tmp_path), "--resume"]) == 2
+    line = one_error_line(capsys)
+    assert "holds metrics.jsonl of an earlier run but no checkpoint" in line and str(run) in line
+    assert (run / "metrics.jsonl").read_text() == '{"update": 1}\n' and not (run / "config.yaml").exists()
+
+
 # ---------------------------------------------------------------------- verlog serve
 
 
