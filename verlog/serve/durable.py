@@ -51,15 +51,12 @@ async def checkpointer() -> AsyncIterator[Any]:
         except ImportError as exc:
             raise RuntimeError("$VERLOG_POSTGRES_URI needs langgraph-checkpoint-postgres: "
                                "pip install -e '.[serve]'") from exc
-        async with AsyncPostgresSaver.from_conn_string(uri) as saver:
-            await saver.setup()
-            await restore_threads(saver)
-            yield saver
-        return
-    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+        opened = AsyncPostgresSaver.from_conn_string(uri)
+    else:
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-    path = os.environ.get("VERLOG_STATE_DB") or DEFAULT_STATE_DB
-    async with AsyncSqliteSaver.from_conn_string(path) as saver:
+        opened = AsyncSqliteSaver.from_conn_string(os.environ.get("VERLOG_STATE_DB") or DEFAULT_STATE_DB)
+    async with opened as saver:
         await saver.setup()
         await restore_threads(saver)
         yield saver
