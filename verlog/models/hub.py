@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from verlog.models.safe_load import first_line
+
 __all__ = ["hub_cache_dir", "hub_offline", "hub_snapshot"]
 
 #: the files of a hub repository verlog reads (pickled weights are never loaded: not fetched)
@@ -53,5 +55,4 @@ def hub_snapshot(repo_id: str) -> tuple[Path | None, str]:
     try:
         return Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=list(HUB_FILES))), ""
     except Exception as exc:  # noqa: BLE001 - no network, no such repository, a gated one: one line
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return None, f"{where}, and the download failed ({reason})"
+        return None, f"{where}, and the download failed ({first_line(exc)})"
