@@ -107,8 +107,13 @@ def test_trace_batches_lay_episodes_out_as_slots(tmp_path):
     assert cut.turns[1][0].episode_id == cut.turns[0][0].episode_id
 
     live = TraceSource(_traces_config(tmp_path / "t"), num_slots=1, turns_per_env=1).next_batch()
-    merged = merge_batches(cut, live)
+    merged = merge_batches(cut, live)  # cut's slots as the live ones: they weigh 1 and name no version
     assert merged.num_envs == 3 and len(merged.turn_weights) == 3
+    assert merged.turns == cut.turns + live.turns and merged.seeds == cut.seeds + live.seeds
+    assert merged.turn_weights == [[1.0], [1.0]] + live.turn_weights
+    assert merged.versions == [[None], [None]] + live.versions and live.versions[0][0] is not None
+    assert merged.trace_turns == live.trace_turns == 1
+    assert merge_batches(None, live) is live and merge_batches(cut, None) is cut
     store.close()
 
 
