@@ -25,6 +25,7 @@ from verlog.envs.textworld.env import (  # noqa: E402
     game_dir,
     settings_for,
 )
+from verlog.envs.textworld.games import SEED_STRIDE  # noqa: E402
 
 
 def play_walkthrough(env: TextWorldTextEnv, seed: int):
@@ -113,7 +114,7 @@ def test_games_are_cached_atomically_and_failed_seeds_move_on(tmp_path: Path) ->
     failed.parent.mkdir(parents=True, exist_ok=True)
     failed.with_name(failed.name + ".failed").write_text("QuestGenerationError\n")
     path4, used4 = build_game("treasure_hunter", settings, 4, tmp_path)
-    assert used4 == 4 + TW._SEED_STRIDE and path4.is_file()
+    assert used4 == 4 + SEED_STRIDE and path4.is_file()
     env = TextWorldTextEnv("treasure_hunter", cache_dir=tmp_path, level=1)
     env.reset(4)
     assert env.game_seed == used4

@@ -72,12 +72,11 @@ from typing import Any, Mapping, Sequence
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.balrog_protocol import clean_answer
 from verlog.envs.base import StepResult, TextEnv
-from verlog.envs.family import check_protocol
+from verlog.envs.family import PROTOCOLS, check_protocol
 from verlog.envs.progression import textworld_value
 from verlog.envs.textworld import BALROG_MAX_STEPS, GAMES
 from verlog.envs.textworld.games import (
     ENGINE_LOCK,
-    SEED_STRIDE,
     build_game,
     cache_root,
     game_dir,
@@ -105,7 +104,6 @@ FAMILIES: tuple[str, ...] = GAMES
 BALROG_POOL_SIZE = 25
 DEFAULT_MAX_STEPS = BALROG_MAX_STEPS
 DEFAULT_ACTION = "look"  # verlog's protocol only: under BALROG's every answer is a command
-_SEED_STRIDE = SEED_STRIDE  # kept for callers of the old name
 
 _DIRECTIONS = ("north", "south", "east", "west")
 SYNONYMS: Mapping[str, str] = {
@@ -634,7 +632,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("family", choices=FAMILIES)
-    parser.add_argument("--protocol", default="balrog", choices=("verlog", "balrog"))
+    parser.add_argument("--protocol", default="balrog", choices=PROTOCOLS)
     parser.add_argument("--games", type=int, default=None, help="games 0..N-1 (default: BALROG's 25 / 10)")
     parser.add_argument("--jobs", type=int, default=1, help="child processes building games at once")
     args = parser.parse_args(argv)
