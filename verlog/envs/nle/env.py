@@ -56,6 +56,7 @@ import numpy as np
 from nle import nethack
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
+from verlog.envs.balrog_protocol import clean_answer
 from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
 from verlog.envs.nle import MINIHACK_LEFT_OUT, MINIHACK_MAX_STEPS, MINIHACK_TASKS, NETHACK_ID, NETHACK_MAX_STEPS
@@ -700,11 +701,6 @@ BALROG_MINIHACK_KWARGS: Mapping[str, Any] = {
 #: BALROG's ``nle_kwargs`` (config.yaml), less the ones that only save files
 BALROG_NETHACK_KWARGS: Mapping[str, Any] = {"character": "@", "max_episode_steps": NETHACK_MAX_STEPS,
                                          "no_progress_timeout": DEFAULT_NO_PROGRESS_TIMEOUT}
-def balrog_answer(answer: str) -> str:
-    """An answer as BALROG checks it: stripped, then only letters, white space and colons kept."""
-    from verlog.envs.balrog_protocol import clean_answer
-
-    return clean_answer(answer)
 
 
 class BalrogNLETextEnv(_NLEGame):
@@ -770,7 +766,7 @@ class BalrogNLETextEnv(_NLEGame):
 
         if self._done or self._obs is None:
             raise RuntimeError("the episode is over: call reset() first")
-        cleaned = balrog_answer(action_text)
+        cleaned = clean_answer(action_text)  # stripped, then only letters, white space and colons kept
         valid = cleaned in self.valid_actions()
         executed = cleaned if valid else self.default_action
         obs, reward, terminated, truncated, info = self._press(key_of(executed))
