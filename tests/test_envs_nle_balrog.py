@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("nle")
 pytest.importorskip("minihack")
 
+from verlog.envs.balrog_protocol import clean_answer  # noqa: E402
 from verlog.envs.nle import balrog_text as L  # noqa: E402
 from verlog.envs.nle.env import (  # noqa: E402
     BALROG_MINIHACK_KWARGS,
@@ -20,7 +21,6 @@ from verlog.envs.nle.env import (  # noqa: E402
     BalrogMiniHackTextEnv,
     BalrogNetHackTextEnv,
     MiniHackTextEnv,
-    balrog_answer,
     make_minihack,
     make_nethack,
 )
@@ -195,7 +195,7 @@ def test_minihack_fixed_state_text() -> None:
 
 
 def test_invalid_answers_run_the_default_action_with_the_penalty() -> None:
-    assert balrog_answer("  far east!\n") == "far east"
+    assert clean_answer("  far east!\n") == "far east"
     env = make_minihack("MazeWalk-9x9", protocol="balrog")
     env.reset(0)
     for answer in ["ACTION: north", "go north", "North", "zap"]:  # BALROG: exact names only
@@ -236,7 +236,7 @@ def _random_play(env, seed: int, steps: int) -> int:
     env.reset(seed)
     episodes = 1
     # digits are valid actions, but BALROG's answer cleaning deletes them: no answer reaches them
-    answers = [a for a in env.valid_actions() if balrog_answer(a) == a]
+    answers = [a for a in env.valid_actions() if clean_answer(a) == a]
     for _ in range(steps):
         result = env.step(rng.choice(answers))
         assert "\nmap:\n" in result.observation and result.info["valid_action"]
