@@ -695,7 +695,7 @@ class NetHackTextEnv(NLETextEnv):
 BALROG_MINIHACK_OBSERVATION_KEYS = ("glyphs", "blstats", "tty_chars", "inv_letters", "inv_strs", "tty_cursor", "tty_colors")
 #: BALROG's ``minihack_kwargs`` (config.yaml), less the ones that only save files
 BALROG_MINIHACK_KWARGS: Mapping[str, Any] = {
-    "character": "@", "max_episode_steps": 100, "penalty_step": -0.01, "penalty_time": 0.0,
+    "character": "@", "max_episode_steps": MINIHACK_MAX_STEPS, "penalty_step": -0.01, "penalty_time": 0.0,
     "penalty_mode": "constant", "autopickup": False,
 }
 #: BALROG's ``nle_kwargs`` (config.yaml), less the ones that only save files
