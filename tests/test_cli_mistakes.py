@@ -127,12 +127,16 @@ def test_a_graph_outside_graphs_imports_its_neighbours(tmp_path, capsys):
 # ---------------------------------------------------------------------- --resume
 
 
-def test_resume_after_changing_num_envs_is_one_line(tmp_path, capsys):
+def test_resume_after_changing_num_envs_or_lora_is_one_line(tmp_path, capsys):
     assert main(command("train", tmp_path)) == 0
     capsys.readouterr()
     assert main([*command("train", tmp_path), "trainer.num_envs=4", "trainer.total_updates=2", "--resume"]) == 2
     line = one_error_line(capsys)
     assert "trainer.num_envs" in line and "state.json" in line
+    # the same run resumed with LoRA adapters where it saved a full actor (checked before anything loads)
+    assert main([*command("train", tmp_path), "actor.lora.rank=4", "trainer.total_updates=2", "--resume"]) == 2
+    line = one_error_line(capsys)
+    assert "actor.lora.rank: update_000001 holds a full actor but actor.lora.rank is 4" in line
 
 
 @pytest.mark.parametrize("what", ["missing", "empty"])
