@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from verlog.envs import PROTOCOLS  # noqa: E402
 from verlog.envs.registry import list_envs, make_env  # noqa: E402
 
 
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--envs", nargs="*", help="environment names (default: all)")
     parser.add_argument("--steps", type=int, default=None, help="random steps per env")
     parser.add_argument("--resets", type=int, default=None, help="timed resets per env")
-    parser.add_argument("--protocol", default="verlog", choices=("verlog", "balrog"))
+    parser.add_argument("--protocol", default=PROTOCOLS[0], choices=PROTOCOLS)
     parser.add_argument("--concurrent-resets", type=int, default=0, metavar="N",
                         help="start N games at once from N threads and count failures")
     args = parser.parse_args(argv)

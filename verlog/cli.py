@@ -263,8 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent", choices=["human", "bot", "random"], default="human",
                    help="bot: an oracle or scripted player; random: random valid actions")
     p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--protocol", choices=["verlog", "balrog"], default="verlog",
-                   help="verlog: the training variant; balrog: BALROG's levels, text and answer rule")
+    p.populate = _play_protocol  # the protocols live with the environments: only for `verlog play`
     p.set_defaults(func=_play)
 
     from verlog.serve.commands import add_serve_commands
@@ -277,6 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("name", choices=list(MODEL_SPECS))
     b.set_defaults(func=_models)
     return parser
+
+
+def _play_protocol(parser: argparse.ArgumentParser) -> None:
+    from verlog.envs import PROTOCOLS
+
+    parser.add_argument("--protocol", choices=PROTOCOLS, default=PROTOCOLS[0],
+                        help="verlog: the training variant; balrog: BALROG's levels, text and answer rule")
 
 
 def _eval_arguments(parser: argparse.ArgumentParser) -> None:
