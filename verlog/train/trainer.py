@@ -198,7 +198,7 @@ class _Run:
         # models: the actor (shared with the engine), the critic, the frozen reference
         tokenizer = load_tokenizer(config.model.path)
         full_actor_saved = checkpoint is not None and config.actor.lora.rank == 0
-        actor, peft_actor = load_actor(checkpoint / "actor" if full_actor_saved else config.model.path,
+        actor, peft_actor = load_actor(checkpoint / ckpt.ACTOR_FOLDER if full_actor_saved else config.model.path,
                                        lora=config.actor.lora, **where)
         critic = load_critic(config.model.path, **where) if get_estimator(algo.estimator).needs_critic else None
         reference = load_reference(config.model.path, **where) if algo.kl_coef > 0 else None
@@ -269,10 +269,10 @@ class _Run:
 
         with quiet_progress_bars():
             if self.peft_actor is not None:
-                self.peft_actor.save_pretrained(folder / "actor_adapter")
+                self.peft_actor.save_pretrained(folder / ckpt.ADAPTER_FOLDER)
             else:
-                self.learner.actor.save_pretrained(folder / "actor", safe_serialization=True)
-                self.tokenizer.save_pretrained(folder / "actor")
+                self.learner.actor.save_pretrained(folder / ckpt.ACTOR_FOLDER, safe_serialization=True)
+                self.tokenizer.save_pretrained(folder / ckpt.ACTOR_FOLDER)
 
     def restore(self, checkpoint: Path) -> None:
         """Weights not loaded with the actor, optimizers, RNGs, slot counters."""
@@ -280,7 +280,7 @@ class _Run:
         if self.peft_actor is not None:
             from verlog.models.safe_load import load_adapter_weights
 
-            load_adapter_weights(self.peft_actor, ckpt.folder_file(checkpoint, "actor_adapter"))
+            load_adapter_weights(self.peft_actor, ckpt.folder_file(checkpoint, ckpt.ADAPTER_FOLDER))
         if self.learner.critic is not None:
             ckpt.load_critic_weights(self.learner.critic, checkpoint)
         ckpt.load_optimizers(checkpoint, self._optimizers())
@@ -462,7 +462,7 @@ def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path 
         )
     if resume and latest is not None:
         ckpt.verify_checkpoint(latest)
-        saved_lora = os.path.lexists(latest / "actor_adapter")
+        saved_lora = os.path.lexists(latest / ckpt.ADAPTER_FOLDER)
         if saved_lora != (config.actor.lora.rank > 0):
             raise ConfigError(f"actor.lora.rank: {latest.name} holds {'LoRA adapters' if saved_lora else 'a full actor'}"
                               f" but actor.lora.rank is {config.actor.lora.rank}: resume with the run's own setting")

@@ -57,6 +57,8 @@ __all__ = [
     "get_rng_state",
     "latest_checkpoint",
     "load_critic_weights",
+    "ACTOR_FOLDER",
+    "ADAPTER_FOLDER",
     "load_optimizers",
     "load_rng",
     "read_state",
@@ -65,6 +67,10 @@ __all__ = [
     "set_rng_state",
     "verify_checkpoint",
 ]
+
+#: the checkpoint's policy: a Hugging Face folder (full fine-tuning) or LoRA adapters on model.path
+ACTOR_FOLDER = "actor"
+ADAPTER_FOLDER = "actor_adapter"
 
 _NAME = re.compile(r"^update_(\d+)$")
 #: written in every ``*.json`` part beside its tensors; a file without it is not ours
@@ -166,10 +172,10 @@ def verify_checkpoint(checkpoint: Path) -> dict[str, Any]:
     if name is not None and int(name.group(1)) != state["update"]:
         raise CheckpointError(f"{checkpoint / 'state.json'}: update {state['update']}, but the folder is "
                               f"{checkpoint.name}")
-    if os.path.lexists(checkpoint / "actor_adapter"):
-        check_adapter_folder(folder_file(checkpoint, "actor_adapter"))
+    if os.path.lexists(checkpoint / ADAPTER_FOLDER):
+        check_adapter_folder(folder_file(checkpoint, ADAPTER_FOLDER))
     else:
-        check_model_folder(folder_file(checkpoint, "actor"))
+        check_model_folder(folder_file(checkpoint, ACTOR_FOLDER))
     if os.path.lexists(checkpoint / "critic.safetensors"):
         safetensors_header(folder_file(checkpoint, "critic.safetensors"))
     _part_files(checkpoint, "optimizers")
@@ -330,7 +336,7 @@ def _part_files(folder: Path, part: str) -> tuple[Path, Path]:
             raise CheckpointError(
                 f"{folder}: {part}.pt is a pickle file (written by an older verlog or another tool) and "
                 "verlog does not load pickles, which can run code; start a new trainer.run_dir "
-                f"(its weights can seed it: model.path={folder / 'actor'})"
+                f"(its weights can seed it: model.path={folder / ACTOR_FOLDER})"
             )
         raise CheckpointError(f"{folder} is not a complete verlog checkpoint: {part}.json is missing")
     folder_file(folder, doc_path.name, limit=MAX_JSON_BYTES)

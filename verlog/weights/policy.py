@@ -25,7 +25,13 @@ from typing import Any
 
 from verlog.models import MODEL_SPECS, ModelNotFoundError, load_causal_lm, load_tokenizer, resolve_model_path
 from verlog.models.safe_load import ADAPTER_CONFIG, CheckpointError, check_adapter_folder, merge_adapter
-from verlog.weights.checkpoint import checkpoints_root, resolve_checkpoint, verify_checkpoint
+from verlog.weights.checkpoint import (
+    ACTOR_FOLDER,
+    ADAPTER_FOLDER,
+    checkpoints_root,
+    resolve_checkpoint,
+    verify_checkpoint,
+)
 
 __all__ = ["PolicySource", "find_policy", "full_model_path", "load_policy"]
 
@@ -76,9 +82,9 @@ def find_policy(spec: str | os.PathLike, *, base: str | os.PathLike | None = Non
     if _is_checkpoint_source(path):
         checkpoint = resolve_checkpoint(path)
         verify_checkpoint(checkpoint)
-        adapter = checkpoint / "actor_adapter"
+        adapter = checkpoint / ADAPTER_FOLDER
         if not os.path.lexists(adapter):
-            return PolicySource(checkpoint / "actor", None, checkpoint / "actor", checkpoint)
+            return PolicySource(checkpoint / ACTOR_FOLDER, None, checkpoint / ACTOR_FOLDER, checkpoint)
         path = adapter
     if not os.path.lexists(path / ADAPTER_CONFIG):
         return PolicySource(path, None, path, checkpoint)
