@@ -21,7 +21,6 @@ from verlog.config import AlgorithmConfig
 from verlog.envs import EnvFamily, families, get_family, list_envs, make_env, register_family
 from verlog.envs.registry import FAMILIES
 from verlog.registry import Registry, load_reference
-from verlog.tokens import common_prefix_len, pad_token_id
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -175,33 +174,3 @@ def test_an_entry_point_clashing_with_a_builtin_is_named(tmp_path: Path) -> None
     assert out.returncode != 0
     assert "the advantage estimator 'gae' is already registered (by verlog)" in out.stderr
     assert "the entry point gae = 'json:dumps' of clash" in out.stderr
-
-
-# ---------------------------------------------------------------------- verlog.tokens
-
-
-def test_pad_token_id_rule() -> None:
-    from verlog.models import load_tokenizer
-
-    tokenizer = load_tokenizer("tiny")
-    assert isinstance(tokenizer.pad_token_id, int) and pad_token_id(tokenizer) == tokenizer.pad_token_id
-    pad = tokenizer.pad_token
-    try:
-        tokenizer.pad_token = None  # no pad token: the end-of-sequence token pads
-        assert pad_token_id(tokenizer) == tokenizer.eos_token_id
-    finally:
-        tokenizer.pad_token = pad
-
-    class Bare:  # a tokenizer-like object with neither: the generation config's eos, else 0
-        pad_token_id = None
-        eos_token_id = None
-
-    assert pad_token_id(Bare(), eos_ids=(7, 9)) == 7 and pad_token_id(Bare()) == 0
-
-
-def test_common_prefix_len() -> None:
-    assert common_prefix_len([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
-    assert common_prefix_len([[1, 2, 3], [1, 2, 3]]) == 3
-    assert common_prefix_len([[1, 2, 3], [1, 2, 3]], limit=2) == 2
-    assert common_prefix_len([[1, 2, 3], [1, 2, 3]], limit=len([1, 2, 3]) - 1) == 2  # one own token each
-    assert common_prefix_len([]) == 0 and common_prefix_len([[4, 5]]) == 2

@@ -36,7 +36,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from verlog.algo import entropy_from_logits
-from verlog.tokens import common_prefix_len  # re-exported: the trainer's modules import it from here
+from verlog.tokens import common_prefix_len
 
 __all__ = [
     "PackedRows",
@@ -44,7 +44,6 @@ __all__ = [
     "PrefixRecorder",
     "backbone_hidden",
     "cache_safe_checkpointing",
-    "common_prefix_len",
     "last_token_values",
     "micro_batches",
     "pack_rows",

@@ -18,9 +18,9 @@ from torch import nn
 from verlog.algo import aggregate, aggregation_weight, clipped_value_loss, kl_in_reward, masked_mean, policy_loss_fn
 from verlog.algo.off_policy import OffPolicyCorrection, decoupled_advantages
 from verlog.config import AlgorithmConfig
+from verlog.tokens import common_prefix_len
 from verlog.train.forward import (
     PackedRows,
-    common_prefix_len,
     last_token_values,
     micro_batches,
     pack_rows,
