@@ -143,8 +143,9 @@ def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True,
     logprobs are then always the proximal policy's, recomputed.
     """
     algo, metrics = learner.algo, {}
+    recorded = off_policy is not None and s.turn_weights is not None  # a batch with recorded turns
     if logprobs or s.old_logprobs is None:
-        if algo.recompute_logprobs or (off_policy is not None and s.turn_weights is not None):
+        if algo.recompute_logprobs or recorded:
             s.old_logprobs = _policy_logprobs(learner.actor, s, learner)
             gap = (s.old_logprobs - s.rollout_logprobs).abs()
             metrics["rollout_logprob_gap"] = masked_mean(gap, s.response_mask).item()
@@ -160,7 +161,7 @@ def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True,
     if learner.critic is not None:
         compute_values(learner.critic, s, learner)
     metrics |= s.compute_advantages(algo)  # the estimator of verlog.algo.estimators' registry
-    if off_policy is not None and s.turn_weights is not None:  # recorded turns: decoupled PPO
+    if recorded:  # decoupled PPO against the behaviour policy that sampled them
         s.policy_mask = s.policy_mask & (s.turn_weights > 0).unsqueeze(1)  # turns the staleness rule drops
         s.advantages, weights = decoupled_advantages(
             s.advantages, s.old_logprobs, s.rollout_logprobs, s.policy_mask, s.turn_weights, off_policy)
