@@ -116,7 +116,7 @@ class ModelConfig(_Section):
     run or checkpoint folder (its latest actor) or a Hugging Face hub id (from the local cache)."""
 
     path: str = Field(
-        "tiny", description="tiny, toy, babyai-words, smollm2; a local Hugging Face model folder; a verlog run or "
+        "tiny", description="tiny, toy, babyai-words, crafter-words, smollm2; a local Hugging Face model folder; a verlog run or "
         "checkpoint folder (its latest actor); or a hub id org/name (the local Hugging Face cache, or a download "
         "unless HF_HUB_OFFLINE)"
     )
@@ -468,6 +468,11 @@ class AdvantageConfig(_Section):
     drop_uniform_groups: bool = Field(
         False, description="DAPO's dynamic sampling: groups whose episodes all have the same return leave the "
         "policy loss (group estimators; dropped, not refilled: fixed-turn batches)"
+    )
+    bootstrap_cuts: bool = Field(
+        True, description="gae: a turn whose episode goes on past the batch (or was cut by a time limit) "
+        "bootstraps from the critic's value of the next state; false treats it as terminated (value 0), as Verlog "
+        "does at time limits: an ablation, see docs/long_horizon.md"
     )
 
 

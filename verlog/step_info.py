@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, TypedDict
 
 __all__ = [
-    "ANCHOR_KEY", "SUCCESS_KEY", "VALID_ACTION_KEY", "StepInfo", "episode_outcome", "episode_outcomes", "episode_won",
+    "ANCHOR_KEY", "PROGRESSION_KEY", "SUCCESS_KEY", "VALID_ACTION_KEY", "StepInfo", "episode_outcome", "episode_outcomes", "episode_won",
     "step_info",
 ]
 
@@ -26,6 +26,8 @@ __all__ = [
 SUCCESS_KEY = "success"
 #: whether the answer named a valid action (an invalid one ran the game's default action)
 VALID_ACTION_KEY = "valid_action"
+#: BALROG's progression of the episode so far, 0-1 (:mod:`verlog.envs.progression`)
+PROGRESSION_KEY = "progression"
 #: the state the turn acted in, for GiGPO's anchor-state groups (any hashable text; the agent
 #: graph reports the observation the model was shown)
 ANCHOR_KEY = "anchor"

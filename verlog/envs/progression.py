@@ -29,7 +29,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Iterable, Mapping
 
-from verlog.step_info import episode_won
+from verlog.step_info import PROGRESSION_KEY, episode_won
 
 #: Crafter's achievement count (BALROG divides by it)
 CRAFTER_ACHIEVEMENTS = 22
@@ -113,8 +113,8 @@ def babaisai_progression(episode_info: Mapping[str, Any]) -> float:
 def minihack_progression(episode_info: Mapping[str, Any]) -> float:
     """MiniHack: ``success`` (the task's goal was reached), or the game's own ``progression``
     when it reports one (BALROG's variant counts a win only on a last-step reward of at least 1)."""
-    if "progression" in episode_info:
-        return float(episode_info["progression"])
+    if PROGRESSION_KEY in episode_info:
+        return float(episode_info[PROGRESSION_KEY])
     return goal_value(episode_won(episode_info))
 
 

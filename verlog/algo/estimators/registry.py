@@ -61,6 +61,7 @@ class AdvantageSettings(Protocol):
     gigpo_step_weight: float
     gigpo_gamma: float
     drop_uniform_groups: bool
+    bootstrap_cuts: bool
 
 
 @dataclass

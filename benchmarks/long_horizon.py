@@ -1,0 +1,351 @@
+"""P5d: a long-horizon game learned on the CPU, and which of Verlog's techniques earn their keep.
+
+``crafter-words`` (a random-init word-level model, ``verlog/models/crafter_words.py``) learns Crafter
+through ``graphs/crafter.py``, unchanged (verlog's Crafter text, episodes of up to 400 steps), with
+``configs/crafter_words.yaml``: fixed-turn batches of 64 slots x 16 turns, so an episode of hundreds of
+steps is cut by tens of batch boundaries and goes on after each update. Every row of the ablation table
+trains for the same budget of environment steps (the critic pre-training's buffer included) and is
+evaluated on the same 64 held-out worlds (``eval.seed`` 1000000 onwards, 400 steps each):
+
+    a  Verlog's recipe: PPO, dual-discount GAE, critic pre-training, bootstrapped cuts
+    b  (a) without critic pre-training
+    c  (a) with one discount per token: a token-level PPO discounts every generated token, so across
+       a turn of L answer tokens credit shrinks by gamma^(L+1) and lambda^(L+1); the model answers in
+       one token, so answers of ``--answer-tokens`` (32) are emulated by those per-turn factors
+    d  (a) with cut episodes treated as terminated (no bootstrap at the batch boundary or time limit)
+    e  GRPO on whole episodes: no critic, groups of 8 slots replaying one world, 400 turns per slot
+       and batch so that episodes end inside their batch
+    e-gigpo  the same with GiGPO (step-level groups of identical observations)
+
+Each run writes ``<out>/<row>/seed<k>/result.json``; ``table`` builds the table (mean ± s.e. across
+training seeds) and the curves from whatever result files exist, so the runs can be spread over
+several sittings (a killed run resumes from its last checkpoint: run the same command again).
+
+    python benchmarks/long_horizon.py run a --seed 0        # item 1: before -> after (also row a)
+    python benchmarks/long_horizon.py random                # random valid actions on the same worlds
+    python benchmarks/long_horizon.py table                 # table.md, curves.png from the files
+    python benchmarks/long_horizon.py run b --seed 1 --steps 49152   # any row, seed and budget
+
+Scores count environment steps, never wall time; the wall time and the machine's load are recorded
+beside them. Achievements per episode are Crafter's score (BALROG's progression x 22 / 100).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from verlog.config import load_config  # noqa: E402
+from verlog.evaluation.results import PROGRESSION_SCALE, mean_se  # noqa: E402
+
+CONFIG = ROOT / "configs" / "crafter_words.yaml"
+OUT = ROOT / "runs" / "long_horizon"
+#: Crafter's achievements: BALROG's progression is unlocked / ACHIEVEMENTS
+ACHIEVEMENTS = 22
+#: the environment-step budget of every row (the critic pre-training's buffer included)
+DEFAULT_STEPS = 98_304
+GAMMA, LAM = 0.99, 0.95
+
+_GROUP = ["critic_warmup.buffer_multiplier=0", "critic_warmup.iterations=0", "trainer.num_envs=16",
+          "trainer.turns_per_env=400", "trainer.group_size=8", "algorithm.mini_batch_turns=1600"]
+
+
+def row_overrides(row: str, answer_tokens: int) -> list[str]:
+    """The config overrides of an ablation row (on top of ``configs/crafter_words.yaml``)."""
+    per_turn = answer_tokens + 1  # L answer tokens and the step bridge of dual-discount GAE
+    rows = {
+        "a": [],
+        "b": ["critic_warmup.buffer_multiplier=0", "critic_warmup.iterations=0"],
+        "c": [f"algorithm.gamma_step={GAMMA ** per_turn:.6f}", f"algorithm.lam_step={LAM ** per_turn:.6f}"],
+        "d": ["algorithm.bootstrap_cuts=false"],
+        "e": ["algorithm.estimator=grpo", *_GROUP],
+        "e-gigpo": ["algorithm.estimator=gigpo", *_GROUP],
+    }
+    if row not in rows:
+        raise SystemExit(f"error: unknown row {row!r}; one of {', '.join(rows)}")
+    return rows[row]
+
+
+ROW_NAMES = {
+    "a": "Verlog's recipe (PPO, dual-discount GAE, critic pre-training, bootstrapped cuts)",
+    "b": "without critic pre-training",
+    "c": "one discount per token",
+    "d": "cut episodes treated as terminated",
+    "e": "GRPO on whole episodes",
+    "e-gigpo": "GiGPO on whole episodes",
+}
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+class LoadSampler:
+    """The machine's 1-minute load average, sampled every ``every_s`` seconds while a run goes on."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        self.samples: list[float] = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _loop(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        return {"mean": sum(self.samples) / len(self.samples), "max": max(self.samples), "samples": len(self.samples)}
+
+
+def scores(task: dict[str, Any]) -> dict[str, float]:
+    """An evaluation's figures: achievements per episode, return and length (mean ± s.e.)."""
+    scale = ACHIEVEMENTS / PROGRESSION_SCALE
+    return {"episodes": task["episodes"], "achievements": task["progression"] * scale,
+            "achievements_se": task["progression_se"] * scale, "return": task["return_mean"],
+            "return_se": task["return_se"], "length": task["length_mean"]}
+
+
+def _num(value: Any) -> float:
+    """A figure of ``metrics.jsonl`` (where NaN is written as null)."""
+    return float("nan") if value is None else float(value)
+
+
+def curve(run_dir: Path, batch_turns: int, warmup_steps: int) -> list[dict[str, float]]:
+    """Per update: environment steps so far and the figures of the training episodes that ended in it."""
+    points = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] != "update" or not r.get("episodes"):
+            continue
+        points.append({"update": r["update"], "env_steps": warmup_steps + r["update"] * batch_turns,
+                       "achievements": _num(r.get("progression")) * ACHIEVEMENTS,
+                       "return": _num(r["episode_return"]), "length": _num(r["episode_length"]),
+                       "invalid": _num(r.get("invalid_action_rate")), "elapsed_s": r["elapsed_s"],
+                       "seconds": r["rollout_s"] + r["update_s"]})
+    return points
+
+
+def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: bool, threads: int | None,
+        extra: list[str] | None = None) -> dict:
+    """Train one row with one training seed for ``steps`` environment steps; write its result file."""
+    from rich.console import Console
+
+    from verlog.train import train
+
+    run_dir = out / row / f"seed{seed}"
+    overrides = [*row_overrides(row, answer_tokens), *(extra or [])]
+    probe = load_config(CONFIG, overrides)
+    batch_turns = probe.trainer.num_envs * probe.trainer.turns_per_env
+    warmup_steps = probe.critic_warmup.buffer_multiplier * batch_turns
+    updates = (steps - warmup_steps) // batch_turns
+    if updates < 1:
+        raise SystemExit(f"error: --steps {steps} is less than one batch ({batch_turns}) after the warm-up")
+    config = load_config(CONFIG, [
+        *overrides, f"trainer.run_dir={run_dir}", "wandb.mode=disabled", f"trainer.total_updates={updates}",
+        f"trainer.seed={seed}", f"rollout.seed={seed * 1_000_003}", f"trainer.save_every={max(1, updates // 6)}",
+        f"eval.at_start={str(before).lower()}", *([f"trainer.torch_threads={threads}"] if threads else []),
+    ])
+    resume = (run_dir / "metrics.jsonl").is_file()
+    print(f"row {row} ({ROW_NAMES[row]}), seed {seed}: {updates} updates x {batch_turns} turns "
+          f"+ {warmup_steps} warm-up steps = {warmup_steps + updates * batch_turns} environment steps"
+          f"{' (resuming)' if resume else ''}", flush=True)
+    watcher = _Tail(run_dir / "metrics.jsonl", updates)
+    load = LoadSampler()
+    started = time.perf_counter()
+    result = train(config, resume=resume, console=Console(quiet=True))
+    wall = time.perf_counter() - started
+    watcher.stop()
+    points = curve(run_dir, batch_turns, warmup_steps)
+    evals = json.loads((run_dir / "eval.json").read_text())
+    summary = {
+        "row": row, "name": ROW_NAMES[row], "seed": seed, "commit": _commit(), "overrides": overrides,
+        "env_steps": warmup_steps + updates * batch_turns, "updates": updates, "batch_turns": batch_turns,
+        "wall_s": wall, "train_s": sum(p["seconds"] for p in points), "load": load.stop(),
+        "seconds_per_update": sum(p["seconds"] for p in points) / max(1, len(points)),
+        "before": scores(evals["before"][0]) if evals.get("before") else None,
+        "after": scores(evals["after"][0]), "curve": points, "resumed": resume,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "updates_done": result.updates,
+    }
+    (run_dir / "result.json").write_text(json.dumps(summary, indent=1))
+    _print_result(summary)
+    return summary
+
+
+class _Tail:
+    """Prints one line per update of a run's metrics file while it trains (progress for a log file)."""
+
+    def __init__(self, path: Path, total: int) -> None:
+        self.path, self.total, self.seen = path, total, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(5.0):
+            self._read()
+
+    def _read(self) -> None:
+        if not self.path.is_file():
+            return
+        lines = self.path.read_text().splitlines()
+        for line in lines[self.seen:]:
+            r = json.loads(line)
+            if r["kind"] == "update":
+                ach = _num(r.get("progression")) * ACHIEVEMENTS
+                print(f"  update {r['update']}/{self.total}: {r['episodes']:.0f} episodes ended, "
+                      f"achievements {ach:.2f}, return {_num(r['episode_return']):.2f}, "
+                      f"length {_num(r['episode_length']):.0f}, invalid {_num(r['invalid_action_rate']):.2f}, "
+                      f"v_loss {_num(r['value_loss']):.3f}, "
+                      f"{r['rollout_s']:.0f}+{r['update_s']:.0f} s", flush=True)
+            else:
+                print(f"  {r['kind']} at update {r['update']} ({r['elapsed_s']:.0f} s)", flush=True)
+        self.seen = len(lines)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._read()
+
+
+def _fmt(d: dict[str, float] | None, key: str) -> str:
+    return "—" if d is None else f"{d[key]:.2f} ± {d[key + '_se']:.2f}"
+
+
+def _print_result(s: dict) -> None:
+    print(f"row {s['row']} seed {s['seed']}: {s['env_steps']} steps, {s['wall_s'] / 60:.1f} min wall "
+          f"({s['seconds_per_update']:.0f} s per update, load {s['load']['mean']:.1f})")
+    for name in ("before", "after"):
+        if s.get(name):
+            print(f"  {name:6s} achievements {_fmt(s[name], 'achievements')}, return {_fmt(s[name], 'return')}, "
+                  f"length {s[name]['length']:.0f}")
+
+
+def random_baseline(out: Path, extra: list[str] | None = None) -> dict:
+    """Random valid actions on the held-out worlds the runs are evaluated on; ``<out>/random.json``."""
+    from verlog.evaluation.baseline import evaluate_random
+
+    config = load_config(CONFIG, extra or [])
+    started = time.perf_counter()
+    task = asyncio.run(evaluate_random(config, seed=0))[0].as_dict()
+    summary = {"random": scores(task), "seconds": time.perf_counter() - started, "commit": _commit()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "random.json").write_text(json.dumps(summary, indent=1))
+    r = summary["random"]
+    print(f"random valid actions: achievements {_fmt(r, 'achievements')}, return {_fmt(r, 'return')}, "
+          f"length {r['length']:.0f} ({r['episodes']} worlds)")
+    return summary
+
+
+def _across(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    m, se = mean_se(values)
+    return f"{m:.2f} ± {se:.2f}"
+
+
+def table(out: Path) -> str:
+    """The ablation table (markdown) and ``curves.png`` from every ``result.json`` under ``out``."""
+    results: dict[str, list[dict]] = {}
+    for path in sorted(out.glob("*/seed*/result.json")):
+        r = json.loads(path.read_text())
+        results.setdefault(r["row"], []).append(r)
+    lines = []
+    random_path = out / "random.json"
+    if random_path.is_file():
+        r = json.loads(random_path.read_text())["random"]
+        lines.append(f"Random valid actions: achievements {_fmt(r, 'achievements')}, return {_fmt(r, 'return')}, "
+                     f"length {r['length']:.0f} ({r['episodes']} held-out worlds).\n")
+    lines += ["| row | what | seeds | env steps | achievements | return | length | s per update | wall min (load) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for row in ROW_NAMES:
+        runs = results.get(row)
+        if not runs:
+            continue
+        after = [r["after"] for r in runs]
+        one = len(runs) == 1  # one seed: the evaluation's own s.e. over worlds
+        ach = _fmt(after[0], "achievements") if one else _across([a["achievements"] for a in after])
+        ret = _fmt(after[0], "return") if one else _across([a["return"] for a in after])
+        lines.append(
+            f"| {row} | {ROW_NAMES[row]} | {len(runs)} | {runs[0]['env_steps']:,} | {ach} | {ret} | "
+            f"{_across([a['length'] for a in after])} | {_across([r['seconds_per_update'] for r in runs])} | "
+            f"{_across([r['wall_s'] / 60 for r in runs])} ({_across([r['load']['mean'] for r in runs])}) |")
+    before = next((r["before"] for rs in results.values() for r in rs if r.get("before")), None)
+    if before:
+        lines.append(f"\nBefore training: achievements {_fmt(before, 'achievements')}, return {_fmt(before, 'return')}, "
+                     f"length {before['length']:.0f}.")
+    lines.append("\nOne seed: ± is the s.e. over the 64 held-out worlds; several seeds: the s.e. across seeds.")
+    text = "\n".join(lines) + "\n"
+    (out / "table.md").write_text(text)
+    _plot(results, out / "curves.png")
+    return text
+
+
+def _plot(results: dict[str, list[dict]], path: Path) -> None:
+    if not results:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    for row, runs in results.items():
+        for i, r in enumerate(runs):
+            xs = [p["env_steps"] for p in r["curve"]]
+            for ax, key in zip(axes, ("achievements", "length")):
+                ax.plot(xs, [p[key] for p in r["curve"]], color=f"C{list(ROW_NAMES).index(row)}", alpha=0.8,
+                        label=f"{row}: {ROW_NAMES[row]}" if i == 0 and key == "achievements" else None)
+    axes[0].set_ylabel("achievements per training episode (ended in the batch)")
+    axes[1].set_ylabel("length of training episodes (steps)")
+    for ax in axes:
+        ax.set_xlabel("environment steps")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Crafter from scratch on the CPU (crafter-words, graphs/crafter.py)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="train one row with one training seed")
+    p.add_argument("row", choices=list(ROW_NAMES))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="environment-step budget")
+    p.add_argument("--answer-tokens", type=int, default=32, help="row c: the answer length emulated")
+    p.add_argument("--before", action="store_true", help="also evaluate the initial policy (default for row a seed 0)")
+    p.add_argument("--threads", type=int, default=None, help="trainer.torch_threads")
+    q = sub.add_parser("random", help="random valid actions on the held-out worlds")
+    for parser_ in (p, q):
+        parser_.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides (last)")
+    for parser_ in (p, q, sub.add_parser("table", help="the table and curves from the result files")):
+        parser_.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        run(args.row, args.seed, args.steps, args.out, args.answer_tokens,
+            args.before or (args.row == "a" and args.seed == 0), args.threads, args.set)
+    elif args.command == "random":
+        random_baseline(args.out, args.set)
+    else:
+        print(table(args.out), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
