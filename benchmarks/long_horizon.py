@@ -141,6 +141,23 @@ def curve(run_dir: Path, batch_turns: int, warmup_steps: int) -> list[dict[str, 
     return points
 
 
+def evaluations(run_dir: Path) -> dict[str, Any]:
+    """The run's evaluation before training (update 0) and its last one, from ``metrics.jsonl`` (which
+    a resumed run appends to), and the seconds they took."""
+    before = after = None
+    seconds, last = 0.0, 0.0
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] == "eval":
+            if r["update"] == 0:
+                before = scores(r["tasks"][0])
+            else:
+                after = scores(r["tasks"][0])
+            seconds += r["elapsed_s"] - last
+        last = r["elapsed_s"]
+    return {"before": before, "after": after, "seconds": seconds}
+
+
 def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: bool, threads: int | None,
         extra: list[str] | None = None) -> dict:
     """Train one row with one training seed for ``steps`` environment steps; write its result file."""
@@ -167,20 +184,27 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
           f"{' (resuming)' if resume else ''}", flush=True)
     watcher = _Tail(run_dir / "metrics.jsonl", updates)
     load = LoadSampler()
-    started = time.perf_counter()
+    started, clock = time.perf_counter(), time.strftime("%Y-%m-%d %H:%M:%S")
     result = train(config, resume=resume, console=Console(quiet=True))
-    wall = time.perf_counter() - started
     watcher.stop()
+    # a run may take several sittings (killed, then resumed): each one's wall time and load
+    sittings_path = run_dir / "sittings.json"
+    sittings = json.loads(sittings_path.read_text()) if sittings_path.is_file() else []
+    sittings.append({"started": clock, "wall_s": time.perf_counter() - started, "load": load.stop(),
+                     "commit": _commit(), "updates_done": result.updates})
+    sittings_path.write_text(json.dumps(sittings, indent=1))
     points = curve(run_dir, batch_turns, warmup_steps)
-    evals = json.loads((run_dir / "eval.json").read_text())
+    evals = evaluations(run_dir)
+    wall = sum(s["wall_s"] for s in sittings)
     summary = {
         "row": row, "name": ROW_NAMES[row], "seed": seed, "commit": _commit(), "overrides": overrides,
         "env_steps": warmup_steps + updates * batch_turns, "updates": updates, "batch_turns": batch_turns,
-        "wall_s": wall, "train_s": sum(p["seconds"] for p in points), "load": load.stop(),
-        "seconds_per_update": sum(p["seconds"] for p in points) / max(1, len(points)),
-        "before": scores(evals["before"][0]) if evals.get("before") else None,
-        "after": scores(evals["after"][0]), "curve": points, "resumed": resume,
-        "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "updates_done": result.updates,
+        "wall_s": wall, "train_s": sum(p["seconds"] for p in points), "sittings": sittings,
+        "load": {"mean": sum(s["load"]["mean"] * s["wall_s"] for s in sittings) / max(wall, 1e-9),
+                 "max": max(s["load"]["max"] for s in sittings), "samples": sum(s["load"]["samples"] for s in sittings)},
+        "eval_s": evals["seconds"], "seconds_per_update": sum(p["seconds"] for p in points) / max(1, len(points)),
+        "before": evals["before"], "after": evals["after"], "curve": points,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     (run_dir / "result.json").write_text(json.dumps(summary, indent=1))
     _print_result(summary)
