@@ -139,6 +139,35 @@ def test_babyai_balrog_levels_objects_caps_and_exclusions(task: str) -> None:
             assert pair not in level.mission
 
 
+def _recorded_levels() -> tuple[dict[str, list[str]], object]:
+    """BALROG's levels written by ``tests/data/babyai_balrog_levels.py`` from BabyAI-Text's own
+    generator, and that script's ``level_key``."""
+    import importlib.util
+    import json
+
+    script = ROOT / "tests" / "data" / "babyai_balrog_levels.py"
+    spec = importlib.util.spec_from_file_location("babyai_balrog_levels", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return json.loads(script.with_suffix(".json").read_text()), module.level_key
+
+
+@pytest.mark.parametrize("task", list(BABYAI_CAPS))
+def test_babyai_balrog_levels_equal_balrogs_for_300_seeds(task: str) -> None:
+    from verlog.envs.babyai.env import BalrogTaskLevel
+
+    recorded, level_key = _recorded_levels()
+    assert len(recorded[task]) == 300
+    level = BalrogTaskLevel(task)
+    differing = []
+    for seed, expected in enumerate(recorded[task]):
+        level.reset(seed=seed)
+        if level_key(level) != expected:
+            differing.append(seed)
+    assert differing == [], f"{task}: {len(differing)} of 300 seeds give another level than BALROG's"
+
+
 def test_babyai_text_wording_of_fixed_states() -> None:
     from verlog.envs.babyai.env import describe_view_balrog
 
