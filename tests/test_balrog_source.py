@@ -237,6 +237,10 @@ def test_eval_records_the_wordings_source_in_the_summary(tmp_path: Path, layout:
     assert "wording: verlog's" in said and "--balrog PATH" in said
     summary = json.loads((tmp_path / "verlog" / "summary.json").read_text())
     assert summary["balrog_wording"] == "verlog" and "balrog_source" not in summary
+    # without --balrog the prompts are verlog's paraphrase: flagged like any other difference
+    assert summary["not_the_suites_protocol"] == ["balrog_source", "max_steps", "max_tokens"]
+    assert "not the suite's protocol: balrog_source, max_steps, max_tokens differ from it (balrog_source: no --balrog" in said
+    assert "evaluation of tiny (not the suite's protocol)" in said  # the score table is marked
 
     assert main([*common, "--balrog", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
     said = capsys.readouterr()

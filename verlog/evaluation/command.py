@@ -31,7 +31,7 @@ from verlog.evaluation.progress import EvalProgress
 from verlog.evaluation.report import plot_progression, require_matplotlib, summary_table, write_json
 from verlog.evaluation.results import EpisodeRecord, TaskResult, summarize
 from verlog.evaluation.runner import EpisodeLog, EvalError, episode_seeds, play_tasks, task_spec
-from verlog.evaluation.suite_protocol import balrog_tasks, protocol_differences, wording_report
+from verlog.evaluation.suite_protocol import NO_BALROG_SOURCE, balrog_tasks, protocol_differences, wording_report
 from verlog.evaluation.tasks import EvalTask, plan_tasks
 
 __all__ = ["add_eval_arguments", "run_eval"]
@@ -150,9 +150,11 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     # every setting that differs from the suite's protocol is named, whatever changed it
     changed = protocol_differences(tasks, args.suite, args.episodes) if args.suite else []
     if changed:
+        why = (" (balrog_source: no --balrog, so verlog's wording and regenerated TextWorld games, not BALROG's)"
+               if NO_BALROG_SOURCE in changed else "")
         console.print(
-            f"[yellow]not the suite's protocol: {', '.join(changed)} differ from it, so these scores are not the "
-            "suite's (a smoke run)[/]", soft_wrap=True,
+            f"[yellow]not the suite's protocol: {', '.join(changed)} differ from it{why}, so these scores are not "
+            "the suite's[/]", soft_wrap=True,
         )
     if not args.no_chart:
         require_matplotlib()
@@ -274,7 +276,7 @@ def _report(args: argparse.Namespace, about: dict[str, Any], tasks: list[EvalTas
             out: Path, console: Console) -> list[TaskResult]:
     label = about["model"]
     summary = summarize(records, [t.key for t in tasks])
-    print_wide(console, summary_table(summary, f"evaluation of {label}"))
+    print_wide(console, summary_table(summary, f"evaluation of {label}", about.get("not_the_suites_protocol") or ()))
     written = [write_json(out / SUMMARY_FILE, summary, **about)]
     if args.json:
         written.append(write_json(args.json, summary, **about))
