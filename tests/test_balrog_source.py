@@ -176,7 +176,8 @@ def test_provenance_names_every_file_and_follows_their_content(tmp_path: Path, l
     provenance = source.provenance()
     assert provenance["path"] == str(layout.resolve())
     assert set(provenance["files"]) == {str(p) for p in source.text_files()} | {
-        "tw_games/coin_collector/level_5_a.ulx", "tw_games/coin_collector/level_5_b.z8"}
+        "tw_games/coin_collector/level_5_a.ulx", "tw_games/coin_collector/level_5_a.json",
+        "tw_games/coin_collector/level_5_b.z8", "tw_games/coin_collector/level_5_b.json"}
     assert provenance["textworld_games"] == {"coin_collector": 2} and len(provenance["sha256"]) == 64
     copy = write_balrog_layout(tmp_path / "copy")
     before = BalrogSource(copy).provenance()["sha256"]
@@ -186,6 +187,44 @@ def test_provenance_names_every_file_and_follows_their_content(tmp_path: Path, l
     rule.write_text(rule.read_text().replace("one action", "a single action"))
     assert BalrogSource(copy).provenance()["sha256"] != before
     assert BalrogSource(copy).answer_rule == "FIXTURE RULE: answer with a single action, nothing more."
+
+
+def test_resuming_after_a_games_json_was_edited_is_refused_naming_it(tmp_path: Path, game: Path, capsys) -> None:
+    """The ``.json`` beside a TextWorld game decides its text (the Glulx game is rebuilt from it;
+    TextWorld reads a Z-machine game's goal from it): editing a room's description changes the
+    digest, and the same ``--out`` refuses the episodes played before, naming the file."""
+    from verlog.cli import main
+
+    copy = write_balrog_layout(tmp_path / "BALROG", {"coin_collector": [(game, "level_5_a.ulx"), (game, "level_5_b.z8")]})
+    suite = tmp_path / "tw.yaml"
+    suite.write_text(yaml.safe_dump({"textworld": {
+        "config": str(ROOT / "configs" / "textworld.yaml"), "overrides": {"rollout.episode_timeout_s": None},
+        "graph_kwargs": {"protocol": "balrog", "history_turns": 16, "max_tokens": 8192, "max_steps": 80},
+        "tasks": [{"name": "coin_collector", "graph_kwargs": {"game": "coin_collector"}}]}}))
+    run = ["eval", "--suite", str(suite), "model.path=tiny", "--episodes", "1", "--no-chart", "--balrog", str(copy),
+           "--graph-kwargs", '{"max_steps": 1, "max_tokens": 4}', "--out", str(tmp_path / "out")]
+    before = BalrogSource(copy).provenance()
+    assert main(run) == 0
+    assert json.loads((tmp_path / "out" / "balrog_source.json").read_text()) == before
+    capsys.readouterr()
+    description = copy / "tw_games/coin_collector/level_5_a.json"
+    data = json.loads(description.read_text())
+    data["objective"] = data["objective"] + " Edited."
+    description.write_text(json.dumps(data))
+    assert BalrogSource(copy).provenance()["sha256"] != before["sha256"]
+    assert main(run) == 2
+    said = capsys.readouterr()
+    message = said.out + said.err
+    assert (f"played with other settings (the BALROG files at {copy.resolve()} changed since they were played: "
+            "tw_games/coin_collector/level_5_a.json;") in " ".join(message.split())
+    assert "model, sampling or graph" not in message and "Traceback" not in message
+    assert main([*run[:-1], str(tmp_path / "out"), "--fresh"]) == 0  # --fresh discards them, as the message says
+    assert json.loads((tmp_path / "out" / "balrog_source.json").read_text())["sha256"] != before["sha256"]
+    capsys.readouterr()
+    no_balrog = [a for i, a in enumerate(run) if a != "--balrog" and run[i - 1] != "--balrog"]
+    assert main(no_balrog) == 2
+    said = capsys.readouterr()
+    assert "(BALROG's own wording and games, read from" in " ".join((said.out + said.err).split())
 
 
 def test_the_environment_variable_names_the_users_balrog(monkeypatch, layout: Path) -> None:
