@@ -113,7 +113,7 @@ def test_config_overrides_and_the_configs_own_keys_are_named_too() -> None:
 def test_explicit_defaults_and_the_wording_source_are_not_differences() -> None:
     tasks = {t.env: t for t in suite_tasks()}
     minihack = tasks["minihack"]
-    minihack.graph_kwargs = {**minihack.graph_kwargs, "show_map": False, "invalid_action_penalty": 0.1,
+    minihack.graph_kwargs = {**minihack.graph_kwargs, "show_map": False, "invalid_action_penalty": None,
                              "balrog_source": "/somewhere/BALROG"}
     assert protocol_differences([minihack], "balrog") == []
     minihack.graph_kwargs["show_map"] = True
