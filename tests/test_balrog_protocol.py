@@ -492,6 +492,62 @@ def test_crafter_balrog_reset_plays_a_noop_and_answers_are_exact() -> None:
     assert result.info["progression"] == len(result.info["achievements"]) / 22
 
 
+def _world_state(game) -> tuple:
+    """What must agree between two Crafter games step for step: the random generator's state,
+    the player, and every object's kind, position and health."""
+    _, key, pos, *_ = game._world.random.get_state()
+    objects = sorted((type(o).__name__, int(o.pos[0]), int(o.pos[1]), float(o.health)) for o in game._world.objects)
+    return int(pos), np.asarray(key).tobytes(), tuple(int(v) for v in game._player.pos), tuple(objects)
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_crafter_balrog_random_stream_follows_the_rendered_game_through_nights(seed: int) -> None:
+    """BALROG renders every Crafter frame at 256x256 (the game's own step, then its language
+    wrapper's ``render()``), and a night frame draws noise from the game's generator. verlog
+    renders nothing but draws the same numbers: over 620 steps (two nights, steps 148-272 and
+    448-572 of the day cycle) its game is the rendered game's, state for state, and without the
+    draws it is not."""
+    import crafter
+
+    from verlog.envs.crafter import BALROG_IMAGE_SIZE
+    from verlog.envs.crafter.balrog_text import BALROG_ACTIONS
+    from verlog.envs.crafter.env import _TextCrafter
+
+    class Rendered(_TextCrafter):  # the real image, as BALROG's crafter.Env(size=(256, 256)) renders it
+        def _obs(self):
+            return crafter.Env._obs(self)
+
+    assert BALROG_IMAGE_SIZE == (256, 256)  # balrog/config/config.yaml: crafter_kwargs.size
+    rendered = Rendered(seed=None, length=None, size=BALROG_IMAGE_SIZE)
+    rendered.reseed(seed)
+    rendered.reset()
+    rendered.step(0)
+    assert rendered.render().shape == (256, 256, 3)  # BALROG's wrapper renders the observation too
+    ours = make_env("crafter", protocol="balrog")
+    ours.reset(seed)
+    plain = _TextCrafter(seed=None, length=None)  # verlog's protocol: no draws
+    plain.reseed(seed)
+    plain.reset()
+    plain.step(0)
+    rng = random.Random(seed)
+    nights, diverged = 0, None
+    assert _world_state(ours.game) == _world_state(rendered)
+    for step in range(1, 621):
+        name = rng.choice(BALROG_ACTIONS[:6])  # moves, Noop and Do: the player wanders
+        rendered.step(BALROG_ACTIONS.index(name))
+        rendered.render()
+        ours.step(name)
+        plain.step(BALROG_ACTIONS.index(name))
+        assert _world_state(ours.game) == _world_state(rendered), f"step {step}"
+        nights += rendered._world.daylight < 0.5
+        if diverged is None and _world_state(plain) != _world_state(rendered):
+            diverged = rendered._step
+        for game in (rendered, ours.game, plain):  # zombies kill a wanderer at night: keep it alive, alike
+            game._player.health = 9
+    assert nights >= 2 * 120, "the episode must see two whole nights"
+    assert diverged == 148  # the game's first night frame: without the draws the stream parts there
+
+
 def test_crafter_balrog_text_of_a_fixed_state() -> None:
     from crafter import objects
 
