@@ -139,18 +139,52 @@ def test_babyai_balrog_levels_objects_caps_and_exclusions(task: str) -> None:
             assert pair not in level.mission
 
 
-def _recorded_levels() -> tuple[dict[str, list[str]], object]:
-    """BALROG's levels written by ``tests/data/babyai_balrog_levels.py`` from BabyAI-Text's own
-    generator, and that script's ``level_key``."""
+def _recording_script():
+    """``tests/data/babyai_balrog_levels.py``, which recorded BALROG's BabyAI levels and texts
+    from BabyAI-Text's own code."""
     import importlib.util
-    import json
 
     script = ROOT / "tests" / "data" / "babyai_balrog_levels.py"
     spec = importlib.util.spec_from_file_location("babyai_balrog_levels", script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return json.loads(script.with_suffix(".json").read_text()), module.level_key
+    return module
+
+
+def _recorded_levels() -> tuple[dict[str, list[str]], object]:
+    """BALROG's levels recorded from BabyAI-Text's own generator, and the script's ``level_key``."""
+    import json
+
+    script = _recording_script()
+    return json.loads(script.OUT.read_text()), script.level_key
+
+
+@pytest.mark.parametrize("task", list(BABYAI_CAPS))
+def test_babyai_balrog_texts_equal_balrogs_step_for_step(task: str) -> None:
+    """Every observation of 20 episodes per task played with random actions (seeds 0-19), as
+    BALROG's BabyAI-Text wrapper gives it after each step, down to the episode's end."""
+    import json
+
+    from verlog.envs.babyai.env import ACTIONS, BabyAITextEnv
+
+    script = _recording_script()
+    recorded = json.loads(script.TEXTS.read_text())[task]
+    assert len(recorded) == 20 and tuple(ACTIONS) == script.ACTIONS
+    env = BabyAITextEnv(task, protocol="balrog")
+    identical = total = 0
+    for seed, expected in enumerate(recorded):
+        ours = [script.text_key(env.reset(seed))]
+        for action in script.random_actions(seed):
+            result = env.step(ACTIONS[action])
+            ours.append(script.text_key(result.observation))
+            if result.terminated or result.truncated:
+                break
+        assert len(ours) == len(expected), f"seed {seed}: {len(ours)} observations, BALROG's episode {len(expected)}"
+        identical += sum(a == b for a, b in zip(ours, expected))
+        total += len(expected)
+    print(f"babyai/{task}: {identical}/{total} observations identical to BALROG's")
+    assert identical == total
 
 
 @pytest.mark.parametrize("task", list(BABYAI_CAPS))
