@@ -582,6 +582,40 @@ def test_crafter_balrog_random_stream_follows_the_rendered_game_through_nights(s
     assert diverged == 148  # the game's first night frame: without the draws the stream parts there
 
 
+def test_crafter_balrog_texts_equal_balrogs_wrapper_over_long_episodes() -> None:
+    """Every observation (the newest one's text and what the history keeps) of three long
+    episodes through nights, as BALROG's own Crafter language wrapper gave them rendering every
+    image (``tests/data/crafter_balrog_texts.py`` recorded them): verlog's text and its game's
+    random stream are BALROG's."""
+    import importlib.util
+    import json
+
+    from verlog.envs.crafter.balrog_text import BALROG_ACTIONS
+    from verlog.envs.crafter.env import CrafterTextEnv
+
+    path = ROOT / "tests" / "data" / "crafter_balrog_texts.py"
+    spec = importlib.util.spec_from_file_location("crafter_balrog_texts", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    recorded = json.loads(script.OUT.read_text())
+    env = CrafterTextEnv(protocol="balrog")
+    identical = total = 0
+    for seed, expected in recorded.items():
+        ours = [script.text_key(env.reset(int(seed)), env.history_observation)]
+        for _, action in zip(range(script.STEPS), script.random_actions(int(seed))):
+            result = env.step(BALROG_ACTIONS[action])
+            ours.append(script.text_key(result.observation, env.history_observation))
+            env.game._player.health = 9
+            if result.done:
+                break
+        assert len(ours) == len(expected), f"seed {seed}: {len(ours)} observations, BALROG's episode {len(expected)}"
+        identical += sum(a == b for a, b in zip(ours, expected))
+        total += len(expected)
+    print(f"crafter: {identical}/{total} observations identical to BALROG's")
+    assert total > 1500 and identical == total
+
+
 def test_crafter_balrog_text_of_a_fixed_state() -> None:
     from crafter import objects
 
