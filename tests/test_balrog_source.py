@@ -175,6 +175,7 @@ def test_provenance_names_every_file_and_follows_their_content(tmp_path: Path, l
     source = BalrogSource(layout)
     provenance = source.provenance()
     assert provenance["path"] == str(layout.resolve())
+    assert source.rule_files() == []  # the layout has only what verlog reads
     assert set(provenance["files"]) == {str(p) for p in source.text_files()} | {
         "tw_games/coin_collector/level_5_a.ulx", "tw_games/coin_collector/level_5_a.json",
         "tw_games/coin_collector/level_5_b.z8", "tw_games/coin_collector/level_5_b.json"}
@@ -187,6 +188,19 @@ def test_provenance_names_every_file_and_follows_their_content(tmp_path: Path, l
     rule.write_text(rule.read_text().replace("one action", "a single action"))
     assert BalrogSource(copy).provenance()["sha256"] != before
     assert BalrogSource(copy).answer_rule == "FIXTURE RULE: answer with a single action, nothing more."
+    # BALROG's code whose rules verlog plays by (a wrapper, NetHack's achievements) is hashed too
+    edited = BalrogSource(copy).provenance()["sha256"]
+    wrapper = copy / "balrog/environments/textworld/base.py"
+    wrapper.write_text("def filter_objective(obs, info):\n    return obs.split(info['objective'])[-1].strip()\n")
+    (copy / "balrog/environments/nle/achievements.json").write_text('{"dlvl": [1, 2]}')
+    (copy / "balrog/environments/nle/Tiles16x16.png").write_bytes(b"an image decides no text")
+    source = BalrogSource(copy)
+    assert [str(p) for p in source.rule_files()] == ["balrog/environments/textworld/base.py",
+                                                      "balrog/environments/nle/achievements.json"]
+    assert set(source.rule_files()) <= {Path(name) for name in source.provenance()["files"]}
+    assert source.provenance()["sha256"] != edited
+    wrapper.write_text(wrapper.read_text() + "# changed\n")
+    assert BalrogSource(copy).provenance()["sha256"] != source.provenance()["sha256"]
 
 
 def test_resuming_after_a_games_json_was_edited_is_refused_naming_it(tmp_path: Path, game: Path, capsys) -> None:

@@ -24,9 +24,10 @@ What is read, from that folder (:class:`BalrogSource`):
   by default, next to the package), grouped by the name of the folder holding each file (BALROG's
   task names), each group sorted as BALROG sorts it; with each, the ``.json`` beside it.
 
-:meth:`BalrogSource.provenance` names the folder and a SHA-256 of every file read (and of every
-file of every game: :func:`game_files`), which ``verlog eval`` records in ``summary.json`` and
-checks when a run is resumed. A folder that lacks one of these files,
+:meth:`BalrogSource.provenance` names the folder and a SHA-256 of every file read, of every file
+of every game (:func:`game_files`) and of the other files that decide a game's text or rules
+(:meth:`BalrogSource.rule_files`), which ``verlog eval`` records in ``summary.json`` and checks
+when a run is resumed. A folder that lacks one of these files,
 or whose file no longer has the expected shape, is refused with an error naming the file.
 """
 
@@ -52,6 +53,11 @@ PROMPT_PACKAGES: tuple[str, ...] = ("babyai_text", "babaisai", "crafter", "textw
 NAIVE_AGENT = Path("balrog/agents/naive.py")
 EVALUATOR = Path("balrog/evaluator.py")
 CONFIG = Path("balrog/config/config.yaml")
+#: BALROG's files outside the environment packages whose rules verlog plays by (hashed, not read)
+RULE_FILES_ALSO: tuple[Path, ...] = (Path("balrog/environments/__init__.py"), Path("balrog/environments/env_wrapper.py"),
+                                     Path("balrog/prompt_builder/history.py"))
+#: the kinds of file in BALROG's environment packages that decide a game's text or rules
+RULE_SUFFIXES = frozenset({".py", ".json", ".yaml", ".txt"})
 
 
 class BalrogSourceError(ValueError):
@@ -156,6 +162,22 @@ class BalrogSource:
                     if (self.root / sibling).is_file() and sibling not in files:
                         files.append(sibling)
         return files
+
+    def rule_files(self) -> list[Path]:
+        """The other files of BALROG that decide what its model reads and how its games are
+        played, relative to the root: each environment package's code and data (its wrappers,
+        text renderers, NetHack's achievements table), the shared environment wrappers and the
+        prompt builder. verlog does not read them (it plays by their rules, checked by its
+        tests); their digests record which BALROG the run was measured against, and a resumed
+        run refuses episodes played while they differed. Those absent are left out."""
+        folders = [Path("balrog/environments") / p for p in PROMPT_PACKAGES] + [Path("balrog/environments/wrappers")]
+        found = [path for path in RULE_FILES_ALSO if (self.root / path).is_file()]
+        for folder in folders:
+            if (self.root / folder).is_dir():
+                found += sorted(path.relative_to(self.root) for path in (self.root / folder).rglob("*")
+                                if path.is_file() and path.suffix in RULE_SUFFIXES)
+        read = set(self.text_files())
+        return [path for path in dict.fromkeys(found) if path not in read]
 
     @property
     def games_folder(self) -> Path:
@@ -283,12 +305,13 @@ class BalrogSource:
     # -- provenance ---------------------------------------------------------------------------
 
     def provenance(self) -> dict[str, Any]:
-        """Where the texts and games come from: the root, each file's SHA-256 (every file of
-        each game included: :func:`game_files`), one SHA-256 over them all, and the number of
-        games per TextWorld task (recorded in ``summary.json``). Computed once per source."""
+        """Where the texts and games come from: the root, each file's SHA-256 (the files read,
+        :meth:`rule_files`, and every file of each game: :func:`game_files`), one SHA-256 over
+        them all, and the number of games per TextWorld task (recorded in ``summary.json``).
+        Computed once per source."""
         if self._provenance is not None:
             return self._provenance
-        files = {str(relative): _sha256(self.root / relative) for relative in self.text_files()}
+        files = {str(relative): _sha256(self.root / relative) for relative in self.text_files() + self.rule_files()}
         games = self._all_games()
         for paths in games.values():
             for game in paths:
