@@ -71,6 +71,7 @@ import contextlib
 import os
 import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -219,6 +220,17 @@ def balrog_command(answer: str) -> str:
     return clean_answer(answer)
 
 
+@dataclass
+class _Shadow:
+    """A second copy of the game, asked for the admissible commands, replaying the episode's
+    commands (``replayed`` of them so far; ``None``: the episode restarted)."""
+
+    path: Path
+    env: Any
+    replayed: int | None = None
+    state: Any = None
+
+
 class TextWorldTextEnv(TextEnv):
     """One TextWorld family as a seeded text game (see the module docstring).
 
@@ -266,9 +278,9 @@ class TextWorldTextEnv(TextEnv):
         self._game_env: Any = None
         self._game_path: Path | None = None
         #: the commands played this episode, and the shadow game answering valid_actions() under
-        #: BALROG's protocol: [game path, commands replayed, TextWorld env, its state]
+        #: BALROG's protocol
         self._commands: list[str] = []
-        self._shadow: list[Any] | None = None
+        self._shadow: _Shadow | None = None
         self._state: Any = None
         self._steps = 0
         self._done = True
@@ -389,7 +401,7 @@ class TextWorldTextEnv(TextEnv):
             self._state = self._game_env.reset()
         self._commands = []
         if self._shadow is not None:
-            self._shadow[1] = None  # the shadow starts this episode over when next asked
+            self._shadow.replayed = None  # the shadow starts this episode over when next asked
         self.seed, self.game_seed = seed, used
         self._steps = 0
         self._score = float(self._state["score"] or 0)
@@ -448,18 +460,19 @@ class TextWorldTextEnv(TextEnv):
 
         with ENGINE_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if self._shadow is not None and self._shadow[0] != self._game_path:
-                self._shadow[2].close()
-                self._shadow = None
-            if self._shadow is None:
+            shadow = self._shadow
+            if shadow is not None and shadow.path != self._game_path:
+                shadow.env.close()
+                shadow = None
+            if shadow is None:
                 env = textworld.start(str(self._game_path), request_infos=self._infos(True))
-                self._shadow = [self._game_path, None, env, None]
-            if self._shadow[1] is None:  # a new episode
-                self._shadow[1], self._shadow[3] = 0, self._shadow[2].reset()
-            for command in self._commands[self._shadow[1]:]:
-                self._shadow[3], _, _ = self._shadow[2].step(command)
-            self._shadow[1] = len(self._commands)
-            return list(self._shadow[3]["admissible_commands"] or [])
+                shadow = self._shadow = _Shadow(self._game_path, env)
+            if shadow.replayed is None:  # a new episode
+                shadow.replayed, shadow.state = 0, shadow.env.reset()
+            for command in self._commands[shadow.replayed:]:
+                shadow.state, _, _ = shadow.env.step(command)
+            shadow.replayed = len(self._commands)
+            return list(shadow.state["admissible_commands"] or [])
 
     @property
     def instruction(self) -> str:
@@ -495,7 +508,7 @@ class TextWorldTextEnv(TextEnv):
         self._game_path = None
         if self._shadow is not None:
             with contextlib.suppress(Exception), ENGINE_LOCK:
-                self._shadow[2].close()
+                self._shadow.env.close()
             self._shadow = None
 
 
