@@ -9,7 +9,9 @@ compass direction and what else is on the map with direction and distance, and i
 (the ASCII map too with ``show_map``); it answers with reasoning and ``ACTION: <action>``
 (``north``, ``open east``, ``zap f east`` ...); an answer without a valid action runs ``north``
 and costs 0.1. ``protocol="balrog"``: BALROG's text (message, language observation, cursor, the
-full ASCII map, inventory), its one-key actions, 16 past observations and 8,192-token answers.
+full ASCII map, inventory), its one-key actions, 16 past observations and 8,192-token answers; an
+invalid answer runs ``north`` and costs nothing, as in BALROG (``invalid_action_penalty`` defaults
+to the protocol's: 0.1 for verlog's, 0 for BALROG's).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def build_graph(
     history_turns: int | None = None,
     max_tokens: int | None = None,
     max_steps: int | None = None,
-    invalid_action_penalty: float = 0.1,
+    invalid_action_penalty: float | None = None,
     show_map: bool = False,
     balrog_source: Any = None,
 ):

@@ -10,7 +10,8 @@ reasoning and ``ACTION: <action>`` (``far east``, ``go down``, ``search``, ``eat
 answer without a valid action runs ``esc`` and costs 0.1. ``protocol="balrog"``: BALROG's text
 (message, language observation, cursor, full ASCII map, inventory), one key per answer (the model
 answers the game's questions itself), 100,000 steps with the 150-step no-progress abort, 16 past
-observations and 8,192-token answers.
+observations and 8,192-token answers; an invalid answer runs ``esc`` and costs nothing, as in
+BALROG (``invalid_action_penalty`` defaults to the protocol's: 0.1 for verlog's, 0 for BALROG's).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def build_graph(
     history_turns: int | None = None,
     max_tokens: int | None = None,
     max_steps: int | None = None,
-    invalid_action_penalty: float = 0.1,
+    invalid_action_penalty: float | None = None,
     show_map: bool = False,
     balrog_source: Any = None,
 ):

@@ -139,6 +139,69 @@ def test_babyai_balrog_levels_objects_caps_and_exclusions(task: str) -> None:
             assert pair not in level.mission
 
 
+def _recording_script():
+    """``tests/data/babyai_balrog_levels.py``, which recorded BALROG's BabyAI levels and texts
+    from BabyAI-Text's own code."""
+    import importlib.util
+
+    script = ROOT / "tests" / "data" / "babyai_balrog_levels.py"
+    spec = importlib.util.spec_from_file_location("babyai_balrog_levels", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _recorded_levels() -> tuple[dict[str, list[str]], object]:
+    """BALROG's levels recorded from BabyAI-Text's own generator, and the script's ``level_key``."""
+    import json
+
+    script = _recording_script()
+    return json.loads(script.OUT.read_text()), script.level_key
+
+
+@pytest.mark.parametrize("task", list(BABYAI_CAPS))
+def test_babyai_balrog_texts_equal_balrogs_step_for_step(task: str) -> None:
+    """Every observation of 20 episodes per task played with random actions (seeds 0-19), as
+    BALROG's BabyAI-Text wrapper gives it after each step, down to the episode's end."""
+    import json
+
+    from verlog.envs.babyai.env import ACTIONS, BabyAITextEnv
+
+    script = _recording_script()
+    recorded = json.loads(script.TEXTS.read_text())[task]
+    assert len(recorded) == 20 and tuple(ACTIONS) == script.ACTIONS
+    env = BabyAITextEnv(task, protocol="balrog")
+    identical = total = 0
+    for seed, expected in enumerate(recorded):
+        ours = [script.text_key(env.reset(seed))]
+        for action in script.random_actions(seed):
+            result = env.step(ACTIONS[action])
+            ours.append(script.text_key(result.observation))
+            if result.terminated or result.truncated:
+                break
+        assert len(ours) == len(expected), f"seed {seed}: {len(ours)} observations, BALROG's episode {len(expected)}"
+        identical += sum(a == b for a, b in zip(ours, expected))
+        total += len(expected)
+    print(f"babyai/{task}: {identical}/{total} observations identical to BALROG's")
+    assert identical == total
+
+
+@pytest.mark.parametrize("task", list(BABYAI_CAPS))
+def test_babyai_balrog_levels_equal_balrogs_for_300_seeds(task: str) -> None:
+    from verlog.envs.babyai.env import BalrogTaskLevel
+
+    recorded, level_key = _recorded_levels()
+    assert len(recorded[task]) == 300
+    level = BalrogTaskLevel(task)
+    differing = []
+    for seed, expected in enumerate(recorded[task]):
+        level.reset(seed=seed)
+        if level_key(level) != expected:
+            differing.append(seed)
+    assert differing == [], f"{task}: {len(differing)} of 300 seeds give another level than BALROG's"
+
+
 def test_babyai_text_wording_of_fixed_states() -> None:
     from verlog.envs.babyai.env import describe_view_balrog
 
@@ -461,6 +524,95 @@ def test_crafter_balrog_reset_plays_a_noop_and_answers_are_exact() -> None:
     assert result.info["history_observation"] == env.history_observation
     assert result.observation.endswith(env.history_observation)
     assert result.info["progression"] == len(result.info["achievements"]) / 22
+
+
+def _world_state(game) -> tuple:
+    """What must agree between two Crafter games step for step: the random generator's state,
+    the player, and every object's kind, position and health."""
+    _, key, pos, *_ = game._world.random.get_state()
+    objects = sorted((type(o).__name__, int(o.pos[0]), int(o.pos[1]), float(o.health)) for o in game._world.objects)
+    return int(pos), np.asarray(key).tobytes(), tuple(int(v) for v in game._player.pos), tuple(objects)
+
+
+def test_crafter_balrog_random_stream_follows_the_rendered_game_through_nights(seed: int = 3) -> None:
+    """BALROG renders every Crafter frame at 256x256 (the game's own step, then its language
+    wrapper's ``render()``), and a night frame draws noise from the game's generator. verlog
+    renders nothing but draws the same numbers: over 620 steps (two nights, steps 148-272 and
+    448-572 of the day cycle; the wandering player's health is restored alike in every game) its
+    game is the rendered game's, state for state, and without the draws it is not."""
+    import crafter
+
+    from verlog.envs.crafter import BALROG_IMAGE_SIZE
+    from verlog.envs.crafter.balrog_text import BALROG_ACTIONS
+    from verlog.envs.crafter.env import _TextCrafter
+
+    class Rendered(_TextCrafter):  # the real image, as BALROG's crafter.Env(size=(256, 256)) renders it
+        def _obs(self):
+            return crafter.Env._obs(self)
+
+    assert BALROG_IMAGE_SIZE == (256, 256)  # balrog/config/config.yaml: crafter_kwargs.size
+    rendered = Rendered(seed=None, length=None, size=BALROG_IMAGE_SIZE)
+    rendered.reseed(seed)
+    rendered.reset()
+    rendered.step(0)
+    assert rendered.render().shape == (256, 256, 3)  # BALROG's wrapper renders the observation too
+    ours = make_env("crafter", protocol="balrog")
+    ours.reset(seed)
+    plain = _TextCrafter(seed=None, length=None)  # verlog's protocol: no draws
+    plain.reseed(seed)
+    plain.reset()
+    plain.step(0)
+    rng = random.Random(seed)
+    nights, diverged = 0, None
+    assert _world_state(ours.game) == _world_state(rendered)
+    for step in range(1, 621):
+        name = rng.choice(BALROG_ACTIONS[:6])  # moves, Noop and Do: the player wanders
+        rendered.step(BALROG_ACTIONS.index(name))
+        rendered.render()
+        ours.step(name)
+        plain.step(BALROG_ACTIONS.index(name))
+        assert _world_state(ours.game) == _world_state(rendered), f"step {step}"
+        nights += rendered._world.daylight < 0.5
+        if diverged is None and _world_state(plain) != _world_state(rendered):
+            diverged = rendered._step
+        for game in (rendered, ours.game, plain):  # zombies kill a wanderer at night: keep it alive, alike
+            game._player.health = 9
+    assert nights >= 2 * 120, "the episode must see two whole nights"
+    assert diverged == 148  # the game's first night frame: without the draws the stream parts there
+
+
+def test_crafter_balrog_texts_equal_balrogs_wrapper_over_long_episodes() -> None:
+    """Every observation (the newest one's text and what the history keeps) of three long
+    episodes through nights, as BALROG's own Crafter language wrapper gave them rendering every
+    image (``tests/data/crafter_balrog_texts.py`` recorded them): verlog's text and its game's
+    random stream are BALROG's."""
+    import importlib.util
+    import json
+
+    from verlog.envs.crafter.balrog_text import BALROG_ACTIONS
+    from verlog.envs.crafter.env import CrafterTextEnv
+
+    path = ROOT / "tests" / "data" / "crafter_balrog_texts.py"
+    spec = importlib.util.spec_from_file_location("crafter_balrog_texts", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    recorded = json.loads(script.OUT.read_text())
+    env = CrafterTextEnv(protocol="balrog")
+    identical = total = 0
+    for seed, expected in recorded.items():
+        ours = [script.text_key(env.reset(int(seed)), env.history_observation)]
+        for _, action in zip(range(script.STEPS), script.random_actions(int(seed))):
+            result = env.step(BALROG_ACTIONS[action])
+            ours.append(script.text_key(result.observation, env.history_observation))
+            env.game._player.health = 9
+            if result.done:
+                break
+        assert len(ours) == len(expected), f"seed {seed}: {len(ours)} observations, BALROG's episode {len(expected)}"
+        identical += sum(a == b for a, b in zip(ours, expected))
+        total += len(expected)
+    print(f"crafter: {identical}/{total} observations identical to BALROG's")
+    assert total > 1500 and identical == total
 
 
 def test_crafter_balrog_text_of_a_fixed_state() -> None:

@@ -175,8 +175,10 @@ def test_provenance_names_every_file_and_follows_their_content(tmp_path: Path, l
     source = BalrogSource(layout)
     provenance = source.provenance()
     assert provenance["path"] == str(layout.resolve())
+    assert source.rule_files() == []  # the layout has only what verlog reads
     assert set(provenance["files"]) == {str(p) for p in source.text_files()} | {
-        "tw_games/coin_collector/level_5_a.ulx", "tw_games/coin_collector/level_5_b.z8"}
+        "tw_games/coin_collector/level_5_a.ulx", "tw_games/coin_collector/level_5_a.json",
+        "tw_games/coin_collector/level_5_b.z8", "tw_games/coin_collector/level_5_b.json"}
     assert provenance["textworld_games"] == {"coin_collector": 2} and len(provenance["sha256"]) == 64
     copy = write_balrog_layout(tmp_path / "copy")
     before = BalrogSource(copy).provenance()["sha256"]
@@ -186,6 +188,57 @@ def test_provenance_names_every_file_and_follows_their_content(tmp_path: Path, l
     rule.write_text(rule.read_text().replace("one action", "a single action"))
     assert BalrogSource(copy).provenance()["sha256"] != before
     assert BalrogSource(copy).answer_rule == "FIXTURE RULE: answer with a single action, nothing more."
+    # BALROG's code whose rules verlog plays by (a wrapper, NetHack's achievements) is hashed too
+    edited = BalrogSource(copy).provenance()["sha256"]
+    wrapper = copy / "balrog/environments/textworld/base.py"
+    wrapper.write_text("def filter_objective(obs, info):\n    return obs.split(info['objective'])[-1].strip()\n")
+    (copy / "balrog/environments/nle/achievements.json").write_text('{"dlvl": [1, 2]}')
+    (copy / "balrog/environments/nle/Tiles16x16.png").write_bytes(b"an image decides no text")
+    source = BalrogSource(copy)
+    assert [str(p) for p in source.rule_files()] == ["balrog/environments/textworld/base.py",
+                                                      "balrog/environments/nle/achievements.json"]
+    assert set(source.rule_files()) <= {Path(name) for name in source.provenance()["files"]}
+    assert source.provenance()["sha256"] != edited
+    wrapper.write_text(wrapper.read_text() + "# changed\n")
+    assert BalrogSource(copy).provenance()["sha256"] != source.provenance()["sha256"]
+
+
+def test_resuming_after_a_games_json_was_edited_is_refused_naming_it(tmp_path: Path, game: Path, capsys) -> None:
+    """The ``.json`` beside a TextWorld game decides its text (the Glulx game is rebuilt from it;
+    TextWorld reads a Z-machine game's goal from it): editing a room's description changes the
+    digest, and the same ``--out`` refuses the episodes played before, naming the file."""
+    from verlog.cli import main
+
+    copy = write_balrog_layout(tmp_path / "BALROG", {"coin_collector": [(game, "level_5_a.ulx"), (game, "level_5_b.z8")]})
+    suite = tmp_path / "tw.yaml"
+    suite.write_text(yaml.safe_dump({"textworld": {
+        "config": str(ROOT / "configs" / "textworld.yaml"), "overrides": {"rollout.episode_timeout_s": None},
+        "graph_kwargs": {"protocol": "balrog", "history_turns": 16, "max_tokens": 8192, "max_steps": 80},
+        "tasks": [{"name": "coin_collector", "graph_kwargs": {"game": "coin_collector"}}]}}))
+    run = ["eval", "--suite", str(suite), "model.path=tiny", "--episodes", "1", "--no-chart", "--balrog", str(copy),
+           "--graph-kwargs", '{"max_steps": 1, "max_tokens": 4}', "--out", str(tmp_path / "out")]
+    before = BalrogSource(copy).provenance()
+    assert main(run) == 0
+    assert json.loads((tmp_path / "out" / "balrog_source.json").read_text()) == before
+    capsys.readouterr()
+    description = copy / "tw_games/coin_collector/level_5_a.json"
+    data = json.loads(description.read_text())
+    data["objective"] = data["objective"] + " Edited."
+    description.write_text(json.dumps(data))
+    assert BalrogSource(copy).provenance()["sha256"] != before["sha256"]
+    assert main(run) == 2
+    said = capsys.readouterr()
+    message = said.out + said.err
+    assert (f"played with other settings (the BALROG files at {copy.resolve()} changed since they were played: "
+            "tw_games/coin_collector/level_5_a.json;") in " ".join(message.split())
+    assert "model, sampling or graph" not in message and "Traceback" not in message
+    assert main([*run[:-1], str(tmp_path / "out"), "--fresh"]) == 0  # --fresh discards them, as the message says
+    assert json.loads((tmp_path / "out" / "balrog_source.json").read_text())["sha256"] != before["sha256"]
+    capsys.readouterr()
+    no_balrog = [a for i, a in enumerate(run) if a != "--balrog" and run[i - 1] != "--balrog"]
+    assert main(no_balrog) == 2
+    said = capsys.readouterr()
+    assert "(BALROG's own wording and games, read from" in " ".join((said.out + said.err).split())
 
 
 def test_the_environment_variable_names_the_users_balrog(monkeypatch, layout: Path) -> None:
@@ -237,6 +290,10 @@ def test_eval_records_the_wordings_source_in_the_summary(tmp_path: Path, layout:
     assert "wording: verlog's" in said and "--balrog PATH" in said
     summary = json.loads((tmp_path / "verlog" / "summary.json").read_text())
     assert summary["balrog_wording"] == "verlog" and "balrog_source" not in summary
+    # without --balrog the prompts are verlog's paraphrase: flagged like any other difference
+    assert summary["not_the_suites_protocol"] == ["balrog_source", "max_steps", "max_tokens"]
+    assert "not the suite's protocol: balrog_source, max_steps, max_tokens differ from it (balrog_source: no --balrog" in said
+    assert "evaluation of tiny (not the suite's protocol)" in said  # the score table is marked
 
     assert main([*common, "--balrog", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
     said = capsys.readouterr()

@@ -194,15 +194,49 @@ def test_minihack_fixed_state_text() -> None:
 # -- answers ------------------------------------------------------------------------------------
 
 
-def test_invalid_answers_run_the_default_action_with_the_penalty() -> None:
+def test_invalid_answers_run_the_default_action_at_no_cost_as_in_balrog() -> None:
+    """BALROG's evaluator runs the default action for an invalid answer and adds nothing to the
+    reward: the reward is the game's, the same as answering the default action itself."""
     assert clean_answer("  far east!\n") == "far east"
-    env = make_minihack("MazeWalk-9x9", protocol="balrog")
+    env, twin = make_minihack("MazeWalk-9x9", protocol="balrog"), make_minihack("MazeWalk-9x9", protocol="balrog")
     env.reset(0)
+    twin.reset(0)
     for answer in ["ACTION: north", "go north", "North", "zap"]:  # BALROG: exact names only
-        result = env.step(answer)
-        assert result.info["action"] == "north" and not result.info["valid_action"]
-        assert result.reward == pytest.approx(-0.1)
+        result, played = env.step(answer), twin.step("north")
+        assert result.info["action"] == "north" and not result.info["valid_action"] and played.info["valid_action"]
+        assert result.reward == played.reward and result.observation == played.observation
     assert env.step("  south. ").info["valid_action"]
+    for make in (lambda **kw: make_minihack("MazeWalk-9x9", protocol="balrog", **kw),
+                 lambda **kw: make_nethack(1, protocol="balrog", **kw)):
+        assert make().invalid_action_penalty == 0.0
+        costly = make(invalid_action_penalty=0.1)  # a penalty given on purpose is paid
+        free = make()
+        costly.reset(1)
+        free.reset(1)
+        assert costly.step("xyzzy!?").reward == pytest.approx(free.step("xyzzy!?").reward - 0.1)
+
+
+async def test_the_suites_graph_pays_no_penalty_for_an_invalid_answer() -> None:
+    """graphs/minihack.py as BALROG's suite builds it (no ``invalid_action_penalty`` given): an
+    invalid answer's episode return is that of the default action answered outright; verlog's
+    variant pays 0.1 per invalid answer."""
+    from pathlib import Path
+
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+
+    from verlog.graph_file import load_graph_file
+
+    graph_file = load_graph_file(Path(__file__).resolve().parents[1] / "graphs" / "minihack.py")
+
+    async def episode_return(protocol: str, said: str) -> float:
+        model = GenericFakeChatModel(messages=iter([AIMessage(said)] * 3))
+        graph = graph_file.build(model, task="MazeWalk-9x9", protocol=protocol, max_steps=3)
+        return (await graph.ainvoke({"seed": 0}))["episode_return"]
+
+    assert await episode_return("balrog", "xyzzy!?") == await episode_return("balrog", "north")
+    verlogs = await episode_return("verlog", "xyzzy"), await episode_return("verlog", "ACTION: north")
+    assert verlogs[0] == pytest.approx(verlogs[1] - 0.3)
 
 
 def test_nethack_model_answers_the_games_questions() -> None:

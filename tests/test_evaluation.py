@@ -256,11 +256,11 @@ def test_graph_kwargs_win_over_a_suites_and_say_the_run_is_not_its_protocol(serv
             "--graph-kwargs", '{"max_steps": 3, "max_tokens": 4}', "--out", str(out), "--no-chart"]
     assert main(args) == 0
     said = _said(capsys)
-    assert "not the suite's protocol: max_steps, max_tokens differ from it" in said
+    assert "not the suite's protocol: balrog_source, max_steps, max_tokens differ from it (balrog_source: no --balrog" in said
     records = _lines(out / "episodes.jsonl")
     assert len(records) == 4 and all(r["status"] == "ok" and r["turns"] == 3 for r in records)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["graph_kwargs_override"] == {"max_steps": 3, "max_tokens": 4}
-    assert summary["not_the_suites_protocol"] == ["max_steps", "max_tokens"]
+    assert summary["not_the_suites_protocol"] == ["balrog_source", "max_steps", "max_tokens"]
     assert main([*args[:-5], "--graph-kwargs", "[3]", "--out", str(out), "--no-chart"]) == 2
     assert "error: --graph-kwargs (build_graph's keyword arguments) must be a JSON object" in _said(capsys)

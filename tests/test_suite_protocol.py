@@ -17,7 +17,7 @@ import pytest
 
 from verlog.envs.agent_graph import build_game_graph
 from verlog.envs.registry import make_env
-from verlog.evaluation.suite_protocol import PROVENANCE_KEYS, protocol_differences
+from verlog.evaluation.suite_protocol import NO_BALROG_SOURCE, PROVENANCE_KEYS, protocol_differences
 from verlog.evaluation.tasks import plan_tasks
 from verlog.graph_file import load_graph_file
 
@@ -41,8 +41,17 @@ def accepted_keys(task) -> list[str]:
     return sorted(set(keys) - PROVENANCE_KEYS)
 
 
+def suite_tasks(overrides: list[str] | None = None, configs: list[str] | None = None):
+    """The suite's tasks as ``verlog eval --balrog PATH`` plays them (BALROG's own wording)."""
+    tasks = plan_tasks(configs or [], overrides or [], suite="balrog")
+    for task in tasks:
+        if task.graph_kwargs.get("protocol") == "balrog":
+            task.graph_kwargs["balrog_source"] = {"path": "/somewhere/BALROG", "sha256": "0" * 64}
+    return tasks
+
+
 def _one_task_per_env():
-    tasks = plan_tasks([], [], suite="balrog")
+    tasks = suite_tasks()
     seen: dict[str, object] = {}
     for task in tasks:
         seen.setdefault(task.env, task)
@@ -53,8 +62,17 @@ TASKS = _one_task_per_env()
 
 
 def test_the_suite_as_written_is_its_own_protocol() -> None:
-    assert protocol_differences(plan_tasks([], [], suite="balrog"), "balrog") == []
-    assert protocol_differences(plan_tasks([], [], suite="balrog"), "balrog", episodes=50) == []  # more is fine
+    assert protocol_differences(suite_tasks(), "balrog") == []
+    assert protocol_differences(suite_tasks(), "balrog", episodes=50) == []  # more is fine
+
+
+def test_the_suite_without_the_users_balrog_is_not_its_protocol() -> None:
+    # no --balrog: verlog's wording and regenerated TextWorld games, not BALROG's prompts
+    assert protocol_differences(plan_tasks([], [], suite="balrog"), "balrog") == [NO_BALROG_SOURCE]
+    tasks = suite_tasks()
+    del tasks[0].graph_kwargs["balrog_source"]  # one task without it is enough
+    assert protocol_differences(tasks, "balrog") == [NO_BALROG_SOURCE]
+    assert protocol_differences(tasks[1:], "balrog") == []
 
 
 @pytest.mark.parametrize("task", TASKS, ids=[t.env for t in TASKS])
@@ -72,13 +90,13 @@ def test_every_graph_setting_changed_is_named(task) -> None:
 
 @pytest.mark.parametrize("key,value", [("default_action", "turn left"), ("layout", "maze"), ("instruction", "hi")])
 def test_babyai_settings_the_suite_leaves_alone_are_named(key: str, value: str) -> None:
-    [task] = [t for t in plan_tasks([], [], suite="balrog") if t.label == "babyai/goto"]
+    [task] = [t for t in suite_tasks() if t.label == "babyai/goto"]
     task.graph_kwargs = {**task.graph_kwargs, key: value}
     assert protocol_differences([task], "balrog") == [key]
 
 
 def test_textworld_generator_settings_are_named_key_by_key() -> None:
-    [task] = [t for t in plan_tasks([], [], suite="balrog") if t.label == "textworld/coin_collector"]
+    [task] = [t for t in suite_tasks() if t.label == "textworld/coin_collector"]
     task.graph_kwargs = {**task.graph_kwargs, "settings": {"level": 20, "pool_size": 5}}
     assert protocol_differences([task], "balrog") == ["settings.level", "settings.pool_size"]
 
@@ -86,16 +104,16 @@ def test_textworld_generator_settings_are_named_key_by_key() -> None:
 def test_config_overrides_and_the_configs_own_keys_are_named_too() -> None:
     overrides = ["rollout.episode_timeout_s=600", "multi_turn.langgraph.graph_config.recursion_limit=50",
                  "multi_turn.langgraph.graph_kwargs.default_action=\"turn left\""]
-    tasks = [t for t in plan_tasks([], overrides, suite="balrog") if t.env == "babyai"]
+    tasks = [t for t in suite_tasks(overrides) if t.env == "babyai"]
     assert protocol_differences(tasks, "balrog") == [
         "default_action", "multi_turn.langgraph.graph_config.recursion_limit", "rollout.episode_timeout_s"]
     assert "eval.episodes" in protocol_differences(tasks[:1], "balrog", episodes=2)  # BALROG's are minimums
 
 
 def test_explicit_defaults_and_the_wording_source_are_not_differences() -> None:
-    tasks = {t.env: t for t in plan_tasks([], [], suite="balrog")}
+    tasks = {t.env: t for t in suite_tasks()}
     minihack = tasks["minihack"]
-    minihack.graph_kwargs = {**minihack.graph_kwargs, "show_map": False, "invalid_action_penalty": 0.1,
+    minihack.graph_kwargs = {**minihack.graph_kwargs, "show_map": False, "invalid_action_penalty": None,
                              "balrog_source": "/somewhere/BALROG"}
     assert protocol_differences([minihack], "balrog") == []
     minihack.graph_kwargs["show_map"] = True
@@ -103,5 +121,5 @@ def test_explicit_defaults_and_the_wording_source_are_not_differences() -> None:
 
 
 def test_a_config_beside_the_suite_is_not_checked() -> None:
-    tasks = plan_tasks([str(ROOT / "configs" / "guess_number.yaml")], [], suite="balrog")
+    tasks = suite_tasks(configs=[str(ROOT / "configs" / "guess_number.yaml")])
     assert protocol_differences(tasks, "balrog") == []

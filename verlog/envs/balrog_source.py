@@ -22,10 +22,12 @@ What is read, from that folder (:class:`BalrogSource`):
 * **TextWorld's games**: the ``*.ulx`` then ``*.z8`` files under BALROG's games folder
   (``envs.textworld_kwargs.textworld_games_path`` of ``balrog/config/config.yaml``, ``tw_games``
   by default, next to the package), grouped by the name of the folder holding each file (BALROG's
-  task names), each group sorted as BALROG sorts it.
+  task names), each group sorted as BALROG sorts it; with each, the ``.json`` beside it.
 
-:meth:`BalrogSource.provenance` names the folder and a SHA-256 of every file read (and of the game
-files), which ``verlog eval`` records in ``summary.json``. A folder that lacks one of these files,
+:meth:`BalrogSource.provenance` names the folder and a SHA-256 of every file read, of every file
+of every game (:func:`game_files`) and of the other files that decide a game's text or rules
+(:meth:`BalrogSource.rule_files`), which ``verlog eval`` records in ``summary.json`` and checks
+when a run is resumed. A folder that lacks one of these files,
 or whose file no longer has the expected shape, is refused with an error naming the file.
 """
 
@@ -51,6 +53,11 @@ PROMPT_PACKAGES: tuple[str, ...] = ("babyai_text", "babaisai", "crafter", "textw
 NAIVE_AGENT = Path("balrog/agents/naive.py")
 EVALUATOR = Path("balrog/evaluator.py")
 CONFIG = Path("balrog/config/config.yaml")
+#: BALROG's files outside the environment packages whose rules verlog plays by (hashed, not read)
+RULE_FILES_ALSO: tuple[Path, ...] = (Path("balrog/environments/__init__.py"), Path("balrog/environments/env_wrapper.py"),
+                                     Path("balrog/prompt_builder/history.py"))
+#: the kinds of file in BALROG's environment packages that decide a game's text or rules
+RULE_SUFFIXES = frozenset({".py", ".json", ".yaml", ".txt"})
 
 
 class BalrogSourceError(ValueError):
@@ -155,6 +162,22 @@ class BalrogSource:
                     if (self.root / sibling).is_file() and sibling not in files:
                         files.append(sibling)
         return files
+
+    def rule_files(self) -> list[Path]:
+        """The other files of BALROG that decide what its model reads and how its games are
+        played, relative to the root: each environment package's code and data (its wrappers,
+        text renderers, NetHack's achievements table), the shared environment wrappers and the
+        prompt builder. verlog does not read them (it plays by their rules, checked by its
+        tests); their digests record which BALROG the run was measured against, and a resumed
+        run refuses episodes played while they differed. Those absent are left out."""
+        folders = [Path("balrog/environments") / p for p in PROMPT_PACKAGES] + [Path("balrog/environments/wrappers")]
+        found = [path for path in RULE_FILES_ALSO if (self.root / path).is_file()]
+        for folder in folders:
+            if (self.root / folder).is_dir():
+                found += sorted(path.relative_to(self.root) for path in (self.root / folder).rglob("*")
+                                if path.is_file() and path.suffix in RULE_SUFFIXES)
+        read = set(self.text_files())
+        return [path for path in dict.fromkeys(found) if path not in read]
 
     @property
     def games_folder(self) -> Path:
@@ -282,27 +305,44 @@ class BalrogSource:
     # -- provenance ---------------------------------------------------------------------------
 
     def provenance(self) -> dict[str, Any]:
-        """Where the texts and games come from: the root, each file's SHA-256 (game files
-        included), one SHA-256 over them all, and the number of games per TextWorld task
-        (recorded in ``summary.json``). Computed once per source."""
+        """Where the texts and games come from: the root, each file's SHA-256 (the files read,
+        :meth:`rule_files`, and every file of each game: :func:`game_files`), one SHA-256 over
+        them all, and the number of games per TextWorld task (recorded in ``summary.json``).
+        Computed once per source."""
         if self._provenance is not None:
             return self._provenance
-        files = {str(relative): _sha256(self.root / relative) for relative in self.text_files()}
+        files = {str(relative): _sha256(self.root / relative) for relative in self.text_files() + self.rule_files()}
         games = self._all_games()
         for paths in games.values():
             for game in paths:
-                files[os.path.relpath(game, self.root)] = _sha256(game)
+                for path in game_files(game):
+                    files[os.path.relpath(path, self.root)] = _sha256(path)
         total = hashlib.sha256("".join(f"{name}\t{digest}\n" for name, digest in sorted(files.items())).encode())
         self._provenance = {"path": str(self.root), "sha256": total.hexdigest(), "files": files,
                             "textworld_games": {task: len(paths) for task, paths in sorted(games.items())}}
         return self._provenance
 
 
-def open_source(spec: str | os.PathLike | Mapping[str, Any] | None = None) -> BalrogSource | None:
+def game_files(game: Path) -> list[Path]:
+    """Every file that decides TextWorld game ``game``: the game file and the files beside it
+    that share its name (the ``.json`` game description, from which TextWorld reads the goal,
+    the walkthrough and the score of a Z-machine game, and from which verlog rebuilds a Glulx
+    one; an Inform source ``.ni`` when there is one), sorted."""
+    return sorted({game, *(p for p in game.parent.glob(f"{glob.escape(game.stem)}.*") if p.is_file())})
+
+
+def changed_files(before: Mapping[str, str], after: Mapping[str, str]) -> list[str]:
+    """The files (relative paths) of two provenances' ``files`` whose content differs, or that
+    only one of them has, sorted."""
+    return sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+
+
+def open_source(spec: str | os.PathLike | Mapping[str, Any] | None = None, fresh: bool = False) -> BalrogSource | None:
     """The user's BALROG: ``spec`` is its folder, or ``{"path": ..., "sha256": ...}`` to insist on
     the very files a run started with (:meth:`BalrogSource.provenance`); without one,
     ``$VERLOG_BALROG``; ``None`` when neither is set (the games then speak verlog's wording).
-    Sources are cached by folder."""
+    Sources are cached by folder; ``fresh`` reads the folder again (what a run starting does, so
+    that files edited since an earlier run in this process are seen) and caches that reading."""
     expected = None
     if isinstance(spec, Mapping):
         unknown = sorted(set(spec) - {"path", "sha256"})
@@ -314,13 +354,14 @@ def open_source(spec: str | os.PathLike | Mapping[str, Any] | None = None) -> Ba
         return None
     root = find_root(chosen)
     with _SOURCES_LOCK:
-        source = _SOURCES.get(root)
+        source = None if fresh else _SOURCES.get(root)
         if source is None:
             source = _SOURCES[root] = BalrogSource(root)
     if expected is not None and source.provenance()["sha256"] != expected:
         raise BalrogSourceError(
-            f"the BALROG files at {root} changed (sha256 {source.provenance()['sha256'][:12]}, the run's "
-            f"{str(expected)[:12]}): these episodes would mix two wordings; evaluate into another --out folder"
+            f"the BALROG files at {root} changed since this run read them (sha256 now "
+            f"{source.provenance()['sha256'][:12]}, the run's {str(expected)[:12]}): its episodes would mix two "
+            "versions of BALROG's texts or games; evaluate into another --out folder"
         )
     return source
 

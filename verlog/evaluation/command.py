@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -31,7 +32,7 @@ from verlog.evaluation.progress import EvalProgress
 from verlog.evaluation.report import plot_progression, require_matplotlib, summary_table, write_json
 from verlog.evaluation.results import EpisodeRecord, TaskResult, summarize
 from verlog.evaluation.runner import EpisodeLog, EvalError, episode_seeds, play_tasks, task_spec
-from verlog.evaluation.suite_protocol import balrog_tasks, protocol_differences, wording_report
+from verlog.evaluation.suite_protocol import NO_BALROG_SOURCE, balrog_tasks, protocol_differences, wording_report
 from verlog.evaluation.tasks import EvalTask, plan_tasks
 
 __all__ = ["add_eval_arguments", "run_eval"]
@@ -110,7 +111,7 @@ def _balrog_source(path: str | None, tasks: list[EvalTask], console: Console) ->
 
     playing = balrog_tasks(tasks)
     try:
-        source = open_source(path)
+        source = open_source(path, fresh=True)
     except BalrogSourceError as exc:
         raise EvalError(f"--balrog: {exc}") from None
     if not playing:
@@ -126,6 +127,59 @@ def _balrog_source(path: str | None, tasks: list[EvalTask], console: Console) ->
     console.print(f"wording: BALROG's own, read from {provenance['path']} (sha256 {provenance['sha256'][:12]})",
                   soft_wrap=True)
     return source
+
+
+#: where ``verlog eval`` keeps the provenance of the BALROG files its episodes were played with
+BALROG_SOURCE_FILE = "balrog_source.json"
+
+
+def write_provenance(out: Path, provenance: dict[str, Any]) -> None:
+    """Keep the BALROG files' provenance in the output folder, so that a later run can name the
+    files that changed since (:func:`_balrog_change`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / BALROG_SOURCE_FILE).write_text(json.dumps(provenance, indent=1))
+
+
+def _balrog_change(out: Path, stale: list[EpisodeRecord], planned: dict[str, EvalTask], specs: dict, model: Any,
+                   source: Any) -> str | None:
+    """Why finished episodes no longer match when the BALROG files are the reason: those files
+    changed since (named, from the provenance the earlier run kept), or the episodes were played
+    with another wording (with or without ``--balrog``); ``None`` when it is something else."""
+    from verlog.envs.balrog_source import changed_files
+
+    record = stale[0]
+    task = planned[record.episode_id]
+    sampling = model.sampling(task.config)
+    kept = out / BALROG_SOURCE_FILE
+    earlier = json.loads(kept.read_text()) if kept.is_file() else None
+
+    def spec_with(balrog_source: Any) -> str:
+        kwargs = {k: v for k, v in task.graph_kwargs.items() if k != "balrog_source"}
+        if balrog_source is not None:
+            kwargs["balrog_source"] = balrog_source
+        saved, task.graph_kwargs = task.graph_kwargs, kwargs
+        try:
+            return task_spec(task, model.label, sampling)
+        finally:
+            task.graph_kwargs = saved
+
+    if task.graph_kwargs.get("protocol") != "balrog":
+        return None
+    played_with_earlier = earlier is not None and record.spec == spec_with(
+        {"path": earlier["path"], "sha256": earlier["sha256"]})
+    if source is None:
+        if played_with_earlier:
+            return (f"(BALROG's own wording and games, read from {earlier['path']}; this run has no --balrog, so "
+                    "verlog's)")
+        return None
+    if played_with_earlier and earlier["sha256"] != source.provenance()["sha256"]:
+        names = changed_files(earlier.get("files", {}), source.provenance()["files"])
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        return (f"(the BALROG files at {source.root} changed since they were played: {shown}; BALROG's texts or "
+                "games would mix two versions)")
+    if record.spec == spec_with(None):
+        return "(verlog's wording, without --balrog; this run reads BALROG's own)"
+    return None
 
 
 def _slug(name: str) -> str:
@@ -150,9 +204,11 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     # every setting that differs from the suite's protocol is named, whatever changed it
     changed = protocol_differences(tasks, args.suite, args.episodes) if args.suite else []
     if changed:
+        why = (" (balrog_source: no --balrog, so verlog's wording and regenerated TextWorld games, not BALROG's)"
+               if NO_BALROG_SOURCE in changed else "")
         console.print(
-            f"[yellow]not the suite's protocol: {', '.join(changed)} differ from it, so these scores are not the "
-            "suite's (a smoke run)[/]", soft_wrap=True,
+            f"[yellow]not the suite's protocol: {', '.join(changed)} differ from it{why}, so these scores are not "
+            "the suite's[/]", soft_wrap=True,
         )
     if not args.no_chart:
         require_matplotlib()
@@ -182,10 +238,13 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     # an episode that failed with an error is played again anyway; the others must match
     stale = [r for i, r in on_disk.items() if r.status != "error" and r.spec != specs[planned[i].key]]
     if stale:
+        why = _balrog_change(out, stale, planned, specs, model, source) or "(model, sampling or graph)"
         raise EvalError(
             f"{log.path} holds {len(stale)} episodes of {stale[0].label} played with other settings "
-            "(model, sampling or graph): use another --out folder, or --fresh to discard them"
+            f"{why}: use another --out folder, or --fresh to discard them"
         )
+    if source is not None and balrog_tasks(tasks):
+        write_provenance(out, source.provenance())
     finished = {i: r for i, r in on_disk.items() if r.status != "error"}
     retried = len(on_disk) - len(finished)
     todo = len(planned) - len(finished)
@@ -274,7 +333,7 @@ def _report(args: argparse.Namespace, about: dict[str, Any], tasks: list[EvalTas
             out: Path, console: Console) -> list[TaskResult]:
     label = about["model"]
     summary = summarize(records, [t.key for t in tasks])
-    print_wide(console, summary_table(summary, f"evaluation of {label}"))
+    print_wide(console, summary_table(summary, f"evaluation of {label}", about.get("not_the_suites_protocol") or ()))
     written = [write_json(out / SUMMARY_FILE, summary, **about)]
     if args.json:
         written.append(write_json(args.json, summary, **about))

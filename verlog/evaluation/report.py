@@ -46,11 +46,16 @@ def print_results(results: Sequence[TaskResult], console: Console, title: str = 
     console.print(eval_table(results, title))
 
 
-def summary_table(summary: Summary, title: str = "evaluation") -> Table:
+def summary_table(summary: Summary, title: str = "evaluation", not_the_suites_protocol: Sequence[str] = ()) -> Table:
     """One row per environment (with several tasks: its mean over them, then its tasks
-    indented), and the overall mean over environments when there are several."""
-    table = Table(title=title, caption="progression: BALROG's 0-100 score; n: episodes; mean ± standard error",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
+    indented), and the overall mean over environments when there are several. A run that is not
+    its suite's protocol (``not_the_suites_protocol``: the settings that differ) says so in the
+    title and names them in the caption: its scores are not the suite's."""
+    caption = "progression: BALROG's 0-100 score; n: episodes; mean ± standard error"
+    if not_the_suites_protocol:
+        title = f"{title} [yellow](not the suite's protocol)[/]"
+        caption += f"\n[yellow]not the suite's protocol: {', '.join(not_the_suites_protocol)} differ from it[/]"
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False)
     # the task column is as wide as its longest name: names are never cut, into a file or a pipe
     longest = max([len(f"  {t.task}") for t in summary.tasks] + [len(f"{t.env}/{t.task}") for t in summary.tasks]
                   + [len("overall (00 envs)"), 14])

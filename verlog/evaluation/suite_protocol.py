@@ -17,8 +17,12 @@ limit, fewer episodes than the suite asks for — makes the scores not the suite
   (``multi_turn.langgraph.graph_config``, e.g. ``recursion_limit``) the suite does not set, and
   ``eval.episodes`` below the suite's number (BALROG's episode counts are minimums).
 
-``balrog_source`` (where BALROG's wording comes from) is not a setting of the protocol; ``verlog
-eval`` reports it apart (:func:`wording_report`).
+``balrog_source`` (where BALROG's wording comes from) is not compared as a setting: any BALROG the
+user gives is BALROG's wording, and ``verlog eval`` reports which one (:func:`wording_report`).
+But a BALROG-protocol task of the suite played *without* one (no ``--balrog``) speaks verlog's
+paraphrase of BALROG's instructions, answer rule and invalid-answer note and plays verlog's
+regenerated TextWorld games: its prompts are not BALROG's, so ``balrog_source``
+(:data:`NO_BALROG_SOURCE`) is named too.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from verlog.evaluation.tasks import EvalTask, load_suite
 
-__all__ = ["PROVENANCE_KEYS", "protocol_differences", "suite_settings", "wording_report"]
+__all__ = ["NO_BALROG_SOURCE", "PROVENANCE_KEYS", "protocol_differences", "suite_settings", "wording_report"]
 
 #: graph settings that say where texts come from, not how a game is played
 PROVENANCE_KEYS = frozenset({"balrog_source"})
+#: named when a BALROG-protocol task of the suite runs without the user's BALROG (verlog's wording)
+NO_BALROG_SOURCE = "balrog_source"
 _MISSING = object()
 
 
@@ -138,6 +144,8 @@ def protocol_differences(tasks: Sequence[EvalTask], suite: str, episodes: int | 
             builders[path] = load_graph_file(path).build_graph
         changed.update(graph_differences(task.graph_kwargs, suite_kwargs, builders[path]))
         changed.update(config_differences(task, pinned, episodes))
+        if task.graph_kwargs.get("protocol") == "balrog" and not task.graph_kwargs.get("balrog_source"):
+            changed.add(NO_BALROG_SOURCE)
     return sorted(changed)
 
 

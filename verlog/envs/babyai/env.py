@@ -284,18 +284,46 @@ class BalrogTaskLevel(RoomGridLevel):
             raise RejectSampling("excluded colour/object pair")
 
     def _gen_open(self) -> None:
-        color = self._rand_elem(BALROG_DOOR_COLORS)
-        locked = self._rand_int(0, 2)  # the room behind the locked door
-        free = 1 - locked
-        self.add_door(locked, 0, door_idx=0 if locked == 0 else 2, color=color, locked=True)
-        self.add_object(free, 0, "key", color)
-        self.connect_all()
-        if self.num_dists:
-            self.add_distractors(free, 0, num_distractors=self.num_dists, all_unique=False)
-        self.place_agent(free, 0)
-        if not self.check_objs_reachable(raise_exc=False):
-            raise RejectSampling("unreachable object")
-        self.instrs = OpenInstr(ObjDesc("door", self._rand_elem([None, color])))
+        """BabyAI-Text's ``open`` level, with the original's draws in the original's order, so a
+        seed gives BALROG's level: each try rebuilds the two rooms (redrawing the door position
+        between them), draws the door colour, the locked room and the wall its door is in (again
+        while that wall is the outer one), the key's room (again while it is the locked one), then
+        the distractors of the other room, the agent's cell (again while in the locked room) and
+        whether the mission names the colour; a try whose objects are not all reachable or whose
+        mission names an excluded pair is drawn again."""
+        accepted = False
+        while not accepted:
+            RoomGrid._gen_grid(self, self.width, self.height)
+            color = self._rand_elem(BALROG_DOOR_COLORS)
+            locked = self._add_locked_room(color)
+            self.connect_all()
+            for j in range(self.num_rows):
+                for i in range(self.num_cols):
+                    if self.get_room(i, j) is not locked:
+                        self.add_distractors(i, j, num_distractors=self.num_dists, all_unique=False)
+            while True:
+                self.place_agent()
+                if self.room_from_pos(*self.agent_pos) is not locked:
+                    break
+            reachable = self.check_objs_reachable(raise_exc=False)
+            self.instrs = OpenInstr(ObjDesc("door", self._rand_elem([None, color])))
+            surface = self.instrs.surface(self)
+            accepted = reachable and not any(pair in surface for pair in BALROG_EXCLUDED_PAIRS)
+
+    def _add_locked_room(self, color: str) -> Any:
+        """A room behind a locked door of ``color`` (drawn: room, then wall, until the wall is
+        shared with another room) and its key in another room (drawn); returns the locked room."""
+        while True:
+            i, j, wall = self._rand_int(0, self.num_cols), self._rand_int(0, self.num_rows), self._rand_int(0, 4)
+            room = self.get_room(i, j)
+            if room.neighbors[wall] is not None:
+                self.add_door(i, j, wall, color=color, locked=True)
+                break
+        while True:
+            i, j = self._rand_int(0, self.num_cols), self._rand_int(0, self.num_rows)
+            if self.get_room(i, j) is not room:
+                self.add_object(i, j, "key", color)
+                return room
 
 
 def make_level(task: str, layout: str = "local", max_steps: int | None = None) -> RoomGridLevel:

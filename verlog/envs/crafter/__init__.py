@@ -16,6 +16,9 @@ from verlog.envs.progression import crafter_progression
 
 #: BALROG's episode length for Crafter (``crafter_kwargs.max_episode_steps``)
 BALROG_MAX_STEPS = 2000
+#: BALROG's Crafter image size in pixels (``crafter_kwargs.size``): how many random numbers each
+#: rendering of a night frame draws depends on it (see :mod:`.env`)
+BALROG_IMAGE_SIZE = (256, 256)
 
 
 def _make(task: str, seed: int | None, **kwargs: Any) -> TextEnv:
@@ -49,4 +52,4 @@ FAMILY = EnvFamily(
     ),
 )
 
-__all__ = ["BALROG_MAX_STEPS", "FAMILY"]
+__all__ = ["BALROG_IMAGE_SIZE", "BALROG_MAX_STEPS", "FAMILY"]

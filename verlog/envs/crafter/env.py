@@ -16,7 +16,9 @@ end, ``info["success"]`` says whether the player was still alive.
 ``protocol="balrog"`` plays Crafter as BALROG's evaluation does (:mod:`verlog.envs.crafter.balrog_text`):
 its action names (``Move West`` ...), its observation text (a long-term part kept in the history
 and a status-and-inventory part shown only with the newest observation), a ``Noop`` played by
-every reset, exact-match answers with ``Noop`` for anything else and no penalty, 2,000 steps.
+every reset, exact-match answers with ``Noop`` for anything else and no penalty, 2,000 steps, and
+the random numbers BALROG's image rendering draws at night drawn too (:class:`_TextCrafter`), so
+the game stays BALROG's step for step.
 
 The game image is never rendered (the text does not need it), which doubles the step rate. The
 first reset in a process can take about a second while ``opensimplex`` (Crafter's terrain noise)
@@ -36,7 +38,7 @@ from crafter import constants
 from verlog.envs import balrog_protocol
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import StepResult, TextEnv, play_steps
-from verlog.envs.crafter import BALROG_MAX_STEPS
+from verlog.envs.crafter import BALROG_IMAGE_SIZE, BALROG_MAX_STEPS
 from verlog.envs.crafter import balrog_text as crafter_balrog
 from verlog.envs.family import check_protocol
 from verlog.envs.progression import crafter_value
@@ -132,10 +134,33 @@ class _TextCrafter(crafter.Env):
     Crafter despawns a creature picked at random from a ``set`` of objects, whose order follows
     memory addresses, so the same seed can play out differently in long episodes; here the
     objects are sorted by position first.
+
+    ``render_draws``: rendering a frame at night (daylight below 0.5) draws a noise value per
+    pixel of the local view from the *game's* random generator (Crafter's ``LocalView._noise``),
+    so a game whose image is rendered follows another random stream from the first night on
+    (zombies, cows, skeletons move and spawn differently). With ``render_draws`` each rendering
+    the game would do draws exactly those numbers (the same count, from the same generator, at
+    the same moment) without drawing the image: the game stays, step for step, the one whose
+    image is rendered at ``size``. Without it (verlog's protocol) nothing is drawn.
     """
 
+    def __init__(self, *args: Any, render_draws: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.render_draws = render_draws
+        unit = np.array(self._size) // np.array(self._view)
+        #: the local view's image shape, whose pixels each night rendering draws noise for
+        self.noise_shape = tuple(int(v) for v in np.array(self._local_view._grid) * unit)
+
     def _obs(self) -> None:  # type: ignore[override]
+        if self.render_draws:
+            self.rendered()
         return None
+
+    def rendered(self) -> None:
+        """Draw what one rendering of the current frame draws from the game's generator: a
+        noise value per pixel of the local view at night (``daylight < 0.5``), else nothing."""
+        if self._world.daylight < 0.5:
+            self._world.random.uniform(32, 127, self.noise_shape)
 
     def _balance_chunk(self, chunk: Any, objs: Any) -> None:
         ordered = sorted(objs, key=lambda obj: (int(obj.pos[0]), int(obj.pos[1])))
@@ -250,7 +275,10 @@ class CrafterTextEnv(TextEnv):
         self.invalid_action_penalty = invalid_action_penalty
         self.max_steps = max_steps
         self.max_per_type = max_per_type
-        self.game = _TextCrafter(seed=seed, length=None)
+        if balrog:  # BALROG renders the image (at its size): the game draws for it, see _TextCrafter
+            self.game = _TextCrafter(seed=seed, length=None, size=BALROG_IMAGE_SIZE, render_draws=True)
+        else:
+            self.game = _TextCrafter(seed=seed, length=None)
         self._seed = seed
         self._steps = 0
         self._done = True
@@ -295,6 +323,7 @@ class CrafterTextEnv(TextEnv):
         self.game.reset()
         if self.balrog:  # BALROG's wrapper plays one Noop on reset: the first observation follows it
             self.game.step(0)
+            self.game.rendered()  # the wrapper renders the image of the observation too
         self._steps = 0
         self._done = False
         return self._render()
@@ -314,6 +343,8 @@ class CrafterTextEnv(TextEnv):
             raise RuntimeError("the episode is over: call reset() first")
         action_id, executed, valid = self._parse(action_text)
         _, reward, dead, _ = self.game.step(action_id)
+        if self.balrog:
+            self.game.rendered()  # BALROG's wrapper renders the observation's image after the game's own
         self._steps += 1
         terminated = bool(dead)
         truncated = not terminated and self._steps >= self.max_steps

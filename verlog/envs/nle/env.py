@@ -30,7 +30,8 @@ in BALROG an episode stops after 100,000 steps, or when the game's turn counter 
 150 steps (truncated, ``info["aborted"]``).
 
 An answer that names no valid action runs the default action (``north`` in MiniHack, ``esc`` in
-NetHack, as in BALROG) and pays the invalid-action penalty. Seeds fix NetHack's random number
+NetHack, as in BALROG) and, in verlog's variant, pays the invalid-action penalty (under BALROG's
+protocol it costs nothing, as in BALROG). Seeds fix NetHack's random number
 generators (``core`` and ``disp``, no reseeding, moon phase derived from the seed), so a seed
 replays the same game given the same actions. ``NetHackChallenge-v0`` forbids changing its seeds
 through its API; the seeds are set on the underlying ``nle`` game object instead.
@@ -713,8 +714,9 @@ class BalrogNLETextEnv(_NLEGame):
       of it in the history: everything but the inventory.
     * **Actions**: one keystroke per answer, named as the NLE language wrapper names it
       (:meth:`valid_actions`). The answer is stripped and reduced to letters, white space and
-      colons; anything that is then not exactly a valid action runs :attr:`default_action` and
-      pays the invalid-action penalty (``info["valid_action"]`` is False).
+      colons; anything that is then not exactly a valid action runs :attr:`default_action`
+      (``info["valid_action"]`` is False) and, as in BALROG, costs nothing:
+      ``invalid_action_penalty`` is 0 unless given.
     * **Questions and menus reach the model** (``What do you want to eat? [fg or ?*]``): it answers
       with the item's letter, a direction, ``esc``. Only ``--More--`` is continued automatically
       (BALROG's ``skip_more``), its texts joined into the message.
@@ -876,7 +878,7 @@ class BalrogMiniHackTextEnv(BalrogNLETextEnv):
 
     def __init__(
         self, task: str, seed: int | None = None, *, max_steps: int = DEFAULT_MINIHACK_MAX_STEPS,
-        invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
+        invalid_action_penalty: float = 0.0,
     ) -> None:
         from verlog.envs.nle.balrog_text import minihack_action_names
 
@@ -934,7 +936,7 @@ class BalrogNetHackTextEnv(BalrogNLETextEnv):
 
     def __init__(
         self, seed: int | None = None, *, max_steps: int = DEFAULT_NETHACK_MAX_STEPS,
-        invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
+        invalid_action_penalty: float = 0.0,
         no_progress_timeout: int = DEFAULT_NO_PROGRESS_TIMEOUT,
     ) -> None:
         from verlog.envs.nle.balrog_text import nethack_action_names

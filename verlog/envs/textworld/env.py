@@ -47,9 +47,13 @@ The model reads only the game's own text: the goal paragraph is removed from eve
 free text: the answer is cleaned as BALROG's naive agent cleans it (stripped, then only letters,
 white space and colons kept) and typed into the game as it is, so every answer is a valid action
 and no penalty is ever paid. The instruction gives BALROG's facts for
-each game (the commands, its hints, the step budget its prompt states). BALROG's games are Glulx
-files; TextWorld 1.7 plays only Z-machine files, so ours are ``.z8`` (same Inform 7 source; the
-Z-machine's status line, which Glulx does not print, is removed from the text).
+each game (the commands, its hints, the step budget its prompt states). BALROG ships the cooking
+games as Z-machine files (``.z8``), which TextWorld plays as BALROG's TextWorld does: their text
+is kept exactly as BALROG's code gives it, the Z-machine's status line (``>  -= Backyard =-0/1``)
+included, and the goal is split off exactly as BALROG splits it. Its treasure hunter and coin
+collector games are Glulx files (``.ulx``), which print no status line; TextWorld 1.7 plays only
+Z-machine files, so these (BALROG's rebuilt, or verlog's generated ones) are ``.z8`` from the same
+Inform 7 source with the status line removed. Generated cooking games keep theirs, as BALROG's do.
 
 Both protocols: reward is the score gained by the step; the episode ends (terminated) when the
 game is won or lost and is truncated after ``max_steps`` commands (80, BALROG's). Progression is
@@ -63,9 +67,11 @@ generated in child processes, never in this one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -104,6 +110,9 @@ FAMILIES: tuple[str, ...] = GAMES
 BALROG_POOL_SIZE = 25
 DEFAULT_MAX_STEPS = BALROG_MAX_STEPS
 DEFAULT_ACTION = "look"  # verlog's protocol only: under BALROG's every answer is a command
+#: the families whose games BALROG ships as Z-machine files (``tw_games/the_cooking_game/*.z8``,
+#: whose text shows the status line); treasure hunter's and coin collector's are Glulx (``.ulx``)
+BALROG_ZMACHINE_FAMILIES: tuple[str, ...] = ("cooking",)
 
 _DIRECTIONS = ("north", "south", "east", "west")
 SYNONYMS: Mapping[str, str] = {
@@ -163,9 +172,19 @@ def clean_feedback(text: str, objective: str = "") -> str:
     return text.strip()
 
 
-def balrog_feedback(text: str, objective: str) -> str:
-    """The game's text as BALROG's model reads it: what follows the goal paragraph (the whole
-    text when the goal is not in it), stripped; the Z-machine's status line removed."""
+def balrog_feedback(text: str, objective: str, zmachine: bool = False) -> str:
+    """The game's text as BALROG's model reads it: what follows the last copy of the goal
+    paragraph (the whole text when the goal is not in it), stripped.
+
+    ``zmachine``: the game is one of BALROG's Z-machine files (``.z8``), which BALROG's TextWorld
+    plays as verlog does: the text is exactly BALROG's, so it is split on the goal exactly as
+    BALROG splits it and keeps the Z-machine's status line (``>  -= Backyard =-0/1``: the room,
+    then score/moves). Otherwise it stands for a Glulx game (``.ulx``, rebuilt here as a
+    Z-machine one), whose interpreter prints no status line: the line is removed, and the goal
+    is found whatever its quotes and spacing (the rebuilt game may print ``That's`` where the
+    description says ``That"s``)."""
+    if zmachine:
+        return text.split(objective)[-1].strip() if objective else text.strip()
     text = _STATUS_BAR.sub("", text.rstrip())
     after = _after_objective(text, objective)
     return (after if after is not None else text).strip()
@@ -199,6 +218,17 @@ def balrog_command(answer: str) -> str:
     """The command BALROG's naive agent types for an answer: the answer stripped, then only its
     letters, white space and colons kept ("take non-euclidean key!" -> "take noneuclidean key")."""
     return clean_answer(answer)
+
+
+@dataclass
+class _Shadow:
+    """A second copy of the game, asked for the admissible commands, replaying the episode's
+    commands (``replayed`` of them so far; ``None``: the episode restarted)."""
+
+    path: Path
+    env: Any
+    replayed: int | None = None
+    state: Any = None
 
 
 class TextWorldTextEnv(TextEnv):
@@ -247,6 +277,10 @@ class TextWorldTextEnv(TextEnv):
         self._next_seed = seed if seed is not None else 0
         self._game_env: Any = None
         self._game_path: Path | None = None
+        #: the commands played this episode, and the shadow game answering valid_actions() under
+        #: BALROG's protocol
+        self._commands: list[str] = []
+        self._shadow: _Shadow | None = None
         self._state: Any = None
         self._steps = 0
         self._done = True
@@ -268,14 +302,23 @@ class TextWorldTextEnv(TextEnv):
         if self._game_path == path and self._game_env is not None:
             return
         self.close()
-        infos = textworld.EnvInfos(
-            admissible_commands=True, won=True, lost=True, score=True, max_score=True,
-            objective=True, description=True, inventory=True, moves=True, extras=["walkthrough"],
-        )
         with ENGINE_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self._game_env = textworld.start(str(path), request_infos=infos)
+            self._game_env = textworld.start(str(path), request_infos=self._infos(not self.balrog))
         self._game_path = path
+
+    def _infos(self, admissible: bool) -> Any:
+        """What TextWorld is asked to report. Asking for the admissible commands makes the game
+        trace its actions, and cutting the traces out leaves line breaks in the text: the game
+        BALROG's model reads is asked only what BALROG asks (goal, room description, score,
+        maximum, won; lost, moves and the walkthrough change nothing), so its text is BALROG's to
+        the character; the admissible commands come from a shadow copy (:meth:`valid_actions`)."""
+        import textworld
+
+        return textworld.EnvInfos(
+            admissible_commands=admissible, won=True, lost=True, score=True, max_score=True, objective=True,
+            description=True, inventory=not self.balrog, moves=True, extras=["walkthrough"],
+        )
 
     def game_index(self, seed: int) -> int:
         """The game an episode seed plays: ``(seed + 1) % pool_size`` with a pool (see the module
@@ -325,8 +368,19 @@ class TextWorldTextEnv(TextEnv):
         part shown only on the newest turn)."""
         return self._observation
 
+    @property
+    def zmachine_text(self) -> bool:
+        """Whether BALROG's model reads this game's Z-machine text as it is (status line kept):
+        BALROG's game file is a ``.z8`` (not a Glulx file rebuilt here), or, without BALROG's
+        files, the family's BALROG games are Z-machine files (:data:`BALROG_ZMACHINE_FAMILIES`)."""
+        if self.game_file is not None:
+            return self.game_file.suffix != ".ulx"
+        return self.family in BALROG_ZMACHINE_FAMILIES
+
     def _feedback(self, text: str) -> str:
-        return balrog_feedback(text, self.objective) if self.balrog else clean_feedback(text, self.objective)
+        if self.balrog:
+            return balrog_feedback(text, self.objective, zmachine=self.zmachine_text)
+        return clean_feedback(text, self.objective)
 
     # -- TextEnv ------------------------------------------------------------------------------------
 
@@ -345,6 +399,9 @@ class TextWorldTextEnv(TextEnv):
         with ENGINE_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._state = self._game_env.reset()
+        self._commands = []
+        if self._shadow is not None:
+            self._shadow.replayed = None  # the shadow starts this episode over when next asked
         self.seed, self.game_seed = seed, used
         self._steps = 0
         self._score = float(self._state["score"] or 0)
@@ -363,6 +420,7 @@ class TextWorldTextEnv(TextEnv):
         with ENGINE_LOCK, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._state, _, game_done = self._game_env.step(command)
+        self._commands.append(command)
         self._steps += 1
         score = float(self._state["score"] or 0)
         reward = score - self._score
@@ -391,10 +449,30 @@ class TextWorldTextEnv(TextEnv):
 
     def valid_actions(self) -> list[str]:
         """TextWorld's admissible commands now (under BALROG's protocol any text is accepted:
-        these are the commands the game would understand, never shown to the model)."""
+        these are the commands the game would understand, never shown to the model, read from a
+        shadow copy of the game that replays the episode's commands, so that the text the model
+        reads stays BALROG's: see :meth:`_infos`)."""
         if self._state is None:
             return []
-        return list(self._state["admissible_commands"] or [])
+        if not self.balrog:
+            return list(self._state["admissible_commands"] or [])
+        import textworld
+
+        with ENGINE_LOCK, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            shadow = self._shadow
+            if shadow is not None and shadow.path != self._game_path:
+                shadow.env.close()
+                shadow = None
+            if shadow is None:
+                env = textworld.start(str(self._game_path), request_infos=self._infos(True))
+                shadow = self._shadow = _Shadow(self._game_path, env)
+            if shadow.replayed is None:  # a new episode
+                shadow.replayed, shadow.state = 0, shadow.env.reset()
+            for command in self._commands[shadow.replayed:]:
+                shadow.state, _, _ = shadow.env.step(command)
+            shadow.replayed = len(self._commands)
+            return list(shadow.state["admissible_commands"] or [])
 
     @property
     def instruction(self) -> str:
@@ -428,6 +506,10 @@ class TextWorldTextEnv(TextEnv):
                 pass
         self._game_env = None
         self._game_path = None
+        if self._shadow is not None:
+            with contextlib.suppress(Exception), ENGINE_LOCK:
+                self._shadow.env.close()
+            self._shadow = None
 
 
 # -- BALROG's instructions ------------------------------------------------------------------------
