@@ -152,3 +152,13 @@ def test_overrides_may_follow_options(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:  # anything else is still argparse's own error
         main(["rollout", CONFIG, "--episodes", "1", "--shw-messages"])
     assert exit_info.value.code == 2 and "unrecognized arguments: --shw-messages" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("split", ["test", "validation"])
+def test_eval_split_on_a_config_without_data_is_one_error_line(split, tmp_path, capsys):
+    """The seed-made episodes of cue_corridor have no splits: --split is a mistake, not seeds played quietly."""
+    assert main(["eval", CONFIG, "--split", split, "--episodes", "2", "--out", str(tmp_path / "eval"), "--no-chart"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --split {split}: this config has no data rows to split (its episodes come from "
+                   "make_input(seed)); drop --split, or add a data section with the split's file"]
+    assert not (tmp_path / "eval").exists()

@@ -69,7 +69,10 @@ def config_tasks(config: VerlogConfig, env: str | None = None, *, split: str | N
     env = env or env_name(config)
     base = config.multi_turn.langgraph.graph_kwargs
     tasks = list(config.eval.tasks) or [EvalTaskConfig(name=env)]
-    if config.data is None:
+    if config.data is None or not config.data.has_rows():
+        if split is not None:
+            raise ConfigError(f"--split {split}: this config has no data rows to split (its episodes come from "
+                              "make_input(seed)); drop --split, or add a data section with the split's file")
         split = None
     else:
         split = split or config.eval.split
