@@ -162,3 +162,16 @@ def test_eval_split_on_a_config_without_data_is_one_error_line(split, tmp_path, 
     assert err == [f"error: --split {split}: this config has no data rows to split (its episodes come from "
                    "make_input(seed)); drop --split, or add a data section with the split's file"]
     assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.parametrize("kind", COMMANDS)
+def test_a_judge_endpoint_that_is_down_stops_the_command_before_any_episode(kind, tmp_path, capsys):
+    """Nothing listens on the judge's port: one error line naming the key, and no episode played."""
+    from langgraph_server import free_port
+
+    judge = f"[{{endpoint: {{base_url: 'http://127.0.0.1:{free_port()}/v1', model: judge}}}}]"
+    path = graph_file(tmp_path, node='raise RuntimeError("an episode was played")')
+    assert main(command(kind, tmp_path, f"multi_turn.langgraph.path={path}", f"reward.judges={judge}")) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("error: reward.judges[0].endpoint.base_url: the judge's endpoint http://127.0.0.1:")
+    assert "does not answer" in line and "an episode was played" not in line

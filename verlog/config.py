@@ -396,6 +396,10 @@ class JudgeConfig(_Section):
         2, ge=0, description="further attempts after a connection error, a timeout, HTTP 5xx or 429 (Retry-After "
         "honoured) or an answer that is not a valid verdict"
     )
+    max_consecutive_failures: int = Field(
+        10, ge=1, description="this many verdicts in a row that fail (no valid verdict after the retries, the endpoint "
+        "down...) stop the run: a judge answering garbage would otherwise fail every episode"
+    )
     cache: bool = Field(
         True, description="keep verdicts (in memory, and in the run folder's judges/<name>.jsonl): a verdict "
         "asked twice, e.g. by a resumed run, is paid once (not with embedded: policy, whose weights change)"

@@ -130,6 +130,12 @@ class RewardScorer:
         for judge in self.judges:
             judge.check_columns(columns)
 
+    def check_judges(self) -> None:
+        """Before the first episode: every endpoint judge's server answers and serves its model
+        (``ConfigError`` naming the judge's key otherwise)."""
+        for judge in self.judges:
+            judge.check_endpoint()
+
     async def score(self, trajectory: Trajectory) -> Outcome:
         """Every reward function and rubric judge on one finished episode, concurrently."""
         parts = [(f.name, f.weight, f(trajectory)) for f in self.functions]

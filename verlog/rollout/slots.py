@@ -623,6 +623,9 @@ class SlotRunner:
                 if self.on_episode_end is not None and not episode.failed and episode.turns:
                     try:
                         await self.on_episode_end(episode, seed)
+                    except SlotFailureError as exc:  # e.g. a judge that failed every verdict for a while
+                        self._stop(exc)
+                        return
                     except Exception as exc:  # e.g. a reward function failed: never a made-up reward
                         failed = recorder.episode("error", error=str(exc) or type(exc).__name__)
                         failed.seconds, episode = episode.seconds, failed
