@@ -159,7 +159,7 @@ def test_eval_split_on_a_config_without_data_is_one_error_line(split, tmp_path, 
     """The seed-made episodes of cue_corridor have no splits: --split is a mistake, not seeds played quietly."""
     assert main(["eval", CONFIG, "--split", split, "--episodes", "2", "--out", str(tmp_path / "eval"), "--no-chart"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: --split {split}: this config has no data rows to split (its episodes come from "
+    assert err == [f"error: --split {split}: {CONFIG} has no data rows to split (its episodes come from "
                    "make_input(seed)); drop --split, or add a data section with the split's file"]
     assert not (tmp_path / "eval").exists()
 

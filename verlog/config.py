@@ -175,7 +175,12 @@ class RolloutConfig(_Section):
 
     episodes: int = Field(4, ge=1)
     concurrency: int = Field(32, ge=1)
-    episode_timeout_s: float | None = Field(600.0, gt=0)
+    episode_timeout_s: float | None = Field(
+        600.0, gt=0, description="the most seconds an episode's graph may spend in its own code (time in model calls, "
+        "queued or generating, never counts: a busy machine times nothing out); an episode past it fails (training: "
+        "not trained; evaluation: an error played again, never a loss). null: no limit (recursion_limit bounds the "
+        "work)"
+    )
     seed: int = 0
 
 

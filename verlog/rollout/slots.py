@@ -38,7 +38,8 @@ episode and refills its quota, so the batch keeps its shape); turns it gave to *
 batches stay trained: each was a complete transition (the environment had answered it) and the
 cut one was bootstrapped from the real next prompt, so nothing trained depends on the failure.
 Failures are counted; a slot failing ``max_consecutive_failures`` episodes in a row stops the
-run with ``SlotFailureError``. The timeout does not run while a call is held for an update.
+run with ``SlotFailureError``. The timeout counts the graph's own time only: it does not run
+while a model call is under way (queued, generating, or held for an update).
 
 **Truncation.** A turn the environment reports ``truncated`` (a step cap) keeps the value of
 the state after the cut: if the environment also reported ``next_messages`` (the prompt the
@@ -225,14 +226,6 @@ class _Slot:
     reopened: asyncio.Event = field(default_factory=asyncio.Event)
     episodes_started: int = 0
     consecutive_failures: int = 0
-    held_total_s: float = 0.0
-    held_since: float | None = None
-
-    def clock(self) -> float:
-        """Wall time that stands still while the slot holds a call (an episode's timeout clock)."""
-        now = time.perf_counter()
-        held = self.held_total_s + (now - self.held_since if self.held_since is not None else 0.0)
-        return now - held
 
 
 class _GatedEngine(Engine):
@@ -501,8 +494,6 @@ class SlotRunner:
         call.prompt_ids = list(prompt_ids)
         reopened = slot.reopened
         slot.held.append(call)
-        if slot.held_since is None:
-            slot.held_since = time.perf_counter()
         self._notify()
         try:
             await reopened.wait()
@@ -510,9 +501,6 @@ class SlotRunner:
             if call in slot.held:
                 slot.held.remove(call)
             call.prompt_ids = None
-            if not slot.held and slot.held_since is not None:
-                slot.held_total_s += time.perf_counter() - slot.held_since
-                slot.held_since = None
 
     def _call_started(self, episode_id: str, run_id: UUID, index: int) -> None:
         """A training call of a slot's episode has started (its recorder saw it)."""
@@ -613,7 +601,7 @@ class SlotRunner:
                 try:
                     episode = await run_episode(
                         self.graph, graph_input, episode_id=episode_id, graph_config=self.graph_config,
-                        timeout_s=self.timeout_s, recorder=recorder, clock=slot.clock,
+                        timeout_s=self.timeout_s, recorder=recorder,
                     )
                 except BlockingCallError as exc:  # the graph's code can never train: stop at once
                     self._stop(SlotFailureError(str(exc)))

@@ -101,7 +101,8 @@ class VerlSettings(_Section):
         1, ge=1, description="consecutive slots (num_envs * rollout.n in all) playing the same seeds: the groups "
         "grpo, rloo and gigpo compare (default: actor_rollout_ref.rollout.n, verl's group: a row's sessions)"
     )
-    episode_timeout_s: float | None = Field(600.0, gt=0, description="per episode, not counting time held at a batch boundary")
+    episode_timeout_s: float | None = Field(600.0, gt=0, description="per episode: time in the graph's own code (model calls, queued, "
+                                              "generating or held at a batch boundary, never count)")
     max_consecutive_failures: int = Field(20, ge=1, description="a slot failing this often in a row fails its verl sample")
     eval_episodes: int = Field(32, ge=1, description="validation episodes (verl's val set)")
     eval_seed: int = Field(1_000_000, description="seed of the first validation episode")
