@@ -226,6 +226,15 @@ class _Slot:
     reopened: asyncio.Event = field(default_factory=asyncio.Event)
     episodes_started: int = 0
     consecutive_failures: int = 0
+    #: the round of the episode the slot plays now (``None`` before its first)
+    current_round: int | None = None
+    #: after a resume: the round to play first, the one in flight when the checkpoint was saved
+    replay_round: int | None = None
+
+    def in_flight(self) -> int | None:
+        """The round of the episode still running in this slot, ``None`` when none is."""
+        running = any(segment.episode is None for segment in self.segments)
+        return self.current_round if running else None
 
 
 class _GatedEngine(Engine):
@@ -573,10 +582,14 @@ class SlotRunner:
         another slot of the group has begun that one already (the group stays in step)."""
         groups = self.num_envs // self.group_size
         group, j = slot.index // self.group_size, slot.episodes_started
-        if self.group_size > 1:
+        if slot.replay_round is not None:  # resumed: first the episode the checkpoint left in flight
+            j, slot.replay_round = slot.replay_round, None
+            self._newest_round[group] = max(j, self._newest_round.get(group, -1))
+        elif self.group_size > 1:
             j = max(j, self._newest_round.get(group, -1))
             self._newest_round[group] = j
-        slot.episodes_started = j + 1
+        slot.episodes_started = max(slot.episodes_started, j + 1)
+        slot.current_round = j
         return slot_seed(self.seed, j, group, groups)
 
     async def _run_slot(self, slot: _Slot) -> None:
@@ -646,23 +659,37 @@ class SlotRunner:
 
     # ------------------------------------------------------------------ lifecycle
     def state_dict(self) -> dict[str, Any]:
-        """Counters to resume from: episodes started per slot (seeds go on) and run totals."""
+        """Counters to resume from: episodes started per slot (seeds go on), the round each slot
+        has in flight (played again on resume: an epoch covers every row, killed or not) and run
+        totals."""
         return {
             "episodes_started": self.episodes_started,
+            "in_flight": [slot.in_flight() for slot in self._slots],
             "counters": self.counters.as_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore counters before the first ``collect`` (episodes in flight are not saved: each
-        slot starts a new episode with its next seed)."""
+        """Restore counters before the first ``collect``. Each slot first plays again the round
+        it had in flight (its turns given to batches before the checkpoint stay trained; the
+        episode is played whole again, so its row is not skipped), then goes on with its group.
+        A state without ``in_flight`` (an older checkpoint) starts each group on a round none of
+        its slots had begun."""
         if self._tasks:
             raise RuntimeError("load_state_dict must come before the first collect()")
         started = [int(n) for n in state["episodes_started"]]
         if len(started) != self.num_envs:
             raise ValueError(f"state has {len(started)} slots, runner has {self.num_envs}")
-        for slot in self._slots:  # the slots of a group start in step, on a round none has begun
+        in_flight = state.get("in_flight")
+        if in_flight is not None and len(in_flight) != self.num_envs:
+            raise ValueError(f"state has {len(in_flight)} slots in flight, runner has {self.num_envs}")
+        for slot in self._slots:
             first = slot.index - slot.index % self.group_size
-            slot.episodes_started = max(started[first:first + self.group_size])
+            if in_flight is None:  # the slots of a group start in step, on a round none has begun
+                slot.episodes_started = max(started[first:first + self.group_size])
+                continue
+            slot.episodes_started = started[slot.index]
+            round_ = in_flight[slot.index]
+            slot.replay_round = None if round_ is None else int(round_)
         self.counters = SlotCounters.from_dict(state["counters"])
 
     async def aclose(self) -> None:
