@@ -17,11 +17,12 @@ from verlog.evaluation import evaluate
 from verlog.models import load_causal_lm, load_tokenizer, resolve_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
-EPISODES = 6
-#: each model call waits this long before it is answered (a level takes up to 64 calls: 38 s)
-DELAY_S = 0.6
-#: an episode's graph may spend this long in its own code (~1-5 s here; a slowed episode takes far longer in all)
-TIMEOUT_S = 15.0
+EPISODES = 4
+#: each model call waits this long before it is answered (a level takes up to 64 calls: 19 s)
+DELAY_S = 0.3
+#: an episode's graph may spend this long in its own code (about 1-2 s here, two episodes at a time;
+#: a slowed episode takes far longer in all)
+TIMEOUT_S = 8.0
 
 
 class BusyEngine(EmbeddedEngine):
@@ -34,7 +35,8 @@ class BusyEngine(EmbeddedEngine):
 
 @pytest.mark.timeout(600)
 def test_the_quickstart_evaluation_scores_the_same_on_a_slowed_engine():
-    config = load_config(ROOT / "configs" / "quickstart.yaml", [f"rollout.episode_timeout_s={TIMEOUT_S}"])
+    config = load_config(ROOT / "configs" / "quickstart.yaml",
+                         [f"rollout.episode_timeout_s={TIMEOUT_S}", "eval.concurrency=2"])
     path = resolve_model_path(config.model.path)
     tokenizer = load_tokenizer(path)
     model = load_causal_lm(path)
