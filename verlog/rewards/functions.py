@@ -29,7 +29,7 @@ import asyncio
 import importlib
 import inspect
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from verlog.config import ConfigError, RewardFunctionConfig
 from verlog.graph_file import GraphFileError, import_python_file
@@ -50,10 +50,11 @@ def verl_arguments(trajectory: Trajectory) -> dict[str, Any]:
     ``completion``), ``ground_truth`` (the row's ``reward_model.ground_truth``, absent when the
     row has none), ``data_source`` and ``extra_info`` (the row's columns, else ``None`` / ``{}``)."""
     row = dict(trajectory.row or {})
+    extra = row.get("extra_info")
     found: dict[str, Any] = {
         "solution_str": trajectory.completion,
         "data_source": row.get("data_source"),
-        "extra_info": dict(row.get("extra_info") or {}),
+        "extra_info": dict(extra) if isinstance(extra, Mapping) else ({} if extra is None else extra),
     }
     spec = row.get(VERL_REWARD_MODEL_COLUMN)
     if "ground_truth" in row:
