@@ -152,3 +152,26 @@ def test_overrides_may_follow_options(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:  # anything else is still argparse's own error
         main(["rollout", CONFIG, "--episodes", "1", "--shw-messages"])
     assert exit_info.value.code == 2 and "unrecognized arguments: --shw-messages" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("split", ["test", "validation"])
+def test_eval_split_on_a_config_without_data_is_one_error_line(split, tmp_path, capsys):
+    """The seed-made episodes of cue_corridor have no splits: --split is a mistake, not seeds played quietly."""
+    assert main(["eval", CONFIG, "--split", split, "--episodes", "2", "--out", str(tmp_path / "eval"), "--no-chart"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --split {split}: {CONFIG} has no data rows to split (its episodes come from "
+                   "make_input(seed)); drop --split, or add a data section with the split's file"]
+    assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.parametrize("kind", COMMANDS)
+def test_a_judge_endpoint_that_is_down_stops_the_command_before_any_episode(kind, tmp_path, capsys):
+    """Nothing listens on the judge's port: one error line naming the key, and no episode played."""
+    from langgraph_server import free_port
+
+    judge = f"[{{endpoint: {{base_url: 'http://127.0.0.1:{free_port()}/v1', model: judge}}}}]"
+    path = graph_file(tmp_path, node='raise RuntimeError("an episode was played")')
+    assert main(command(kind, tmp_path, f"multi_turn.langgraph.path={path}", f"reward.judges={judge}")) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("error: reward.judges[0].endpoint.base_url: the judge's endpoint http://127.0.0.1:")
+    assert "does not answer" in line and "an episode was played" not in line

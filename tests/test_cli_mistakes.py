@@ -137,6 +137,26 @@ def test_resume_after_changing_num_envs_or_lora_is_one_line(tmp_path, capsys):
     assert main([*command("train", tmp_path), "actor.lora.rank=4", "trainer.total_updates=2", "--resume"]) == 2
     line = one_error_line(capsys)
     assert "actor.lora.rank: update_000001 holds a full actor but actor.lora.rank is 4" in line
+    # ... and with another estimator: refused in one line, the run's config.yaml and checkpoint untouched
+    run = tmp_path / "run"
+    saved = (run / "config.yaml").read_text()
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir()) if (run / "checkpoints").is_dir() else None
+    assert "estimator: gae" in saved
+    for other in ("grpo", "rloo"):
+        args = [*command("train", tmp_path), f"algorithm.estimator={other}", "trainer.group_size=2",
+                "trainer.total_updates=2", "--resume"]
+        assert main(args) == 2
+        line = one_error_line(capsys)
+        assert line == (f"error: algorithm.estimator: the run in {str(run)!r} was trained with 'gae', not {other!r}: "
+                        "resume with algorithm.estimator=gae (or start a new run in another trainer.run_dir)")
+    assert (run / "config.yaml").read_text() == saved
+    if checkpoints is not None:
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == checkpoints
+    # a config.yaml edited by hand does not hide it: the checkpoint holds a critic grpo does not have
+    (run / "config.yaml").write_text(saved.replace("estimator: gae", "estimator: grpo"))
+    assert main([*command("train", tmp_path), "algorithm.estimator=grpo", "trainer.group_size=2",
+                 "trainer.total_updates=2", "--resume"]) == 2
+    assert "algorithm.estimator: update_000001 holds a critic but 'grpo' has none" in one_error_line(capsys)
 
 
 @pytest.mark.parametrize("what", ["missing", "empty"])

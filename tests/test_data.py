@@ -64,12 +64,21 @@ def test_unreadable_sources_are_one_clear_error(tmp_path, files):
     (tmp_path / "rows.txt").write_text("x")
     with pytest.raises(DataError, match=r"data.train.format: cannot tell the format .* json \(also JSONL\), parquet"):
         read_rows(DataSourceConfig(path=str(tmp_path / "rows.txt")), "train")
-    (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n{not json\n')
-    with pytest.raises(DataError, match=r"data.train.path: .*bad.jsonl' could not be read as json"):
-        read_rows(DataSourceConfig(path=str(tmp_path / "bad.jsonl")), "train")
-    (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(DataError, match="has no rows|could not be read"):
-        read_rows(DataSourceConfig(path=str(tmp_path / "empty.jsonl")), "train")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n{not json\n{"prompt": "c"}\n')
+    bad = tmp_path / "bad.jsonl"
+    with pytest.raises(DataError, match=rf"^data.train.path: .*bad.jsonl' could not be read as json: {bad}:4:2: not valid "
+                                        r"JSON: Expecting property name enclosed in double quotes$"):
+        read_rows(DataSourceConfig(path=str(bad)), "train")
+    (tmp_path / "list.jsonl").write_text('{"prompt": "a"}\n["b"]\n')
+    with pytest.raises(DataError, match=r"list.jsonl:2: a JSONL row must be a JSON object .* got list"):
+        read_rows(DataSourceConfig(path=str(tmp_path / "list.jsonl")), "train")
+    (tmp_path / "array.json").write_text('[\n  {"prompt": "a"},\n  {"prompt": b}\n]\n')
+    with pytest.raises(DataError, match=r"array.json:3:14: not valid JSON: Expecting value$"):
+        read_rows(DataSourceConfig(path=str(tmp_path / "array.json")), "train")
+    for name, text in (("empty.jsonl", ""), ("blank.jsonl", "\n  \n"), ("empty.csv", "")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(DataError, match=rf"^data.validation.path: '.*{name}' is empty: a split needs at least one row$"):
+            read_rows(DataSourceConfig(path=str(tmp_path / name)), "validation")
 
 
 def test_epochs_visit_every_row_once_in_a_new_order_each_time():

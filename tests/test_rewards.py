@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
 from verlog.config import ConfigError, RewardConfig, RewardFunctionConfig
 from verlog.rewards import Outcome, RewardError, RewardFunction, RewardResult, RewardScorer, Trajectory
+from verlog.rewards.result import as_result
 from verlog.rollout import Episode, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,13 +110,63 @@ async def test_a_sync_function_runs_off_the_event_loop(reward_file):
 
 @pytest.mark.parametrize("name, message", [
     ("broken", r"reward function broken \(.*:broken\) raised KeyError: 'answer'"),
-    ("nonsense", r"returned str; return a number, a bool, a dict with 'reward'"),
+    ("nonsense", r"returned str; return a real number, a bool, a dict with 'reward'.*verl's dict with 'score'"),
     ("wrong_turns", r"turn_rewards has 1 values for 2 recorded turns"),
     ("infinite", r"must be finite"),
 ])
 async def test_a_failing_function_is_a_reward_error(reward_file, name, message):
     with pytest.raises(RewardError, match=message):
         await fn(reward_file, name)(trajectory())
+
+
+def _value_types():
+    import numpy as np
+    import torch
+
+    return [
+        (np.float32(0.25), 0.25, None), (np.float64(-1.5), -1.5, None), (np.int64(3), 3.0, None),
+        (np.bool_(True), 1.0, True), (np.bool_(False), 0.0, False), (np.array(0.5), 0.5, None),
+        (torch.tensor(0.75), 0.75, None), (torch.tensor([2.0]), 2.0, None), (torch.tensor(True), 1.0, True),
+        (Fraction(1, 4), 0.25, None), (True, 1.0, True), (7, 7.0, None),
+        ({"score": np.float32(0.5), "acc": np.bool_(True), "pred": "42"}, 0.5, None),  # verl's dict
+        ({"reward": torch.tensor(1.0), "success": np.bool_(True)}, 1.0, True),
+    ]
+
+
+@pytest.mark.parametrize("value, reward, success", _value_types())
+def test_any_real_number_type_is_a_reward(value, reward, success):
+    result = as_result(value, turns=0)
+    assert result.reward == reward and type(result.reward) is float and result.success is success
+    if isinstance(value, dict) and "score" in value:  # verl's other keys are kept, as plain Python values
+        assert result.info == {"acc": True, "pred": "42"} and type(result.info["acc"]) is bool
+
+
+@pytest.mark.parametrize("value, message", [
+    (float("nan"), "must be finite, got nan"), (np.float32("inf"), "must be finite, got inf"),
+    ({"score": float("-inf")}, "the dict's 'score' must be finite"), ("1.0", "returned str"),
+    ({"score": 1.0, "reward": 1.0}, r"unknown keys \['score'\]"), (np.array([1.0, 2.0]), "returned ndarray"),
+])
+def test_non_finite_and_non_numbers_are_refused_with_the_reason(value, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        as_result(value, turns=0)
+
+
+async def test_absurd_rewards_fail_the_episode_unless_clipped(reward_file, tmp_path):
+    path = tmp_path / "huge.py"
+    path.write_text("import numpy as np\ndef huge(completion):\n    return np.float32(1e30)\n"
+                    "def per_turn(turns):\n    return {'reward': -5.0, 'turn_rewards': [1e7] * len(turns)}\n")
+    scorer = RewardScorer(RewardConfig(functions=[f"{path}:huge"]))
+    with pytest.raises(RewardError, match=r"^huge: reward 1e\+30 is beyond reward.max_abs \(1e\+06\); scale the reward, "
+                                          r"set reward.clip to clip it, or raise reward.max_abs$"):
+        await scorer.score(trajectory())
+    with pytest.raises(RewardError, match=r"reward 1e\+07 is beyond"):  # turn rewards are bounded too
+        await RewardScorer(RewardConfig(functions=[f"{path}:per_turn"])).score(trajectory())
+    clipped = await RewardScorer(RewardConfig(functions=[f"{path}:huge", f"{path}:per_turn"], clip=2.0)).score(trajectory())
+    assert clipped.components == {"huge": 2.0, "per_turn": -2.0} and clipped.turn_rewards == [2.0, 2.0]
+    unbounded = await RewardScorer(RewardConfig(functions=[f"{path}:huge"], max_abs=None)).score(trajectory())
+    assert unbounded.reward == pytest.approx(1e30, rel=1e-6)
+    with pytest.raises(ValueError, match="greater than 0"):
+        RewardConfig(clip=0)
 
 
 def test_loading_mistakes_name_the_key(reward_file, tmp_path):

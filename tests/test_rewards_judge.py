@@ -321,6 +321,26 @@ async def test_unparseable_answers_are_retried_hotter_then_read_leniently(server
     assert server.requests[0]["temperature"] == 0.0 and server.requests[1]["temperature"] == RETRY_TEMPERATURE
 
 
+async def test_a_judge_answering_garbage_fails_episodes_with_the_reason_then_stops_the_run(server):
+    from verlog.rollout import SlotFailureError
+
+    server.default = lambda body: "Great job, 10/10!"
+    judge = build_judge(judge_config(url=server.base_url, retries=0, cache=False, max_consecutive_failures=3), index=0)
+    for i in range(2):  # each episode fails, saying why
+        with pytest.raises(RewardError, match=r"^reward\.judges\[0\] \(judge_rubric\): no verdict after 1 attempt "
+                                              r"\(retries=0, .*\): .*JSON"):
+            await judge.score(episode(str(i)))
+    with pytest.raises(SlotFailureError, match=r"^reward\.judges\[0\] \(judge_rubric\): 3 verdicts in a row failed "
+                                               r"\(reward\.judges\[0\]\.max_consecutive_failures=3\); last: .*no verdict"):
+        await judge.score(episode("2"))
+    server.default = lambda body: verdict_for(body, 8)  # a verdict given resets the count
+    assert (await judge.score(episode("3"))).reward == pytest.approx(0.8)
+    server.default = lambda body: "garbage"
+    for i in range(2):
+        with pytest.raises(RewardError):
+            await judge.score(episode(f"again {i}"))
+
+
 async def test_client_errors_are_not_retried(server):
     server.script = [("status", 401)]
     judge = build_judge(judge_config(url=server.base_url, retries=3), index=1)
@@ -418,6 +438,30 @@ def test_lenient_verdict_reading():
         parse_ranking('{"scores": {"1": {"score": 1}}}', 3, 50)
     with pytest.raises(VerdictError, match="scores an attempt '4'; there are attempts 1 to 3"):
         parse_ranking('{"scores": {"4": {"score": 1}}}', 3, 50)
+
+
+async def test_judges_are_checked_against_their_endpoint_before_the_first_episode(engine, tiny_tokenizer, server):
+    """verlog serve-model (the real OpenAI-compatible server) lists its models: a judge naming
+    another model is refused; an endpoint without a models list is only checked to answer."""
+    from langgraph_server import free_port
+
+    from verlog.rewards import RewardScorer
+
+    def scorer(url: str, model: str) -> RewardScorer:
+        return RewardScorer(RewardConfig(judges=[{"endpoint": {"base_url": url, "model": "x"}},
+                                                 {"endpoint": {"base_url": url, "model": model}}]))
+
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as served:
+        with pytest.raises(ConfigError, match=rf"^reward\.judges\[0\]\.endpoint\.model: {served.base_url} does not "
+                                              r"serve 'x'; it serves: tiny$"):
+            await asyncio.to_thread(scorer(served.base_url, "tiny").check_judges)
+        good = RewardScorer(RewardConfig(judges=[{"endpoint": {"base_url": served.base_url, "model": "tiny"}}]))
+        await asyncio.to_thread(good.check_judges)
+    await asyncio.to_thread(scorer(server.base_url, "anything").check_judges)  # no GET /models there: it answers
+    down = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(ConfigError, match=rf"^reward\.judges\[0\]\.endpoint\.base_url: the judge's endpoint {down} "
+                                          r"does not answer \(.*\); start its server or fix base_url"):
+        scorer(down, "x").check_judges()
 
 
 def test_judge_config_errors(monkeypatch):

@@ -234,9 +234,18 @@ async def test_resume_counters_continue_seeds(tiny_tokenizer):
     [batch] = await collect_batches(again, 1)
     for i, turns in enumerate(batch.turns):
         seed, t = state_of(tiny_tokenizer, turns[0].prompt_ids)
-        j = state["episodes_started"][i]
-        assert t == 0 and seed == 2 * j + (i + j) % 2  # the slot's next seed
+        j = state["in_flight"][i]  # at the boundary every slot has an episode in flight: its round is played again
+        assert j == state["episodes_started"][i] - 1
+        assert t == 0 and seed == 2 * j + (i + j) % 2  # that episode, from its start
     assert again.counters.turns == state["counters"]["turns"] + 6
+    # an older checkpoint, without in_flight: the slots go on with their next seeds
+    older, _ = make_runner(tiny_tokenizer, num_envs=2, turns_per_env=3)
+    older.load_state_dict({k: v for k, v in state.items() if k != "in_flight"})
+    [batch] = await collect_batches(older, 1)
+    for i, turns in enumerate(batch.turns):
+        seed, t = state_of(tiny_tokenizer, turns[0].prompt_ids)
+        j = state["episodes_started"][i]
+        assert t == 0 and seed == 2 * j + (i + j) % 2
 
 
 async def test_a_graph_that_always_fails_stops_the_run(tiny_tokenizer):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 from langchain_core.messages import HumanMessage
@@ -96,8 +97,10 @@ async def test_graph_exception_is_a_failed_episode(tiny_tokenizer):
     assert len(episode.turns) == 1 and episode.trainable_turns() == []
 
 
-def looping_graph(model):
+def looping_graph(model, own_time_s: float = 0.0):
+    """A graph that never ends; each step spends ``own_time_s`` in its own code besides the model call."""
     async def policy(state: MessagesState) -> dict:
+        await asyncio.sleep(own_time_s)
         return {"messages": [await model.ainvoke(state["messages"][-2:])]}
 
     g = StateGraph(MessagesState)
@@ -116,19 +119,40 @@ async def test_recursion_limit_is_a_failed_episode(tiny_tokenizer):
     assert len(episode.turns) == 5 and episode.failed and episode.trainable_turns() == []
 
 
-async def test_episode_timeout_is_a_failed_episode(tiny_tokenizer):
-    class SlowEngine(ScriptedEngine):
-        async def generate(self, prompt_ids, sampling, *, request_id=None):
-            await asyncio.sleep(0.05)
-            return await super().generate(prompt_ids, sampling, request_id=request_id)
+class SlowEngine(ScriptedEngine):
+    """An engine on a busy machine: every call waits ``delay_s`` (a queue) before answering."""
 
-    model = VerlogChatModel(engine=SlowEngine(tiny_tokenizer, ["again"]), tokenizer=tiny_tokenizer)
+    delay_s = 0.05
+
+    async def generate(self, prompt_ids, sampling, *, request_id=None):
+        await asyncio.sleep(self.delay_s)
+        return await super().generate(prompt_ids, sampling, request_id=request_id)
+
+
+async def test_episode_timeout_is_a_failed_episode(tiny_tokenizer):
+    """The graph's own code runs past timeout_s (0.05 s a step, 0.3 s allowed)."""
+    model = VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, ["again"]), tokenizer=tiny_tokenizer)
     episode = await run_episode(
-        looping_graph(model), {"messages": [HumanMessage("go")]}, graph_config={"recursion_limit": 1000},
+        looping_graph(model, own_time_s=0.05), {"messages": [HumanMessage("go")]},
+        graph_config={"recursion_limit": 1000}, timeout_s=0.3,
+    )
+    assert episode.status == "timeout" and "its graph's own code ran 0.3 s" in episode.error
+    assert 1 <= len(episode.turns) <= 7 and episode.trainable_turns() == []
+
+
+async def test_a_slow_engine_never_times_an_episode_out(tiny_tokenizer):
+    """Time queued on the engine is not the graph's: 12 calls of 0.1 s each against a 0.3 s timeout
+    end the episode at its recursion limit, as on an idle machine, not in a timeout."""
+    engine = SlowEngine(tiny_tokenizer, ["again"])
+    engine.delay_s = 0.1
+    model = VerlogChatModel(engine=engine, tokenizer=tiny_tokenizer)
+    started = time.perf_counter()
+    episode = await run_episode(
+        looping_graph(model), {"messages": [HumanMessage("go")]}, graph_config={"recursion_limit": 12},
         timeout_s=0.3,
     )
-    assert episode.status == "timeout" and "timed out after 0.3 s" in episode.error
-    assert 1 <= len(episode.turns) <= 7 and episode.trainable_turns() == []
+    assert time.perf_counter() - started >= 12 * 0.1  # far past the timeout in wall time
+    assert episode.status == "recursion_limit" and len(episode.turns) == 12
 
 
 async def test_engine_timeout_over_http_is_a_failed_episode(tiny_tokenizer):

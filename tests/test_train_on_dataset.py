@@ -123,11 +123,15 @@ def test_evaluation_plays_only_held_out_rows_and_resume_continues_the_epoch(proj
 
     before, after = tasks_of(first), tasks_of(second)
     assert before and after and max(before + after) < 50  # one epoch, not wrapped
-    assert not set(before) & set(after)  # no row replayed: the resumed run went on with the epoch
+    assert not set(before) & set(after)  # no row played twice by a group: the resumed run went on with the epoch
+    in_flight = state["runner"]["in_flight"]
     for g in range(GROUPS):
-        resumed_at = max(started[g * GROUP:(g + 1) * GROUP])  # the group's slots resume in step
+        # each slot first plays again the round it had in flight at the checkpoint (not scored before it)
+        mine = slice(g * GROUP, (g + 1) * GROUP)
+        resumed_at = min(n if r is None else r for r, n in zip(in_flight[mine], started[mine]))
         ours = [t for t in after if (t - slot_seed(0, t // GROUPS, g, GROUPS)) == 0]
         assert ours and min(ours) >= slot_seed(0, resumed_at, g, GROUPS)
+        assert slot_seed(0, resumed_at, g, GROUPS) not in before
     assert not set(range(GROUPS)) & set(after)  # the epoch did not start over
 
     # verlog eval on the checkpoint plays the test split: every test row once, no training row
@@ -138,3 +142,77 @@ def test_evaluation_plays_only_held_out_rows_and_resume_continues_the_epoch(proj
     assert sorted(r["key"] for r in evaluated) == list(range(8)) and {r["split"] for r in evaluated} == {"test"}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rows"]["prebuilt_react_agent"]["split"] == "test"
+
+
+KILLED_REWARD = '''
+import json, os, time
+
+
+def logged(key, row, log, run_dir, stop_at_checkpoint):
+    """Log each scored play; the first run stops scoring once it has saved a checkpoint (it is then
+    killed), so its log holds exactly the plays scored before that checkpoint."""
+    if stop_at_checkpoint and os.path.isdir(os.path.join(run_dir, "checkpoints")) and any(
+            name.startswith("update_") for name in os.listdir(os.path.join(run_dir, "checkpoints"))):
+        time.sleep(3600)
+    with open(log, "a") as f:
+        f.write(json.dumps({"key": key, "prompt": row["prompt"]}) + "\\n")
+    return 0.0
+'''
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_run_resumed_plays_every_row_once_per_epoch(tmp_path):
+    """kill -9 after the first checkpoint, then --resume: the episodes in flight at the checkpoint
+    are played again, so across the kill every task of the epochs is played exactly once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from verlog.weights import checkpoint as ckpt
+
+    rows_file = tmp_path / "train.jsonl"
+    rows_file.write_text("".join(json.dumps(r) + "\n" for r in rows("train", 12, 0)))
+    (tmp_path / "killed_reward.py").write_text(KILLED_REWARD)
+    run_dir, num_envs = tmp_path / "run", 4
+    logs = {"first": tmp_path / "first.jsonl", "second": tmp_path / "second.jsonl"}
+
+    def args(which: str, total: int) -> list[str]:
+        function = {"function": f"{tmp_path / 'killed_reward.py'}:logged", "kwargs": {
+            "log": str(logs[which]), "run_dir": str(run_dir), "stop_at_checkpoint": which == "first"}}
+        return [
+            "train", str(ROOT / "configs" / "calculator.yaml"), f"multi_turn.langgraph.path={GRAPHS / 'prebuilt_react_agent.py'}",
+            "multi_turn.langgraph.graph_kwargs={}", "multi_turn.langgraph.graph_config={recursion_limit: 12}",
+            f"data.train={rows_file}", "data.validation=null", "data.test=null", f"reward.functions=[{json.dumps(function)}]",
+            f"trainer.run_dir={run_dir}", f"trainer.num_envs={num_envs}", "trainer.group_size=1", "algorithm.estimator=rloo",
+            "trainer.turns_per_env=3", "trainer.torch_threads=1", "sampling.max_tokens=8", "wandb.mode=disabled",
+            "algorithm.mini_batch_turns=12", "eval.at_start=false", "eval.at_end=false", "trainer.save_every=1",
+            f"trainer.total_updates={total}",
+        ]
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "verlog.cli", *args("first", 1000)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while ckpt.latest_checkpoint(run_dir) is None:
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.05)
+    time.sleep(0.5)  # episodes of the next batch start (and stop at scoring) meanwhile
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved = ckpt.read_state(ckpt.latest_checkpoint(run_dir))
+    assert saved["update"] == 1 and any(r is not None for r in saved["runner"]["in_flight"])
+
+    assert main(args("second", 6) + ["--resume"]) == 0
+    final = ckpt.read_state(ckpt.latest_checkpoint(run_dir))["runner"]
+    # the rounds each slot has completed by the end (its round in flight then is not finished)
+    done = [r if r is not None else n for r, n in zip(final["in_flight"], final["episodes_started"])]
+    assert min(done) >= 12 // num_envs  # the whole first epoch was played (and more)
+    order = EpochOrder(12, seed=0)
+    expected = sorted(order.row_index(slot_seed(0, j, g, num_envs)) for g in range(num_envs) for j in range(done[g]))
+    scored = sorted(r["key"] for r in played(logs["first"]) + played(logs["second"]))
+    assert scored == expected  # every completed task scored once: none skipped by the kill, none twice
+    first_epoch = [order.row_index(slot_seed(0, j, g, num_envs)) for g in range(num_envs) for j in range(3)]
+    assert sorted(first_epoch) == list(range(12))  # ... and the first 3 rounds of the 4 slots are the 12 rows

@@ -76,9 +76,12 @@ def test_killed_run_resumes_at_the_next_update(tmp_path):
     state = ckpt.read_state(final)
     assert state["runner"]["counters"]["turns"] == (WARMUP_BATCHES + k + 2) * NUM_ENVS * TURNS
     assert state["runner"]["counters"]["batches"] == state_k["runner"]["counters"]["batches"] + 2
-    # every slot went on with its own seeds: it started at least one new episode after the resume
-    for before, after in zip(state_k["runner"]["episodes_started"], state["runner"]["episodes_started"]):
-        assert after > before
+    # every slot went on with its own seeds: it first played again the episode it had in flight at
+    # the checkpoint (its round, from the start), never an earlier round
+    for before, after, in_flight, now in zip(state_k["runner"]["episodes_started"], state["runner"]["episodes_started"],
+                                             state_k["runner"]["in_flight"], state["runner"]["in_flight"]):
+        assert in_flight == before - 1 and after >= before
+        assert now is None or now >= in_flight
     # the checkpoints that survived the kill are intact (rotation keeps the 3 newest)
     for p in ckpt.checkpoint_dirs(run_dir):
         assert (p / "actor" / "model.safetensors").is_file() and (p / "critic.safetensors").is_file()

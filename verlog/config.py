@@ -16,6 +16,7 @@ The agent is chosen by the ``multi_turn`` block::
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence, get_args
 
@@ -57,6 +58,11 @@ def _keyword_mapping(value: Any, what: str, example: str) -> dict[str, Any]:
         raise ValueError(f"keys must be argument names ({what}); not {', '.join(repr(k) for k in bad)}")
     return value
 
+
+#: the function verl's ``custom_reward_function`` names when its ``name`` is not given
+VERL_REWARD_FUNCTION_NAME = "compute_score"
+#: without ``reward.clip``, a reward component beyond +-this fails its episode (``reward.max_abs``)
+REWARD_MAX_ABS = 1e6
 
 #: keys of LangChain's RunnableConfig that a graph run accepts
 RUN_CONFIG_KEYS = ("recursion_limit", "configurable", "tags", "metadata", "max_concurrency", "run_name")
@@ -169,7 +175,12 @@ class RolloutConfig(_Section):
 
     episodes: int = Field(4, ge=1)
     concurrency: int = Field(32, ge=1)
-    episode_timeout_s: float | None = Field(600.0, gt=0)
+    episode_timeout_s: float | None = Field(
+        600.0, gt=0, description="the most seconds an episode's graph may spend in its own code (time in model calls, "
+        "queued or generating, never counts: a busy machine times nothing out); an episode past it fails (training: "
+        "not trained; evaluation: an error played again, never a loss). null: no limit (recursion_limit bounds the "
+        "work)"
+    )
     seed: int = 0
 
 
@@ -247,6 +258,44 @@ class TracesConfig(_Section):
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
 
 
+#: verl's ``data`` keys naming split files -> verlog's splits
+VERL_DATA_FILES = {"train_files": "train", "val_files": "validation"}
+#: verl's ``data`` key naming the prompt column (verlog's ``data.input.prompt``)
+VERL_PROMPT_KEY = "prompt_key"
+
+
+def verl_data_keys(data: dict[str, Any], where: str = "data") -> dict[str, Any]:
+    """A ``data`` mapping with verl's keys (``train_files``, ``val_files``, ``prompt_key``) turned
+    into verlog's (``train``, ``validation``, ``input.prompt``); ``ValueError`` when both name
+    the same thing or a split has several files (verlog reads one file or glob per split)."""
+    def key(name: str) -> str:
+        return f"{where}.{name}" if where else name
+
+    data = dict(data)
+    for verl_key, split in VERL_DATA_FILES.items():
+        if verl_key not in data:
+            continue
+        files = data.pop(verl_key)
+        if isinstance(files, (list, tuple)):
+            if len(files) != 1:
+                raise ValueError(
+                    f"{key(verl_key)}: verlog reads one file, glob or datasets folder per split, got {len(files)} "
+                    f"files; give one (a glob such as data/*.parquet for several)"
+                )
+            files = files[0]
+        if data.get(split) is not None:
+            raise ValueError(f"{key(verl_key)} and {key(split)} both name the {split} rows: keep one")
+        data[split] = os.path.expanduser(str(files)) if isinstance(files, str) else files
+    if VERL_PROMPT_KEY in data:
+        column = data.pop(VERL_PROMPT_KEY)
+        spec = dict(data.get("input") or {})
+        if spec.get("prompt") not in (None, column):
+            raise ValueError(f"{key(VERL_PROMPT_KEY)} and {key('input.prompt')} name different columns: keep one")
+        spec["prompt"] = column
+        data["input"] = spec
+    return data
+
+
 class DataConfig(_Section):
     """The task rows episodes play (instead of ``make_input(seed)``): a training split played in
     shuffled epochs, a validation split for the periodic evaluations and a test split for the
@@ -262,6 +311,13 @@ class DataConfig(_Section):
         None, description="train on recorded production episodes (verlog serve-model --record), alone or beside "
         "live rollouts; see docs/production_loop.md"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _verl_keys(cls, value: Any) -> Any:
+        """verl's ``train_files``, ``val_files`` and ``prompt_key`` mean ``train``, ``validation``
+        and ``input.prompt``."""
+        return verl_data_keys(value, where="") if isinstance(value, dict) else value
 
     @field_validator("train", "validation", "test", mode="before")
     @classmethod
@@ -345,6 +401,10 @@ class JudgeConfig(_Section):
         2, ge=0, description="further attempts after a connection error, a timeout, HTTP 5xx or 429 (Retry-After "
         "honoured) or an answer that is not a valid verdict"
     )
+    max_consecutive_failures: int = Field(
+        10, ge=1, description="this many verdicts in a row that fail (no valid verdict after the retries, the endpoint "
+        "down...) stop the run: a judge answering garbage would otherwise fail every episode"
+    )
     cache: bool = Field(
         True, description="keep verdicts (in memory, and in the run folder's judges/<name>.jsonl): a verdict "
         "asked twice, e.g. by a resumed run, is paid once (not with embedded: policy, whose weights change)"
@@ -357,12 +417,45 @@ class JudgeConfig(_Section):
         return self
 
 
+class VerlRewardFunctionConfig(_Section):
+    """verl's ``custom_reward_function`` block, as verl's docs write it: ``path`` (a Python file),
+    ``name`` (its function, verl's default ``compute_score``) and ``reward_kwargs`` (more keyword
+    arguments). verlog runs it as one more entry of ``reward.functions``."""
+
+    path: str | None = Field(None, description="the Python file holding the function (null: no custom function)")
+    name: str | None = Field(VERL_REWARD_FUNCTION_NAME, description="the function's name in that file (null: "
+                             f"{VERL_REWARD_FUNCTION_NAME})")
+    reward_kwargs: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments of the function")
+
+    def as_function(self) -> RewardFunctionConfig | None:
+        """The ``reward.functions`` entry this block means (``None`` without a ``path``)."""
+        if not self.path:
+            return None
+        name = self.name or VERL_REWARD_FUNCTION_NAME
+        return RewardFunctionConfig(function=f"{self.path}:{name}", kwargs=dict(self.reward_kwargs))
+
+
 class RewardConfig(_Section):
     """Rewards computed outside the graph once an episode ends, added to those the graph reports
-    itself (``areport_reward``): weighted reward functions and LLM judges."""
+    itself (``areport_reward``): weighted reward functions and LLM judges.
+
+    verl's ``custom_reward_function: {path, name}`` (here, or at the top level of the config as
+    verl's older configs have it) becomes one more entry of ``functions``. ``clip`` bounds each
+    component's reward; without it, a value beyond ``max_abs`` fails its episode (a reward of
+    1e30 is a bug in the function, not a signal to train on)."""
 
     functions: list[RewardFunctionConfig] = Field(default_factory=list)
     judges: list[JudgeConfig] = Field(default_factory=list)
+    custom_reward_function: VerlRewardFunctionConfig | None = Field(
+        None, description="verl's {path, name, reward_kwargs}: run as one more entry of functions"
+    )
+    clip: float | None = Field(
+        None, gt=0, description="each component's reward (and turn rewards) clipped to [-clip, clip] (null: not clipped)"
+    )
+    max_abs: float | None = Field(
+        REWARD_MAX_ABS, gt=0, description="without clip, a component's reward beyond +-max_abs fails its episode "
+        "(null: no bound)"
+    )
 
     @field_validator("functions", mode="before")
     @classmethod
@@ -370,6 +463,15 @@ class RewardConfig(_Section):
         if isinstance(value, list):
             return [{"function": v} if isinstance(v, str) else v for v in value]
         return value
+
+    @model_validator(mode="after")
+    def _verl_function(self) -> "RewardConfig":
+        if self.custom_reward_function is not None:
+            entry = self.custom_reward_function.as_function()
+            self.custom_reward_function = None
+            if entry is not None:
+                self.functions.append(entry)
+        return self
 
     @property
     def empty(self) -> bool:
@@ -622,6 +724,22 @@ class VerlogConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _verl_top_level_reward_function(cls, data: Any) -> Any:
+        """verl's older configs put ``custom_reward_function`` at the top level: it moves into
+        ``reward`` (as verl's own migration does)."""
+        if isinstance(data, dict) and "custom_reward_function" in data:
+            data = dict(data)
+            block = data.pop("custom_reward_function")
+            if block is not None:
+                reward = dict(data.get("reward") or {})
+                if reward.get("custom_reward_function") is not None:
+                    raise ValueError("custom_reward_function is given twice, at the top level and in reward: keep one")
+                reward["custom_reward_function"] = block
+                data["reward"] = reward
+        return data
+
 
 # ---------------------------------------------------------------------- loading
 
@@ -651,7 +769,8 @@ def _describe(exc: ValidationError, model: type[BaseModel]) -> str:
             lines.append(f"  {key}: required key is missing")
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"  {key}: {msg} (got {err.get('input')!r})")
+            got = f" (got {err.get('input')!r})" if loc else ""  # not the whole file
+            lines.append(f"  {key}: {msg}{got}")
     return "\n".join(lines)
 
 

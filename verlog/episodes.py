@@ -23,8 +23,8 @@ __all__ = ["EpisodePlan", "build_scorer"]
 def build_scorer(
     config: EpisodeSources, *, cache_dir: Path | None = None, chat_model_for: Callable[[str], Any] | None = None
 ) -> RewardScorer | None:
-    """The config's ``reward`` section, checked against the training rows' columns (``None`` when
-    it is empty)."""
+    """The config's ``reward`` section, checked against the training rows' columns and, for
+    endpoint judges, against their servers (``None`` when it is empty)."""
     if config.reward.empty:
         return None
     scorer = RewardScorer(config.reward, cache_dir=cache_dir, chat_model_for=chat_model_for)
@@ -35,6 +35,7 @@ def build_scorer(
                 columns = split_rows(config, split).columns
                 break
     scorer.check_arguments(columns)
+    scorer.check_judges()
     return scorer
 
 

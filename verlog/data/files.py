@@ -106,17 +106,45 @@ def read_rows(source: DataSourceConfig, split: str) -> Rows:
             raise DataError(f"{where}: no such file {(missing or [source.path])[0]!r}")
         if source.split is not None:
             raise DataError(f"data.{split}.split: only a datasets folder has splits; {source.path!r} is a file")
+        empty = [f for f in files if Path(f).stat().st_size < 4096 and not Path(f).read_bytes().strip()]
+        if empty:
+            raise DataError(f"{where}: {empty[0]!r} is empty: a split needs at least one row")
         try:
             with _quiet():
                 dataset = datasets.load_dataset(fmt, data_files=files, split="train", keep_in_memory=True)
         except Exception as exc:  # datasets raises many kinds for a malformed file
-            detail = "; ".join(str(exc).strip().splitlines()[:2]) or type(exc).__name__
+            bad = next((problem for f in files if fmt == "json" and (problem := json_problem(f))), None)
+            detail = bad or "; ".join(str(exc).strip().splitlines()[:2]) or type(exc).__name__
             raise DataError(f"{where}: {source.path!r} could not be read as {fmt}: {detail}") from None
     if source.limit is not None:
         dataset = dataset.select(range(min(source.limit, len(dataset))))
     if len(dataset) == 0:
         raise DataError(f"{where}: {source.path!r} has no rows")
     return Rows(split=split, source=source.path, dataset=dataset)
+
+
+def json_problem(path: str) -> str | None:
+    """Where a JSON or JSONL file is malformed, as ``file:line:column: what`` (``None`` when every
+    line of a JSONL file, or the whole JSON file, parses)."""
+    text = Path(path).read_text(errors="replace")
+    try:
+        json.loads(text)
+        return None  # one JSON document
+    except json.JSONDecodeError as whole:
+        first_error = whole
+    lines = text.splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == 1 and line.lstrip().startswith("["):  # a JSON array over many lines
+                return f"{path}:{first_error.lineno}:{first_error.colno}: not valid JSON: {first_error.msg}"
+            return f"{path}:{number}:{exc.colno}: not valid JSON: {exc.msg}"
+        if not isinstance(value, dict):
+            return f"{path}:{number}: a JSONL row must be a JSON object ({{\"column\": value, ...}}), got {type(value).__name__}"
+    return None
 
 
 class _quiet:

@@ -112,7 +112,9 @@ def task_spec(task: EvalTask, model: str, sampling: Mapping[str, Any]) -> str:
 async def play_episode(task: EvalTask, graph: Any, plan: EpisodePlan, seed: int, *, spec: str = "") -> EpisodeRecord:
     """Play the task's episode ``seed`` (a seed, or a row of the task's split) once and score it:
     the graph's own rewards plus the reward section's (never raises for the graph's or a reward
-    function's failures: they are ``error`` episodes)."""
+    function's failures: they are ``error`` episodes). An episode timeout (the graph's own code
+    running past ``rollout.episode_timeout_s``; time in model calls never counts) is an ``error``
+    too: left out of the scores and played again by the next run, never a loss."""
     recorder = ScoreRecorder(task.episode_id(seed))
     try:
         graph_input = plan.input(seed)
@@ -125,6 +127,8 @@ async def play_episode(task: EvalTask, graph: Any, plan: EpisodePlan, seed: int,
             graph, graph_input, graph_config=task.config.multi_turn.langgraph.graph_config,
             timeout_s=task.config.rollout.episode_timeout_s, recorder=recorder,
         )
+        if episode.status == "timeout":  # the graph's own code ran too long: no verdict on the agent's play
+            episode.status = "error"
     else:
         episode = recorder.episode("error", error=failure)
     info, episode_return = recorder.info, episode.total_reward

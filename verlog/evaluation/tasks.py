@@ -145,7 +145,11 @@ def plan_tasks(
             config = load_config(path, [*settings, f"eval.tasks={json.dumps(suite_tasks)}", *overrides])
             tasks += config_tasks(config, env)
     for path in configs:
-        tasks += config_tasks(load_config(path, overrides), split=split)
+        config = load_config(path, overrides)
+        if split is not None and config.data is None:
+            raise ConfigError(f"--split {split}: {path} has no data rows to split (its episodes come from "
+                              "make_input(seed)); drop --split, or add a data section with the split's file")
+        tasks += config_tasks(config, split=split)
     if not tasks:
         raise ConfigError("nothing to evaluate: give one or more config files or --suite NAME")
     owners: dict[str, str] = {}

@@ -9,10 +9,15 @@ keyword arguments its signature names, taken from:
   message's text), ``row`` (the dataset row), ``key`` (row index or seed), ``turns`` (the recorded
   model calls), ``info`` (what the graph reported), ``trajectory`` (all of it);
 * the row's columns, by name (``answer``, ``reward_model``...);
+* verl's names (``VERL_FIELDS``), so a verl ``compute_score(data_source, solution_str,
+  ground_truth, extra_info=None)`` works unchanged: ``solution_str`` is ``completion``,
+  ``ground_truth`` the row's ``reward_model.ground_truth``, ``data_source`` and ``extra_info``
+  the row's columns (``None`` and ``{}`` when it has none);
 * the entry's ``kwargs`` in the config.
 
-A ``**kwargs`` parameter receives all of them. It returns a number, a bool (reward 1/0 and
-success), a dict with ``reward`` (and ``success``, ``turn_rewards``, ``info``) or a
+A ``**kwargs`` parameter receives all of them. It returns a real number (Python, numpy or torch
+scalar), a bool (reward 1/0 and success), a dict with ``reward`` (and ``success``,
+``turn_rewards``, ``info``), verl's dict (``score`` and other keys, kept in ``info``) or a
 ``RewardResult``. A sync function runs in a worker thread, so a slow one does not stall the other
 episodes. Raising, returning something else or running past ``timeout_s`` is a ``RewardError``:
 the episode is recorded as failed, never trained with a made-up reward.
@@ -24,16 +29,39 @@ import asyncio
 import importlib
 import inspect
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from verlog.config import ConfigError, RewardFunctionConfig
 from verlog.graph_file import GraphFileError, import_python_file
 from verlog.rewards.result import RewardResult, Trajectory, as_result
 
-__all__ = ["TRAJECTORY_FIELDS", "RewardError", "RewardFunction", "load_function"]
+__all__ = ["TRAJECTORY_FIELDS", "VERL_FIELDS", "RewardError", "RewardFunction", "load_function", "verl_arguments"]
 
 #: the keyword arguments every reward function may take, besides the row's columns
 TRAJECTORY_FIELDS = ("state", "messages", "completion", "prompt", "row", "key", "turns", "info", "trajectory")
+#: the keyword arguments verl's reward manager passes to ``compute_score``
+VERL_FIELDS = ("data_source", "solution_str", "ground_truth", "extra_info")
+#: the row column verl's ``ground_truth`` is read from (``row[...]["ground_truth"]``)
+VERL_REWARD_MODEL_COLUMN = "reward_model"
+
+
+def verl_arguments(trajectory: Trajectory) -> dict[str, Any]:
+    """verl's arguments of ``compute_score`` for one episode: ``solution_str`` (the final answer,
+    ``completion``), ``ground_truth`` (the row's ``reward_model.ground_truth``, absent when the
+    row has none), ``data_source`` and ``extra_info`` (the row's columns, else ``None`` / ``{}``)."""
+    row = dict(trajectory.row or {})
+    extra = row.get("extra_info")
+    found: dict[str, Any] = {
+        "solution_str": trajectory.completion,
+        "data_source": row.get("data_source"),
+        "extra_info": dict(extra) if isinstance(extra, Mapping) else ({} if extra is None else extra),
+    }
+    spec = row.get(VERL_REWARD_MODEL_COLUMN)
+    if "ground_truth" in row:
+        found["ground_truth"] = row["ground_truth"]
+    elif isinstance(spec, dict) and "ground_truth" in spec:
+        found["ground_truth"] = spec["ground_truth"]
+    return found
 
 
 class RewardError(RuntimeError):
@@ -89,18 +117,28 @@ class RewardFunction:
 
     def check_arguments(self, columns: Iterable[str] = ()) -> None:
         """Refuse, before any episode, an argument that nothing will provide (``ConfigError``)."""
+        columns = list(columns)
         known = set(TRAJECTORY_FIELDS) | set(columns) | set(self.config.kwargs)
+        known |= {"data_source", "solution_str", "extra_info"}
+        if VERL_REWARD_MODEL_COLUMN in columns:
+            known.add("ground_truth")
         missing = [name for name in self.required if name not in known]
         if missing:
             cols = ", ".join(columns) or "none: no data section"
+            hint = ""
+            if "ground_truth" in missing:
+                hint = (f"; verl's ground_truth is read from the rows' {VERL_REWARD_MODEL_COLUMN}.ground_truth (verl's "
+                        "data format) or a ground_truth column, or give it in kwargs")
             raise ConfigError(
                 f"{self.where}: {self.config.function} needs {', '.join(repr(m) for m in missing)}, which is neither an "
-                f"episode field ({', '.join(TRAJECTORY_FIELDS)}), a column of the rows ({cols}) nor one of its kwargs"
+                f"episode field ({', '.join(TRAJECTORY_FIELDS)}), one of verl's ({', '.join(VERL_FIELDS)}), "
+                f"a column of the rows ({cols}) nor one of its kwargs{hint}"
             )
 
     def arguments(self, trajectory: Trajectory) -> dict[str, Any]:
         """The keyword arguments of a call on ``trajectory``."""
-        available: dict[str, Any] = dict(trajectory.row or {})
+        available: dict[str, Any] = verl_arguments(trajectory)
+        available.update(trajectory.row or {})
         available.update({
             "state": trajectory.state, "messages": trajectory.messages, "completion": trajectory.completion,
             "prompt": trajectory.prompt, "row": trajectory.row, "key": trajectory.key,

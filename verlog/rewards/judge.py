@@ -48,6 +48,7 @@ from verlog.rewards.judge_client import (
     JudgeCallError,
     JudgeClient,
     RetryableError,
+    check_endpoint,
 )
 from verlog.rewards.judge_prompts import Prompt, ranking_prompt, rubric_prompt, split_task
 from verlog.rewards.judge_verdicts import (
@@ -60,6 +61,7 @@ from verlog.rewards.judge_verdicts import (
     rubric_schema,
 )
 from verlog.rewards.result import RewardResult, Trajectory
+from verlog.rollout.slots import SlotFailureError
 
 __all__ = ["RETRY_TEMPERATURE", "RankingJudge", "RubricJudge", "build_judge", "explanation_key", "judge_cache_path",
            "judge_name"]
@@ -96,6 +98,7 @@ class _Judge:
         self.client = client
         self.cache = cache
         self.calls = 0  # model calls made (attempts), for logs and tests
+        self.failures_in_a_row = 0  # verdicts failed since the last one given
         self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
         )
@@ -112,6 +115,13 @@ class _Judge:
         if column is not None and column not in columns:
             raise ConfigError(f"{self.where}.reference_column: the rows have no column {column!r} "
                               f"(their columns: {', '.join(columns) or 'none'})")
+
+    def check_endpoint(self) -> None:
+        """Before the first episode: an endpoint judge's server answers and serves its model
+        (``ConfigError`` otherwise; an embedded judge has nothing to check)."""
+        endpoint = self.config.endpoint
+        if endpoint is not None and isinstance(self.client, EndpointClient):
+            check_endpoint(endpoint.base_url, endpoint.model, self.client.api_key, where=f"{self.where}.endpoint")
 
     # ------------------------------------------------------------------ the episode as the judge sees it
     def _reference(self, trajectory: Trajectory) -> str | None:
@@ -170,16 +180,30 @@ class _Judge:
             future.cancel()
             raise
         except BaseException as exc:
-            future.set_exception(exc)
+            stop = self._count_failure(exc) if isinstance(exc, RewardError) else None
+            future.set_exception(stop or exc)
             future.exception()  # marked retrieved: no warning when no other caller shared it
+            if stop is not None:
+                raise stop from None
             raise
         finally:
             if self._inflight.get(key) is future:
                 del self._inflight[key]
+        self.failures_in_a_row = 0
         future.set_result(value)
         if self.cache is not None:
             self.cache.put(key, value)
         return value
+
+    def _count_failure(self, error: RewardError) -> SlotFailureError | None:
+        """One more verdict failed (its episode fails with ``error``); at
+        ``max_consecutive_failures`` in a row, the ``SlotFailureError`` that stops the run."""
+        self.failures_in_a_row += 1
+        limit = self.config.max_consecutive_failures
+        if self.failures_in_a_row < limit:
+            return None
+        return SlotFailureError(f"{self.label}: {self.failures_in_a_row} verdicts in a row failed "
+                                f"({self.where}.max_consecutive_failures={limit}); last: {error}")
 
     async def _ask(self, prompt: Prompt, schema: dict[str, Any], parse: Callable[[str], Any]) -> Any:
         async with self._semaphore():

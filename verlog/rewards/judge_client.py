@@ -28,9 +28,10 @@ from typing import Any, Callable, Protocol
 import aiohttp
 
 from verlog.backends.http import RetryableError, error_text, parse_retry_after, snippet
+from verlog.config import ConfigError
 from verlog.rollout.recorder import NO_TRAIN_TAG
 
-__all__ = ["Answer", "ChatModelClient", "EndpointClient", "JudgeCallError", "JudgeClient", "RetryableError"]
+__all__ = ["Answer", "ChatModelClient", "check_endpoint", "EndpointClient", "JudgeCallError", "JudgeClient", "RetryableError"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class EndpointClient:
     def __init__(self, base_url: str, model: str, api_key: str | None = None):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model_id = model
+        self.api_key = api_key
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.send_schema = True
 
@@ -108,6 +110,43 @@ class EndpointClient:
             raise JudgeCallError(f"{self.url} answered with something that is not a chat completion: "
                                  f"{snippet(raw)!r}") from None
         return Answer(content if isinstance(content, str) else "", choice.get("finish_reason"))
+
+
+#: how long the check before the first episode waits for an endpoint's ``GET /models``
+CHECK_TIMEOUT_S = 15.0
+
+
+def check_endpoint(base_url: str, model: str, api_key: str | None = None, *, where: str,
+                   timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """Before the first episode: ``GET {base_url}/models`` answers, and names ``model`` when it
+    lists models. ``ConfigError`` naming ``where`` (the judge's ``endpoint`` key) otherwise: an
+    endpoint that is down or refuses the API key, or a model it does not serve. An endpoint
+    without a models list (HTTP 404, or not OpenAI's list format) is only checked reachable.
+    Blocking: call it off any event loop that serves the endpoint itself."""
+    import urllib.error
+    import urllib.request
+
+    url = base_url.rstrip("/") + "/models"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            raw = response.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            raise ConfigError(f"{where}.api_key_env: {url} refused the API key (HTTP {exc.code}: "
+                              f"{error_text(exc.read())})") from None
+        return  # it answers; it has no models list to check the name against
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ConfigError(f"{where}.base_url: the judge's endpoint {base_url} does not answer ({reason}); start its "
+                          "server or fix base_url (checked before the first episode)") from None
+    try:
+        served = [str(entry["id"]) for entry in json.loads(raw)["data"]]
+    except (ValueError, KeyError, TypeError):
+        return
+    if model not in served:
+        raise ConfigError(f"{where}.model: {base_url} does not serve {model!r}; it serves: "
+                          f"{', '.join(served) or 'no model'}")
 
 
 class ChatModelClient:

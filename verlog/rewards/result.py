@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-__all__ = ["RewardResult", "Trajectory", "as_result"]
+__all__ = ["RESULT_KEYS", "VERL_SCORE_KEY", "RewardResult", "Trajectory", "as_result"]
 
 
 @dataclass
@@ -70,9 +71,27 @@ class Trajectory:
         return ""
 
 
+#: the key of a verl reward function's dict return holding the reward (its other keys are logged)
+VERL_SCORE_KEY = "score"
+#: the keys of verlog's own dict return
+RESULT_KEYS = ("reward", "success", "turn_rewards", "info")
+
+
+def _scalar(value: Any) -> Any:
+    """A numpy or torch scalar (``np.float32``, ``np.bool_``, a one-element array or tensor...) as
+    the Python number or bool it holds; anything else unchanged."""
+    module = type(value).__module__.split(".", 1)[0]
+    if module in ("numpy", "torch") and callable(getattr(value, "item", None)):
+        size = value.numel() if module == "torch" else getattr(value, "size", 1)
+        if size == 1:
+            return value.item()
+    return value
+
+
 def _number(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number, got {value!r}")
+    value = _scalar(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a real number, got {type(value).__name__} {value!r}")
     number = float(value)
     if not math.isfinite(number):
         raise ValueError(f"{what} must be finite, got {number}")
@@ -80,28 +99,37 @@ def _number(value: Any, what: str) -> float:
 
 
 def as_result(value: Any, turns: int) -> RewardResult:
-    """A reward function's return value as a checked ``RewardResult``: a number (the reward), a
-    bool (reward 1/0 and success), a ``RewardResult`` or a dict of its fields. ``turns``: how many
-    turns ``turn_rewards`` must cover."""
+    """A reward function's return value as a checked ``RewardResult``: a real number (Python,
+    numpy or torch scalar: the reward), a bool of any of them (reward 1/0 and success), a
+    ``RewardResult``, a dict of its fields, or verl's dict (``score`` the reward, its other keys
+    kept in ``info``). ``turns``: how many turns ``turn_rewards`` must cover. Non-finite numbers
+    are refused (``ValueError``)."""
+    value = _scalar(value)
     if isinstance(value, bool):
         return RewardResult(float(value), success=value)
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):
         return RewardResult(_number(value, "the reward"))
     if isinstance(value, Mapping):
-        unknown = sorted(set(value) - {"reward", "success", "turn_rewards", "info"})
+        if "reward" not in value and VERL_SCORE_KEY in value:  # verl's shape
+            info = {str(k): _scalar(v) for k, v in value.items() if k != VERL_SCORE_KEY}
+            return RewardResult(_number(value[VERL_SCORE_KEY], "the dict's 'score'"), info=info)
+        unknown = sorted(map(str, set(value) - set(RESULT_KEYS)))
         if unknown:
-            raise ValueError(f"returned a dict with unknown keys {unknown}; allowed: reward, success, turn_rewards, info")
+            raise ValueError(
+                f"returned a dict with unknown keys {unknown}; return verlog's dict (keys: {', '.join(RESULT_KEYS)}) "
+                f"or verl's (its '{VERL_SCORE_KEY}' is the reward, its other keys are logged)"
+            )
         value = RewardResult(
             reward=value.get("reward", 0.0), success=value.get("success"),
             turn_rewards=value.get("turn_rewards"), info=dict(value.get("info") or {}),
         )
     if not isinstance(value, RewardResult):
         raise TypeError(
-            f"returned {type(value).__name__}; return a number, a bool, a dict with 'reward' (and optionally "
-            "'success', 'turn_rewards', 'info') or a verlog.rewards.RewardResult"
+            f"returned {type(value).__name__}; return a real number, a bool, a dict with 'reward' (and optionally "
+            f"'success', 'turn_rewards', 'info'), verl's dict with '{VERL_SCORE_KEY}', or a verlog.rewards.RewardResult"
         )
     reward = _number(value.reward, "reward")
-    success = value.success
+    success = _scalar(value.success)
     if success is not None and not isinstance(success, bool):
         raise TypeError(f"success must be a bool or None, got {success!r}")
     turn_rewards = None

@@ -19,6 +19,7 @@ given a made-up reward.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -129,6 +130,12 @@ class RewardScorer:
         for judge in self.judges:
             judge.check_columns(columns)
 
+    def check_judges(self) -> None:
+        """Before the first episode: every endpoint judge's server answers and serves its model
+        (``ConfigError`` naming the judge's key otherwise)."""
+        for judge in self.judges:
+            judge.check_endpoint()
+
     async def score(self, trajectory: Trajectory) -> Outcome:
         """Every reward function and rubric judge on one finished episode, concurrently."""
         parts = [(f.name, f.weight, f(trajectory)) for f in self.functions]
@@ -142,8 +149,27 @@ class RewardScorer:
                 if isinstance(result, RewardError):
                     raise result
                 raise RewardError(f"{name}: {type(result).__name__}: {result}") from result
-            outcome.add(name, weight, result)
+            outcome.add(name, weight, self.bounded(name, result))
         return outcome
+
+    def bounded(self, name: str, result: RewardResult) -> RewardResult:
+        """``result`` with its rewards clipped to ``reward.clip``; without a clip, a reward beyond
+        ``reward.max_abs`` is a ``RewardError`` (the episode fails, with the reason)."""
+        clip, limit = self.config.clip, self.config.max_abs
+        values = [result.reward, *(result.turn_rewards or [])]
+        if clip is not None:
+            def bound(value: float) -> float:
+                return max(-clip, min(clip, value))
+
+            turn_rewards = None if result.turn_rewards is None else [bound(r) for r in result.turn_rewards]
+            return dataclasses.replace(result, reward=bound(result.reward), turn_rewards=turn_rewards)
+        if limit is not None and any(abs(v) > limit for v in values):
+            worst = max(values, key=abs)
+            raise RewardError(
+                f"{name}: reward {worst:g} is beyond reward.max_abs ({limit:g}); scale the reward, set reward.clip "
+                "to clip it, or raise reward.max_abs"
+            )
+        return result
 
     async def rank(self, group: Sequence[Trajectory]) -> list[Outcome]:
         """Every ranking judge on the episodes of one group (one task), in one call each."""

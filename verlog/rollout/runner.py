@@ -3,7 +3,9 @@
 ``run_episode`` runs one graph invocation with a fresh ``TurnRecorder`` in its callbacks and
 turns every way a run can go wrong into a recorded failed episode: an exception in the graph
 (``error``), LangGraph's recursion limit (``recursion_limit``) or the episode timeout
-(``timeout``). A graph that ends without calling a model at all is an ``error`` episode too (its
+(``timeout``). The timeout counts the graph's own time only (``GraphClock``): while any model call
+of the episode is under way (queued on a busy engine, generating, held for an update) its clock
+stands still, so how loaded the machine is never decides whether an episode times out. A graph that ends without calling a model at all is an ``error`` episode too (its
 model is not the one it was given, or it returns before playing). A failed episode never yields
 a training sample. A sync model call that would block the event loop serving it
 (:class:`~verlog.backends.base.BlockingCallError`) is a fault of the graph's code, not of one
@@ -13,11 +15,14 @@ episode: it is raised.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import traceback
 import uuid
 from typing import Any, Awaitable, Callable, Iterable
+from uuid import UUID
 
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.errors import GraphRecursionError
 
@@ -40,8 +45,61 @@ def recursion_limit_of(graph: Any, graph_config: dict[str, Any] | None = None) -
     return int(own) if own is not None else DEFAULT_RECURSION_LIMIT
 
 
+class GraphClock(BaseCallbackHandler):
+    """The time an episode spends in its graph's own code: wall time, except while at least one
+    of its chat-model calls is under way (from the call's start to its end or error, whoever
+    answers it). A callback of the episode's run; ``now()`` is the clock ``timeout_s`` reads."""
+
+    run_inline = True
+    ignore_chain = True
+    ignore_agent = True
+    ignore_retriever = True
+    ignore_retry = True
+    ignore_custom_event = True
+
+    def __init__(self, wall: Callable[[], float] = time.perf_counter):
+        self._wall = wall
+        self._lock = threading.Lock()  # sync nodes call models from worker threads
+        self._calls: set[UUID] = set()
+        self._since: float | None = None  # when the calls now under way began
+        self._in_calls = 0.0  # wall seconds spent with a call under way, before ``_since``
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            if not self._calls:
+                self._since = self._wall()
+            self._calls.add(run_id)
+
+    def on_llm_start(self, serialized: Any, prompts: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.on_chat_model_start(serialized, prompts, run_id=run_id)
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._ended(run_id)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._ended(run_id)
+
+    def _ended(self, run_id: UUID) -> None:
+        with self._lock:
+            self._calls.discard(run_id)
+            if not self._calls and self._since is not None:
+                self._in_calls += self._wall() - self._since
+                self._since = None
+
+    def model_seconds(self) -> float:
+        """Wall seconds with a model call under way so far."""
+        with self._lock:
+            ongoing = self._wall() - self._since if self._since is not None else 0.0
+            return self._in_calls + ongoing
+
+    def now(self) -> float:
+        """The graph's own time so far (an arbitrary origin)."""
+        return self._wall() - self.model_seconds()
+
+
 def episode_config(
-    graph_config: dict[str, Any] | None, episode_id: str, recorder: TurnRecorder, graph: Any = None
+    graph_config: dict[str, Any] | None, episode_id: str, recorder: TurnRecorder, graph: Any = None,
+    clock: GraphClock | None = None,
 ) -> RunnableConfig:
     """The run config of one episode: the user's ``graph_config`` plus the recorder and ids (and
     the recursion limit, :func:`recursion_limit_of`). Each call gets a checkpointer thread of its
@@ -49,7 +107,7 @@ def episode_config(
     a graph with a persistent checkpointer never continues an earlier run of the same episode."""
     config: dict[str, Any] = dict(graph_config or {})
     config["recursion_limit"] = recursion_limit_of(graph, graph_config)
-    config["callbacks"] = [*(config.get("callbacks") or []), recorder]
+    config["callbacks"] = [*(config.get("callbacks") or []), recorder, *([clock] if clock is not None else [])]
     config["metadata"] = {**(config.get("metadata") or {}), EPISODE_ID_KEY: episode_id}
     configurable = dict(config.get("configurable") or {})
     configurable.setdefault("thread_id", f"{episode_id}#{uuid.uuid4().hex[:12]}")  # checkpointers need one
@@ -66,20 +124,20 @@ async def run_episode(
     timeout_s: float | None = None,
     keep_messages: bool = False,
     recorder: TurnRecorder | None = None,
-    clock: Callable[[], float] | None = None,
 ) -> Episode:
     """Run ``graph`` once on ``graph_input`` and return the recorded episode (never raises
     for failures of the graph itself).
 
     ``recorder``: record into this recorder (e.g. one a caller watches while the episode runs)
-    instead of a fresh one. ``clock``: the clock ``timeout_s`` is measured on (default: wall
-    time); the fixed-turn runner passes one that stops while the episode waits for an update.
+    instead of a fresh one. ``timeout_s`` bounds the graph's own time (``GraphClock``): time in
+    model calls (queued, generating, held at a batch boundary) does not count.
     """
     episode_id = episode_id or (recorder.episode_id if recorder else uuid.uuid4().hex)
     recorder = recorder or TurnRecorder(episode_id, keep_messages=keep_messages)
-    config = episode_config(graph_config, episode_id, recorder, graph)
+    graph_clock = GraphClock()
+    config = episode_config(graph_config, episode_id, recorder, graph, clock=graph_clock)
     started = time.perf_counter()
-    clock = clock or time.perf_counter
+    clock = graph_clock.now
     deadline = None if timeout_s is None else clock() + timeout_s
     with recording(recorder):  # the graph's task (and every task it starts) records into it
         task = asyncio.ensure_future(graph.ainvoke(graph_input, config))
@@ -98,7 +156,9 @@ async def run_episode(
     if not finished:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        episode = recorder.episode("timeout", error=f"episode timed out after {timeout_s} s")
+        episode = recorder.episode("timeout", error=(
+            f"episode timed out: its graph's own code ran {timeout_s} s (episode_timeout_s; time in model calls "
+            "not counted)"))
     elif isinstance(task.exception(), GraphRecursionError):
         limit = config["recursion_limit"]
         episode = recorder.episode("recursion_limit", error=f"recursion limit {limit} reached: {task.exception()}")

@@ -38,7 +38,8 @@ episode and refills its quota, so the batch keeps its shape); turns it gave to *
 batches stay trained: each was a complete transition (the environment had answered it) and the
 cut one was bootstrapped from the real next prompt, so nothing trained depends on the failure.
 Failures are counted; a slot failing ``max_consecutive_failures`` episodes in a row stops the
-run with ``SlotFailureError``. The timeout does not run while a call is held for an update.
+run with ``SlotFailureError``. The timeout counts the graph's own time only: it does not run
+while a model call is under way (queued, generating, or held for an update).
 
 **Truncation.** A turn the environment reports ``truncated`` (a step cap) keeps the value of
 the state after the cut: if the environment also reported ``next_messages`` (the prompt the
@@ -225,14 +226,15 @@ class _Slot:
     reopened: asyncio.Event = field(default_factory=asyncio.Event)
     episodes_started: int = 0
     consecutive_failures: int = 0
-    held_total_s: float = 0.0
-    held_since: float | None = None
+    #: the round of the episode the slot plays now (``None`` before its first)
+    current_round: int | None = None
+    #: after a resume: the round to play first, the one in flight when the checkpoint was saved
+    replay_round: int | None = None
 
-    def clock(self) -> float:
-        """Wall time that stands still while the slot holds a call (an episode's timeout clock)."""
-        now = time.perf_counter()
-        held = self.held_total_s + (now - self.held_since if self.held_since is not None else 0.0)
-        return now - held
+    def in_flight(self) -> int | None:
+        """The round of the episode still running in this slot, ``None`` when none is."""
+        running = any(segment.episode is None for segment in self.segments)
+        return self.current_round if running else None
 
 
 class _GatedEngine(Engine):
@@ -501,8 +503,6 @@ class SlotRunner:
         call.prompt_ids = list(prompt_ids)
         reopened = slot.reopened
         slot.held.append(call)
-        if slot.held_since is None:
-            slot.held_since = time.perf_counter()
         self._notify()
         try:
             await reopened.wait()
@@ -510,9 +510,6 @@ class SlotRunner:
             if call in slot.held:
                 slot.held.remove(call)
             call.prompt_ids = None
-            if not slot.held and slot.held_since is not None:
-                slot.held_total_s += time.perf_counter() - slot.held_since
-                slot.held_since = None
 
     def _call_started(self, episode_id: str, run_id: UUID, index: int) -> None:
         """A training call of a slot's episode has started (its recorder saw it)."""
@@ -585,10 +582,14 @@ class SlotRunner:
         another slot of the group has begun that one already (the group stays in step)."""
         groups = self.num_envs // self.group_size
         group, j = slot.index // self.group_size, slot.episodes_started
-        if self.group_size > 1:
+        if slot.replay_round is not None:  # resumed: first the episode the checkpoint left in flight
+            j, slot.replay_round = slot.replay_round, None
+            self._newest_round[group] = max(j, self._newest_round.get(group, -1))
+        elif self.group_size > 1:
             j = max(j, self._newest_round.get(group, -1))
             self._newest_round[group] = j
-        slot.episodes_started = j + 1
+        slot.episodes_started = max(slot.episodes_started, j + 1)
+        slot.current_round = j
         return slot_seed(self.seed, j, group, groups)
 
     async def _run_slot(self, slot: _Slot) -> None:
@@ -613,7 +614,7 @@ class SlotRunner:
                 try:
                     episode = await run_episode(
                         self.graph, graph_input, episode_id=episode_id, graph_config=self.graph_config,
-                        timeout_s=self.timeout_s, recorder=recorder, clock=slot.clock,
+                        timeout_s=self.timeout_s, recorder=recorder,
                     )
                 except BlockingCallError as exc:  # the graph's code can never train: stop at once
                     self._stop(SlotFailureError(str(exc)))
@@ -623,6 +624,9 @@ class SlotRunner:
                 if self.on_episode_end is not None and not episode.failed and episode.turns:
                     try:
                         await self.on_episode_end(episode, seed)
+                    except SlotFailureError as exc:  # e.g. a judge that failed every verdict for a while
+                        self._stop(exc)
+                        return
                     except Exception as exc:  # e.g. a reward function failed: never a made-up reward
                         failed = recorder.episode("error", error=str(exc) or type(exc).__name__)
                         failed.seconds, episode = episode.seconds, failed
@@ -655,23 +659,37 @@ class SlotRunner:
 
     # ------------------------------------------------------------------ lifecycle
     def state_dict(self) -> dict[str, Any]:
-        """Counters to resume from: episodes started per slot (seeds go on) and run totals."""
+        """Counters to resume from: episodes started per slot (seeds go on), the round each slot
+        has in flight (played again on resume: an epoch covers every row, killed or not) and run
+        totals."""
         return {
             "episodes_started": self.episodes_started,
+            "in_flight": [slot.in_flight() for slot in self._slots],
             "counters": self.counters.as_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore counters before the first ``collect`` (episodes in flight are not saved: each
-        slot starts a new episode with its next seed)."""
+        """Restore counters before the first ``collect``. Each slot first plays again the round
+        it had in flight (its turns given to batches before the checkpoint stay trained; the
+        episode is played whole again, so its row is not skipped), then goes on with its group.
+        A state without ``in_flight`` (an older checkpoint) starts each group on a round none of
+        its slots had begun."""
         if self._tasks:
             raise RuntimeError("load_state_dict must come before the first collect()")
         started = [int(n) for n in state["episodes_started"]]
         if len(started) != self.num_envs:
             raise ValueError(f"state has {len(started)} slots, runner has {self.num_envs}")
-        for slot in self._slots:  # the slots of a group start in step, on a round none has begun
+        in_flight = state.get("in_flight")
+        if in_flight is not None and len(in_flight) != self.num_envs:
+            raise ValueError(f"state has {len(in_flight)} slots in flight, runner has {self.num_envs}")
+        for slot in self._slots:
             first = slot.index - slot.index % self.group_size
-            slot.episodes_started = max(started[first:first + self.group_size])
+            if in_flight is None:  # the slots of a group start in step, on a round none has begun
+                slot.episodes_started = max(started[first:first + self.group_size])
+                continue
+            slot.episodes_started = started[slot.index]
+            round_ = in_flight[slot.index]
+            slot.replay_round = None if round_ is None else int(round_)
         self.counters = SlotCounters.from_dict(state["counters"])
 
     async def aclose(self) -> None:

@@ -466,6 +466,7 @@ def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path 
         if saved_lora != (config.actor.lora.rank > 0):
             raise ConfigError(f"actor.lora.rank: {latest.name} holds {'LoRA adapters' if saved_lora else 'a full actor'}"
                               f" but actor.lora.rank is {config.actor.lora.rank}: resume with the run's own setting")
+        _check_same_estimator(run_dir, latest, config)
     if resume and latest is None:
         earlier = [p for p in (ckpt.checkpoints_root(run_dir), run_dir / "metrics.jsonl") if os.path.lexists(p)]
         if earlier:
@@ -480,6 +481,30 @@ def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     return latest
+
+
+def _check_same_estimator(run_dir: Path, latest: Path, config: VerlogConfig) -> None:
+    """``--resume`` continues the run's own estimator: one that differs from the run's saved
+    ``config.yaml``, or whose critic the checkpoint lacks or has in excess, is a ``ConfigError``
+    (a gae run resumed as grpo would drop its critic and write checkpoints without one)."""
+    estimator = config.algorithm.estimator
+    saved_file = run_dir / "config.yaml"
+    saved = None
+    if saved_file.is_file():
+        try:
+            saved = ((yaml.safe_load(saved_file.read_text()) or {}).get("algorithm") or {}).get("estimator")
+        except (yaml.YAMLError, AttributeError):
+            saved = None
+    if saved is not None and saved != estimator:
+        raise ConfigError(f"algorithm.estimator: the run in {str(run_dir)!r} was trained with {saved!r}, not "
+                          f"{estimator!r}: resume with algorithm.estimator={saved} (or start a new run in another "
+                          "trainer.run_dir)")
+    has_critic = os.path.lexists(latest / ckpt.CRITIC_FILE)
+    if has_critic != get_estimator(estimator).needs_critic:
+        held = "holds a critic" if has_critic else "holds no critic"
+        needs = "trains with one" if not has_critic else "has none"
+        raise ConfigError(f"algorithm.estimator: {latest.name} {held} but {estimator!r} {needs}: resume with the "
+                          "estimator the run was trained with")
 
 
 def _seed_everything(seed: int) -> None:

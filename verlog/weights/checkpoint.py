@@ -71,6 +71,8 @@ __all__ = [
 #: the checkpoint's policy: a Hugging Face folder (full fine-tuning) or LoRA adapters on model.path
 ACTOR_FOLDER = "actor"
 ADAPTER_FOLDER = "actor_adapter"
+#: the critic's file in a checkpoint (absent when the estimator has no critic)
+CRITIC_FILE = "critic.safetensors"
 
 _NAME = re.compile(r"^update_(\d+)$")
 #: written in every ``*.json`` part beside its tensors; a file without it is not ours
@@ -176,8 +178,8 @@ def verify_checkpoint(checkpoint: Path) -> dict[str, Any]:
         check_adapter_folder(folder_file(checkpoint, ADAPTER_FOLDER))
     else:
         check_model_folder(folder_file(checkpoint, ACTOR_FOLDER))
-    if os.path.lexists(checkpoint / "critic.safetensors"):
-        safetensors_header(folder_file(checkpoint, "critic.safetensors"))
+    if os.path.lexists(checkpoint / CRITIC_FILE):
+        safetensors_header(folder_file(checkpoint, CRITIC_FILE))
     _part_files(checkpoint, "optimizers")
     load_rng(checkpoint)
     return state
@@ -236,7 +238,7 @@ def save_checkpoint(
     tmp.mkdir()
     save_actor(tmp)
     if critic is not None:
-        save_file({k: v.detach().contiguous().cpu() for k, v in critic.state_dict().items()}, tmp / "critic.safetensors")
+        save_file({k: v.detach().contiguous().cpu() for k, v in critic.state_dict().items()}, tmp / CRITIC_FILE)
     _save_tree({k: o.state_dict() for k, o in optimizers.items() if o is not None}, tmp, "optimizers")
     _save_tree(rng, tmp, "rng")
     (tmp / "state.json").write_text(json.dumps({**state, "update": update}, indent=1))
@@ -256,7 +258,7 @@ def save_checkpoint(
 
 def load_critic_weights(critic: torch.nn.Module, checkpoint: Path) -> None:
     """Load ``critic.safetensors`` into ``critic`` (a mismatch is a ``CheckpointError``)."""
-    path = Path(checkpoint) / "critic.safetensors"
+    path = Path(checkpoint) / CRITIC_FILE
     if not os.path.lexists(path):
         raise CheckpointError(f"{checkpoint} has no critic.safetensors: it was saved without a critic "
                               "(an estimator without a critic?); resume with the estimator it was trained with")

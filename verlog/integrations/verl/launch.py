@@ -51,6 +51,7 @@ from verlog.integrations.verl.settings import (
     MULTI_TURN_KEY,
     TRAINER_NAME,
     AgentSpec,
+    adopt_verl_keys,
     agent_spec,
     resolve_graph_path,
     resolve_source_paths,
@@ -84,6 +85,8 @@ def compose_verl_config(path: str | Path, overrides: Sequence[str] = ()) -> Any:
 
     path = Path(path)
     data = apply_overrides(read_yaml_mapping(path), overrides)
+    for note in adopt_verl_keys(data):
+        print(f"note: {note}", file=sys.stderr)
     verlog_block = data.get("verlog") or {}
     defaults_name = verlog_block.pop("verl_defaults", "ppo_trainer") if isinstance(verlog_block, dict) else "ppo_trainer"
     resolve_source_paths(verlog_block, path.parent.resolve(), path.parent.parent.resolve())
@@ -197,6 +200,10 @@ def wire_verlog(config: Any, keep: set[str] = frozenset()) -> AgentSpec:
         # exactly when verlog's estimator has a critic (check_verl_config refuses a contradiction)
         "critic.enable": _estimator_has_critic(spec.estimator),
     }
+    for key, value in forced.items():
+        if key in keep and OmegaConf.select(config, key) != value:
+            print(f"note: {key}={OmegaConf.select(config, key)} is set by verlog to {value!r} "
+                  f"({FORCED_WHY.get(key.split('.')[0], 'verlog runs the agent loop and the trainer')})", file=sys.stderr)
     with open_dict(config):
         for key, value in forced.items():
             OmegaConf.update(config, key, value, force_add=True)
@@ -207,6 +214,14 @@ def wire_verlog(config: Any, keep: set[str] = frozenset()) -> AgentSpec:
         if steps is not None and int(config.trainer.total_epochs) < int(steps):
             config.trainer.total_epochs = int(steps)  # one step per epoch: the dataset is the slots
     return spec
+
+
+#: why verlog sets the keys of a section whatever the config says (the note printed when it differs)
+FORCED_WHY = {
+    "data": "verl's rows name verlog's env slots, which play verlog.data's rows or make_input(seed); a batch is "
+    "every slot once: size it with verlog.num_envs",
+    "trainer": "verlog's trainer trains the per-turn samples",
+}
 
 
 #: verl's per-model dicts of Hugging Face config overrides (actor/reference, critic)

@@ -25,13 +25,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from verlog.config import (
     SPLITS,
+    VERL_DATA_FILES,
+    VERL_PROMPT_KEY,
     AdvantageConfig,
     ConfigError,
     CriticWarmupConfig,
     DataConfig,
     MultiTurnConfig,
     RewardConfig,
+    VerlRewardFunctionConfig,
     _describe,
+    verl_data_keys,
 )
 
 __all__ = [
@@ -39,6 +43,7 @@ __all__ = [
     "ESTIMATOR_KEY",
     "TRAINER_NAME",
     "AgentSpec",
+    "adopt_verl_keys",
     "EstimatorSettings",
     "VerlAdvantageConfig",
     "VerlSettings",
@@ -94,9 +99,10 @@ class VerlSettings(_Section):
     )
     group_size: int = Field(
         1, ge=1, description="consecutive slots (num_envs * rollout.n in all) playing the same seeds: the groups "
-        "grpo, rloo and gigpo compare"
+        "grpo, rloo and gigpo compare (default: actor_rollout_ref.rollout.n, verl's group: a row's sessions)"
     )
-    episode_timeout_s: float | None = Field(600.0, gt=0, description="per episode, not counting time held at a batch boundary")
+    episode_timeout_s: float | None = Field(600.0, gt=0, description="per episode: time in the graph's own code (model calls, queued, "
+                                              "generating or held at a batch boundary, never count)")
     max_consecutive_failures: int = Field(20, ge=1, description="a slot failing this often in a row fails its verl sample")
     eval_episodes: int = Field(32, ge=1, description="validation episodes (verl's val set)")
     eval_seed: int = Field(1_000_000, description="seed of the first validation episode")
@@ -251,11 +257,16 @@ def agent_spec(config: Any) -> AgentSpec:
     if not model_path:
         raise ConfigError("actor_rollout_ref.model.path is missing: the policy model's folder")
     rollout = _select(config, "actor_rollout_ref.rollout")
+    settings = read_settings(config)
+    rollout_n = int(_select(rollout, "n", 1))
+    if "group_size" not in settings.model_fields_set and rollout_n > 1:
+        # verl's GRPO group is a prompt's rollout.n responses: a row's sessions, consecutive slots
+        settings.group_size = rollout_n
     spec = AgentSpec(
         multi_turn=multi_turn,
-        settings=read_settings(config),
+        settings=settings,
         model_path=str(model_path),
-        rollout_n=int(_select(rollout, "n", 1)),
+        rollout_n=rollout_n,
         prompt_length=int(_select(rollout, "prompt_length", 512)),
         response_length=int(_select(rollout, "response_length", 512)),
         rollout_temperature=float(_select(rollout, "temperature", 1.0)),
@@ -268,6 +279,76 @@ def agent_spec(config: Any) -> AgentSpec:
             f"actor_rollout_ref.rollout.n = {spec.settings.num_envs} x {max(1, spec.rollout_n)} = {spec.num_slots}"
         )
     return spec
+
+
+#: where verl's configs put the custom reward function (the older top-level key, and ``reward``'s)
+VERL_REWARD_FUNCTION_KEYS = ("custom_reward_function", "reward.custom_reward_function")
+
+
+def adopt_verl_keys(data: dict[str, Any]) -> list[str]:
+    """Move the keys a verl user sets for data and rewards into the ``verlog:`` block, in place,
+    and return one note per key moved (the launcher prints them).
+
+    verl's ``data.train_files`` / ``val_files`` / ``prompt_key`` become ``verlog.data.train`` /
+    ``validation`` / ``input.prompt`` (verl's own ``data.*_files`` then name verlog's slot rows,
+    which play the user's rows); ``custom_reward_function: {path, name, reward_kwargs}`` (at the
+    top level or in ``reward``) becomes an entry of ``verlog.reward.functions`` (verl's key is
+    left at its default: the agent loop scores each episode, verl's reward manager does not).
+    A key given both ways is refused (``ConfigError``) rather than one silently winning."""
+    block = data.get("verlog")
+    if block is None:
+        block = data["verlog"] = {}
+    if not isinstance(block, dict):
+        raise ConfigError(f"verlog must be a mapping, got {type(block).__name__}")
+    notes: list[str] = []
+    verl_data = data.get("data")
+    if isinstance(verl_data, dict):
+        moved = {k: verl_data.pop(k) for k in (*VERL_DATA_FILES, VERL_PROMPT_KEY) if k in verl_data}
+        moved = {k: v for k, v in moved.items() if v is not None}
+        if moved:
+            own = dict(block.get("data") or {})
+            for verl_key, split in VERL_DATA_FILES.items():
+                if verl_key in moved and own.get(split) is not None:
+                    raise ConfigError(f"data.{verl_key} and verlog.data.{split} both name the {split} rows: keep one")
+            if VERL_PROMPT_KEY in moved and "prompt" in (own.get("input") or {}):
+                raise ConfigError(f"data.{VERL_PROMPT_KEY} and verlog.data.input.prompt both name the prompt column: "
+                                  "keep one")
+            try:
+                block["data"] = {**own, **verl_data_keys(moved)}
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            notes += [f"data.{k} is played as verlog.data.{VERL_DATA_FILES.get(k, 'input.prompt')} (verl's "
+                      f"data.{k} names verlog's slot rows)" for k in moved]
+    if isinstance(verl_data, dict) and verl_data.get("train_batch_size") is not None and "num_envs" not in block:
+        block["num_envs"] = verl_data.pop("train_batch_size")
+        notes.append(f"data.train_batch_size is verlog.num_envs ({block['num_envs']}): the rows (env slots) of a "
+                     "batch, each played by actor_rollout_ref.rollout.n sessions")
+    rollout = (data.get("actor_rollout_ref") or {}).get("rollout") if isinstance(data.get("actor_rollout_ref"), dict) else None
+    multi_turn = rollout.get("multi_turn") if isinstance(rollout, dict) else None
+    for key in sorted(multi_turn or {}):
+        if key not in (*MULTI_TURN_OWN_KEYS, "enable", "_target_"):
+            notes.append(f"{MULTI_TURN_KEY}.{key} is a setting of verl's own tool agent, unused here: verlog's agent "
+                         "is the graph (its tools and turn limit: langgraph.graph_kwargs / graph_config.recursion_limit)")
+    for dotted in VERL_REWARD_FUNCTION_KEYS:
+        parent = data
+        *path, last = dotted.split(".")
+        for part in path:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        entry = parent.get(last) if isinstance(parent, dict) else None
+        if not isinstance(entry, dict) or not entry.get("path"):
+            continue
+        parent.pop(last)
+        try:
+            function = VerlRewardFunctionConfig.model_validate(entry).as_function()
+        except ValidationError as exc:
+            lines = [f"  {dotted}.{line.strip()}" for line in _describe(exc, VerlRewardFunctionConfig).splitlines()]
+            raise ConfigError("invalid verl config:\n" + "\n".join(lines)) from None
+        reward = dict(block.get("reward") or {})
+        reward["functions"] = [*(reward.get("functions") or []), function.model_dump(exclude_defaults=True)]
+        block["reward"] = reward
+        notes.append(f"{dotted} ({function.function}) runs as verlog.reward.functions[{len(reward['functions']) - 1}] "
+                     "in the agent loop")
+    return notes
 
 
 def resolve_source_paths(block: Any, *bases: Path) -> None:
