@@ -299,6 +299,8 @@ class _Run:
         if self.live_slots:
             batch = await self.runner.collect()
             await self.slots_agent.rank(batch)
+        if self.traces is not None:  # staleness counts from the weights this update starts from
+            self.traces.trained = (self.run_dir.name, int(self.state["update"]))
         return merge_batches(batch, self.traces.next_batch() if self.traces is not None else None)
 
     def counters(self) -> dict[str, float]:
