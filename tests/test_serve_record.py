@@ -108,8 +108,16 @@ async def test_ids_only_and_a_server_that_does_not_record(tiny_model, tiny_token
         assert EPISODE_HEADER not in raw.headers and raw.headers[VERSION_HEADER] == "tiny"
         async with aiohttp.ClientSession() as session:
             async with session.post(f"{server.base_url}/feedback", json={"episode_id": "p", "reward": 1}) as r:
-                assert r.status == 404 and (await r.json())["error"]["code"] == "not_recording"
+                assert r.status == 403 and (await r.json())["error"]["code"] == "endpoint_closed"  # no key: closed
             async with session.post(f"{server.base_url}/admin/reload") as r:
+                assert r.status == 403 and (await r.json())["error"]["code"] == "endpoint_closed"
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", admin_key="admin") as server:
+        async with aiohttp.ClientSession() as session:
+            admin = {"Authorization": "Bearer admin"}
+            async with session.post(f"{server.base_url}/feedback", json={"episode_id": "p", "reward": 1},
+                                    headers=admin) as r:
+                assert r.status == 404 and (await r.json())["error"]["code"] == "not_recording"
+            async with session.post(f"{server.base_url}/admin/reload", headers=admin) as r:
                 assert r.status == 404 and (await r.json())["error"]["code"] == "not_reloadable"
     recorder.close()
     store.close()
@@ -131,15 +139,16 @@ async def test_swap_in_place_finishes_requests_in_flight_on_the_old_weights(tiny
 
     messages = [{"role": "user", "content": "Tell me a long story."}]
     async with OpenAIServer(old_engine, tiny_tokenizer, model_name="tiny", recorder=recorder, model_version="v0",
-                            reloader=reloader) as server:
+                            reloader=reloader, admin_key="admin") as server:
         oai = _client(server)
         stream = await oai.chat.completions.create(model="tiny", messages=messages, max_tokens=200, temperature=1.0,
                                                    seed=3, stream=True, user="in-flight")
         chunks = [await stream.__anext__(), await stream.__anext__()]  # generating on v0
         async with aiohttp.ClientSession() as session:
-            async with session.post(f"{server.base_url}/admin/reload") as r:
+            admin = {"Authorization": "Bearer admin"}
+            async with session.post(f"{server.base_url}/admin/reload", headers=admin) as r:
                 swapped = await r.json()
-            async with session.post(f"{server.base_url}/admin/reload") as r:  # nothing newer: no swap
+            async with session.post(f"{server.base_url}/admin/reload", headers=admin) as r:  # nothing newer: no swap
                 again = await r.json()
         assert swapped == {"object": "reload", "version": "v1", "previous": "v0", "swapped": True}
         assert again["swapped"] is False and server.model_version == "v1"
