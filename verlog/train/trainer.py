@@ -56,6 +56,7 @@ from verlog.train.storage import RolloutStorage
 from verlog.train.trace_batches import TraceBatch, TraceSource, merge_batches, trace_slots
 from verlog.weights import checkpoint as ckpt
 from verlog.weights.actor_critic import load_actor, load_critic, load_reference
+from verlog.weights.policy import check_finite_weights
 from verlog.weights.precision import autocast_dtype, check_master_dtype, grad_scaler
 
 __all__ = ["TrainResult", "train"]
@@ -283,6 +284,9 @@ class _Run:
             load_adapter_weights(self.peft_actor, ckpt.folder_file(checkpoint, ckpt.ADAPTER_FOLDER))
         if self.learner.critic is not None:
             ckpt.load_critic_weights(self.learner.critic, checkpoint)
+        for model in (self.learner.actor, self.learner.critic):  # a diverged run's NaNs are not trained on
+            if model is not None:
+                check_finite_weights(model, str(checkpoint))
         ckpt.load_optimizers(checkpoint, self._optimizers())
         ckpt.set_rng_state(ckpt.load_rng(checkpoint), self._generators())
         try:

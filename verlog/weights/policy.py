@@ -87,6 +87,8 @@ def find_policy(spec: str | os.PathLike, *, base: str | os.PathLike | None = Non
             ) from None
         return PolicySource(path, None, path)
     checkpoint = None
+    if path.name in (ACTOR_FOLDER, ADAPTER_FOLDER) and os.path.lexists(path.parent / "state.json"):
+        path = path.parent  # a checkpoint's actor named directly: the checkpoint, checked whole (links included)
     if not _is_checkpoint_source(path) and _is_run_without_checkpoint(path):
         raise FileNotFoundError(f"no checkpoint in {os.fspath(spec)!r}: this training run has saved none yet "
                                 "(one is written every trainer.save_every updates)")
