@@ -218,3 +218,36 @@ async def test_a_served_graph_files_each_thread_as_an_episode(tiny_model, tiny_t
     engine.close()
     recorder.flush()
     assert [t.turn_index for t in recorder.store.turns("thread-7")] == [0, 1, 2]
+
+
+async def test_a_tool_agents_turns_land_in_one_episode_through_bind_tools_and_a_sub_graph(tiny_tokenizer, recorder):
+    """``episode_chat_openai``: the run's ``configurable.episode_id`` names the episode of every call,
+    through LangGraph's prebuilt agent (``bind_tools``) run as a sub-graph of the service's graph."""
+    from langchain_core.messages import HumanMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    from verlog.graph_file import load_graph_file
+    from verlog.testing.scripted_engine import ScriptedEngine
+    from verlog.traces import episode_chat_openai
+
+    call = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2+3"}}\n</tool_call>'
+    engine = ScriptedEngine(tiny_tokenizer, [call, "5"])
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", recorder=recorder) as server:
+        model = episode_chat_openai(base_url=server.base_url, model="tiny", api_key="k", max_retries=0)
+        agent = load_graph_file(Path(__file__).parent / "graphs" / "prebuilt_react_agent.py").build(model)
+        service = StateGraph(MessagesState)
+        service.add_node("agent", agent)  # the agent as a sub-graph of the service's own graph
+        service.add_edge(START, "agent")
+        service.add_edge("agent", END)
+        app = service.compile()
+        for session in ("session-1", "session-2"):
+            final = await app.ainvoke({"messages": [HumanMessage("What is 2+3?")]},
+                                      {"configurable": {"episode_id": session}})
+            assert final["messages"][-1].content == "5" and any(m.type == "tool" for m in final["messages"])
+        # without an episode_id the LangGraph thread names it, as under `verlog serve`
+        await app.ainvoke({"messages": [HumanMessage("What is 2+3?")]}, {"configurable": {"thread_id": "thread-9"}})
+    for episode in ("session-1", "session-2", "thread-9"):
+        turns = recorder.store.turns(episode)
+        assert [t.turn_index for t in turns] == [0, 1], episode  # the tool call and the answer, one episode
+        assert "calculate" in turns[0].response_text and turns[1].response_text == "5"
+    assert len(recorder.store.episodes()) == 3

@@ -57,6 +57,7 @@ class TraceRecorder:
         self.dropped = 0
         self._queue: queue.Queue[tuple[TracedTurn, Future] | threading.Event | None] = queue.Queue()
         self._closed = False
+        self._wake = threading.Event()  # ends a write-behind wait early: close and flush
         self._next_bounds = time.monotonic()
         self._thread = threading.Thread(target=self._write_loop, name="verlog-trace-recorder", daemon=True)
         self._thread.start()
@@ -83,6 +84,7 @@ class TraceRecorder:
             return True
         done = threading.Event()
         self._queue.put(done)
+        self._wake.set()
         return done.wait(timeout_s)
 
     def close(self) -> None:
@@ -90,6 +92,7 @@ class TraceRecorder:
         if not self._closed:
             self._closed = True
             self._queue.put(None)
+            self._wake.set()
             self._thread.join(timeout=60)
 
     def _write_loop(self) -> None:
@@ -130,5 +133,6 @@ class TraceRecorder:
                 event.set()
             if stop:
                 return
-            if self.write_behind_s:
-                time.sleep(self.write_behind_s)  # let turns gather: one wake-up and one transaction for them all
+            if self.write_behind_s:  # let turns gather: one wake-up and one transaction for them all
+                self._wake.wait(self.write_behind_s)
+                self._wake.clear()
