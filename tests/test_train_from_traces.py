@@ -218,3 +218,35 @@ def test_trace_slots_keep_the_live_slots_whole_groups(tmp_path):
     assert trace_slots(settings, 32, group_size=8) == 16  # 22 live slots would split a group: 16 live
     assert trace_slots(_traces_config(tmp_path, fraction=1.0), 32, group_size=8) == 32
     assert trace_slots(_traces_config(tmp_path, fraction=0.01), 4) == 1  # at least one
+
+
+def test_traces_train_a_graph_without_make_input_and_without_a_data_section(tmp_path):
+    """The production ReAct calculator (no make_input, no verlog import) trained from recorded
+    episodes alone: no rows, no reward section (feedback is the reward), no evaluation to play."""
+    import yaml
+
+    from verlog.models import load_tokenizer
+
+    tokenizer = load_tokenizer("tiny")
+    prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}],
+                                                add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    answer = tokenizer("5", add_special_tokens=False)["input_ids"]
+    store = open_store(tmp_path / "traces")
+    for e in range(4):
+        store.record([TracedTurn(episode_id=f"e{e}", turn_index=-1, prompt_ids=prompt, response_ids=answer,
+                                 logprobs=[-1.0] * len(answer), model_version="tiny") for _ in range(2)])
+        store.add_feedback(f"e{e}", 1.0 if e % 2 else 0.0)
+    store.close()
+    raw = yaml.safe_load((ROOT / "configs" / "calculator.yaml").read_text())
+    raw.pop("reward")
+    raw["data"] = {"traces": {"store": str(tmp_path / "traces")}}
+    raw["multi_turn"]["langgraph"]["path"] = str(ROOT / "graphs" / "calculator.py")
+    raw["trainer"] |= {"run_dir": str(tmp_path / "run"), "total_updates": 1, "num_envs": 8, "turns_per_env": 2,
+                       "save_every": 1}
+    raw["wandb"] = {"mode": "disabled"}
+    config = config_from_dict(raw)
+    assert config.eval.at_end  # asked for, and skipped with a note: there is nothing to play
+    result = train(config, console=Console(quiet=True))
+    logged = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert result.updates == 1 and logged["trace_turns"] == 16 and result.eval_end is None
+    assert (tmp_path / "run" / "checkpoints" / "update_000001" / "actor").is_dir()
