@@ -144,6 +144,9 @@ async def test_bad_feedback_is_a_400_naming_the_field_and_changes_nothing(engine
                                                                 "Content-Type": "application/json"}) as r:
                     assert r.status == 400
             assert (await _post(session, url, {"episode_id": "e1", "reward": -MAX_REWARD}, "k"))[0] == 200
+            status, answer = await _post(session, f"{server.base_url}/chat/completions",  # a chat's episode too
+                                         {"model": "tiny", "messages": HI, "max_tokens": 2, "user": "a\x00b"}, "k")
+            assert status == 400 and answer["error"]["param"] == "user"
         assert not any(code >= 500 for code in server.responses), server.responses
     assert recorder.store.episode("e1").reward == -MAX_REWARD
     with pytest.raises(ValueError, match="reward must be a finite number"):
@@ -242,7 +245,7 @@ async def test_every_answered_completion_is_already_in_the_store(engine, tiny_to
                                     "a"))[0] == 200
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{server.url}/health") as r:
-                assert (await r.json())["recording"] == {"written": 6, "dropped": 0, "durable": True}
+                assert (await r.json())["recording"] == {"written": 6, "dropped": 0, "late": 0, "durable": True}
     reader.close()
 
 
@@ -270,3 +273,30 @@ def test_store_and_run_folder_mistakes_are_one_line(tmp_path, capsys):
     assert err == [f"error: no checkpoint in {str(run)!r}: this training run has saved none yet (one is written "
                    "every trainer.save_every updates)"]
     assert json.loads(json.dumps(err))  # one plain line
+
+
+async def test_a_store_that_hangs_delays_answers_by_wait_s_at_most(engine, tiny_tokenizer, tmp_path):
+    """Another process holds the SQLite store's write lock: the answer goes out after the
+    recorder's ``wait_s`` (counted as late), and the turn is written once the lock is released."""
+    import asyncio
+    import sqlite3
+
+    from verlog.traces import SQLITE_FILE
+
+    store = open_store(tmp_path / "traces")
+    recorder = TraceRecorder(store, wait_s=0.5)
+    blocker = sqlite3.connect(tmp_path / "traces" / SQLITE_FILE, isolation_level=None)
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", recorder=recorder) as server:
+        oai = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        blocker.execute("BEGIN EXCLUSIVE")
+        answer = await oai.chat.completions.create(model="tiny", messages=HI, max_tokens=2, user="held")
+        assert answer.choices and recorder.late == 1 and recorder.written == 0  # answered while the lock is held
+        blocker.execute("ROLLBACK")
+        for _ in range(200):
+            if recorder.written:
+                break
+            await asyncio.sleep(0.05)
+    blocker.close()
+    recorder.close()
+    assert [t.turn_index for t in store.turns("held")] == [0] and recorder.dropped == 0
+    store.close()

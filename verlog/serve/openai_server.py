@@ -483,7 +483,7 @@ class OpenAIServer(LocalServer):
             body["error"] = self.failure
         if self.recorder is not None:
             body["recording"] = {"written": self.recorder.written, "dropped": self.recorder.dropped,
-                                 "durable": self.recorder.durable}
+                                 "late": self.recorder.late, "durable": self.recorder.durable}
         return web.json_response(body, status=200 if self.failure is None else 503)
 
     def _model_card(self) -> dict[str, Any]:
@@ -687,7 +687,12 @@ class OpenAIServer(LocalServer):
             response_text=text, messages=messages, info=_sampling_info(sampling),
         ))
         if written is not None and self.recorder.durable:
-            await asyncio.wrap_future(written)
+            try:  # a store that hangs (a lost database connection) must not hang the traffic itself
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(written)), self.recorder.wait_s)
+            except asyncio.TimeoutError:
+                self.recorder.late += 1
+                log.warning("turn of episode %s not written within %s s: answered before it is recorded",
+                            episode, self.recorder.wait_s)
 
     async def _feedback(self, request: web.Request) -> web.Response:
         """``POST /v1/feedback``: ``{"episode_id", "reward", "success"?, "info"?, "turn"?}``.

@@ -41,10 +41,13 @@ class TraceRecorder:
         write_behind_s: ``0`` (default): every turn is committed before its answer is sent
             (:attr:`durable`). ``> 0``: answers are not held; the writer commits at most this
             often, and a crash may lose the turns of the last window.
+        wait_s: the longest an answer waits for its turn's commit: past it (a database that
+            hangs) the answer goes out and the turn is counted in :attr:`late` (it is still
+            written when the database answers, or counted in :attr:`dropped`).
     """
 
     def __init__(self, store: TraceStore, *, max_pending: int = 10_000, bounds_every_s: float = 60.0,
-                 write_behind_s: float = 0.0):
+                 write_behind_s: float = 0.0, wait_s: float = 30.0):
         if write_behind_s < 0:
             raise ValueError(f"write_behind_s must be >= 0 (0: every turn durable before its answer), "
                              f"got {write_behind_s}")
@@ -52,9 +55,12 @@ class TraceRecorder:
         self.write_behind_s = write_behind_s
         self.max_pending = max_pending
         self.bounds_every_s = bounds_every_s
-        #: turns written, turns dropped (queue full or a write failed)
+        self.wait_s = wait_s
+        #: turns written, turns dropped (queue full or a write failed), answers sent before
+        #: their turn was committed (the commit took longer than ``wait_s``)
         self.written = 0
         self.dropped = 0
+        self.late = 0
         self._queue: queue.Queue[tuple[TracedTurn, Future] | threading.Event | None] = queue.Queue()
         self._closed = False
         self._wake = threading.Event()  # ends a write-behind wait early: close and flush
