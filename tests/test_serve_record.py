@@ -251,3 +251,43 @@ async def test_a_tool_agents_turns_land_in_one_episode_through_bind_tools_and_a_
         assert [t.turn_index for t in turns] == [0, 1], episode  # the tool call and the answer, one episode
         assert "calculate" in turns[0].response_text and turns[1].response_text == "5"
     assert len(recorder.store.episodes()) == 3
+
+
+async def test_structured_output_calls_name_the_runs_episode(tiny_model, tiny_tokenizer, recorder):
+    """``with_structured_output`` (a JSON schema the engine holds the answer to) in a graph node: the
+    call files under the run's ``configurable.episode_id`` like plain calls."""
+    from langgraph.graph import END, START, StateGraph
+    from pydantic import BaseModel
+    from typing_extensions import TypedDict
+
+    from verlog.traces import episode_chat_openai
+
+    class Verdict(BaseModel):
+        ok: bool
+
+    class State(TypedDict, total=False):  # (annotations resolvable from the module: no local names)
+        verdict: object
+        text: str
+
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", recorder=recorder) as server:
+        model = episode_chat_openai(base_url=server.base_url, model="tiny", api_key="k", max_retries=0, max_tokens=16)
+        judge = model.with_structured_output(Verdict, method="json_schema")
+
+        async def chat(state: State) -> State:
+            return {"text": (await model.ainvoke("Say yes.")).content}
+
+        async def decide(state: State) -> State:
+            return {"verdict": await judge.ainvoke(f"Was this a yes? {state['text']}")}
+
+        graph = StateGraph(State)
+        graph.add_node("chat", chat)
+        graph.add_node("decide", decide)
+        graph.add_edge(START, "chat")
+        graph.add_edge("chat", "decide")
+        graph.add_edge("decide", END)
+        final = await graph.compile().ainvoke({}, {"configurable": {"episode_id": "judged"}})
+        assert isinstance(final["verdict"], Verdict)
+    engine.close()
+    turns = recorder.store.turns("judged")
+    assert [t.turn_index for t in turns] == [0, 1] and turns[1].constraint == "json_schema"
