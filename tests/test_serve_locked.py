@@ -220,11 +220,15 @@ async def test_health_reports_a_server_that_cannot_answer(tiny_model, tiny_token
                 await oai.chat.completions.create(model="tiny", messages=HI, max_tokens=3)
             async with session.get(f"{server.url}/health") as r:
                 body = await r.json()
-                assert r.status == 503 and body["status"] == "failing" and "the engine failed" in body["error"]
+                assert r.status == 503 and body["status"] == "failing" and "canary" in body["error"]  # rechecked: still
             await server.swap(engine, "good", close_old=False)
-            assert (await oai.chat.completions.create(model="tiny", messages=HI, max_tokens=3)).choices
+            server.health_recheck_s = 1e9  # no recheck: still failing until something shows otherwise
             async with session.get(f"{server.url}/health") as r:
+                assert r.status == 503
+            server.health_recheck_s = 0.0
+            async with session.get(f"{server.url}/health") as r:  # the canary passes: ok, with no request needed
                 assert r.status == 200 and (await r.json())["status"] == "ok"
+            assert (await oai.chat.completions.create(model="tiny", messages=HI, max_tokens=3)).choices
     nan_engine.close()
 
 

@@ -225,8 +225,8 @@ class StalenessConfig(_Section):
     rollback) is off its lineage and always dropped."""
 
     max_versions: int | None = Field(
-        None, ge=0, description="turns served more than this many updates before the trained weights are dropped (not trained on); "
-        "null: none are dropped"
+        None, ge=0, description="turns served more than this many updates before the trained weights are dropped "
+        "(not trained on); null: none are dropped"
     )
     decay: float = Field(
         1.0, gt=0, le=1, description="a turn's weight in the policy loss is decay ** staleness (1: no down-weighting)"

@@ -280,6 +280,11 @@ class OpenAIServer(LocalServer):
         self.check_at_start = check_at_start
         #: why the engine's last generation failed (``None``: it answered): ``/health`` reports it
         self.failure: str | None = None
+        #: while failing, ``/health`` runs the canary again at most this often (a server taken
+        #: out of rotation for its 503 gets no traffic that could show it has recovered)
+        self.health_recheck_s = 5.0
+        self._rechecked = -math.inf
+        self._rechecking = asyncio.Lock()
         self.limits = limits or ServerLimits()
         self.chat_model = VerlogChatModel(
             engine=engine, tokenizer=tokenizer, model_name=model_name,
@@ -476,7 +481,17 @@ class OpenAIServer(LocalServer):
     # ------------------------------------------------------------------ endpoints
     async def _health(self, request: web.Request) -> web.Response:
         """200 ``ok`` while the engine answers; 503 ``failing`` (with the error) while its last
-        generation failed, so a load balancer or supervisor can tell."""
+        generation failed, so a load balancer or supervisor can tell. While failing, the canary
+        is run again (at most every ``health_recheck_s``): once it passes, the server is ok."""
+        if self.failure is not None and not self._rechecking.locked() \
+                and time.monotonic() - self._rechecked >= self.health_recheck_s:
+            async with self._rechecking:
+                self._rechecked = time.monotonic()
+                try:
+                    await self.check_engine(self.engine, self.model_version)
+                    self.failure = None
+                except UnservableModelError as exc:
+                    self.failure = str(exc)
         body = {"status": "ok" if self.failure is None else "failing", "model": self.model_name,
                 "version": self.model_version, "generating": self._admission.active, "waiting": self._admission.queued}
         if self.failure is not None:
