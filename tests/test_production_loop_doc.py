@@ -39,6 +39,8 @@ def test_the_pages_script_runs_as_written(tmp_path):
     done = subprocess.run(["bash", "-c", _script()], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=840)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-5000:])
+    # the server said at start who may do what: with an API key and no admin key, its holders do all
+    assert "open to: chat and models: API key; feedback: API key; reload: API key" in done.stderr, done.stderr[-3000:]
     assert '"swapped": true' in done.stdout and '"version": "from-traces/update_000001"' in done.stdout, \
         done.stdout[-3000:]
     store = open_store(tmp_path / "traces", create=False)
