@@ -2,7 +2,7 @@
 feedback -> train from traces -> hot swap, with no rollout of its own.
 
 `verlog serve-model MODEL --record STORE --reload-from RUN` runs as its own process. Each cycle:
---episodes cue-corridor episodes (fresh seeds) play against it through LangChain's ChatOpenAI, as
+--episodes cue-corridor episodes (fresh seeds) play against it through LangChain's ChatOpenAI (verlog.traces.episode_chat_openai), as
 production clients would; each gets feedback from the client's side (the episode's outcome, 1 if it
 reached the end, on the episode; -0.1 on each turn whose answer was not a move, as a judge of the
 turn would); then `verlog train` makes --updates-per-cycle updates from the trace store alone
@@ -34,7 +34,6 @@ from pathlib import Path
 
 import httpx
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_openai import ChatOpenAI
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,7 +42,7 @@ from serve_load import ROOT, free_port, wait_healthy  # noqa: E402
 from verlog.config import load_config  # noqa: E402
 from verlog.evaluation.results import mean_se  # noqa: E402
 from verlog.graph_file import load_graph_file  # noqa: E402
-from verlog.traces import TraceStore, open_store  # noqa: E402
+from verlog.traces import TraceStore, episode_chat_openai, open_store  # noqa: E402
 from verlog.train import train  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -51,6 +50,8 @@ from graphs.cue_corridor import MOVES  # noqa: E402
 
 LENGTH, MAX_TURNS = 4, 10
 EVAL_SEED = 1_000_000
+#: the served model's admin key (reload is closed without one)
+ADMIN_KEY = "trace-learning-admin"
 
 
 class _Answers(BaseCallbackHandler):
@@ -71,12 +72,14 @@ async def _play(base_url: str, model_name: str, seeds: list[int], tag: str,
 
     async def one(seed: int) -> tuple[str, bool, list[str]]:
         episode = f"{tag}-{seed}"
-        model = ChatOpenAI(base_url=base_url, api_key="unused", model=model_name, temperature=1.0, max_retries=2)
-        graph = graph_file.build(model.bind(user=episode), length=LENGTH, max_turns=MAX_TURNS)
+        model = episode_chat_openai(base_url=base_url, api_key="unused", model=model_name, temperature=1.0,
+                                    max_retries=2)
+        graph = graph_file.build(model, length=LENGTH, max_turns=MAX_TURNS)
         answers = _Answers()
         async with gate:
             final = await graph.ainvoke(graph_file.episode_input(seed),
-                                        {"recursion_limit": 4 * MAX_TURNS + 10, "callbacks": [answers]})
+                                        {"recursion_limit": 4 * MAX_TURNS + 10, "callbacks": [answers],
+                                         "configurable": {"episode_id": episode}})
         return episode, final["pos"] >= LENGTH, answers.texts
 
     return await asyncio.gather(*(one(s) for s in seeds))
@@ -117,7 +120,8 @@ async def _main() -> None:
     base_url = f"http://127.0.0.1:{port}/v1"
     server = subprocess.Popen(
         [sys.executable, "-m", "verlog.serve", "serve-model", args.model, "--port", str(port), "--record",
-         str(store_dir), "--reload-from", str(run_dir), "--device", "cpu", "--max-queue", "1024"],
+         str(store_dir), "--reload-from", str(run_dir), "--device", "cpu", "--max-queue", "1024",
+         "--admin-key", ADMIN_KEY],
         cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "w"))
     started = time.perf_counter()
     try:
@@ -145,7 +149,8 @@ async def _main() -> None:
                                  [*overrides, f"trainer.total_updates={(cycle + 1) * args.updates_per_cycle}"])
             result = await asyncio.to_thread(train, config, resume=cycle > 0, console=Console(quiet=True))
             logged = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-            swapped = (await asyncio.to_thread(httpx.post, f"{base_url}/admin/reload", timeout=300)).json()
+            swapped = (await asyncio.to_thread(httpx.post, f"{base_url}/admin/reload", timeout=300,
+                                               headers={"Authorization": f"Bearer {ADMIN_KEY}"})).json()
             mean, se = mean_se([float(s) for _, s, _ in played])
             cycles.append({"cycle": cycle + 1, "version": version, "served_success": mean, "served_se": se,
                            "staleness_weight": logged.get("staleness_weight"),

@@ -38,7 +38,7 @@ SERVING = ("serve-model", "eval")
 #: base model, the slots' counters): a resume finds them once the checkpoint is known to be the
 #: run's and its config.yaml has been written again
 FOUND_AT_LOAD = {"slot counters of another run", "critic of another shape", "adapters missing a tensor",
-                 "adapters of another rank"}
+                 "adapters of another rank", "weights all NaN", "adapters all NaN"}
 
 
 class _Payload:
@@ -186,6 +186,11 @@ TAMPERINGS: list[tuple[str, str, tuple[str, ...], str, Callable[[Path, Path, Pat
     ("adapters of another rank", "lora", LOADERS, "adapter_model.safetensors",
      lambda run, c, m: _edit_tensors(c / "actor_adapter" / "adapter_model.safetensors",
                                      lambda t: {k: torch.cat([v, v], dim=0 if "lora_A" in k else 1) for k, v in t.items()})),
+    ("weights all NaN", "full", LOADERS, "holds NaN",
+     lambda run, c, m: _edit_tensors(_weights(c), lambda t: {k: torch.full_like(v, float("nan")) for k, v in t.items()})),
+    ("adapters all NaN", "lora", LOADERS, "holds NaN",
+     lambda run, c, m: _edit_tensors(c / "actor_adapter" / "adapter_model.safetensors",
+                                     lambda t: {k: torch.full_like(v, float("nan")) for k, v in t.items()})),
     ("adapter settings of another method", "lora", LOADERS, "adapter_config.json",
      lambda run, c, m: (c / "actor_adapter" / "adapter_config.json").write_text(json.dumps({"peft_type": "PROMPT_TUNING"}))),
 ]
@@ -264,3 +269,22 @@ def test_a_tampered_checkpoint_is_refused_in_one_line(runs, tmp_path, what, kind
 def test_the_suite_covers_at_least_27_tamperings_over_three_loaders():
     assert len(TAMPERINGS) >= 27
     assert sum(len(t[2]) for t in TAMPERINGS) >= 27 * 3
+
+
+@pytest.mark.parametrize("loader", SERVING)
+def test_a_linked_actor_named_by_its_own_path_is_refused_too(runs, tmp_path, loader, monkeypatch, capsys):
+    """``CHECKPOINT/actor`` given as the model folder is read as its checkpoint, under the same link rule."""
+    run_dir = tmp_path / "root" / "runs" / "full"
+    shutil.copytree(runs["full"], run_dir)
+    checkpoint = run_dir / "checkpoints" / "update_000001"
+    _link_out(checkpoint, "actor")
+    served: list[str] = []
+    monkeypatch.setattr(openai_server, "run_server", lambda server, on_start=None: served.append(server.model_name))
+    actor = str(checkpoint / "actor")
+    if loader == "serve-model":
+        code = serve_commands.main(["serve-model", actor, "--device", "cpu"])
+    else:
+        code = main(["eval", CONFIG, *_overrides(run_dir), "--checkpoint", actor, "--episodes", "1", "--no-chart",
+                     "--out", str(tmp_path / "eval-out")])
+    line = _one_error_line(capsys)
+    assert code == 2 and not served and "is a symbolic link" in line and "actor" in line, line

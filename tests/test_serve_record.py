@@ -108,8 +108,16 @@ async def test_ids_only_and_a_server_that_does_not_record(tiny_model, tiny_token
         assert EPISODE_HEADER not in raw.headers and raw.headers[VERSION_HEADER] == "tiny"
         async with aiohttp.ClientSession() as session:
             async with session.post(f"{server.base_url}/feedback", json={"episode_id": "p", "reward": 1}) as r:
-                assert r.status == 404 and (await r.json())["error"]["code"] == "not_recording"
+                assert r.status == 403 and (await r.json())["error"]["code"] == "endpoint_closed"  # no key: closed
             async with session.post(f"{server.base_url}/admin/reload") as r:
+                assert r.status == 403 and (await r.json())["error"]["code"] == "endpoint_closed"
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", admin_key="admin") as server:
+        async with aiohttp.ClientSession() as session:
+            admin = {"Authorization": "Bearer admin"}
+            async with session.post(f"{server.base_url}/feedback", json={"episode_id": "p", "reward": 1},
+                                    headers=admin) as r:
+                assert r.status == 404 and (await r.json())["error"]["code"] == "not_recording"
+            async with session.post(f"{server.base_url}/admin/reload", headers=admin) as r:
                 assert r.status == 404 and (await r.json())["error"]["code"] == "not_reloadable"
     recorder.close()
     store.close()
@@ -131,15 +139,16 @@ async def test_swap_in_place_finishes_requests_in_flight_on_the_old_weights(tiny
 
     messages = [{"role": "user", "content": "Tell me a long story."}]
     async with OpenAIServer(old_engine, tiny_tokenizer, model_name="tiny", recorder=recorder, model_version="v0",
-                            reloader=reloader) as server:
+                            reloader=reloader, admin_key="admin") as server:
         oai = _client(server)
         stream = await oai.chat.completions.create(model="tiny", messages=messages, max_tokens=200, temperature=1.0,
                                                    seed=3, stream=True, user="in-flight")
         chunks = [await stream.__anext__(), await stream.__anext__()]  # generating on v0
         async with aiohttp.ClientSession() as session:
-            async with session.post(f"{server.base_url}/admin/reload") as r:
+            admin = {"Authorization": "Bearer admin"}
+            async with session.post(f"{server.base_url}/admin/reload", headers=admin) as r:
                 swapped = await r.json()
-            async with session.post(f"{server.base_url}/admin/reload") as r:  # nothing newer: no swap
+            async with session.post(f"{server.base_url}/admin/reload", headers=admin) as r:  # nothing newer: no swap
                 again = await r.json()
         assert swapped == {"object": "reload", "version": "v1", "previous": "v0", "swapped": True}
         assert again["swapped"] is False and server.model_version == "v1"
@@ -209,3 +218,76 @@ async def test_a_served_graph_files_each_thread_as_an_episode(tiny_model, tiny_t
     engine.close()
     recorder.flush()
     assert [t.turn_index for t in recorder.store.turns("thread-7")] == [0, 1, 2]
+
+
+async def test_a_tool_agents_turns_land_in_one_episode_through_bind_tools_and_a_sub_graph(tiny_tokenizer, recorder):
+    """``episode_chat_openai``: the run's ``configurable.episode_id`` names the episode of every call,
+    through LangGraph's prebuilt agent (``bind_tools``) run as a sub-graph of the service's graph."""
+    from langchain_core.messages import HumanMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    from verlog.graph_file import load_graph_file
+    from verlog.testing.scripted_engine import ScriptedEngine
+    from verlog.traces import episode_chat_openai
+
+    call = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2+3"}}\n</tool_call>'
+    engine = ScriptedEngine(tiny_tokenizer, [call, "5"])
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", recorder=recorder) as server:
+        model = episode_chat_openai(base_url=server.base_url, model="tiny", api_key="k", max_retries=0)
+        agent = load_graph_file(Path(__file__).parent / "graphs" / "prebuilt_react_agent.py").build(model)
+        service = StateGraph(MessagesState)
+        service.add_node("agent", agent)  # the agent as a sub-graph of the service's own graph
+        service.add_edge(START, "agent")
+        service.add_edge("agent", END)
+        app = service.compile()
+        for session in ("session-1", "session-2"):
+            final = await app.ainvoke({"messages": [HumanMessage("What is 2+3?")]},
+                                      {"configurable": {"episode_id": session}})
+            assert final["messages"][-1].content == "5" and any(m.type == "tool" for m in final["messages"])
+        # without an episode_id the LangGraph thread names it, as under `verlog serve`
+        await app.ainvoke({"messages": [HumanMessage("What is 2+3?")]}, {"configurable": {"thread_id": "thread-9"}})
+    for episode in ("session-1", "session-2", "thread-9"):
+        turns = recorder.store.turns(episode)
+        assert [t.turn_index for t in turns] == [0, 1], episode  # the tool call and the answer, one episode
+        assert "calculate" in turns[0].response_text and turns[1].response_text == "5"
+    assert len(recorder.store.episodes()) == 3
+
+
+async def test_structured_output_calls_name_the_runs_episode(tiny_model, tiny_tokenizer, recorder):
+    """``with_structured_output`` (a JSON schema the engine holds the answer to) in a graph node: the
+    call files under the run's ``configurable.episode_id`` like plain calls."""
+    from langgraph.graph import END, START, StateGraph
+    from pydantic import BaseModel
+    from typing_extensions import TypedDict
+
+    from verlog.traces import episode_chat_openai
+
+    class Verdict(BaseModel):
+        ok: bool
+
+    class State(TypedDict, total=False):  # (annotations resolvable from the module: no local names)
+        verdict: object
+        text: str
+
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", recorder=recorder) as server:
+        model = episode_chat_openai(base_url=server.base_url, model="tiny", api_key="k", max_retries=0, max_tokens=16)
+        judge = model.with_structured_output(Verdict, method="json_schema")
+
+        async def chat(state: State) -> State:
+            return {"text": (await model.ainvoke("Say yes.")).content}
+
+        async def decide(state: State) -> State:
+            return {"verdict": await judge.ainvoke(f"Was this a yes? {state['text']}")}
+
+        graph = StateGraph(State)
+        graph.add_node("chat", chat)
+        graph.add_node("decide", decide)
+        graph.add_edge(START, "chat")
+        graph.add_edge("chat", "decide")
+        graph.add_edge("decide", END)
+        final = await graph.compile().ainvoke({}, {"configurable": {"episode_id": "judged"}})
+        assert isinstance(final["verdict"], Verdict)
+    engine.close()
+    turns = recorder.store.turns("judged")
+    assert [t.turn_index for t in turns] == [0, 1] and turns[1].constraint == "json_schema"

@@ -133,3 +133,21 @@ def test_recorder_writes_in_the_background_and_flushes(tmp_path):
     recorder.submit(_turn("bg"))  # after close: dropped, counted
     assert recorder.dropped == 1
     store.close()
+
+
+def test_a_submitted_turn_is_readable_elsewhere_once_its_future_is_done(store_target):
+    """What the server waits for before answering: the turn committed, seen by another connection
+    (another process's, a trainer's); and rewards are held to the same bounds on both databases."""
+    store = open_store(store_target)
+    recorder = TraceRecorder(store)
+    reader = open_store(store_target, create=False)
+    futures = [recorder.submit(_turn(f"durable-{i}")) for i in range(5)]
+    assert all(f.result(timeout=60) for f in futures)
+    assert [len(reader.turns(f"durable-{i}")) for i in range(5)] == [1] * 5
+    for bad in (float("inf"), float("nan"), 10 ** 400, 2e6, True):
+        with pytest.raises(ValueError, match="reward"):
+            store.add_feedback("durable-0", bad)
+    assert reader.episode("durable-0").reward is None
+    recorder.close()
+    reader.close()
+    store.close()

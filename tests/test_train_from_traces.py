@@ -4,6 +4,7 @@ out as fixed-turn slots, the ``data.traces`` section, and a run mixing live and 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from verlog.config import ConfigError, config_from_dict, load_config
 from verlog.traces import TracedTurn, open_store
 from verlog.train import train
 from verlog.train.storage import RolloutStorage
-from verlog.train.trace_batches import TraceSource, merge_batches
+from verlog.train.trace_batches import TraceSource, lineage_staleness, merge_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,10 +72,10 @@ def _traces_config(store: Path, **settings):
 
 def test_trace_batches_lay_episodes_out_as_slots(tmp_path):
     store = open_store(tmp_path / "t")
-    store.record([_traced("a", i, "v0") for i in range(3)])
-    store.record([_traced("b", i, "v1") for i in range(2)])
-    store.record([_traced("c", i, "v2") for i in range(2)])
-    store.record([_traced("open", 0, "v2")])  # no feedback: not trained
+    store.record([_traced("a", i, "run/update_000001") for i in range(3)])
+    store.record([_traced("b", i, "run/update_000002") for i in range(2)])
+    store.record([_traced("c", i, "run/update_000003") for i in range(2)])
+    store.record([_traced("open", 0, "run/update_000003")])  # no feedback: not trained
     store.add_feedback("a", 1.0, success=True)
     store.add_feedback("b", 0.5, info={"group": "task-7"})
     store.add_feedback("c", -1.0)
@@ -117,6 +118,35 @@ def test_trace_batches_lay_episodes_out_as_slots(tmp_path):
     store.close()
 
 
+def test_staleness_follows_the_checkpoint_lineage_after_a_rollback(tmp_path):
+    """Served v1, then v2, then v1 again (a rollback): staleness is counted from the weights being
+    trained, by the run's update order, never by when a version first answered."""
+    v1, v2 = "run/update_000001", "run/update_000002"
+    store = open_store(tmp_path / "t")
+    for episode, version in (("first", v1), ("second", v2), ("again", v1)):
+        store.record([_traced(episode, i, version) for i in range(2)])
+        store.add_feedback(episode, 1.0)
+    assert lineage_staleness(store.versions(), ("run", 2)) == {v1: 1.0, v2: 0.0}
+    assert lineage_staleness(store.versions(), ("run", 1)) == {v1: 0.0, v2: math.inf}
+    assert lineage_staleness(store.versions()) == {v1: 1.0, v2: 0.0}  # no trainer: the newest checkpoint
+    assert lineage_staleness(["smollm2", "other/update_000009", v1], ("run", 3)) == {
+        "smollm2": 3.0, "other/update_000009": 3.0, v1: 2.0}  # what the run started from: all its updates behind
+    settings = _traces_config(tmp_path / "t", staleness={"max_versions": 0})
+
+    def trained_episodes(trained: tuple[str, int]) -> set[str]:
+        source = TraceSource(settings, num_slots=1, turns_per_env=4, seed=0, store=open_store(tmp_path / "t"))
+        source.trained = trained
+        episodes = {t.episode_id for t in source.next_batch().flat_turns()}
+        source.close()
+        return episodes
+
+    assert trained_episodes(("run", 2)) == {"second"}  # the trainer holds v2: v1's traffic is one update behind
+    # rolled back to v1 (the trainer resumed from it): v1's traffic, old and new, is on-policy; v2's is off the lineage
+    assert trained_episodes(("run", 1)) == {"first", "again"}
+    assert staleness_weights(torch.tensor([math.inf, 0.0]), None, 1.0).tolist() == [0.0, 1.0]
+    store.close()
+
+
 def test_a_store_without_feedback_is_a_clear_error(tmp_path):
     store = open_store(tmp_path / "empty")
     store.record([_traced("x", 0, "v0")])
@@ -149,7 +179,7 @@ def test_a_run_mixes_live_slots_and_recorded_ones(tmp_path):
                                            add_generation_prompt=True, tokenize=True, return_dict=True)
     prompt = list(prompt["input_ids"])
     east = tokenizer.convert_tokens_to_ids("east")
-    for e, version in enumerate(("old", "old", "new", "new")):
+    for e, version in enumerate(("agent/update_000040",) * 4):  # the checkpoint this run starts from
         store.record([TracedTurn(episode_id=f"e{e}", turn_index=-1, prompt_ids=prompt, response_ids=[east],
                                  logprobs=[-1.4], model_version=version) for _ in range(4)])
         store.add_feedback(f"e{e}", 1.0, success=True)
@@ -165,7 +195,9 @@ def test_a_run_mixes_live_slots_and_recorded_ones(tmp_path):
     updates = [m for m in logged if m.get("trace_turns")]
     assert result.updates == 2 and len(updates) == 2
     assert all(m["trace_turns"] == 8 and m["trace_episodes"] == 2 for m in updates)
-    assert all(0 < m["staleness_weight"] < 1 for m in updates)  # live turns weigh 1, the old version's 0.5
+    # the served weights are the run's starting point: the traces are on the lineage's first version at the
+    # first update (weight 1), one update behind at the second (0.5; the live turns weigh 1)
+    assert updates[0]["staleness_weight"] == 1.0 and 0.5 < updates[1]["staleness_weight"] < 1
     assert (tmp_path / "run" / "checkpoints" / "update_000002").is_dir()
 
 
@@ -186,3 +218,35 @@ def test_trace_slots_keep_the_live_slots_whole_groups(tmp_path):
     assert trace_slots(settings, 32, group_size=8) == 16  # 22 live slots would split a group: 16 live
     assert trace_slots(_traces_config(tmp_path, fraction=1.0), 32, group_size=8) == 32
     assert trace_slots(_traces_config(tmp_path, fraction=0.01), 4) == 1  # at least one
+
+
+def test_traces_train_a_graph_without_make_input_and_without_a_data_section(tmp_path):
+    """The production ReAct calculator (no make_input, no verlog import) trained from recorded
+    episodes alone: no rows, no reward section (feedback is the reward), no evaluation to play."""
+    import yaml
+
+    from verlog.models import load_tokenizer
+
+    tokenizer = load_tokenizer("tiny")
+    prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}],
+                                                add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    answer = tokenizer("5", add_special_tokens=False)["input_ids"]
+    store = open_store(tmp_path / "traces")
+    for e in range(4):
+        store.record([TracedTurn(episode_id=f"e{e}", turn_index=-1, prompt_ids=prompt, response_ids=answer,
+                                 logprobs=[-1.0] * len(answer), model_version="tiny") for _ in range(2)])
+        store.add_feedback(f"e{e}", 1.0 if e % 2 else 0.0)
+    store.close()
+    raw = yaml.safe_load((ROOT / "configs" / "calculator.yaml").read_text())
+    raw.pop("reward")
+    raw["data"] = {"traces": {"store": str(tmp_path / "traces")}}
+    raw["multi_turn"]["langgraph"]["path"] = str(ROOT / "graphs" / "calculator.py")
+    raw["trainer"] |= {"run_dir": str(tmp_path / "run"), "total_updates": 1, "num_envs": 8, "turns_per_env": 2,
+                       "save_every": 1}
+    raw["wandb"] = {"mode": "disabled"}
+    config = config_from_dict(raw)
+    assert config.eval.at_end  # asked for, and skipped with a note: there is nothing to play
+    result = train(config, console=Console(quiet=True))
+    logged = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert result.updates == 1 and logged["trace_turns"] == 16 and result.eval_end is None
+    assert (tmp_path / "run" / "checkpoints" / "update_000001" / "actor").is_dir()

@@ -230,11 +230,14 @@ class DataInputConfig(_Section):
 
 class StalenessConfig(_Section):
     """How turns served by older model versions count when training from traces. A turn's staleness
-    is how many versions have answered since its own (0: served by the newest version in the store)."""
+    is how many updates of the run lie between the checkpoint that served it and the weights being
+    trained, by the checkpoint lineage (``verlog.train.trace_batches.lineage_staleness``): 0 for
+    turns the trained weights served; a version of a later update than the trainer holds (after a
+    rollback) is off its lineage and always dropped."""
 
     max_versions: int | None = Field(
-        None, ge=0, description="turns more than this many versions behind the newest are dropped (not trained on); "
-        "null: none are dropped"
+        None, ge=0, description="turns served more than this many updates before the trained weights are dropped "
+        "(not trained on); null: none are dropped"
     )
     decay: float = Field(
         1.0, gt=0, le=1, description="a turn's weight in the policy loss is decay ** staleness (1: no down-weighting)"

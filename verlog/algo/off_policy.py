@@ -60,10 +60,11 @@ class OffPolicyCorrection:
 
 
 def staleness_weights(staleness: Tensor, max_versions: int | None, decay: float) -> Tensor:
-    """Per-turn weights from each turn's staleness (versions behind the newest, ``>= 0``):
-    ``decay ** staleness``, and ``0`` beyond ``max_versions`` (dropped)."""
+    """Per-turn weights from each turn's staleness (updates behind the trained weights, ``>= 0``;
+    ``inf``: not in their lineage): ``decay ** staleness``, and ``0`` beyond ``max_versions`` or
+    off the lineage (dropped)."""
     staleness = staleness.float()
-    weights = decay ** staleness
+    weights = torch.where(torch.isinf(staleness), torch.zeros_like(staleness), decay ** staleness)
     if max_versions is not None:
         weights = torch.where(staleness > max_versions, torch.zeros_like(weights), weights)
     return weights

@@ -51,7 +51,7 @@ def _serve_model(args: argparse.Namespace) -> int:
         return _run_serve_model(args)
     except FileNotFoundError as exc:  # an unknown checkpoint
         return _fail(str(exc))
-    except OSError as exc:  # e.g. the port is taken
+    except OSError as exc:  # the port is taken (the store's and the checkpoint's errors are named above)
         return _fail(f"cannot serve on {args.host}:{args.port}: {exc}")
     except ValueError as exc:  # bad limits or dtype, a checkpoint verlog will not load (CheckpointError)
         return _fail(str(exc))
@@ -66,6 +66,7 @@ def _run_serve_model(args: argparse.Namespace) -> int:
     from verlog.weights.policy import find_policy, load_policy
 
     api_key = args.api_key or os.environ.get("VERLOG_API_KEY") or None
+    admin_key = args.admin_key or os.environ.get("VERLOG_ADMIN_KEY") or None
     if not _is_loopback(args.host) and not api_key:
         _say(f"warning: serving on {args.host} without an API key: anyone who can reach it can use it "
              "(set --api-key or $VERLOG_API_KEY)")
@@ -106,11 +107,13 @@ def _run_serve_model(args: argparse.Namespace) -> int:
         read_timeout_s=args.read_timeout_s,
         large_body_bytes=args.large_body_bytes,
         max_large_queue=args.max_large_queue,
+        max_header_bytes=args.max_header_bytes,
+        max_headers=args.max_headers,
     )
     server = OpenAIServer(
         engine, tokenizer, model_name=name, api_key=api_key, limits=limits,
         chat_template_kwargs=args.chat_template_kwargs, host=args.host, port=args.port,
-        model_version=source.version, recorder=recorder, reloader=reload,
+        model_version=source.version, recorder=recorder, reloader=reload, admin_key=admin_key, check_at_start=True,
     )
 
     def announce() -> None:
@@ -118,6 +121,7 @@ def _run_serve_model(args: argparse.Namespace) -> int:
                      if recorder is not None else "")
         _say(f"serving '{name}' version {source.version} at {server.base_url} (OpenAI API: /v1/chat/completions, "
              f"/v1/models){'; API key required' if api_key else ''}{recording}. Ctrl-C stops.")
+        _say(f"open to: {server.access()}")
 
     try:
         run_server(server, on_start=announce)
@@ -143,7 +147,10 @@ def _open_recorder(args: argparse.Namespace) -> Any:
         max_bytes=max(1, int(args.record_max_mb * 2**20)) if args.record_max_mb else None,
         retention_days=args.record_retention_days or None,
     )
-    return TraceRecorder(open_store(args.record, policy))
+    if args.record_write_behind_s < 0:
+        raise ValueError(f"--record-write-behind-s must be >= 0 (0: every answer waits for its turn to be "
+                         f"written), got {args.record_write_behind_s}")
+    return TraceRecorder(open_store(args.record, policy), write_behind_s=args.record_write_behind_s)
 
 
 def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -162,7 +169,11 @@ def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: tiny/smollm2, or the folder's name)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: $VERLOG_API_KEY)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: $VERLOG_API_KEY); "
+                   "also opens feedback and, without --admin-key, reload to its holders")
+    p.add_argument("--admin-key", default=None,
+                   help="the key of POST /v1/admin/reload, and of feedback besides the API key (default: "
+                   "$VERLOG_ADMIN_KEY). Without any key, feedback and reload are closed (403)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--max-batch-size", type=int, default=64, help="most requests decoded together")
@@ -181,6 +192,10 @@ def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the store's size bound: the least recently written episodes are deleted past it (0: none)")
     r.add_argument("--record-retention-days", type=float, default=30.0,
                    help="episodes not written to for this long are deleted (0: kept)")
+    r.add_argument("--record-write-behind-s", type=float, default=0.0, metavar="S",
+                   help="0 (default): an answer is sent once its turn is written to the store, so a crash loses no "
+                   "answered turn; S > 0: answers do not wait and turns are written every S seconds (a crash may "
+                   "lose the last S seconds; SIGTERM and Ctrl-C write them first)")
     r.add_argument("--reload-from", default=None, metavar="RUN_DIR",
                    help="the training run whose newest checkpoint POST /v1/admin/reload puts in service (default: "
                    "CHECKPOINT itself, when it is a run folder); requests in flight finish on the old weights")
@@ -200,6 +215,9 @@ def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--request-timeout-s", type=float, default=600.0, help="stop a generation after this (0: never)")
     g.add_argument("--max-messages", type=int, default=2048,
                    help="most messages in one request (checked before the prompt is rendered)")
+    g.add_argument("--max-header-bytes", type=int, default=32 << 10,
+                   help="the most bytes a request's headers may take (431 above it; default 32 KiB)")
+    g.add_argument("--max-headers", type=int, default=100, help="the most header fields a request may have (431 above)")
     g.add_argument("--read-timeout-s", type=float, default=15.0,
                    help="a client must send a request's headers, then its body, within this many seconds "
                    "(else the connection is closed, or answered 408); idle keep-alive connections close after it")

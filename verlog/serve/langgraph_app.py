@@ -31,7 +31,7 @@ in every stream mode: with ``stream_mode`` including ``"events"`` LangGraph's se
 limit; :func:`with_own_recursion_limit` keeps the graph's instead.
 
 **Episodes.** Every model call of a run names the run's thread as its episode (the OpenAI
-``user`` field, unless a node binds its own): a ``serve-model --record`` endpoint files a
+``user`` field, unless a node binds its own; :func:`verlog.traces.episode_chat_openai`): a ``serve-model --record`` endpoint files a
 thread's turns as one episode, to which feedback can then be posted by thread id
 (docs/production_loop.md).
 
@@ -58,7 +58,7 @@ __all__ = ["chat_model_from_env", "build_served_graph", "graph_kwargs_from_env",
 
 def chat_model_from_env(environ: dict[str, str] | None = None) -> Any:
     """A ``ChatOpenAI`` configured from ``VERLOG_*`` environment variables (see the module doc)."""
-    from langchain_openai import ChatOpenAI
+    from verlog.traces.episode_model import episode_chat_openai
 
     env = os.environ if environ is None else environ
     missing = [name for name in ("VERLOG_BASE_URL", "VERLOG_MODEL") if not env.get(name)]
@@ -85,25 +85,7 @@ def chat_model_from_env(environ: dict[str, str] | None = None) -> Any:
                 kwargs[key] = kind(raw)
             except ValueError:
                 raise ValueError(f"${name}={raw!r} is not a valid {kind.__name__}") from None
-    return _thread_episodes(ChatOpenAI)(**kwargs)
-
-
-def _thread_episodes(chat_openai: type) -> type:
-    """``ChatOpenAI`` whose requests name the LangGraph thread they run in as their episode."""
-
-    class ThreadEpisodeChatOpenAI(chat_openai):  # type: ignore[misc, valid-type]
-        """``ChatOpenAI`` sending the current run's ``thread_id`` as the request's ``user``."""
-
-        def _get_request_payload(self, input_: Any, *, stop: list[str] | None = None, **kwargs: Any) -> dict:
-            payload = super()._get_request_payload(input_, stop=stop, **kwargs)
-            from langchain_core.runnables.config import ensure_config
-
-            thread = ensure_config().get("configurable", {}).get("thread_id")
-            if thread is not None and not payload.get("user"):
-                payload["user"] = str(thread)
-            return payload
-
-    return ThreadEpisodeChatOpenAI
+    return episode_chat_openai(**kwargs)
 
 
 def graph_kwargs_from_env() -> dict[str, Any]:

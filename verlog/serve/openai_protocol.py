@@ -26,6 +26,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from verlog.backends.token_bytes import TokenBytes
+from verlog.traces.records import check_reward
 
 
 class APIError(Exception):
@@ -252,12 +253,13 @@ def _refuse_field(error: Any, param: str) -> None:
 class FeedbackRequest(_Strict):
     """``POST /v1/feedback``: a reward (and success, info) for an episode, or for one of its turns."""
 
-    episode_id: str = Field(min_length=1, max_length=256)
+    episode_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00]*$")
+    #: finite, within ``±MAX_REWARD`` (checked by :func:`parse_feedback` before this model sees it)
     reward: float | None = None
     success: bool | None = None
     info: dict[str, Any] | None = None
     #: the turn (0-based, in the episode's order) the reward is for; absent: the whole episode
-    turn: int | None = Field(None, ge=0)
+    turn: int | None = Field(None, ge=0, lt=2**31)
 
     def model_post_init(self, context: Any) -> None:
         if self.turn is not None and self.reward is None:
@@ -268,8 +270,11 @@ def parse_feedback(body: Any) -> FeedbackRequest:
     """Validate a feedback body; raise :class:`APIError` (400) naming the first bad field."""
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    if isinstance(body.get("reward"), int) and not isinstance(body.get("reward"), bool):
-        body = {**body, "reward": float(body["reward"])}  # JSON has one number type
+    if body.get("reward") is not None:
+        try:  # finite and bounded; an integer of any size is compared, never converted first
+            body = {**body, "reward": check_reward(body["reward"])}
+        except ValueError as exc:
+            raise APIError(400, f"Invalid value for 'reward': {exc}", param="reward") from None
     try:
         return FeedbackRequest.model_validate(body)
     except ValidationError as exc:

@@ -19,9 +19,20 @@ tokenizer's chat template and turns the engine's ids into text and tool calls, s
 request here and a greedy call in a training episode give the same answer.
 
 Bad requests get OpenAI's error JSON with a 4xx status (400 schema / unsupported parameter /
-prompt too long / too many messages / JSON nested too deep, 401 API key, 404 unknown model or
-path, 408 body not sent in time, 413 body too large, 415 not JSON, 429 too many requests, with
-``Retry-After``) and the server keeps serving.
+prompt too long / too many messages / JSON nested too deep, 401 API key, 403 an endpoint closed
+for want of a key, 404 unknown model or path, 408 body not sent in time, 413 body too large, 415
+not JSON, 429 too many requests, with ``Retry-After``, 431 headers too many or too large) and the
+server keeps serving.
+
+**Who may do what.** Chat and models: anyone who can connect, or holders of ``api_key``.
+Nothing that changes weights or rewards is open anonymously: ``POST /v1/feedback`` needs the API
+key or the admin key, ``POST /v1/admin/reload`` the admin key (the API key where no admin key is
+set); with no key at all both answer 403 (:meth:`OpenAIServer.access` says it in one line).
+
+**A model that cannot answer is not served.** :meth:`OpenAIServer.check_engine` runs a short
+canary (a greedy and a sampled generation; every logprob must be finite): at start
+(``check_at_start``) and before a reload swaps weights in. ``/health`` answers 503 ``failing``
+while the engine's last generation failed.
 
 A bad, slow or large client cannot stall the others: a request's body is decoded, validated and
 its prompt rendered and measured on a worker thread, never on the event loop (``/health`` and
@@ -36,8 +47,9 @@ Production traffic back to training (``serve-model --record``): with a
 (prompt ids, response ids, logprobs, sampling, model version, latency), filed under the episode
 the client names (the ``X-Verlog-Episode`` header, else the request's ``user`` field, else one
 episode per completion; the answer carries the episode and the model version in
-``X-Verlog-Episode`` / ``X-Verlog-Model-Version``); ``POST /v1/feedback`` attaches a reward to an
-episode or a turn later. :meth:`OpenAIServer.swap` (``POST /v1/admin/reload`` with a reloader)
+``X-Verlog-Episode`` / ``X-Verlog-Model-Version``), and the answer is sent once its turn is
+committed (unless the recorder has a write-behind window); ``POST /v1/feedback`` attaches a
+reward to an episode or a turn later. :meth:`OpenAIServer.swap` (``POST /v1/admin/reload`` with a reloader)
 puts a new checkpoint in service without dropping requests: requests in flight finish on the
 weights they started on, then the old engine is closed.
 """
@@ -50,12 +62,15 @@ import dataclasses
 import hmac
 import json
 import logging
+import math
+import signal
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from aiohttp import web, web_protocol
+from langchain_core.messages import HumanMessage
 
 from verlog.backends.base import Engine, EngineError, Generation, SamplingParams, TokenDelta
 from verlog.llm.chat_model import VerlogChatModel
@@ -99,6 +114,11 @@ class ServerLimits:
         read_timeout_s: a connection must send a request's headers within this long of opening
             (or of its previous answer: idle keep-alive connections are closed then too), and
             the body within this long of the headers (408, connection closed).
+        max_header_bytes: the most bytes a request's headers may take, names and values (431
+            above it).
+        max_headers: the most header fields a request may have (431 above it). The HTTP parser
+            itself refuses (400) a header line over 8,190 bytes or over 4x this many fields
+            before the request reaches the server.
     """
 
     max_body_bytes: int = 1 << 20
@@ -112,10 +132,12 @@ class ServerLimits:
     read_timeout_s: float = 15.0
     large_body_bytes: int = 64 << 10
     max_large_queue: int = 8
+    max_header_bytes: int = 32 << 10
+    max_headers: int = 100
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens", "max_concurrency", "max_messages",
-                     "large_body_bytes", "max_large_queue"):
+                     "large_body_bytes", "max_large_queue", "max_header_bytes", "max_headers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerLimits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queue < 0:
@@ -216,6 +238,8 @@ class OpenAIServer(LocalServer):
         tokenizer: the model's tokenizer, with the chat template used in training.
         model_name: the id clients send as ``model`` (others get 404).
         api_key: if set, requests need ``Authorization: Bearer <api_key>`` (``/health`` does not).
+        admin_key: the key of ``POST /v1/admin/reload`` (feedback takes it too); ``None``: the
+            API key. With neither key, feedback and reload are closed (403).
         limits: request limits (see :class:`ServerLimits`).
         chat_template_kwargs: as in training's ``multi_turn.chat_template_kwargs``.
         host, port: where :meth:`start` listens (``port=0``: a free port, see :attr:`port`).
@@ -223,6 +247,8 @@ class OpenAIServer(LocalServer):
         recorder: records every completion in a trace store (``None``: nothing is recorded).
         reloader: loads the newest checkpoint of what is served (``POST /v1/admin/reload``);
             ``None``: the endpoint answers 404.
+        check_at_start: run :meth:`check_engine` on ``engine`` when the server starts (it does
+            not start if the model cannot answer).
     """
 
     def __init__(
@@ -239,6 +265,8 @@ class OpenAIServer(LocalServer):
         model_version: str | None = None,
         recorder: TraceRecorder | None = None,
         reloader: Callable[[], Reloaded] | None = None,
+        admin_key: str | None = None,
+        check_at_start: bool = False,
     ):
         super().__init__(host, port)
         self._policy = _Policy(engine, model_version or model_name)
@@ -248,6 +276,15 @@ class OpenAIServer(LocalServer):
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.api_key = api_key or None
+        self.admin_key = admin_key or None
+        self.check_at_start = check_at_start
+        #: why the engine's last generation failed (``None``: it answered): ``/health`` reports it
+        self.failure: str | None = None
+        #: while failing, ``/health`` runs the canary again at most this often (a server taken
+        #: out of rotation for its 503 gets no traffic that could show it has recovered)
+        self.health_recheck_s = 5.0
+        self._rechecked = -math.inf
+        self._rechecking = asyncio.Lock()
         self.limits = limits or ServerLimits()
         self.chat_model = VerlogChatModel(
             engine=engine, tokenizer=tokenizer, model_name=model_name,
@@ -288,6 +325,8 @@ class OpenAIServer(LocalServer):
         return f"{self.url}/v1"
 
     async def start(self) -> "OpenAIServer":
+        if self.check_at_start:
+            await self.check_engine(self.engine, self.model_version)
         self._admission.start()
         self._running = True
         await super().start()
@@ -302,12 +341,15 @@ class OpenAIServer(LocalServer):
         """The aiohttp application (routes and error handling)."""
         timeout = self.limits.read_timeout_s
         app = web.Application(
-            client_max_size=self.limits.max_body_bytes, middlewares=[self._errors],
+            client_max_size=self.limits.max_body_bytes, middlewares=[self._errors, self._header_bounds],
             # aiohttp closes a connection whose handler is still waiting for a request's headers
             # when its keep-alive time is up, counted from the connection's start or its last
             # answer: the headers' read timeout. A body left unread after an early answer is
             # drained for at most as long.
-            handler_args={"keepalive_timeout": timeout, "lingering_time": timeout},
+            handler_args={"keepalive_timeout": timeout, "lingering_time": timeout,
+                          # the parser's own bound, past which it answers 400 itself; below it the
+                          # server's limits answer 431 (_header_bounds)
+                          "max_headers": 4 * self.limits.max_headers},
         )
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
@@ -354,14 +396,60 @@ class OpenAIServer(LocalServer):
         self.responses[response.status] = self.responses.get(response.status, 0) + 1
         return response
 
+    @web.middleware
+    async def _header_bounds(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """431 for a request whose headers are too many or too large (before anything else)."""
+        count = len(request.raw_headers)
+        size = sum(len(name) + len(value) + 4 for name, value in request.raw_headers)
+        if count > self.limits.max_headers or size > self.limits.max_header_bytes:
+            raise APIError(431, f"the request's headers ({count} fields, {size} bytes) exceed this server's limits "
+                           f"({self.limits.max_headers} fields, {self.limits.max_header_bytes} bytes)",
+                           code="request_header_fields_too_large", close=True)
+        return await handler(request)
+
+    def _bearer(self, request: web.Request) -> str:
+        given = request.headers.get("Authorization", "")
+        return given[7:].strip() if given[:7].lower() == "bearer " else ""
+
     def _check_auth(self, request: web.Request) -> None:
         if self.api_key is None:
             return
-        given = request.headers.get("Authorization", "")
-        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+        token = self._bearer(request)
         if not token or not hmac.compare_digest(token.encode(), self.api_key.encode()):
             raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
+
+    def _feedback_keys(self) -> tuple[str, ...]:
+        return tuple(k for k in (self.api_key, self.admin_key) if k)
+
+    def _reload_keys(self) -> tuple[str, ...]:
+        return (self.admin_key,) if self.admin_key else ((self.api_key,) if self.api_key else ())
+
+    def _check_key(self, request: web.Request, keys: tuple[str, ...], endpoint: str, holders: str) -> None:
+        """An endpoint that changes rewards or weights: closed (403) without a key for it, else
+        only for a request bearing one (401)."""
+        if not keys:
+            raise APIError(403, f"{endpoint} is closed: this server has no key for it (start it with --admin-key "
+                           "or --api-key, or $VERLOG_ADMIN_KEY / $VERLOG_API_KEY)", type="permission_error",
+                           code="endpoint_closed")
+        token = self._bearer(request).encode()
+        if not token or not any(hmac.compare_digest(token, k.encode()) for k in keys):
+            raise APIError(401, f"Incorrect or missing key for {endpoint}: send 'Authorization: Bearer <{holders}>'",
+                           code="invalid_api_key")
+
+    def access(self) -> str:
+        """Who may use what on this server, in one line (``serve-model`` prints it at start)."""
+        chat = "API key" if self.api_key else f"anyone who can connect to {self.host}"
+        if self.recorder is None:
+            feedback = "not served (no --record)"
+        else:
+            feedback = " or ".join(n for n, k in (("API key", self.api_key), ("admin key", self.admin_key)) if k) \
+                or "closed (no key)"
+        if self.reloader is None:
+            reload = "not served"
+        else:
+            reload = "admin key" if self.admin_key else ("API key" if self.api_key else "closed (no key)")
+        return f"chat and models: {chat}; feedback: {feedback}; reload: {reload}"
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The raw body: JSON only (415), as is or gzip/deflate-compressed (415 for other
@@ -392,8 +480,26 @@ class OpenAIServer(LocalServer):
 
     # ------------------------------------------------------------------ endpoints
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "model": self.model_name, "version": self.model_version,
-                                  "generating": self._admission.active, "waiting": self._admission.queued})
+        """200 ``ok`` while the engine answers; 503 ``failing`` (with the error) while its last
+        generation failed, so a load balancer or supervisor can tell. While failing, the canary
+        is run again (at most every ``health_recheck_s``): once it passes, the server is ok."""
+        if self.failure is not None and not self._rechecking.locked() \
+                and time.monotonic() - self._rechecked >= self.health_recheck_s:
+            async with self._rechecking:
+                self._rechecked = time.monotonic()
+                try:
+                    await self.check_engine(self.engine, self.model_version)
+                    self.failure = None
+                except UnservableModelError as exc:
+                    self.failure = str(exc)
+        body = {"status": "ok" if self.failure is None else "failing", "model": self.model_name,
+                "version": self.model_version, "generating": self._admission.active, "waiting": self._admission.queued}
+        if self.failure is not None:
+            body["error"] = self.failure
+        if self.recorder is not None:
+            body["recording"] = {"written": self.recorder.written, "dropped": self.recorder.dropped,
+                                 "late": self.recorder.late, "durable": self.recorder.durable}
+        return web.json_response(body, status=200 if self.failure is None else 503)
 
     def _model_card(self) -> dict[str, Any]:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "verlog"}
@@ -442,8 +548,8 @@ class OpenAIServer(LocalServer):
                 finally:
                     policy.leave()
         text = self._answer_text(generation, sampling, prefix)
-        self._record(episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started, text,
-                     call.messages)
+        await self._record(episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started, text,
+                           call.messages)
         message = self.chat_model.to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
         content, calls = proto.answer_parts(message, text)
         choice: dict[str, Any] = {
@@ -526,12 +632,42 @@ class OpenAIServer(LocalServer):
 
     async def _generate(self, prompt_ids: list[int], sampling: SamplingParams, engine: Engine) -> Generation:
         try:
-            return await asyncio.wait_for(engine.generate(prompt_ids, sampling), self.limits.request_timeout_s)
+            generation = await asyncio.wait_for(engine.generate(prompt_ids, sampling), self.limits.request_timeout_s)
         except asyncio.TimeoutError:
             raise APIError(504, f"the generation did not finish within {self.limits.request_timeout_s} s",
                            type="server_error", code="timeout") from None
-        except EngineError as exc:
-            raise APIError(500, f"the engine failed: {exc}", type="server_error") from None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the engine's own error, or a model that cannot sample (NaN weights)
+            raise self._engine_failed(exc) from None
+        self.failure = None
+        return generation
+
+    def _engine_failed(self, exc: BaseException) -> APIError:
+        """Note that the engine failed (``/health`` says so until it answers again) and the 500 to send."""
+        what = str(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
+        self.failure = f"the engine failed: {' '.join(what.split())[:500]}"
+        log.error("generation failed: %s", what)
+        return APIError(500, self.failure, type="server_error")
+
+    async def check_engine(self, engine: Engine, version: str) -> None:
+        """A canary before ``engine`` serves: a greedy and a sampled 4-token answer to a short
+        prompt, each logprob finite. Raises :class:`UnservableModelError` naming ``version`` and
+        what went wrong (weights with NaN or inf, a model that cannot sample)."""
+        prompt = self.chat_model.plan_call([HumanMessage("Say hello.")]).prompt_ids
+        for temperature in (0.0, 1.0):
+            sampling = SamplingParams(temperature=temperature, max_new_tokens=4, seed=0)
+            try:
+                generation = await asyncio.wait_for(engine.generate(prompt, sampling), self.limits.request_timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                raise UnservableModelError(f"model version {version!r} cannot answer a canary request: "
+                                           f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
+            bad = [lp for lp in generation.logprobs if not math.isfinite(lp) or lp > 1e-6]
+            if bad or any(i < 0 for i in generation.token_ids):
+                raise UnservableModelError(f"model version {version!r} answers a canary request with invalid "
+                                           f"logprobs ({bad[:3]}): its weights are not fit to serve (NaN or inf?)")
 
     # ------------------------------------------------------------------ traces, feedback, swaps
     def _episode_of(self, request: web.Request, req: proto.ChatCompletionRequest) -> str | None:
@@ -540,9 +676,9 @@ class OpenAIServer(LocalServer):
         if self.recorder is None:
             return None
         named = request.headers.get(EPISODE_HEADER) or req.user
-        if named is not None and not 0 < len(named) <= 256:
-            raise APIError(400, f"the episode id ({EPISODE_HEADER} or 'user') must be 1 to 256 characters",
-                           param="user")
+        if named is not None and (not 0 < len(named) <= 256 or "\x00" in named):
+            raise APIError(400, f"the episode id ({EPISODE_HEADER} or 'user') must be 1 to 256 characters, "
+                           "without NUL", param="user")
         return named or proto.completion_id()
 
     def _trace_headers(self, episode: str | None, policy: _Policy) -> dict[str, str]:
@@ -551,11 +687,13 @@ class OpenAIServer(LocalServer):
             headers[EPISODE_HEADER] = episode
         return headers
 
-    def _record(self, episode: str | None, prompt_ids: list[int], generation: Generation, sampling: SamplingParams,
-                policy: _Policy, latency_s: float, text: str, messages: Any) -> None:
+    async def _record(self, episode: str | None, prompt_ids: list[int], generation: Generation,
+                      sampling: SamplingParams, policy: _Policy, latency_s: float, text: str, messages: Any) -> None:
+        """Hand the turn to the recorder and, unless it writes behind, wait until it is committed:
+        the answer is sent after (a failed write is logged and counted; the answer still goes)."""
         if self.recorder is None or episode is None:
             return
-        self.recorder.submit(TracedTurn(
+        written = self.recorder.submit(TracedTurn(
             episode_id=episode, turn_index=-1, prompt_ids=list(prompt_ids), response_ids=list(generation.token_ids),
             logprobs=list(generation.logprobs), model_version=policy.version, temperature=sampling.temperature,
             top_p=sampling.top_p, top_k=sampling.top_k,
@@ -563,17 +701,26 @@ class OpenAIServer(LocalServer):
             finish_reason=generation.finish_reason, latency_s=latency_s, created=time.time(),
             response_text=text, messages=messages, info=_sampling_info(sampling),
         ))
+        if written is not None and self.recorder.durable:
+            try:  # a store that hangs (a lost database connection) must not hang the traffic itself
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(written)), self.recorder.wait_s)
+            except asyncio.TimeoutError:
+                self.recorder.late += 1
+                log.warning("turn of episode %s not written within %s s: answered before it is recorded",
+                            episode, self.recorder.wait_s)
 
     async def _feedback(self, request: web.Request) -> web.Response:
-        """``POST /v1/feedback``: ``{"episode_id", "reward", "success"?, "info"?, "turn"?}``."""
-        self._check_auth(request)
+        """``POST /v1/feedback``: ``{"episode_id", "reward", "success"?, "info"?, "turn"?}``.
+
+        Never waits for the recorder: a completion is answered once its turn is committed, so
+        the turns a client was answered are in the store when it sends feedback on them."""
+        self._check_key(request, self._feedback_keys(), "POST /v1/feedback", "API key or admin key")
         if self.recorder is None:
             raise APIError(404, "this server does not record traces (start it with --record)", code="not_recording")
         feedback = proto.parse_feedback(proto.decode_body(await self._read_body(request)))
         store = self.recorder.store
 
         def attach() -> None:
-            self.recorder.flush()  # the turns just served are in the store before feedback names them
             store.add_feedback(feedback.episode_id, feedback.reward, success=feedback.success, info=feedback.info,
                                turn_index=feedback.turn)
 
@@ -586,7 +733,8 @@ class OpenAIServer(LocalServer):
 
     async def _reload(self, request: web.Request) -> web.Response:
         """``POST /v1/admin/reload``: put the newest checkpoint of what is served in service."""
-        self._check_auth(request)
+        self._check_key(request, self._reload_keys(), "POST /v1/admin/reload",
+                        "admin key" if self.admin_key else "API key")
         if self.reloader is None:
             raise APIError(404, "this server has no checkpoint to reload from", code="not_reloadable")
         async with self._swapping:
@@ -598,6 +746,12 @@ class OpenAIServer(LocalServer):
                 if engine is not None:
                     await asyncio.to_thread(_close_engine, engine)
                 return web.json_response({"object": "reload", "version": version, "swapped": False})
+            try:  # the new weights answer a canary before any request sees them
+                await self.check_engine(engine, version)
+            except UnservableModelError as exc:
+                await asyncio.to_thread(_close_engine, engine)
+                raise APIError(409, f"cannot reload: {exc}; still serving {self.model_version!r}",
+                               code="reload_failed") from None
             try:
                 previous = await self.swap(engine, version, tokenizer=tokenizer)
             except ValueError as exc:
@@ -690,17 +844,20 @@ class OpenAIServer(LocalServer):
         except (asyncio.CancelledError, ConnectionResetError):
             await stream.aclose()
             raise
-        except (asyncio.TimeoutError, EngineError) as exc:
+        except Exception as exc:  # a timeout, the engine's error, a model that cannot sample
             await stream.aclose()
             message = (f"the generation did not finish within {self.limits.request_timeout_s} s"
-                       if isinstance(exc, asyncio.TimeoutError) else f"the engine failed: {exc}")
+                       if isinstance(exc, asyncio.TimeoutError) else self._engine_failed(exc).message)
             await emit(proto.error_body(message, type="server_error"))
             await emit("[DONE]")
             await response.write_eof()
             return response
         generation = stream.generation
+        self.failure = None
         text = self._answer_text(generation, sampling, prefix)
-        self._record(episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started, text, messages)
+        # the turn is committed before the answer's last chunks: a client that saw [DONE] was recorded
+        await self._record(episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started, text,
+                           messages)
         message = self.chat_model.to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
         content, calls = proto.answer_parts(message, text)
         rest = content[len(sent):] if content.startswith(sent) else ""
@@ -715,6 +872,10 @@ class OpenAIServer(LocalServer):
         await emit("[DONE]")
         await response.write_eof()
         return response
+
+
+class UnservableModelError(ValueError):
+    """A model version fails its canary (:meth:`OpenAIServer.check_engine`): it is not served."""
 
 
 def _sampling_info(sampling: SamplingParams) -> dict[str, Any]:
@@ -784,8 +945,21 @@ async def serve_forever(server: OpenAIServer, on_start: Callable[[], None] | Non
 
 
 def run_server(server: OpenAIServer, on_start: Callable[[], None] | None = None) -> None:
-    """Serve in the foreground until interrupted (what ``verlog serve-model`` does)."""
+    """Serve in the foreground until interrupted (what ``verlog serve-model`` does): Ctrl-C and
+    SIGTERM stop it the same way, the server stopped and the caller's clean-up run (the trace
+    recorder writes what it holds)."""
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        try:
+            await serve_forever(server, on_start)
+        except asyncio.CancelledError:
+            pass
+
     try:
-        asyncio.run(serve_forever(server, on_start))
+        asyncio.run(main())
     except KeyboardInterrupt:
         pass

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -17,6 +19,39 @@ PRIVACY_MODES: tuple[str, ...] = ("full", "ids_only")
 EPISODE_HEADER = "X-Verlog-Episode"
 #: the response header naming the model version (checkpoint id) that produced the answer
 VERSION_HEADER = "X-Verlog-Model-Version"
+
+#: the largest reward feedback may attach (in absolute value): a reward is a training signal on
+#: the scale of an episode's return, and one of 1e300 would swamp every advantage it is whitened with
+MAX_REWARD = 1e6
+
+#: a served version that is a training checkpoint: ``RUN/update_NNNNNN`` (see
+#: ``verlog.weights.policy.PolicySource.version``)
+_CHECKPOINT_VERSION = re.compile(r"^(?P<run>.+)/update_(?P<update>\d+)$")
+
+
+def check_reward(value: object, field_name: str = "reward") -> float:
+    """``value`` as a reward: a finite number within ``±MAX_REWARD``; else a one-line
+    ``ValueError`` naming ``field_name``. Integers of any size are refused past the bound, never
+    converted first (a 400-digit integer does not fit a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field_name} must be a number, got {value!r:.80}")
+    if isinstance(value, int):
+        if abs(value) > MAX_REWARD:
+            raise ValueError(f"{field_name} must be within ±{MAX_REWARD:g}, got an integer of {len(str(abs(value)))} "
+                             "digits")
+        return float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{field_name} must be a finite number, got {value!r}")
+    if abs(value) > MAX_REWARD:
+        raise ValueError(f"{field_name} must be within ±{MAX_REWARD:g}, got {value!r}")
+    return float(value)
+
+
+def checkpoint_update(version: str) -> tuple[str, int] | None:
+    """``(run, update)`` of a version that is a training checkpoint (``RUN/update_NNNNNN``);
+    ``None`` for any other version (a model folder's or spec's name: weights no update made)."""
+    found = _CHECKPOINT_VERSION.match(version)
+    return (found["run"], int(found["update"])) if found else None
 
 
 @dataclass(frozen=True)

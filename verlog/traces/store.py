@@ -10,8 +10,8 @@ trainers. Both hold the same three tables:
 * ``turns`` — one row per completion: prompt ids, response ids, logprobs (binary columns), the
   sampling, the model version that answered, latency, and (privacy ``full`` only) the request's
   messages and the answer's text;
-* ``versions`` — every model version that has answered, in the order they first did: how stale
-  a turn is counts the versions served after its own.
+* ``versions`` — every model version that has answered, in the order they first did (how stale
+  a turn is follows the checkpoint lineage, not this order: ``verlog.train.trace_batches``).
 
 Bounds (:class:`~verlog.traces.records.RecordingPolicy`): episodes older than the retention are
 deleted, then the least recently written episodes until the store is under its size bound.
@@ -33,6 +33,7 @@ from verlog.traces.records import (
     EpisodeRecord,
     RecordingPolicy,
     TracedTurn,
+    check_reward,
     pack_floats,
     pack_ids,
     unpack_floats,
@@ -192,8 +193,8 @@ class TraceStore:
         feedback sets that turn's own reward (paid on that turn). Unknown episodes and turns raise
         :class:`UnknownEpisodeError`.
         """
-        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
-            raise ValueError(f"reward must be a number, got {reward!r}")
+        if reward is not None:
+            reward = check_reward(reward)
         now = time.time()
         if turn_index is None:
             done = self._run([(
@@ -318,10 +319,40 @@ def _redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def open_store(target: str | os.PathLike, policy: RecordingPolicy | None = None) -> TraceStore:
+def _sqlite_path(path: Path, create: bool) -> Path:
+    """The database file of the SQLite store at ``path`` (a folder, or a ``.sqlite`` / ``.db``
+    file), its folder made when ``create``; a one-line :class:`TraceStoreError` otherwise."""
+    is_file = path.suffix in (".sqlite", ".db")
+    folder = path.parent if is_file else path
+    database = path if is_file else path / SQLITE_FILE
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise TraceStoreError(f"the trace store {path} must be a folder (or a .sqlite file), but {folder} is a "
+                              "file: give a folder's path")
+    if is_file and path.is_dir():
+        raise TraceStoreError(f"the trace store {path} is a folder, but its name ends in {path.suffix}: name the "
+                              f"folder without it, or the database file inside it ({path / SQLITE_FILE})")
+    if not create:
+        if not database.is_file():
+            raise TraceStoreError(f"no trace store at {path} ({database} does not exist): give the folder or "
+                                  "URL that serve-model --record wrote to")
+        return database
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TraceStoreError(f"cannot create the trace store {path}: {_one_line(exc)}") from None
+    return database
+
+
+def open_store(target: str | os.PathLike, policy: RecordingPolicy | None = None, *,
+               create: bool = True) -> TraceStore:
     """The trace store at ``target``: a folder (created; the database is ``traces.sqlite`` in
     it), a ``.sqlite`` / ``.db`` file, or a ``postgresql://`` URL. The tables are created if
-    missing."""
+    missing.
+
+    ``create=False`` (a trainer reading what a server recorded): a folder or file that does not
+    exist is a :class:`TraceStoreError` naming it, not a new empty store. Every refusal is one
+    ``TraceStoreError`` line (a file where a folder is expected, a folder without write access).
+    """
     policy = policy or RecordingPolicy()
     text = os.fspath(target)
     if text.startswith(_POSTGRES_SCHEMES):
@@ -336,12 +367,7 @@ def open_store(target: str | os.PathLike, policy: RecordingPolicy | None = None)
         store: TraceStore = _PostgresStore(connection, policy, _redacted(text))
         statements = _schema("BYTEA", "DOUBLE PRECISION", "BIGSERIAL PRIMARY KEY")
     else:
-        path = Path(text).expanduser()
-        if path.suffix not in (".sqlite", ".db"):
-            path.mkdir(parents=True, exist_ok=True)
-            path = path / SQLITE_FILE
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        path = _sqlite_path(Path(text).expanduser(), create)
         try:
             connection = sqlite3.connect(path, check_same_thread=False, timeout=30.0)
             connection.execute("PRAGMA journal_mode=WAL")

@@ -11,8 +11,9 @@ the same code as for live turns:
   last turn, which is ``terminated`` (the episode's outcome is known);
 * a slot whose last turn does not end its episode is bootstrapped from the prompt of the
   episode's next recorded turn (exactly the state that followed);
-* each turn carries its staleness weight (``verlog.algo.off_policy.staleness_weights``): versions
-  served since its own, under the user's rule. Episodes every turn of which is dropped are skipped.
+* each turn carries its staleness weight (``verlog.algo.off_policy.staleness_weights``) from its
+  place in the checkpoint lineage (:func:`lineage_staleness`), under the user's rule. Episodes
+  every turn of which is dropped are skipped.
 
 The behaviour logprobs are the recorded ones (``Turn.logprobs``); the trainer recomputes the
 proximal policy's and applies the decoupled correction (``verlog.algo.off_policy``).
@@ -20,10 +21,11 @@ proximal policy's and applies the decoupled correction (``verlog.algo.off_policy
 
 from __future__ import annotations
 
+import math
 import random
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -32,8 +34,9 @@ from verlog.config import ConfigError, TracesConfig
 from verlog.rollout.slots import SlotBatch
 from verlog.rollout.turn import Turn
 from verlog.traces import EpisodeRecord, TracedTurn, TraceStore, TraceStoreError, open_store
+from verlog.traces.records import checkpoint_update
 
-__all__ = ["TraceBatch", "TraceSource", "correction_of", "merge_batches", "trace_slots"]
+__all__ = ["TraceBatch", "TraceSource", "correction_of", "lineage_staleness", "merge_batches", "trace_slots"]
 
 #: the feedback ``info`` key that names an episode's task: episodes of one group are compared by
 #: group estimators (GRPO, RLOO...); without it each episode is a group of its own
@@ -60,6 +63,36 @@ def trace_slots(settings: TracesConfig, num_envs: int, group_size: int = 1) -> i
     return num_envs - live // group_size * group_size
 
 
+def lineage_staleness(versions: Iterable[str], trained: tuple[str, int] | None = None) -> dict[str, float]:
+    """How stale each served version is for the weights being trained: the run's updates between
+    them, by the checkpoint lineage (the run's update order), never by when a version answered.
+
+    ``trained`` is ``(run, update)`` of the weights the trainer holds (the run folder's name and
+    its update count); ``None``: the newest checkpoint among ``versions`` (by update number). A
+    version ``RUN/update_N`` of that run is ``update - N`` updates behind; one of a later update
+    (a branch the trainer left when it was rolled back to an earlier checkpoint) is not an
+    ancestor of the trained weights and is ``inf`` (always dropped). Any other version (a model
+    folder or spec, another run's checkpoint) is what the run started from: ``update`` behind.
+
+    So a rollback is counted right: after serving v1, v2, then v1 again, v1's turns are 1 update
+    behind a trainer holding v2, and 0 behind a trainer rolled back to v1 (v2's are then dropped).
+    """
+    versions = list(dict.fromkeys(versions))
+    if trained is None:
+        checkpoints = [c for c in map(checkpoint_update, versions) if c is not None]
+        trained = max(checkpoints, key=lambda c: c[1], default=None)
+    out: dict[str, float] = {}
+    for version in versions:
+        at = checkpoint_update(version)
+        if trained is None:
+            out[version] = 0.0  # no checkpoint anywhere: every version is the starting weights
+        elif at is None or at[0] != trained[0]:
+            out[version] = float(trained[1])
+        else:
+            out[version] = float(trained[1] - at[1]) if at[1] <= trained[1] else math.inf
+    return out
+
+
 def correction_of(settings: TracesConfig) -> OffPolicyCorrection:
     """The off-policy correction ``data.traces`` asks for."""
     return OffPolicyCorrection(settings.behaviour_weight_cap, settings.staleness.max_versions,
@@ -82,19 +115,23 @@ class TraceSource:
         self.num_slots, self.turns_per_env = num_slots, turns_per_env
         self.correction = correction_of(settings)
         try:
-            self.store = store or open_store(settings.store)
+            self.store = store or open_store(settings.store, create=False)
         except TraceStoreError as exc:
             raise ConfigError(f"data.traces.store: {exc}") from None
         self._rng = random.Random(seed)
         self._queue: list[tuple[Turn, float, str]] = []  # turns of the epoch not yet batched
         self.epochs = 0
+        #: ``(run, update)`` of the weights being trained, set by the trainer before each batch
+        #: (staleness is counted from them: :func:`lineage_staleness`); ``None``: the newest
+        #: checkpoint in the store
+        self.trained: tuple[str, int] | None = None
 
     # ------------------------------------------------------------------ reading episodes
-    def _episode_turns(self, record: EpisodeRecord, ranks: dict[str, int], newest: int) -> list[tuple[Turn, float, str]]:
+    def _episode_turns(self, record: EpisodeRecord, staleness: dict[str, float]) -> list[tuple[Turn, float, str]]:
         traced = self.store.turns(record.episode_id)
         if not traced:
             return []
-        lags = torch.as_tensor([newest - ranks.get(t.model_version, newest) for t in traced])
+        lags = torch.as_tensor([staleness.get(t.model_version, math.inf) for t in traced])
         weights = staleness_weights(lags, self.correction.max_versions, self.correction.decay).tolist()
         if not any(weights):
             return []  # every turn too stale: nothing of it is trained
@@ -119,11 +156,10 @@ class TraceSource:
     def _refill(self) -> None:
         """The next epoch's turns, episode after episode in a shuffled order."""
         records = self.store.episodes(with_feedback=True)
-        ranks = self.store.versions()
-        newest = max(ranks.values(), default=0)
+        staleness = lineage_staleness(self.store.versions(), self.trained)
         self._rng.shuffle(records)
         for record in records:
-            self._queue += self._episode_turns(record, ranks, newest)
+            self._queue += self._episode_turns(record, staleness)
         if not self._queue:
             total = len(self.store.episodes())
             raise ConfigError(
@@ -142,6 +178,12 @@ class TraceSource:
             if len(self._queue) == before:
                 break
         taken, self._queue = self._queue[:need], self._queue[need:]
+        # the weights of the turns taken, from the weights being trained now (an epoch read earlier
+        # may have been queued when the trainer held older ones)
+        staleness = lineage_staleness(self.store.versions(), self.trained)
+        now = staleness_weights(torch.as_tensor([staleness.get(v, math.inf) for _, _, v in taken]),
+                                self.correction.max_versions, self.correction.decay).tolist()
+        taken = [(t, w, v) for (t, _, v), w in zip(taken, now)]
         k = self.turns_per_env
         turns, weights, versions, boot, starts, seeds = [], [], [], [], [], []
         for i in range(self.num_slots):

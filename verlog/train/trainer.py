@@ -56,6 +56,7 @@ from verlog.train.storage import RolloutStorage
 from verlog.train.trace_batches import TraceBatch, TraceSource, merge_batches, trace_slots
 from verlog.weights import checkpoint as ckpt
 from verlog.weights.actor_critic import load_actor, load_critic, load_reference
+from verlog.weights.policy import check_finite_weights
 from verlog.weights.precision import autocast_dtype, check_master_dtype, grad_scaler
 
 __all__ = ["TrainResult", "train"]
@@ -89,8 +90,13 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
     with RunLogger(config, run.run_dir, console=console, start_update=run.state["update"],
                    wandb_id=run.state.get("wandb_id"), resume=checkpoint is not None) as logger:
         run.logger = logger
+        evaluable = run.slots_agent.evaluable
+        if not evaluable and (config.eval.at_start or config.eval.at_end or t.eval_every):
+            console.print(f"no evaluations: {config.multi_turn.langgraph.path} defines no make_input(seed) and the "
+                          "config has no data rows (training from recorded episodes alone); evaluate its checkpoints "
+                          "with verlog eval on a config with rows")
         try:
-            if config.eval.at_start and checkpoint is None:
+            if config.eval.at_start and checkpoint is None and evaluable:
                 result.eval_start = await run.evaluate(0, "evaluating the initial policy", split=config.eval.split)
                 print_results(result.eval_start, console, "before training")
             if not run.state["warmup_done"]:
@@ -119,7 +125,7 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
                 result.updates = run.state["update"] = update
                 if t.save_every and update % t.save_every == 0:
                     run.save(update)
-                if t.eval_every and update % t.eval_every == 0 and update < t.total_updates:
+                if t.eval_every and update % t.eval_every == 0 and update < t.total_updates and evaluable:
                     # validation seeds: the final evaluation is not selected on
                     checked = await run.evaluate(update, "evaluating", seed=config.eval.validation_seed, split="validation")
                     win_rate = sum(r.win_rate for r in checked) / len(checked)
@@ -129,7 +135,7 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
 
             if run.state["update"] > 0 and not (t.save_every and run.state["update"] % t.save_every == 0):
                 run.save(run.state["update"])  # the final weights are always saved
-            if config.eval.at_end:
+            if config.eval.at_end and evaluable:
                 result.eval_end = await run.evaluate(run.state["update"], "evaluating the final policy",
                                                      split=config.eval.split)
         finally:
@@ -222,9 +228,9 @@ class _Run:
         )
         scorer = build_scorer(config, cache_dir=Path(t.run_dir),
                               chat_model_for=judge_chat_models(config, build_chat_model(config, engine, tokenizer)))
-        slots_agent = _SlotsAgent(config, scorer)
         traced = config.data.traces if config.data is not None else None
         recorded = trace_slots(traced, t.num_envs, t.group_size) if traced is not None else 0
+        slots_agent = _SlotsAgent(config, scorer, plays=t.num_envs - recorded > 0)
         if recorded:
             console.print(f"batches: {t.num_envs - recorded} live slots and {recorded} of recorded turns "
                           f"({traced.store}) x {t.turns_per_env} turns")
@@ -283,6 +289,9 @@ class _Run:
             load_adapter_weights(self.peft_actor, ckpt.folder_file(checkpoint, ckpt.ADAPTER_FOLDER))
         if self.learner.critic is not None:
             ckpt.load_critic_weights(self.learner.critic, checkpoint)
+        for model in (self.learner.actor, self.learner.critic):  # a diverged run's NaNs are not trained on
+            if model is not None:
+                check_finite_weights(model, str(checkpoint))
         ckpt.load_optimizers(checkpoint, self._optimizers())
         ckpt.set_rng_state(ckpt.load_rng(checkpoint), self._generators())
         try:
@@ -299,6 +308,8 @@ class _Run:
         if self.live_slots:
             batch = await self.runner.collect()
             await self.slots_agent.rank(batch)
+        if self.traces is not None:  # staleness counts from the weights this update starts from
+            self.traces.trained = (self.run_dir.name, int(self.state["update"]))
         return merge_batches(batch, self.traces.next_batch() if self.traces is not None else None)
 
     def counters(self) -> dict[str, float]:
@@ -335,16 +346,26 @@ class _SlotsAgent:
     episodes play (``EpisodePlan`` of the training split) and are scored by. Its chat model
     renders truncated turns' next prompts exactly as it renders calls."""
 
-    def __init__(self, config: VerlogConfig, scorer: RewardScorer | None):
+    def __init__(self, config: VerlogConfig, scorer: RewardScorer | None, *, plays: bool = True):
         self.config, self.scorer = config, scorer
+        #: whether live slots play episodes (without, recorded turns fill every slot: no episode
+        #: input is needed, so a graph without make_input and a config without rows train too)
+        self.plays = plays
         self.agent: Any = None
         self.plan: EpisodePlan | None = None
 
     def build(self, engine: Any) -> Any:
         self.agent = load_agent(self.config, engine=engine)
-        self.plan = EpisodePlan(self.config, self.agent.graph_file, "train", scorer=self.scorer,
-                                keep_trajectories=bool(self.scorer and self.scorer.ranking))
+        if self.plays:
+            self.plan = EpisodePlan(self.config, self.agent.graph_file, "train", scorer=self.scorer,
+                                    keep_trajectories=bool(self.scorer and self.scorer.ranking))
         return self.agent.graph
+
+    @property
+    def evaluable(self) -> bool:
+        """Whether evaluations have episodes to play: the config's rows, or the graph's seeds."""
+        data = self.config.data
+        return (data is not None and data.has_rows()) or self.agent.graph_file.make_input is not None
 
     def episode_input(self, task: int) -> Any:
         return self.plan.input(task)

@@ -33,7 +33,7 @@ from verlog.weights.checkpoint import (
     verify_checkpoint,
 )
 
-__all__ = ["PolicySource", "find_policy", "full_model_path", "load_policy"]
+__all__ = ["PolicySource", "check_finite_weights", "find_policy", "full_model_path", "load_policy"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,14 @@ def _is_checkpoint_source(path: Path) -> bool:
     return os.path.lexists(path / "state.json") or os.path.lexists(checkpoints_root(path))
 
 
+#: what a training run folder holds before its first checkpoint (``verlog train`` writes them first)
+_RUN_FILES = ("config.yaml", "metrics.jsonl")
+
+
+def _is_run_without_checkpoint(path: Path) -> bool:
+    return not os.path.lexists(path / "config.json") and any(os.path.lexists(path / name) for name in _RUN_FILES)
+
+
 def find_policy(spec: str | os.PathLike, *, base: str | os.PathLike | None = None) -> PolicySource:
     """The parts of the policy at ``spec`` (see the module doc), every folder checked; ``base``
     is the model LoRA adapters apply to (default: the one they were trained on)."""
@@ -79,6 +87,11 @@ def find_policy(spec: str | os.PathLike, *, base: str | os.PathLike | None = Non
             ) from None
         return PolicySource(path, None, path)
     checkpoint = None
+    if path.name in (ACTOR_FOLDER, ADAPTER_FOLDER) and os.path.lexists(path.parent / "state.json"):
+        path = path.parent  # a checkpoint's actor named directly: the checkpoint, checked whole (links included)
+    if not _is_checkpoint_source(path) and _is_run_without_checkpoint(path):
+        raise FileNotFoundError(f"no checkpoint in {os.fspath(spec)!r}: this training run has saved none yet "
+                                "(one is written every trainer.save_every updates)")
     if _is_checkpoint_source(path):
         checkpoint = resolve_checkpoint(path)
         verify_checkpoint(checkpoint)
@@ -119,6 +132,18 @@ def full_model_path(spec: str | os.PathLike) -> str:
     return str(source.model)
 
 
+def check_finite_weights(model: Any, label: str) -> None:
+    """Refuse (``CheckpointError``, naming the first such tensor) a model any of whose weights is
+    NaN or infinite: it cannot answer, and every request it served would fail or be garbage."""
+    import torch
+
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise CheckpointError(f"{label}: tensor {name} holds NaN or infinite values; these weights cannot "
+                                      "be served (was the training run diverging?)")
+
+
 def load_policy(source: PolicySource, *, dtype: Any = "float32", device: str = "cpu") -> tuple[Any, Any]:
     """``(model, tokenizer)`` of ``source``: the causal LM in eval mode on ``device`` (adapters
     merged), and the tokenizer with its chat template."""
@@ -126,6 +151,7 @@ def load_policy(source: PolicySource, *, dtype: Any = "float32", device: str = "
     model = load_causal_lm(source.model, dtype=dtype, device="cpu")
     if source.adapter is not None:
         model = merge_adapter(model, source.adapter)
+    check_finite_weights(model, source.label)
     model.to(device)
     model.eval()
     return model, tokenizer
