@@ -11,6 +11,7 @@ import random
 
 import pytest
 import torch
+from conftest import ROOT
 from langchain_core.messages import convert_to_openai_messages
 
 from verlog.algo import TurnBatch
@@ -20,8 +21,6 @@ from verlog.envs.agent_graph import build_prompt, invalid_answer_feedback
 from verlog.envs.crafter.env import ACTIONS, CrafterTextEnv, parse_action
 from verlog.models import MODEL_SPECS, load_causal_lm, load_tokenizer, resolve_model_path
 from verlog.models.crafter_words import CRAFTER_WORDS_MODEL_NAME, build_crafter_words_model
-
-from conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +66,7 @@ def test_the_prompts_of_long_episodes_have_no_unknown_words(tok):
     env = CrafterTextEnv(max_steps=400, max_per_type=1)
     texts, nights = [], 0
     for seed in range(3):
-        observation = env.reset(seed)
+        env.reset(seed)
         for _ in range(400):
             result = env.step(rng.choice([*ACTIONS, "dance"]))
             note = "" if result.info["valid_action"] else invalid_answer_feedback(result.info["action"])
@@ -75,7 +74,6 @@ def test_the_prompts_of_long_episodes_have_no_unknown_words(tok):
             nights += "It is night" in result.observation
             if result.done:
                 break
-        del observation
     assert nights  # the night's wording is covered too
     unknown = set()
     for messages in texts:
