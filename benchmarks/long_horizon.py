@@ -98,8 +98,9 @@ def _commit() -> str:
 class LoadSampler:
     """The machine's 1-minute load average, sampled every ``every_s`` seconds while a run goes on."""
 
-    def __init__(self, every_s: float = 30.0) -> None:
+    def __init__(self, every_s: float = 30.0, on_sample: Any = None) -> None:
         self.samples: list[float] = [os.getloadavg()[0]]
+        self._on_sample = on_sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, args=(every_s,), daemon=True)
         self._thread.start()
@@ -107,10 +108,15 @@ class LoadSampler:
     def _loop(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
             self.samples.append(os.getloadavg()[0])
+            if self._on_sample is not None:
+                self._on_sample(self.summary())
+
+    def summary(self) -> dict[str, float]:
+        return {"mean": sum(self.samples) / len(self.samples), "max": max(self.samples), "samples": len(self.samples)}
 
     def stop(self) -> dict[str, float]:
         self._stop.set()
-        return {"mean": sum(self.samples) / len(self.samples), "max": max(self.samples), "samples": len(self.samples)}
+        return self.summary()
 
 
 def scores(task: dict[str, Any]) -> dict[str, float]:
@@ -158,6 +164,20 @@ def evaluations(run_dir: Path) -> dict[str, Any]:
     return {"before": before, "after": after, "seconds": seconds}
 
 
+def training_wall(run_dir: Path) -> float:
+    """Wall seconds of training alone (critic pre-training and updates, evaluations left out), summed
+    over the sittings, from the ``elapsed_s`` stamps of ``metrics.jsonl``."""
+    total, last = 0.0, 0.0
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["elapsed_s"] < last:  # a new sitting: its clock starts again
+            last = 0.0
+        if r["kind"] in ("update", "critic_warmup"):
+            total += r["elapsed_s"] - last
+        last = r["elapsed_s"]
+    return total
+
+
 def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: bool, threads: int | None,
         extra: list[str] | None = None) -> dict:
     """Train one row with one training seed for ``steps`` environment steps; write its result file."""
@@ -183,16 +203,22 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
           f"+ {warmup_steps} warm-up steps = {warmup_steps + updates * batch_turns} environment steps"
           f"{' (resuming)' if resume else ''}", flush=True)
     watcher = _Tail(run_dir / "metrics.jsonl", updates)
-    load = LoadSampler()
-    started, clock = time.perf_counter(), time.strftime("%Y-%m-%d %H:%M:%S")
-    result = train(config, resume=resume, console=Console(quiet=True))
-    watcher.stop()
-    # a run may take several sittings (killed, then resumed): each one's wall time and load
+    # a run may take several sittings (killed, then resumed): each one's wall time and load, kept up
+    # to date while it runs so that a killed sitting keeps its record
     sittings_path = run_dir / "sittings.json"
-    sittings = json.loads(sittings_path.read_text()) if sittings_path.is_file() else []
-    sittings.append({"started": clock, "wall_s": time.perf_counter() - started, "load": load.stop(),
-                     "commit": _commit(), "updates_done": result.updates})
-    sittings_path.write_text(json.dumps(sittings, indent=1))
+    earlier = json.loads(sittings_path.read_text()) if sittings_path.is_file() else []
+    clock, commit, started = time.strftime("%Y-%m-%d %H:%M:%S"), _commit(), time.perf_counter()
+
+    def record(load: dict[str, float]) -> None:
+        sitting = {"started": clock, "wall_s": time.perf_counter() - started, "load": load, "commit": commit}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        sittings_path.write_text(json.dumps([*earlier, sitting], indent=1))
+
+    load = LoadSampler(on_sample=record)
+    train(config, resume=resume, console=Console(quiet=True))
+    watcher.stop()
+    record(load.stop())
+    sittings = json.loads(sittings_path.read_text())
     points = curve(run_dir, batch_turns, warmup_steps)
     evals = evaluations(run_dir)
     wall = sum(s["wall_s"] for s in sittings)
@@ -202,6 +228,7 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
         "wall_s": wall, "train_s": sum(p["seconds"] for p in points), "sittings": sittings,
         "load": {"mean": sum(s["load"]["mean"] * s["wall_s"] for s in sittings) / max(wall, 1e-9),
                  "max": max(s["load"]["max"] for s in sittings), "samples": sum(s["load"]["samples"] for s in sittings)},
+        "training_wall_s": training_wall(run_dir),
         "eval_s": evals["seconds"], "seconds_per_update": sum(p["seconds"] for p in points) / max(1, len(points)),
         "before": evals["before"], "after": evals["after"], "curve": points,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -251,7 +278,8 @@ def _fmt(d: dict[str, float] | None, key: str) -> str:
 
 
 def _print_result(s: dict) -> None:
-    print(f"row {s['row']} seed {s['seed']}: {s['env_steps']} steps, {s['wall_s'] / 60:.1f} min wall "
+    print(f"row {s['row']} seed {s['seed']}: {s['env_steps']} steps, {s['training_wall_s'] / 60:.1f} min of training, "
+          f"{s['wall_s'] / 60:.1f} min wall in all "
           f"({s['seconds_per_update']:.0f} s per update, load {s['load']['mean']:.1f})")
     for name in ("before", "after"):
         if s.get(name):
@@ -287,6 +315,7 @@ def table(out: Path) -> str:
     results: dict[str, list[dict]] = {}
     for path in sorted(out.glob("*/seed*/result.json")):
         r = json.loads(path.read_text())
+        r.setdefault("training_wall_s", training_wall(path.parent))  # result files of an earlier version
         results.setdefault(r["row"], []).append(r)
     lines = []
     random_path = out / "random.json"
@@ -294,7 +323,7 @@ def table(out: Path) -> str:
         r = json.loads(random_path.read_text())["random"]
         lines.append(f"Random valid actions: achievements {_fmt(r, 'achievements')}, return {_fmt(r, 'return')}, "
                      f"length {r['length']:.0f} ({r['episodes']} held-out worlds).\n")
-    lines += ["| row | what | seeds | env steps | achievements | return | length | s per update | wall min (load) |",
+    lines += ["| row | what | seeds | env steps | achievements | return | length | s per update | training min (load) |",
               "|---|---|---|---|---|---|---|---|---|"]
     for row in ROW_NAMES:
         runs = results.get(row)
@@ -307,7 +336,7 @@ def table(out: Path) -> str:
         lines.append(
             f"| {row} | {ROW_NAMES[row]} | {len(runs)} | {runs[0]['env_steps']:,} | {ach} | {ret} | "
             f"{_across([a['length'] for a in after])} | {_across([r['seconds_per_update'] for r in runs])} | "
-            f"{_across([r['wall_s'] / 60 for r in runs])} ({_across([r['load']['mean'] for r in runs])}) |")
+            f"{_across([r['training_wall_s'] / 60 for r in runs])} ({_across([r['load']['mean'] for r in runs])}) |")
     before = next((r["before"] for rs in results.values() for r in rs if r.get("before")), None)
     if before:
         lines.append(f"\nBefore training: achievements {_fmt(before, 'achievements')}, return {_fmt(before, 'return')}, "
@@ -315,11 +344,11 @@ def table(out: Path) -> str:
     lines.append("\nOne seed: ± is the s.e. over the 64 held-out worlds; several seeds: the s.e. across seeds.")
     text = "\n".join(lines) + "\n"
     (out / "table.md").write_text(text)
-    _plot(results, out / "curves.png")
+    _plot(results, out / "curves.png", json.loads(random_path.read_text())["random"] if random_path.is_file() else None)
     return text
 
 
-def _plot(results: dict[str, list[dict]], path: Path) -> None:
+def _plot(results: dict[str, list[dict]], path: Path, random: dict[str, float] | None) -> None:
     if not results:
         return
     import matplotlib
@@ -334,7 +363,16 @@ def _plot(results: dict[str, list[dict]], path: Path) -> None:
             for ax, key in zip(axes, ("achievements", "length")):
                 ax.plot(xs, [p[key] for p in r["curve"]], color=f"C{list(ROW_NAMES).index(row)}", alpha=0.8,
                         label=f"{row}: {ROW_NAMES[row]}" if i == 0 and key == "achievements" else None)
-    axes[0].set_ylabel("achievements per training episode (ended in the batch)")
+            for name, marker in (("before", "v"), ("after", "o")):
+                if r.get(name):
+                    x = 0 if name == "before" else r["env_steps"]
+                    axes[0].errorbar([x], [r[name]["achievements"]], yerr=[r[name]["achievements_se"]], fmt=marker,
+                                     color=f"C{list(ROW_NAMES).index(row)}", capsize=3,
+                                     label=f"{row}: held-out worlds, {name}" if i == 0 else None)
+    if random is not None:
+        axes[0].axhline(random["achievements"], color="grey", linestyle="--", label="random valid actions (held out)")
+        axes[1].axhline(random["length"], color="grey", linestyle="--")
+    axes[0].set_ylabel("achievements per episode")
     axes[1].set_ylabel("length of training episodes (steps)")
     for ax in axes:
         ax.set_xlabel("environment steps")
