@@ -17,13 +17,14 @@ evaluated on the same 64 held-out worlds (``eval.seed`` 1000000 onwards, 400 ste
        and batch so that episodes end inside their batch
     e-gigpo  the same with GiGPO (step-level groups of identical observations)
 
-Each run writes ``<out>/<row>/seed<k>/result.json``; ``table`` builds the table (mean ± s.e. across
+Each run writes ``benchmarks/results/long_horizon/<row>/seed<k>.json`` (its run folder, with the
+checkpoints, is ``runs/long_horizon/<row>/seed<k>``); ``table`` builds the table (mean ± s.e. across
 training seeds) and the curves from whatever result files exist, so the runs can be spread over
 several sittings (a killed run resumes from its last checkpoint: run the same command again).
 
     python benchmarks/long_horizon.py run a --seed 0        # item 1: before -> after (also row a)
     python benchmarks/long_horizon.py random                # random valid actions on the same worlds
-    python benchmarks/long_horizon.py table                 # table.md, curves.png from the files
+    python benchmarks/long_horizon.py table                 # table.md, curves.png beside the result files
     python benchmarks/long_horizon.py run b --seed 1 --steps 49152   # any row, seed and budget
 
 Scores count environment steps, never wall time; the wall time and the machine's load are recorded
@@ -51,6 +52,8 @@ from verlog.evaluation.results import PROGRESSION_SCALE, mean_se  # noqa: E402
 
 CONFIG = ROOT / "configs" / "crafter_words.yaml"
 OUT = ROOT / "runs" / "long_horizon"
+#: the result files (small, kept in the repository so that the table grows over sittings and machines)
+RESULTS = ROOT / "benchmarks" / "results" / "long_horizon"
 #: Crafter's achievements: BALROG's progression is unlocked / ACHIEVEMENTS
 ACHIEVEMENTS = 22
 #: the environment-step budget of every row (the critic pre-training's buffer included)
@@ -179,7 +182,7 @@ def training_wall(run_dir: Path) -> float:
 
 
 def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: bool, threads: int | None,
-        extra: list[str] | None = None) -> dict:
+        extra: list[str] | None = None, results: Path = RESULTS) -> dict:
     """Train one row with one training seed for ``steps`` environment steps; write its result file."""
     from rich.console import Console
 
@@ -233,7 +236,8 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
         "before": evals["before"], "after": evals["after"], "curve": points,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    (run_dir / "result.json").write_text(json.dumps(summary, indent=1))
+    (results / row).mkdir(parents=True, exist_ok=True)
+    (results / row / f"seed{seed}.json").write_text(json.dumps(summary, indent=1))
     _print_result(summary)
     return summary
 
@@ -287,7 +291,7 @@ def _print_result(s: dict) -> None:
                   f"length {s[name]['length']:.0f}")
 
 
-def random_baseline(out: Path, extra: list[str] | None = None) -> dict:
+def random_baseline(results: Path, extra: list[str] | None = None) -> dict:
     """Random valid actions on the held-out worlds the runs are evaluated on; ``<out>/random.json``."""
     from verlog.evaluation.baseline import evaluate_random
 
@@ -295,8 +299,8 @@ def random_baseline(out: Path, extra: list[str] | None = None) -> dict:
     started = time.perf_counter()
     task = asyncio.run(evaluate_random(config, seed=0))[0].as_dict()
     summary = {"random": scores(task), "seconds": time.perf_counter() - started, "commit": _commit()}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "random.json").write_text(json.dumps(summary, indent=1))
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "random.json").write_text(json.dumps(summary, indent=1))
     r = summary["random"]
     print(f"random valid actions: achievements {_fmt(r, 'achievements')}, return {_fmt(r, 'return')}, "
           f"length {r['length']:.0f} ({r['episodes']} worlds)")
@@ -310,12 +314,12 @@ def _across(values: list[float]) -> str:
     return f"{m:.2f} ± {se:.2f}"
 
 
-def table(out: Path) -> str:
-    """The ablation table (markdown) and ``curves.png`` from every ``result.json`` under ``out``."""
+def table(results_dir: Path) -> str:
+    """The ablation table (``table.md``) and ``curves.png`` from every result file in ``results_dir``."""
+    out = results_dir
     results: dict[str, list[dict]] = {}
-    for path in sorted(out.glob("*/seed*/result.json")):
+    for path in sorted(out.glob("*/seed*.json")):
         r = json.loads(path.read_text())
-        r.setdefault("training_wall_s", training_wall(path.parent))  # result files of an earlier version
         results.setdefault(r["row"], []).append(r)
     lines = []
     random_path = out / "random.json"
@@ -396,16 +400,17 @@ def main(argv: list[str] | None = None) -> int:
     q = sub.add_parser("random", help="random valid actions on the held-out worlds")
     for parser_ in (p, q):
         parser_.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides (last)")
+    p.add_argument("--out", type=Path, default=OUT, help="where the run folders go (checkpoints, metrics)")
     for parser_ in (p, q, sub.add_parser("table", help="the table and curves from the result files")):
-        parser_.add_argument("--out", type=Path, default=OUT)
+        parser_.add_argument("--results", type=Path, default=RESULTS, help="where the result files go")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.row, args.seed, args.steps, args.out, args.answer_tokens,
-            args.before or (args.row == "a" and args.seed == 0), args.threads, args.set)
+            args.before or (args.row == "a" and args.seed == 0), args.threads, args.set, args.results)
     elif args.command == "random":
-        random_baseline(args.out, args.set)
+        random_baseline(args.results, args.set)
     else:
-        print(table(args.out), end="")
+        print(table(args.results), end="")
     return 0
 
 
