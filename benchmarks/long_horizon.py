@@ -17,13 +17,14 @@ evaluated on the same 64 held-out worlds (``eval.seed`` 1000000 onwards, 400 ste
        and batch so that episodes end inside their batch
     e-gigpo  the same with GiGPO (step-level groups of identical observations)
 
-Each run writes ``<out>/<row>/seed<k>/result.json``; ``table`` builds the table (mean ± s.e. across
+Each run writes ``benchmarks/results/long_horizon/<row>/seed<k>.json`` (its run folder, with the
+checkpoints, is ``runs/long_horizon/<row>/seed<k>``); ``table`` builds the table (mean ± s.e. across
 training seeds) and the curves from whatever result files exist, so the runs can be spread over
 several sittings (a killed run resumes from its last checkpoint: run the same command again).
 
     python benchmarks/long_horizon.py run a --seed 0        # item 1: before -> after (also row a)
     python benchmarks/long_horizon.py random                # random valid actions on the same worlds
-    python benchmarks/long_horizon.py table                 # table.md, curves.png from the files
+    python benchmarks/long_horizon.py table                 # table.md, curves.png beside the result files
     python benchmarks/long_horizon.py run b --seed 1 --steps 49152   # any row, seed and budget
 
 Scores count environment steps, never wall time; the wall time and the machine's load are recorded
@@ -51,6 +52,8 @@ from verlog.evaluation.results import PROGRESSION_SCALE, mean_se  # noqa: E402
 
 CONFIG = ROOT / "configs" / "crafter_words.yaml"
 OUT = ROOT / "runs" / "long_horizon"
+#: the result files (small, kept in the repository so that the table grows over sittings and machines)
+RESULTS = ROOT / "benchmarks" / "results" / "long_horizon"
 #: Crafter's achievements: BALROG's progression is unlocked / ACHIEVEMENTS
 ACHIEVEMENTS = 22
 #: the environment-step budget of every row (the critic pre-training's buffer included)
@@ -98,8 +101,9 @@ def _commit() -> str:
 class LoadSampler:
     """The machine's 1-minute load average, sampled every ``every_s`` seconds while a run goes on."""
 
-    def __init__(self, every_s: float = 30.0) -> None:
+    def __init__(self, every_s: float = 30.0, on_sample: Any = None) -> None:
         self.samples: list[float] = [os.getloadavg()[0]]
+        self._on_sample = on_sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, args=(every_s,), daemon=True)
         self._thread.start()
@@ -107,10 +111,15 @@ class LoadSampler:
     def _loop(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
             self.samples.append(os.getloadavg()[0])
+            if self._on_sample is not None:
+                self._on_sample(self.summary())
+
+    def summary(self) -> dict[str, float]:
+        return {"mean": sum(self.samples) / len(self.samples), "max": max(self.samples), "samples": len(self.samples)}
 
     def stop(self) -> dict[str, float]:
         self._stop.set()
-        return {"mean": sum(self.samples) / len(self.samples), "max": max(self.samples), "samples": len(self.samples)}
+        return self.summary()
 
 
 def scores(task: dict[str, Any]) -> dict[str, float]:
@@ -158,8 +167,22 @@ def evaluations(run_dir: Path) -> dict[str, Any]:
     return {"before": before, "after": after, "seconds": seconds}
 
 
+def training_wall(run_dir: Path) -> float:
+    """Wall seconds of training alone (critic pre-training and updates, evaluations left out), summed
+    over the sittings, from the ``elapsed_s`` stamps of ``metrics.jsonl``."""
+    total, last = 0.0, 0.0
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["elapsed_s"] < last:  # a new sitting: its clock starts again
+            last = 0.0
+        if r["kind"] in ("update", "critic_warmup"):
+            total += r["elapsed_s"] - last
+        last = r["elapsed_s"]
+    return total
+
+
 def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: bool, threads: int | None,
-        extra: list[str] | None = None) -> dict:
+        extra: list[str] | None = None, results: Path = RESULTS) -> dict:
     """Train one row with one training seed for ``steps`` environment steps; write its result file."""
     from rich.console import Console
 
@@ -183,16 +206,22 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
           f"+ {warmup_steps} warm-up steps = {warmup_steps + updates * batch_turns} environment steps"
           f"{' (resuming)' if resume else ''}", flush=True)
     watcher = _Tail(run_dir / "metrics.jsonl", updates)
-    load = LoadSampler()
-    started, clock = time.perf_counter(), time.strftime("%Y-%m-%d %H:%M:%S")
-    result = train(config, resume=resume, console=Console(quiet=True))
-    watcher.stop()
-    # a run may take several sittings (killed, then resumed): each one's wall time and load
+    # a run may take several sittings (killed, then resumed): each one's wall time and load, kept up
+    # to date while it runs so that a killed sitting keeps its record
     sittings_path = run_dir / "sittings.json"
-    sittings = json.loads(sittings_path.read_text()) if sittings_path.is_file() else []
-    sittings.append({"started": clock, "wall_s": time.perf_counter() - started, "load": load.stop(),
-                     "commit": _commit(), "updates_done": result.updates})
-    sittings_path.write_text(json.dumps(sittings, indent=1))
+    earlier = json.loads(sittings_path.read_text()) if sittings_path.is_file() else []
+    clock, commit, started = time.strftime("%Y-%m-%d %H:%M:%S"), _commit(), time.perf_counter()
+
+    def record(load: dict[str, float]) -> None:
+        sitting = {"started": clock, "wall_s": time.perf_counter() - started, "load": load, "commit": commit}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        sittings_path.write_text(json.dumps([*earlier, sitting], indent=1))
+
+    load = LoadSampler(on_sample=record)
+    train(config, resume=resume, console=Console(quiet=True))
+    watcher.stop()
+    record(load.stop())
+    sittings = json.loads(sittings_path.read_text())
     points = curve(run_dir, batch_turns, warmup_steps)
     evals = evaluations(run_dir)
     wall = sum(s["wall_s"] for s in sittings)
@@ -202,11 +231,13 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
         "wall_s": wall, "train_s": sum(p["seconds"] for p in points), "sittings": sittings,
         "load": {"mean": sum(s["load"]["mean"] * s["wall_s"] for s in sittings) / max(wall, 1e-9),
                  "max": max(s["load"]["max"] for s in sittings), "samples": sum(s["load"]["samples"] for s in sittings)},
+        "training_wall_s": training_wall(run_dir),
         "eval_s": evals["seconds"], "seconds_per_update": sum(p["seconds"] for p in points) / max(1, len(points)),
         "before": evals["before"], "after": evals["after"], "curve": points,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    (run_dir / "result.json").write_text(json.dumps(summary, indent=1))
+    (results / row).mkdir(parents=True, exist_ok=True)
+    (results / row / f"seed{seed}.json").write_text(json.dumps(summary, indent=1))
     _print_result(summary)
     return summary
 
@@ -251,7 +282,8 @@ def _fmt(d: dict[str, float] | None, key: str) -> str:
 
 
 def _print_result(s: dict) -> None:
-    print(f"row {s['row']} seed {s['seed']}: {s['env_steps']} steps, {s['wall_s'] / 60:.1f} min wall "
+    print(f"row {s['row']} seed {s['seed']}: {s['env_steps']} steps, {s['training_wall_s'] / 60:.1f} min of training, "
+          f"{s['wall_s'] / 60:.1f} min wall in all "
           f"({s['seconds_per_update']:.0f} s per update, load {s['load']['mean']:.1f})")
     for name in ("before", "after"):
         if s.get(name):
@@ -259,7 +291,7 @@ def _print_result(s: dict) -> None:
                   f"length {s[name]['length']:.0f}")
 
 
-def random_baseline(out: Path, extra: list[str] | None = None) -> dict:
+def random_baseline(results: Path, extra: list[str] | None = None) -> dict:
     """Random valid actions on the held-out worlds the runs are evaluated on; ``<out>/random.json``."""
     from verlog.evaluation.baseline import evaluate_random
 
@@ -267,8 +299,8 @@ def random_baseline(out: Path, extra: list[str] | None = None) -> dict:
     started = time.perf_counter()
     task = asyncio.run(evaluate_random(config, seed=0))[0].as_dict()
     summary = {"random": scores(task), "seconds": time.perf_counter() - started, "commit": _commit()}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "random.json").write_text(json.dumps(summary, indent=1))
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "random.json").write_text(json.dumps(summary, indent=1))
     r = summary["random"]
     print(f"random valid actions: achievements {_fmt(r, 'achievements')}, return {_fmt(r, 'return')}, "
           f"length {r['length']:.0f} ({r['episodes']} worlds)")
@@ -282,10 +314,11 @@ def _across(values: list[float]) -> str:
     return f"{m:.2f} ± {se:.2f}"
 
 
-def table(out: Path) -> str:
-    """The ablation table (markdown) and ``curves.png`` from every ``result.json`` under ``out``."""
+def table(results_dir: Path) -> str:
+    """The ablation table (``table.md``) and ``curves.png`` from every result file in ``results_dir``."""
+    out = results_dir
     results: dict[str, list[dict]] = {}
-    for path in sorted(out.glob("*/seed*/result.json")):
+    for path in sorted(out.glob("*/seed*.json")):
         r = json.loads(path.read_text())
         results.setdefault(r["row"], []).append(r)
     lines = []
@@ -294,7 +327,7 @@ def table(out: Path) -> str:
         r = json.loads(random_path.read_text())["random"]
         lines.append(f"Random valid actions: achievements {_fmt(r, 'achievements')}, return {_fmt(r, 'return')}, "
                      f"length {r['length']:.0f} ({r['episodes']} held-out worlds).\n")
-    lines += ["| row | what | seeds | env steps | achievements | return | length | s per update | wall min (load) |",
+    lines += ["| row | what | seeds | env steps | achievements | return | length | s per update | training min (load) |",
               "|---|---|---|---|---|---|---|---|---|"]
     for row in ROW_NAMES:
         runs = results.get(row)
@@ -307,7 +340,7 @@ def table(out: Path) -> str:
         lines.append(
             f"| {row} | {ROW_NAMES[row]} | {len(runs)} | {runs[0]['env_steps']:,} | {ach} | {ret} | "
             f"{_across([a['length'] for a in after])} | {_across([r['seconds_per_update'] for r in runs])} | "
-            f"{_across([r['wall_s'] / 60 for r in runs])} ({_across([r['load']['mean'] for r in runs])}) |")
+            f"{_across([r['training_wall_s'] / 60 for r in runs])} ({_across([r['load']['mean'] for r in runs])}) |")
     before = next((r["before"] for rs in results.values() for r in rs if r.get("before")), None)
     if before:
         lines.append(f"\nBefore training: achievements {_fmt(before, 'achievements')}, return {_fmt(before, 'return')}, "
@@ -315,11 +348,11 @@ def table(out: Path) -> str:
     lines.append("\nOne seed: ± is the s.e. over the 64 held-out worlds; several seeds: the s.e. across seeds.")
     text = "\n".join(lines) + "\n"
     (out / "table.md").write_text(text)
-    _plot(results, out / "curves.png")
+    _plot(results, out / "curves.png", json.loads(random_path.read_text())["random"] if random_path.is_file() else None)
     return text
 
 
-def _plot(results: dict[str, list[dict]], path: Path) -> None:
+def _plot(results: dict[str, list[dict]], path: Path, random: dict[str, float] | None) -> None:
     if not results:
         return
     import matplotlib
@@ -334,7 +367,16 @@ def _plot(results: dict[str, list[dict]], path: Path) -> None:
             for ax, key in zip(axes, ("achievements", "length")):
                 ax.plot(xs, [p[key] for p in r["curve"]], color=f"C{list(ROW_NAMES).index(row)}", alpha=0.8,
                         label=f"{row}: {ROW_NAMES[row]}" if i == 0 and key == "achievements" else None)
-    axes[0].set_ylabel("achievements per training episode (ended in the batch)")
+            for name, marker in (("before", "v"), ("after", "o")):
+                if r.get(name):
+                    x = 0 if name == "before" else r["env_steps"]
+                    axes[0].errorbar([x], [r[name]["achievements"]], yerr=[r[name]["achievements_se"]], fmt=marker,
+                                     color=f"C{list(ROW_NAMES).index(row)}", capsize=3,
+                                     label=f"{row}: held-out worlds, {name}" if i == 0 else None)
+    if random is not None:
+        axes[0].axhline(random["achievements"], color="grey", linestyle="--", label="random valid actions (held out)")
+        axes[1].axhline(random["length"], color="grey", linestyle="--")
+    axes[0].set_ylabel("achievements per episode")
     axes[1].set_ylabel("length of training episodes (steps)")
     for ax in axes:
         ax.set_xlabel("environment steps")
@@ -358,16 +400,17 @@ def main(argv: list[str] | None = None) -> int:
     q = sub.add_parser("random", help="random valid actions on the held-out worlds")
     for parser_ in (p, q):
         parser_.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides (last)")
+    p.add_argument("--out", type=Path, default=OUT, help="where the run folders go (checkpoints, metrics)")
     for parser_ in (p, q, sub.add_parser("table", help="the table and curves from the result files")):
-        parser_.add_argument("--out", type=Path, default=OUT)
+        parser_.add_argument("--results", type=Path, default=RESULTS, help="where the result files go")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.row, args.seed, args.steps, args.out, args.answer_tokens,
-            args.before or (args.row == "a" and args.seed == 0), args.threads, args.set)
+            args.before or (args.row == "a" and args.seed == 0), args.threads, args.set, args.results)
     elif args.command == "random":
-        random_baseline(args.out, args.set)
+        random_baseline(args.results, args.set)
     else:
-        print(table(args.out), end="")
+        print(table(args.results), end="")
     return 0
 
 

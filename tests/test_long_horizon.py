@@ -164,15 +164,19 @@ def test_one_tiny_run_writes_its_result_and_the_table(tmp_path):
     small = ["trainer.num_envs=4", "trainer.turns_per_env=4", "multi_turn.langgraph.graph_kwargs.max_steps=12",
              "eval.episodes=2", "eval.concurrency=4", "critic_warmup.buffer_multiplier=1", "critic_warmup.iterations=1",
              "algorithm.mini_batch_turns=16"]
-    bench.main(["run", "a", "--seed", "0", "--steps", "32", "--out", str(tmp_path), "--set", *small])
-    result = json.loads((tmp_path / "a" / "seed0" / "result.json").read_text())
+    results = tmp_path / "results"
+    bench.main(["run", "a", "--seed", "0", "--steps", "32", "--out", str(tmp_path / "runs"), "--results", str(results),
+                "--set", *small])
+    result = json.loads((results / "a" / "seed0.json").read_text())
     assert result["env_steps"] == 32 and result["updates"] == 1 and result["batch_turns"] == 16
     assert result["before"] is not None and result["after"]["episodes"] == 2
     assert 0 <= result["after"]["achievements"] <= 22 and result["after"]["length"] <= 12
     assert result["load"]["samples"] >= 1 and result["wall_s"] > 0
-    bench.main(["random", "--out", str(tmp_path), "--set", *small])
-    assert json.loads((tmp_path / "random.json").read_text())["random"]["episodes"] == 2
-    bench.main(["table", "--out", str(tmp_path)])
-    table = (tmp_path / "table.md").read_text()
+    assert result["training_wall_s"] > 0 and len(result["sittings"]) == 1
+    assert (tmp_path / "runs" / "a" / "seed0" / "sittings.json").is_file()
+    bench.main(["random", "--results", str(results), "--set", *small])
+    assert json.loads((results / "random.json").read_text())["random"]["episodes"] == 2
+    bench.main(["table", "--results", str(results)])
+    table = (results / "table.md").read_text()
     assert "| a | Verlog's recipe" in table and "Random valid actions" in table and "Before training" in table
-    assert (tmp_path / "curves.png").stat().st_size > 0
+    assert (results / "curves.png").stat().st_size > 0
