@@ -36,3 +36,15 @@ def tiny_model(tiny_dir):
     from verlog.models import load_causal_lm
 
     return load_causal_lm(tiny_dir)
+
+
+@pytest.fixture
+def recorder(tmp_path):
+    """A trace recorder over a fresh SQLite store (``verlog serve-model --record``'s)."""
+    from verlog.traces import TraceRecorder, open_store
+
+    store = open_store(tmp_path / "traces")
+    recorder = TraceRecorder(store)
+    yield recorder
+    recorder.close()
+    store.close()

@@ -35,15 +35,6 @@ def engine(tiny_model, tiny_tokenizer):
     engine.close()
 
 
-@pytest.fixture
-def recorder(tmp_path):
-    store = open_store(tmp_path / "traces")
-    recorder = TraceRecorder(store)
-    yield recorder
-    recorder.close()
-    store.close()
-
-
 def _nan_model(model):
     broken = copy.deepcopy(model)
     with torch.no_grad():

@@ -24,15 +24,6 @@ from verlog.traces import EPISODE_HEADER, VERSION_HEADER, RecordingPolicy, Trace
 openai = pytest.importorskip("openai")
 
 
-@pytest.fixture
-def recorder(tmp_path):
-    store = open_store(tmp_path / "traces")
-    recorder = TraceRecorder(store)
-    yield recorder
-    recorder.close()
-    store.close()
-
-
 def _client(server: OpenAIServer, key: str = "k") -> "openai.AsyncOpenAI":
     return openai.AsyncOpenAI(base_url=server.base_url, api_key=key, max_retries=0)
 

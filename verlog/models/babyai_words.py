@@ -115,7 +115,6 @@ def build_babyai_words_model(
 
 def babyai_words_dir() -> Path:
     """The cached ``babyai-words`` folder, built on first use (about a second)."""
-    from verlog.models import verlog_cache_dir
-    from verlog.models.tiny import build_cached
+    from verlog.models.word_level import cached_word_model
 
-    return build_cached(verlog_cache_dir() / "models" / BABYAI_WORDS_MODEL_NAME, build_babyai_words_model)
+    return cached_word_model(BABYAI_WORDS_MODEL_NAME, build_babyai_words_model)

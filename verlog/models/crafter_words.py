@@ -107,7 +107,6 @@ def build_crafter_words_model(
 
 def crafter_words_dir() -> Path:
     """The cached ``crafter-words`` folder, built on first use (about a second)."""
-    from verlog.models import verlog_cache_dir
-    from verlog.models.tiny import build_cached
+    from verlog.models.word_level import cached_word_model
 
-    return build_cached(verlog_cache_dir() / "models" / CRAFTER_WORDS_MODEL_NAME, build_crafter_words_model)
+    return cached_word_model(CRAFTER_WORDS_MODEL_NAME, build_crafter_words_model)

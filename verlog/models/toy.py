@@ -59,7 +59,6 @@ def build_toy_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
 
 def toy_model_dir() -> Path:
     """The cached toy model folder, built on first use."""
-    from verlog.models import verlog_cache_dir
-    from verlog.models.tiny import build_cached
+    from verlog.models.word_level import cached_word_model
 
-    return build_cached(verlog_cache_dir() / "models" / TOY_MODEL_NAME, build_toy_model)
+    return cached_word_model(TOY_MODEL_NAME, build_toy_model)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["SPECIALS", "WORD_CHAT_TEMPLATE", "save_word_model", "wrap_word_tokenizer"]
+__all__ = ["SPECIALS", "WORD_CHAT_TEMPLATE", "cached_word_model", "save_word_model", "wrap_word_tokenizer"]
 
 #: the special tokens, in id order (0 pads, 2 ends an answer)
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]")
@@ -84,3 +84,12 @@ def save_word_model(
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"  # reload from tokenizer.json, same ids
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def cached_word_model(name: str, build: Callable[[Path], Path]) -> Path:
+    """The folder of the named word-level model under ``verlog_cache_dir()/models``, built with
+    ``build(folder)`` on first use (atomically: ``verlog.models.tiny.build_cached``)."""
+    from verlog.models import verlog_cache_dir
+    from verlog.models.tiny import build_cached
+
+    return build_cached(verlog_cache_dir() / "models" / name, build)
