@@ -135,11 +135,15 @@ def _num(value: Any) -> float:
     return float("nan") if value is None else float(value)
 
 
-def curve(run_dir: Path, batch_turns: int, warmup_steps: int) -> list[dict[str, float]]:
+def metric_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of a run's ``metrics.jsonl`` (every sitting's, in order)."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def curve(records: list[dict[str, Any]], batch_turns: int, warmup_steps: int) -> list[dict[str, float]]:
     """Per update: environment steps so far and the figures of the training episodes that ended in it."""
     points = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in records:
         if r["kind"] != "update" or not r.get("episodes"):
             continue
         points.append({"update": r["update"], "env_steps": warmup_steps + r["update"] * batch_turns,
@@ -150,35 +154,31 @@ def curve(run_dir: Path, batch_turns: int, warmup_steps: int) -> list[dict[str, 
     return points
 
 
-def evaluations(run_dir: Path) -> dict[str, Any]:
+def _timed(records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+    """Each record with the wall seconds since the one before it in the same sitting (a resumed
+    sitting's ``elapsed_s`` clock starts again from 0)."""
+    out, last = [], 0.0
+    for r in records:
+        if r["elapsed_s"] < last:  # a new sitting
+            last = 0.0
+        out.append((r, r["elapsed_s"] - last))
+        last = r["elapsed_s"]
+    return out
+
+
+def evaluations(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's evaluation before training (update 0) and its last one, from ``metrics.jsonl`` (which
     a resumed run appends to), and the seconds they took."""
-    before = after = None
-    seconds, last = 0.0, 0.0
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r["kind"] == "eval":
-            if r["update"] == 0:
-                before = scores(r["tasks"][0])
-            else:
-                after = scores(r["tasks"][0])
-            seconds += r["elapsed_s"] - last
-        last = r["elapsed_s"]
-    return {"before": before, "after": after, "seconds": seconds}
+    evals = [(r, seconds) for r, seconds in _timed(records) if r["kind"] == "eval"]
+    before = next((scores(r["tasks"][0]) for r, _ in evals if r["update"] == 0), None)
+    after = next((scores(r["tasks"][0]) for r, _ in reversed(evals) if r["update"] > 0), None)
+    return {"before": before, "after": after, "seconds": sum(seconds for _, seconds in evals)}
 
 
-def training_wall(run_dir: Path) -> float:
+def training_wall(records: list[dict[str, Any]]) -> float:
     """Wall seconds of training alone (critic pre-training and updates, evaluations left out), summed
     over the sittings, from the ``elapsed_s`` stamps of ``metrics.jsonl``."""
-    total, last = 0.0, 0.0
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r["elapsed_s"] < last:  # a new sitting: its clock starts again
-            last = 0.0
-        if r["kind"] in ("update", "critic_warmup"):
-            total += r["elapsed_s"] - last
-        last = r["elapsed_s"]
-    return total
+    return sum(seconds for r, seconds in _timed(records) if r["kind"] in ("update", "critic_warmup"))
 
 
 def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: bool, threads: int | None,
@@ -222,8 +222,9 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
     watcher.stop()
     record(load.stop())
     sittings = json.loads(sittings_path.read_text())
-    points = curve(run_dir, batch_turns, warmup_steps)
-    evals = evaluations(run_dir)
+    records = metric_records(run_dir)
+    points = curve(records, batch_turns, warmup_steps)
+    evals = evaluations(records)
     wall = sum(s["wall_s"] for s in sittings)
     summary = {
         "row": row, "name": ROW_NAMES[row], "seed": seed, "commit": _commit(), "overrides": overrides,
@@ -231,7 +232,7 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
         "wall_s": wall, "train_s": sum(p["seconds"] for p in points), "sittings": sittings,
         "load": {"mean": sum(s["load"]["mean"] * s["wall_s"] for s in sittings) / max(wall, 1e-9),
                  "max": max(s["load"]["max"] for s in sittings), "samples": sum(s["load"]["samples"] for s in sittings)},
-        "training_wall_s": training_wall(run_dir),
+        "training_wall_s": training_wall(records),
         "eval_s": evals["seconds"], "seconds_per_update": sum(p["seconds"] for p in points) / max(1, len(points)),
         "before": evals["before"], "after": evals["after"], "curve": points,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -246,7 +247,8 @@ class _Tail:
     """Prints one line per update of a run's metrics file while it trains (progress for a log file)."""
 
     def __init__(self, path: Path, total: int) -> None:
-        self.path, self.total, self.seen = path, total, 0
+        self.path, self.total = path, total
+        self.offset = path.stat().st_size if path.is_file() else 0  # a resumed run's earlier lines were shown
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -258,8 +260,12 @@ class _Tail:
     def _read(self) -> None:
         if not self.path.is_file():
             return
-        lines = self.path.read_text().splitlines()
-        for line in lines[self.seen:]:
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            appended = f.read()
+        complete = appended[: appended.rfind(b"\n") + 1]  # a line still being written waits
+        self.offset += len(complete)
+        for line in complete.decode().splitlines():
             r = json.loads(line)
             if r["kind"] == "update":
                 ach = _num(r.get("progression")) * ACHIEVEMENTS
@@ -270,7 +276,6 @@ class _Tail:
                       f"{r['rollout_s']:.0f}+{r['update_s']:.0f} s", flush=True)
             else:
                 print(f"  {r['kind']} at update {r['update']} ({r['elapsed_s']:.0f} s)", flush=True)
-        self.seen = len(lines)
 
     def stop(self) -> None:
         self._stop.set()
@@ -316,13 +321,12 @@ def _across(values: list[float]) -> str:
 
 def table(results_dir: Path) -> str:
     """The ablation table (``table.md``) and ``curves.png`` from every result file in ``results_dir``."""
-    out = results_dir
     results: dict[str, list[dict]] = {}
-    for path in sorted(out.glob("*/seed*.json")):
+    for path in sorted(results_dir.glob("*/seed*.json")):
         r = json.loads(path.read_text())
         results.setdefault(r["row"], []).append(r)
     lines = []
-    random_path = out / "random.json"
+    random_path = results_dir / "random.json"
     if random_path.is_file():
         r = json.loads(random_path.read_text())["random"]
         lines.append(f"Random valid actions: achievements {_fmt(r, 'achievements')}, return {_fmt(r, 'return')}, "
@@ -347,8 +351,8 @@ def table(results_dir: Path) -> str:
                      f"length {before['length']:.0f}.")
     lines.append("\nOne seed: ± is the s.e. over the 64 held-out worlds; several seeds: the s.e. across seeds.")
     text = "\n".join(lines) + "\n"
-    (out / "table.md").write_text(text)
-    _plot(results, out / "curves.png", json.loads(random_path.read_text())["random"] if random_path.is_file() else None)
+    (results_dir / "table.md").write_text(text)
+    _plot(results, results_dir / "curves.png", json.loads(random_path.read_text())["random"] if random_path.is_file() else None)
     return text
 
 
