@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from verlog.backends.embedded import EmbeddedEngine
+from verlog.config import REWARD_MAX_ABS
 from verlog.serve import OpenAIServer
 from verlog.serve.openai_server import UnservableModelError
 from verlog.traces import TraceRecorder, open_store
-from verlog.traces.records import MAX_REWARD
 
 openai = pytest.importorskip("openai")
 
@@ -108,7 +108,7 @@ BAD_FEEDBACK = [
     ('{"episode_id": "e1", "reward": -1e309}', "reward"),
     ({"episode_id": "e1", "reward": int("9" * 400)}, "reward"),             # no float holds it
     ({"episode_id": "e1", "reward": -(10 ** 400)}, "reward"),
-    ({"episode_id": "e1", "reward": MAX_REWARD * 10}, "reward"),
+    ({"episode_id": "e1", "reward": REWARD_MAX_ABS * 10}, "reward"),
     ({"episode_id": "e1", "reward": "1.0"}, "reward"),
     ({"episode_id": "e1", "reward": True}, "reward"),
     ({"episode_id": "e1", "reward": [1]}, "reward"),
@@ -134,12 +134,12 @@ async def test_bad_feedback_is_a_400_naming_the_field_and_changes_nothing(engine
                 async with session.post(url, data=raw, headers={"Authorization": "Bearer k",
                                                                 "Content-Type": "application/json"}) as r:
                     assert r.status == 400
-            assert (await _post(session, url, {"episode_id": "e1", "reward": -MAX_REWARD}, "k"))[0] == 200
+            assert (await _post(session, url, {"episode_id": "e1", "reward": -REWARD_MAX_ABS}, "k"))[0] == 200
             status, answer = await _post(session, f"{server.base_url}/chat/completions",  # a chat's episode too
                                          {"model": "tiny", "messages": HI, "max_tokens": 2, "user": "a\x00b"}, "k")
             assert status == 400 and answer["error"]["param"] == "user"
         assert not any(code >= 500 for code in server.responses), server.responses
-    assert recorder.store.episode("e1").reward == -MAX_REWARD
+    assert recorder.store.episode("e1").reward == -REWARD_MAX_ABS
     with pytest.raises(ValueError, match="reward must be a finite number"):
         recorder.store.add_feedback("e1", float("nan"))  # the Python call holds the same rule
 

@@ -61,7 +61,10 @@ def _keyword_mapping(value: Any, what: str, example: str) -> dict[str, Any]:
 
 #: the function verl's ``custom_reward_function`` names when its ``name`` is not given
 VERL_REWARD_FUNCTION_NAME = "compute_score"
-#: without ``reward.clip``, a reward component beyond +-this fails its episode (``reward.max_abs``)
+#: the largest reward magnitude taken as a training signal (a reward is on the scale of an episode's
+#: return; one of 1e300 would swamp every advantage it is whitened with): without ``reward.clip``, a
+#: reward component beyond +-this fails its episode (``reward.max_abs``'s default), and feedback
+#: beyond it is refused (``verlog.traces.records.check_reward``)
 REWARD_MAX_ABS = 1e6
 
 #: keys of LangChain's RunnableConfig that a graph run accepts

@@ -119,7 +119,7 @@ class RewardFunction:
         """Refuse, before any episode, an argument that nothing will provide (``ConfigError``)."""
         columns = list(columns)
         known = set(TRAJECTORY_FIELDS) | set(columns) | set(self.config.kwargs)
-        known |= {"data_source", "solution_str", "extra_info"}
+        known |= set(VERL_FIELDS) - {"ground_truth"}  # always given; ground_truth only with the rows' column
         if VERL_REWARD_MODEL_COLUMN in columns:
             known.add("ground_truth")
         missing = [name for name in self.required if name not in known]

@@ -254,7 +254,7 @@ class FeedbackRequest(_Strict):
     """``POST /v1/feedback``: a reward (and success, info) for an episode, or for one of its turns."""
 
     episode_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00]*$")
-    #: finite, within ``±MAX_REWARD`` (checked by :func:`parse_feedback` before this model sees it)
+    #: finite, within ``±REWARD_MAX_ABS`` (checked by :func:`parse_feedback` before this model sees it)
     reward: float | None = None
     success: bool | None = None
     info: dict[str, Any] | None = None

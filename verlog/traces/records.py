@@ -9,6 +9,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from verlog.config import REWARD_MAX_ABS  # feedback's bound is the reward functions' (one rule for a reward's size)
+
 #: what a recorded turn keeps besides its token ids: ``full`` also the request's messages and the
 #: answer's text; ``ids_only`` keeps no text at all (prompt and answer as token ids only)
 PrivacyMode = Literal["full", "ids_only"]
@@ -20,9 +22,6 @@ EPISODE_HEADER = "X-Verlog-Episode"
 #: the response header naming the model version (checkpoint id) that produced the answer
 VERSION_HEADER = "X-Verlog-Model-Version"
 
-#: the largest reward feedback may attach (in absolute value): a reward is a training signal on
-#: the scale of an episode's return, and one of 1e300 would swamp every advantage it is whitened with
-MAX_REWARD = 1e6
 
 #: a served version that is a training checkpoint: ``RUN/update_NNNNNN`` (see
 #: ``verlog.weights.policy.PolicySource.version``)
@@ -30,20 +29,20 @@ _CHECKPOINT_VERSION = re.compile(r"^(?P<run>.+)/update_(?P<update>\d+)$")
 
 
 def check_reward(value: object, field_name: str = "reward") -> float:
-    """``value`` as a reward: a finite number within ``±MAX_REWARD``; else a one-line
+    """``value`` as a reward: a finite number within ``±REWARD_MAX_ABS``; else a one-line
     ``ValueError`` naming ``field_name``. Integers of any size are refused past the bound, never
     converted first (a 400-digit integer does not fit a float)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{field_name} must be a number, got {value!r:.80}")
     if isinstance(value, int):
-        if abs(value) > MAX_REWARD:
-            raise ValueError(f"{field_name} must be within ±{MAX_REWARD:g}, got an integer of {len(str(abs(value)))} "
+        if abs(value) > REWARD_MAX_ABS:
+            raise ValueError(f"{field_name} must be within ±{REWARD_MAX_ABS:g}, got an integer of {len(str(abs(value)))} "
                              "digits")
         return float(value)
     if not math.isfinite(value):
         raise ValueError(f"{field_name} must be a finite number, got {value!r}")
-    if abs(value) > MAX_REWARD:
-        raise ValueError(f"{field_name} must be within ±{MAX_REWARD:g}, got {value!r}")
+    if abs(value) > REWARD_MAX_ABS:
+        raise ValueError(f"{field_name} must be within ±{REWARD_MAX_ABS:g}, got {value!r}")
     return float(value)
 
 
