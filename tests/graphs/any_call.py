@@ -111,7 +111,10 @@ def build_graph(model, styles: Any = STYLES, max_delay: float = 0.0, late_s: flo
     if unknown:
         raise ValueError(f"unknown styles {sorted(unknown)}; known: {list(STYLES + BLOCKING)}")
     policy = model.bind(max_tokens=max_tokens)
-    structured = model.bind(max_tokens=24).with_structured_output(Choice)
+    # a budget no answer can run out of (6 characters, each at worst a \\uXXXX escape, and the call's
+    # JSON around them): set on a copy of the model, since ``with_structured_output`` keeps no ``bind``
+    # arguments (LangChain's RunnableBinding forwards the method to the bare model)
+    structured = model.model_copy(update={"max_tokens": 64}).with_structured_output(Choice)
     judge_model = model.bind(max_tokens=max_tokens).with_config(tags=[NO_TRAIN_TAG])
     handler = CountCalls()
 
