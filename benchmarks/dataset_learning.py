@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import sys
 import time
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from verlog.config import load_config  # noqa: E402
+from verlog.evaluation.results import difference  # noqa: E402
 from verlog.train import train  # noqa: E402
 
 #: the recipe: what a 135M model on 2 CPU cores can afford (see docs/train_your_agent.md)
@@ -66,13 +66,6 @@ RECIPE = {
 }
 
 
-def difference(before: dict, after: dict) -> tuple[float, float]:
-    """After minus before, and that in standard errors of the difference (independent samples)."""
-    diff = after["win_rate"] - before["win_rate"]
-    se = math.sqrt(before["win_rate_se"] ** 2 + after["win_rate_se"] ** 2)
-    return diff, (diff / se if se > 0 else float("inf") if diff > 0 else 0.0)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=24)
@@ -98,7 +91,7 @@ def main() -> None:
     wall = time.perf_counter() - started
     eval_json = json.loads((run_dir / "eval.json").read_text())
     before, after = eval_json["before"][0], eval_json["after"][0]
-    diff, in_se = difference(before, after)
+    diff, _, in_se = difference((after["win_rate"], after["win_rate_se"]), (before["win_rate"], before["win_rate_se"]))
     updates = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     updates = [u for u in updates if u.get("kind", "update") == "update" and "update_s" in u]
     report = {

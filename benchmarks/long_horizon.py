@@ -36,16 +36,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from sittings import MetricsTail, Sittings, commit, metric_records, num, timed, training_wall  # noqa: E402
 
 from verlog.config import load_config  # noqa: E402
 from verlog.evaluation.results import PROGRESSION_SCALE, mean_se  # noqa: E402
@@ -90,54 +91,12 @@ ROW_NAMES = {
 }
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-class LoadSampler:
-    """The machine's 1-minute load average, sampled every ``every_s`` seconds while a run goes on."""
-
-    def __init__(self, every_s: float = 30.0, on_sample: Any = None) -> None:
-        self.samples: list[float] = [os.getloadavg()[0]]
-        self._on_sample = on_sample
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(every_s,), daemon=True)
-        self._thread.start()
-
-    def _loop(self, every_s: float) -> None:
-        while not self._stop.wait(every_s):
-            self.samples.append(os.getloadavg()[0])
-            if self._on_sample is not None:
-                self._on_sample(self.summary())
-
-    def summary(self) -> dict[str, float]:
-        return {"mean": sum(self.samples) / len(self.samples), "max": max(self.samples), "samples": len(self.samples)}
-
-    def stop(self) -> dict[str, float]:
-        self._stop.set()
-        return self.summary()
-
-
 def scores(task: dict[str, Any]) -> dict[str, float]:
     """An evaluation's figures: achievements per episode, return and length (mean ± s.e.)."""
     scale = ACHIEVEMENTS / PROGRESSION_SCALE
     return {"episodes": task["episodes"], "achievements": task["progression"] * scale,
             "achievements_se": task["progression_se"] * scale, "return": task["return_mean"],
             "return_se": task["return_se"], "length": task["length_mean"]}
-
-
-def _num(value: Any) -> float:
-    """A figure of ``metrics.jsonl`` (where NaN is written as null)."""
-    return float("nan") if value is None else float(value)
-
-
-def metric_records(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of a run's ``metrics.jsonl`` (every sitting's, in order)."""
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def curve(records: list[dict[str, Any]], batch_turns: int, warmup_steps: int) -> list[dict[str, float]]:
@@ -147,38 +106,20 @@ def curve(records: list[dict[str, Any]], batch_turns: int, warmup_steps: int) ->
         if r["kind"] != "update" or not r.get("episodes"):
             continue
         points.append({"update": r["update"], "env_steps": warmup_steps + r["update"] * batch_turns,
-                       "achievements": _num(r.get("progression")) * ACHIEVEMENTS,
-                       "return": _num(r["episode_return"]), "length": _num(r["episode_length"]),
-                       "invalid": _num(r.get("invalid_action_rate")), "elapsed_s": r["elapsed_s"],
+                       "achievements": num(r.get("progression")) * ACHIEVEMENTS,
+                       "return": num(r["episode_return"]), "length": num(r["episode_length"]),
+                       "invalid": num(r.get("invalid_action_rate")), "elapsed_s": r["elapsed_s"],
                        "seconds": r["rollout_s"] + r["update_s"]})
     return points
-
-
-def _timed(records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
-    """Each record with the wall seconds since the one before it in the same sitting (a resumed
-    sitting's ``elapsed_s`` clock starts again from 0)."""
-    out, last = [], 0.0
-    for r in records:
-        if r["elapsed_s"] < last:  # a new sitting
-            last = 0.0
-        out.append((r, r["elapsed_s"] - last))
-        last = r["elapsed_s"]
-    return out
 
 
 def evaluations(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's evaluation before training (update 0) and its last one, from ``metrics.jsonl`` (which
     a resumed run appends to), and the seconds they took."""
-    evals = [(r, seconds) for r, seconds in _timed(records) if r["kind"] == "eval"]
+    evals = [(r, seconds) for r, seconds in timed(records) if r["kind"] == "eval"]
     before = next((scores(r["tasks"][0]) for r, _ in evals if r["update"] == 0), None)
     after = next((scores(r["tasks"][0]) for r, _ in reversed(evals) if r["update"] > 0), None)
     return {"before": before, "after": after, "seconds": sum(seconds for _, seconds in evals)}
-
-
-def training_wall(records: list[dict[str, Any]]) -> float:
-    """Wall seconds of training alone (critic pre-training and updates, evaluations left out), summed
-    over the sittings, from the ``elapsed_s`` stamps of ``metrics.jsonl``."""
-    return sum(seconds for r, seconds in _timed(records) if r["kind"] in ("update", "critic_warmup"))
 
 
 def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: bool, threads: int | None,
@@ -205,33 +146,20 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
     print(f"row {row} ({ROW_NAMES[row]}), seed {seed}: {updates} updates x {batch_turns} turns "
           f"+ {warmup_steps} warm-up steps = {warmup_steps + updates * batch_turns} environment steps"
           f"{' (resuming)' if resume else ''}", flush=True)
-    watcher = _Tail(run_dir / "metrics.jsonl", updates)
-    # a run may take several sittings (killed, then resumed): each one's wall time and load, kept up
-    # to date while it runs so that a killed sitting keeps its record
-    sittings_path = run_dir / "sittings.json"
-    earlier = json.loads(sittings_path.read_text()) if sittings_path.is_file() else []
-    clock, commit, started = time.strftime("%Y-%m-%d %H:%M:%S"), _commit(), time.perf_counter()
-
-    def record(load: dict[str, float]) -> None:
-        sitting = {"started": clock, "wall_s": time.perf_counter() - started, "load": load, "commit": commit}
-        run_dir.mkdir(parents=True, exist_ok=True)
-        sittings_path.write_text(json.dumps([*earlier, sitting], indent=1))
-
-    load = LoadSampler(on_sample=record)
+    watcher = MetricsTail(run_dir / "metrics.jsonl", _progress_line(updates))
+    sitting = Sittings(run_dir)  # a run may take several sittings (killed, then resumed)
     train(config, resume=resume, console=Console(quiet=True))
     watcher.stop()
-    record(load.stop())
-    sittings = json.loads(sittings_path.read_text())
+    sittings = sitting.close()
     records = metric_records(run_dir)
     points = curve(records, batch_turns, warmup_steps)
     evals = evaluations(records)
     wall = sum(s["wall_s"] for s in sittings)
     summary = {
-        "row": row, "name": ROW_NAMES[row], "seed": seed, "commit": _commit(), "overrides": overrides,
+        "row": row, "name": ROW_NAMES[row], "seed": seed, "commit": commit(), "overrides": overrides,
         "env_steps": warmup_steps + updates * batch_turns, "updates": updates, "batch_turns": batch_turns,
         "wall_s": wall, "train_s": sum(p["seconds"] for p in points), "sittings": sittings,
-        "load": {"mean": sum(s["load"]["mean"] * s["wall_s"] for s in sittings) / max(wall, 1e-9),
-                 "max": max(s["load"]["max"] for s in sittings), "samples": sum(s["load"]["samples"] for s in sittings)},
+        "load": Sittings.load_of(sittings),
         "training_wall_s": training_wall(records),
         "eval_s": evals["seconds"], "seconds_per_update": sum(p["seconds"] for p in points) / max(1, len(points)),
         "before": evals["before"], "after": evals["after"], "curve": points,
@@ -243,43 +171,17 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
     return summary
 
 
-class _Tail:
-    """Prints one line per update of a run's metrics file while it trains (progress for a log file)."""
-
-    def __init__(self, path: Path, total: int) -> None:
-        self.path, self.total = path, total
-        self.offset = path.stat().st_size if path.is_file() else 0  # a resumed run's earlier lines were shown
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(5.0):
-            self._read()
-
-    def _read(self) -> None:
-        if not self.path.is_file():
-            return
-        with self.path.open("rb") as f:
-            f.seek(self.offset)
-            appended = f.read()
-        complete = appended[: appended.rfind(b"\n") + 1]  # a line still being written waits
-        self.offset += len(complete)
-        for line in complete.decode().splitlines():
-            r = json.loads(line)
-            if r["kind"] == "update":
-                ach = _num(r.get("progression")) * ACHIEVEMENTS
-                print(f"  update {r['update']}/{self.total}: {r['episodes']:.0f} episodes ended, "
-                      f"achievements {ach:.2f}, return {_num(r['episode_return']):.2f}, "
-                      f"length {_num(r['episode_length']):.0f}, invalid {_num(r['invalid_action_rate']):.2f}, "
-                      f"v_loss {_num(r['value_loss']):.3f}, "
-                      f"{r['rollout_s']:.0f}+{r['update_s']:.0f} s", flush=True)
-            else:
-                print(f"  {r['kind']} at update {r['update']} ({r['elapsed_s']:.0f} s)", flush=True)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._read()
+def _progress_line(total: int) -> Any:
+    """How a record of ``metrics.jsonl`` is shown while a row trains."""
+    def line_of(r: dict[str, Any]) -> str:
+        if r["kind"] != "update":
+            return f"  {r['kind']} at update {r['update']} ({r['elapsed_s']:.0f} s)"
+        ach = num(r.get("progression")) * ACHIEVEMENTS
+        return (f"  update {r['update']}/{total}: {r['episodes']:.0f} episodes ended, "
+                f"achievements {ach:.2f}, return {num(r['episode_return']):.2f}, "
+                f"length {num(r['episode_length']):.0f}, invalid {num(r['invalid_action_rate']):.2f}, "
+                f"v_loss {num(r['value_loss']):.3f}, {r['rollout_s']:.0f}+{r['update_s']:.0f} s")
+    return line_of
 
 
 def _fmt(d: dict[str, float] | None, key: str) -> str:
@@ -303,7 +205,7 @@ def random_baseline(results: Path, extra: list[str] | None = None) -> dict:
     config = load_config(CONFIG, extra or [])
     started = time.perf_counter()
     task = asyncio.run(evaluate_random(config, seed=0))[0].as_dict()
-    summary = {"random": scores(task), "seconds": time.perf_counter() - started, "commit": _commit()}
+    summary = {"random": scores(task), "seconds": time.perf_counter() - started, "commit": commit()}
     results.mkdir(parents=True, exist_ok=True)
     (results / "random.json").write_text(json.dumps(summary, indent=1))
     r = summary["random"]

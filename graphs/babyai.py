@@ -26,6 +26,7 @@ def build_graph(model, task: str = "goto", protocol: str = "verlog", **settings:
     """The BabyAI agent for ``task`` (see ``TASKS``); ``settings``: ``history_turns``,
     ``max_tokens``, ``max_steps``, ``invalid_action_penalty``, ``layout``, ``default_action``,
     ``instruction`` (a text instead of the game's instruction, ``{mission}`` the level's mission),
+    ``constrain_answers`` (each answer held to an action name by the engine),
     ``balrog_source`` (your BALROG checkout, whose wording ``protocol="balrog"`` then uses; default
     ``$VERLOG_BALROG``)."""
     if task not in TASKS:

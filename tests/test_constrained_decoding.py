@@ -216,7 +216,47 @@ def tool_schemas_of(*tools) -> list[dict]:
     return tool_schemas(tools)
 
 
+async def test_an_extra_body_regex_holds_every_answer(chat, engine):
+    """``bind(extra_body={"regex": ...})`` (SGLang's field) holds the answer to the pattern for every
+    seed; its turns say so; a key of another dialect, a regex with a JSON format or with a forced
+    tool call, and a pattern that does not compile are refused, not dropped."""
+    words = ("turn left", "turn right", "go forward")
+    bound = chat.bind(extra_body={"regex": "(turn left|turn right|go forward)"}, max_tokens=12)
+    answers = await asyncio.gather(*[bound.ainvoke("Which way?", seed=s) for s in SEEDS])
+    assert all(a.content in words for a in answers), [a.content for a in answers]
+    assert all(a.response_metadata["sampling"]["constraint"] == "regex" for a in answers)
+    assert all(a.response_metadata["finish_reason"] == "stop" for a in answers)
+    plain = await chat.bind(max_tokens=12).ainvoke("Which way?", seed=0)
+    assert plain.response_metadata["sampling"].get("constraint") is None
+    with pytest.raises(ValueError, match=r"unsupported extra_body keys \['guided_regex'\]; accepted: \['regex'\]"):
+        await chat.bind(extra_body={"guided_regex": "a"}).ainvoke("?")
+    with pytest.raises(ValueError, match="cannot be combined"):
+        await chat.bind(extra_body={"regex": "a"}, response_format={"type": "json_object"}).ainvoke("?")
+    with pytest.raises(ValueError, match="extra_body regex and a forced tool_choice cannot be combined"):
+        await chat.bind_tools([get_time], tool_choice="get_time").bind(extra_body={"regex": "a"}).ainvoke("?")
+    with pytest.raises(InvalidConstraintError, match="invalid regex constraint"):
+        await chat.bind(extra_body={"regex": "(unclosed"}).ainvoke("?")
+
+
 # ------------------------------------------------------------------------------ serve-model
+async def test_serve_model_takes_sglangs_regex_field_from_chat_openai(engine, tiny_tokenizer):
+    """The same binding on LangChain's ``ChatOpenAI`` sends ``regex`` in the body, as SGLang's server
+    reads it: ``verlog serve-model`` holds the answer to it, and refuses a bad pattern naming the field."""
+    openai = pytest.importorskip("openai")
+    langchain_openai = pytest.importorskip("langchain_openai")
+    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as server:
+        model = langchain_openai.ChatOpenAI(base_url=server.base_url, api_key="unused", model="tiny", max_tokens=12,
+                                            max_retries=0)
+        answers = await asyncio.gather(*[model.bind(extra_body={"regex": "(yes|no)"}, seed=s).ainvoke("Agree?")
+                                         for s in SEEDS])
+        assert {a.content for a in answers} <= {"yes", "no"}
+        oai = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as err:
+            await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "?"}],
+                                              extra_body={"regex": "(unclosed"})
+        assert err.value.body["param"] == "regex" and "invalid regex" in err.value.body["message"]
+
+
 async def test_serve_model_forced_tool_calls_with_the_openai_client(engine, tiny_tokenizer):
     openai = pytest.importorskip("openai")
     tools = [{"type": "function", "function": s["function"]} for s in tool_schemas_of(Weather, get_time)]

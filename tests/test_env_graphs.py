@@ -121,3 +121,32 @@ def test_unknown_task_names_the_valid_ones():
     graph_file = load_graph_file(ROOT / "graphs" / "babyai.py")
     with pytest.raises(ValueError, match="valid: goto, pickup, pick_up_seq_go_to, open"):
         graph_file.build(model=None, task="fly")
+
+
+@pytest.mark.parametrize("protocol", ["verlog", "balrog"])
+async def test_constrained_answers_are_always_an_action(tiny_model, tiny_tokenizer, protocol):
+    """``constrain_answers``: the random tiny model, whose free answers are noise, names a valid
+    action at every step of every game (the engine holds it to the game's action names), under
+    both protocols; its turns record the regex constraint."""
+    import asyncio
+
+    from verlog.backends.embedded import EmbeddedEngine
+    from verlog.envs.babyai.env import BabyAITextEnv
+
+    engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
+    try:
+        graph_file = load_graph_file(ROOT / "graphs" / "babyai.py")
+        model = VerlogChatModel(engine=engine, tokenizer=tiny_tokenizer, max_tokens=16)
+        graph = graph_file.build(model, task="goto", protocol=protocol, max_steps=6, constrain_answers=True,
+                                 history_turns=0)
+        episodes = await asyncio.gather(*[run_episode(graph, graph_file.episode_input(seed),
+                                                      graph_config={"recursion_limit": recursion_limit_for(6)})
+                                          for seed in range(4)])
+    finally:
+        engine.close()
+    actions = BabyAITextEnv("goto").actions
+    turns = [t for e in episodes for t in e.turns]
+    assert all(e.status == "ok" for e in episodes) and len(turns) >= 4
+    assert all(tiny_tokenizer.decode(t.response_ids, skip_special_tokens=True) in actions for t in turns)
+    assert all(t.info["valid_action"] for t in turns if "valid_action" in t.info)
+    assert all(t.reward >= 0 for t in turns)  # no invalid-answer penalty was paid

@@ -37,10 +37,11 @@ import asyncio
 import hashlib
 import os
 import random
+import re
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
@@ -162,6 +163,7 @@ def build_env_graph(
     protocol: str = "verlog",
     instruction: str | None = None,
     balrog_source: str | os.PathLike | Mapping[str, Any] | None = None,
+    constrain_answers: bool = False,
 ):
     """A compiled graph playing ``env_name`` with ``model``.
 
@@ -178,6 +180,11 @@ def build_env_graph(
             package folder, or ``{path, sha256}`` to insist on exact files; default
             ``$VERLOG_BALROG``): its instructions, answer rule, invalid-answer note and TextWorld
             games are used verbatim. Without one, the wording is verlog's.
+        constrain_answers: each answer is held to one of the actions valid at that step (the
+            policy call is bound to ``extra_body={"regex": ...}``, SGLang's constraint field, which
+            verlog's engines and ``verlog serve-model`` enforce by token masking): a model that
+            does not yet know the format plays from the first step. Off by default; a model
+            behind an API that knows no ``regex`` field must leave it off.
     """
     check_protocol(protocol)
     balrog = protocol == "balrog"
@@ -256,7 +263,10 @@ def build_env_graph(
         return {"prompt": prompt_of(state)}
 
     async def policy(state: GameState) -> dict:
-        answer = await policy_model.ainvoke(state["prompt"])
+        model_now = policy_model
+        if constrain_answers:
+            model_now = policy_model.bind(extra_body={"regex": answer_pattern((await game_of(state)).valid_actions())})
+        answer = await model_now.ainvoke(state["prompt"])
         return {"answer": answer.content if isinstance(answer.content, str) else str(answer.content)}
 
     async def environment(state: GameState) -> dict:
@@ -349,6 +359,17 @@ class GameTable:
             entry[0].close()
 
 
+_REGEX_META = re.compile(r"[\\.^$|?*+()\[\]{}]")
+
+
+def answer_pattern(actions: Sequence[str]) -> str:
+    """A regular expression matched exactly by the action names ``actions``."""
+    if not actions:
+        raise ValueError("no valid actions to constrain an answer to")
+    # only the metacharacters escaped: engines read the pattern with different regex dialects
+    return "(" + "|".join(_REGEX_META.sub(r"\\\g<0>", a) for a in actions) + ")"
+
+
 def recursion_limit_for(max_steps: int) -> int:
     """A recursion limit that lets an episode of ``max_steps`` steps finish (3 nodes per step)."""
     return 3 * max_steps + 10
@@ -380,6 +401,7 @@ def build_game_graph(
     invalid_action_penalty: float | None = None,
     instruction: str | None = None,
     balrog_source: str | os.PathLike | Mapping[str, Any] | None = None,
+    constrain_answers: bool = False,
     **env_kwargs: Any,
 ):
     """:func:`build_env_graph` with the protocol's defaults: verlog's (one past exchange, the
@@ -398,5 +420,5 @@ def build_game_graph(
     return build_env_graph(
         model, env_name, history_turns=history_turns, max_tokens=max_tokens,  # type: ignore[arg-type]
         env_kwargs={k: v for k, v in kwargs.items() if v is not None}, protocol=protocol,
-        instruction=instruction, balrog_source=balrog_source,
+        instruction=instruction, balrog_source=balrog_source, constrain_answers=constrain_answers,
     )

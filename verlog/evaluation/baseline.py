@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import random
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ from pydantic import Field, PrivateAttr
 from rich.console import Console
 from rich.table import Table
 
-from verlog.evaluation.results import TaskResult, summarize
+from verlog.evaluation.results import TaskResult, difference, summarize
 from verlog.evaluation.runner import EvalError, episode_seeds, play_tasks
 from verlog.evaluation.tasks import EvalTask, config_tasks
 
@@ -87,9 +86,8 @@ async def evaluate_random(config: Any, *, seed: int = 0) -> list[TaskResult]:
 
 def _gain(a: dict[str, Any], b: dict[str, Any] | TaskResult) -> str:
     b = b.as_dict() if isinstance(b, TaskResult) else b
-    diff = a["win_rate"] - b["win_rate"]
-    se = math.sqrt(a["win_rate_se"] ** 2 + b["win_rate_se"] ** 2)
-    return f"{diff:+.2f} ({diff / se:+.1f} s.e.)" if se > 0 else f"{diff:+.2f}"
+    diff, se, in_se = difference((a["win_rate"], a["win_rate_se"]), (b["win_rate"], b["win_rate_se"]))
+    return f"{diff:+.2f} ({in_se:+.1f} s.e.)" if se > 0 else f"{diff:+.2f}"
 
 
 def comparison_table(task: str, random_result: TaskResult, before: dict[str, Any] | None,

@@ -45,6 +45,15 @@ def mean_of_means(parts: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return sum(m for m, _ in parts) / k, math.sqrt(sum(se * se for _, se in parts)) / k
 
 
+def difference(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float, float]:
+    """``a - b`` of two independent ``(mean, se)`` estimates: the difference, its standard error
+    ``sqrt(se_a^2 + se_b^2)``, and the difference in those standard errors (``inf``/``-inf``/0 when
+    the standard error is 0)."""
+    diff, se = a[0] - b[0], math.sqrt(a[1] ** 2 + b[1] ** 2)
+    in_se = diff / se if se > 0 else math.copysign(math.inf, diff) if diff else 0.0
+    return diff, se, in_se
+
+
 @dataclass
 class EpisodeRecord:
     """One evaluated episode, as written to ``episodes.jsonl``.

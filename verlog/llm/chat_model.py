@@ -27,7 +27,9 @@ constraints (the embedded one) the rest of the call is held to the tools' schema
 mask, and ``response_format`` (OpenAI's ``json_schema`` / ``json_object``, bound with
 ``bind(response_format=...)``) holds the answer to a JSON schema: see :mod:`verlog.llm.constrained`.
 ``with_structured_output`` supports the methods ``function_calling`` (the default),
-``json_schema`` and ``json_mode``. A constrained answer's logprobs are those of the masked
+``json_schema`` and ``json_mode``. ``bind(extra_body={"regex": pattern})`` holds the answer to a
+regular expression, as SGLang's OpenAI server reads that ``extra_body`` (so the same graph code
+constrains a ``ChatOpenAI`` pointed at SGLang). A constrained answer's logprobs are those of the masked
 distribution it was sampled from (``response_metadata["sampling"]["constraint"]`` names the
 constraint's kind); an unconstrained call is never masked.
 """
@@ -52,7 +54,12 @@ from langchain_core.tools import BaseTool
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from verlog.backends.base import Constraint, Engine, Generation, SamplingParams, check_sync_call, run_sync
-from verlog.llm.constrained import forced_tool_call, response_format_constraint, structured_output
+from verlog.llm.constrained import (
+    extra_body_constraint,
+    forced_tool_call,
+    response_format_constraint,
+    structured_output,
+)
 from verlog.llm.metadata import SamplingMetadata, TokenMetadata
 from verlog.llm.prompt import PromptRenderer
 from verlog.llm.streaming import TextReleaser, last_chunk
@@ -84,6 +91,8 @@ def _engine_call(run_id: UUID | None) -> Iterator[None]:
         _ENGINE_CALL_RUN.reset(token)
 
 _SAMPLING_KWARGS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop_token_ids")
+#: call options that shape the answer rather than the sampling (``extra_body``: SGLang's ``regex``)
+_CALL_KWARGS = ("tools", "tool_choice", "response_format", "extra_body")
 
 
 @dataclass(frozen=True)
@@ -225,23 +234,28 @@ class VerlogChatModel(BaseChatModel):
 
     def plan_call(
         self, messages: Sequence[BaseMessage], tools: list[dict] | None = None, tool_choice: Any = None,
-        response_format: Any = None,
+        response_format: Any = None, extra_body: Any = None,
     ) -> CallPlan:
         """The prompt ids, prefill and constraint of a call (see :class:`CallPlan`).
 
-        A forced tool call (``tool_choice`` "required"/"any"/a name) and a JSON ``response_format``
-        are constrained when the engine enforces constraints; a ``response_format`` on an engine
-        that cannot, or together with a forced tool call, raises ``ValueError``."""
+        A forced tool call (``tool_choice`` "required"/"any"/a name), a JSON ``response_format``
+        and an ``extra_body`` regex (SGLang's ``{"regex": ...}``) are constrained when the engine
+        enforces constraints; a ``response_format`` or regex on an engine that cannot, or two of
+        them together, raise ``ValueError``."""
         choice = normalize_tool_choice(tool_choice, [t["function"]["name"] for t in tools or ()]) if tools else None
         if choice == "none":
             tools = None
-        wanted = response_format_constraint(response_format)
+        formats = [(name, c) for name, c in (("response_format", response_format_constraint(response_format)),
+                                            ("extra_body regex", extra_body_constraint(extra_body))) if c is not None]
+        wanted = formats[0][1] if formats else None
         if wanted is not None:
+            if len(formats) > 1:
+                raise ValueError("response_format and an extra_body regex cannot be combined: choose one")
             if choice is not None:
-                raise ValueError("response_format and a forced tool_choice cannot be combined: choose one")
+                raise ValueError(f"{formats[0][0]} and a forced tool_choice cannot be combined: choose one")
             if wanted.kind not in self.engine.constraint_kinds:
                 raise ValueError(
-                    f"response_format needs constrained decoding, which {type(self.engine).__name__} does not do "
+                    f"{formats[0][0]} needs constrained decoding, which {type(self.engine).__name__} does not do "
                     f"(it enforces: {', '.join(sorted(self.engine.constraint_kinds)) or 'no constraints'})"
                 )
         prompt_ids = self._renderer.render(messages, tools)
@@ -290,11 +304,11 @@ class VerlogChatModel(BaseChatModel):
 
     # ----------------------------------------------------------------- generation
     def _sampling(self, stop: list[str] | None, kwargs: dict[str, Any]) -> SamplingParams:
-        unknown = set(kwargs) - set(_SAMPLING_KWARGS) - {"tools", "tool_choice", "max_new_tokens", "response_format"}
+        unknown = set(kwargs) - set(_SAMPLING_KWARGS) - set(_CALL_KWARGS) - {"max_new_tokens"}
         if unknown:
             raise TypeError(
                 f"VerlogChatModel got unknown call options {sorted(unknown)}; "
-                f"allowed: {sorted(_SAMPLING_KWARGS + ('stop', 'tools', 'tool_choice', 'response_format'))}"
+                f"allowed: {sorted(_SAMPLING_KWARGS + ('stop',) + _CALL_KWARGS)}"
             )
         stops = stop if stop is not None else self.stop
         return SamplingParams(
@@ -313,7 +327,8 @@ class VerlogChatModel(BaseChatModel):
         """A call's prompt ids, sampling (with its constraint), forced prefix, and whether tools
         are offered."""
         sampling = self._sampling(stop, kwargs)
-        plan = self.plan_call(messages, kwargs.get("tools"), kwargs.get("tool_choice"), kwargs.get("response_format"))
+        plan = self.plan_call(messages, kwargs.get("tools"), kwargs.get("tool_choice"), kwargs.get("response_format"),
+                              kwargs.get("extra_body"))
         if plan.constraint is not None:
             sampling = dataclasses.replace(sampling, constraint=plan.constraint)
         return plan.prompt_ids, sampling, plan.prefix, plan.has_tools

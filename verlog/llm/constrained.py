@@ -185,6 +185,33 @@ def response_format_constraint(response_format: Any) -> Constraint | None:
     return Constraint.json_schema(schema)
 
 
+#: the keys of an OpenAI client's ``extra_body`` read as a constraint, named as SGLang's server
+#: names them (so a graph that binds one constrains a ``ChatOpenAI`` on SGLang the same way)
+EXTRA_BODY_CONSTRAINTS: tuple[str, ...] = ("regex",)
+
+
+def extra_body_constraint(extra_body: Any) -> Constraint | None:
+    """The constraint of an OpenAI client's ``extra_body``: ``{"regex": pattern}`` holds the whole
+    answer to a regular expression (e.g. one of a game's action names). A dict without
+    constraint keys is none; a key of another server's constraint dialect, or anything but a
+    dict, raises ``ValueError`` naming what is accepted (a constraint must never be dropped
+    silently)."""
+    if extra_body is None:
+        return None
+    if not isinstance(extra_body, dict):
+        raise ValueError(f"extra_body must be a dict, got {type(extra_body).__name__}")
+    unknown = set(extra_body) - set(EXTRA_BODY_CONSTRAINTS)
+    if unknown:
+        raise ValueError(f"unsupported extra_body keys {sorted(unknown)}; accepted: {list(EXTRA_BODY_CONSTRAINTS)} "
+                         "(SGLang's names; JSON formats go in response_format)")
+    pattern = extra_body.get("regex")
+    if pattern is None:
+        return None
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError(f"extra_body regex must be a non-empty string, got {pattern!r:.80}")
+    return Constraint("regex", pattern)
+
+
 def structured_output(
     model: Any, schema: dict[str, Any] | type, *, method: str = "function_calling", include_raw: bool = False,
     strict: bool | None = None,

@@ -7,8 +7,9 @@ refusal is an :class:`APIError` that the server answers in OpenAI's error JSON::
 
 A parameter that this server cannot honour (``n > 1``, penalties, ``logit_bias``,
 ``top_logprobs``) is refused with a 400 naming it rather than silently ignored. ``response_format``
-``json_schema`` / ``json_object`` is enforced by the engine's token mask (400 on an engine that
-cannot enforce it).
+``json_schema`` / ``json_object`` and ``regex`` (SGLang's field: the whole answer matches it; an
+OpenAI client sends it in ``extra_body``) are enforced by the engine's token mask (400 on an
+engine that cannot enforce them).
 
 Before any of that, :func:`decode_body` turns the raw body into JSON with bounds that make a
 hostile body cheap to refuse: no ``NaN``/``Infinity``, nesting at most :data:`MAX_JSON_DEPTH`
@@ -127,7 +128,8 @@ class ResponseFormat(_Strict):
 
 
 class ChatCompletionRequest(_Strict):
-    """``POST /v1/chat/completions``: OpenAI's fields, plus ``top_k`` (as vLLM and SGLang)."""
+    """``POST /v1/chat/completions``: OpenAI's fields, plus ``top_k`` (as vLLM and SGLang) and
+    SGLang's ``regex``."""
 
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
@@ -150,6 +152,7 @@ class ChatCompletionRequest(_Strict):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
+    regex: str | None = Field(default=None, min_length=1)  # SGLang's: the answer matches this regular expression
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None

@@ -535,7 +535,8 @@ class OpenAIServer(LocalServer):
                 try:
                     await asyncio.to_thread(self.engine.validate_constraint, sampling.constraint)
                 except EngineError as exc:
-                    raise APIError(400, str(exc), param="response_format" if req.response_format else "tools") from None
+                    param = "response_format" if req.response_format else "regex" if req.regex is not None else "tools"
+                    raise APIError(400, str(exc), param=param) from None
             episode = self._episode_of(request, req)
             async with self._admission.slot():
                 policy, started = self._policy, time.perf_counter()
@@ -585,11 +586,13 @@ class OpenAIServer(LocalServer):
         try:  # a forced tool call or a JSON response format is held to its schema by a token mask
             if self._prompt_bound is not None:  # a prompt surely too long is refused before it is tokenized whole
                 self._prompt_bound.check(self._renderer.render_text(messages, tools if choice != "none" else None))
-            plan = self.chat_model.plan_call(messages, tools, choice, response_format)
+            plan = self.chat_model.plan_call(messages, tools, choice, response_format,
+                                             {"regex": req.regex} if req.regex is not None else None)
         except APIError:
             raise
-        except ValueError as exc:  # tool_choice naming no offered tool, a response_format that cannot be had
-            raise APIError(400, str(exc), param="response_format" if response_format else "tool_choice") from None
+        except ValueError as exc:  # tool_choice naming no offered tool, a format that cannot be had
+            param = "response_format" if response_format else "regex" if req.regex is not None else "tool_choice"
+            raise APIError(400, str(exc), param=param) from None
         except Exception as exc:  # the chat template refused the conversation (jinja's errors)
             raise APIError(400, f"the model's chat template cannot render these messages: {exc}",
                            param="messages") from None

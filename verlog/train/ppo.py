@@ -8,6 +8,7 @@ losses themselves live in ``verlog.algo``.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -144,6 +145,7 @@ def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True,
     """
     algo, metrics = learner.algo, {}
     recorded = off_policy is not None and s.turn_weights is not None  # a batch with recorded turns
+    tick = time.perf_counter()
     if logprobs or s.old_logprobs is None:
         if algo.recompute_logprobs or recorded:
             s.old_logprobs = _policy_logprobs(learner.actor, s, learner)
@@ -158,8 +160,11 @@ def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True,
                 s.token_rewards, s.old_logprobs, ref_logprobs, s.response_mask, algo.kl_coef
             )
             metrics.update({f"ref_{k}": v for k, v in kl.items() if k != "kl_beta"})
+    metrics["logprob_s"] = time.perf_counter() - tick
     if learner.critic is not None:
+        tick = time.perf_counter()
         compute_values(learner.critic, s, learner)
+        metrics["value_s"] = time.perf_counter() - tick
     metrics |= s.compute_advantages(algo)  # the estimator of verlog.algo.estimators' registry
     if recorded:  # decoupled PPO against the behaviour policy that sampled them
         s.policy_mask = s.policy_mask & (s.turn_weights > 0).unsqueeze(1)  # turns the staleness rule drops
@@ -204,6 +209,7 @@ def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int
     train_critic = learner.critic is not None and s.returns is not None
     sums: dict[str, float] = defaultdict(float)
     weights: dict[str, float] = defaultdict(float)
+    seconds: dict[str, float] = defaultdict(float)  # each model's passes and steps, summed
 
     def record(values: dict[str, Any], weight: float) -> None:
         for key, value in values.items():
@@ -224,19 +230,23 @@ def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int
             # (Adam's momentum, weight decay)
             policy_weight = aggregation_weight(s.policy_mask[mini], algo.loss_aggregation) if update_actor else 0.0
             if policy_weight > 0:
+                tick = time.perf_counter()
                 for micro in groups:
                     share = aggregation_weight(s.policy_mask[micro], algo.loss_aggregation) / policy_weight
                     record(_actor_step(s, micro, learner, share), share)
                 norm = _step(learner.actor, learner.actor_optimizer, learner.actor_max_grad_norm, learner.actor_scaler)
                 record({"actor_grad_norm": norm}, 1.0)
+                seconds["actor_s"] += time.perf_counter() - tick
             if train_critic:
+                tick = time.perf_counter()
                 tokens = s.value_mask[mini].sum().clamp(min=1)
                 for micro in groups:
                     share = (s.value_mask[micro].sum() / tokens).item()
                     record(_critic_step(s, micro, learner, share), share)
                 norm = _step(learner.critic, learner.critic_optimizer, learner.critic_max_grad_norm, learner.critic_scaler)
                 record({"critic_grad_norm": norm}, 1.0)
-    return {key: sums[key] / weights[key] for key in sums if weights[key] > 0}
+                seconds["critic_s"] += time.perf_counter() - tick
+    return {key: sums[key] / weights[key] for key in sums if weights[key] > 0} | dict(seconds)
 
 
 def _actor_step(s: RolloutStorage, micro: list[int], learner: Learner, share: float) -> dict[str, float]:

@@ -1,0 +1,168 @@
+"""P5e: a pretrained LLM improved on a BALROG game on the CPU, and where an update's seconds go.
+
+SmolLM2-135M-Instruct (the offline ``smollm2``) plays BALROG's BabyAI "go to" through
+``graphs/babyai.py`` and trains with Verlog's recipe (``configs/babyai_smollm2.yaml``: PPO,
+dual-discount GAE, critic pre-training). The run evaluates the sampled policy on 128 held-out levels
+before and after training; random valid actions play the same levels. The result file
+(``benchmarks/results/pretrained_babyai/result.json``) holds the win rates (mean ± s.e.), the
+differences in standard errors, the seconds per update and where they went (rollout, logprob and
+value passes, actor and critic training), the wall times and the machine's load.
+
+    python benchmarks/pretrained_babyai.py run                  # train, evaluate, compare (resumes if killed)
+    python benchmarks/pretrained_babyai.py run --updates 20 --set actor.lr=2e-5
+    python benchmarks/pretrained_babyai.py show                 # the result file, as a table
+
+Scores count updates, never wall time; the wall time and the load are recorded beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from sittings import MetricsTail, Sittings, commit, metric_records, num, timed, training_wall  # noqa: E402
+
+from verlog.config import load_config  # noqa: E402
+from verlog.evaluation.results import difference  # noqa: E402
+
+CONFIG = ROOT / "configs" / "babyai_smollm2.yaml"
+OUT = ROOT / "runs" / "pretrained_babyai"
+RESULTS = ROOT / "benchmarks" / "results" / "pretrained_babyai"
+#: where an update's seconds go (``metrics.jsonl`` keys; ``update_s`` holds the last four)
+PHASES = ("rollout_s", "logprob_s", "value_s", "actor_s", "critic_s")
+
+
+def figures(task: dict[str, Any]) -> dict[str, float]:
+    """An evaluation's win rate (mean ± s.e.), return and length."""
+    return {"episodes": task["episodes"], "win_rate": task["win_rate"], "win_rate_se": task["win_rate_se"],
+            "return": task["return_mean"], "length": task["length_mean"]}
+
+
+def gap(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    """``a - b`` in win rate and in standard errors of the difference (independent samples)."""
+    diff, se, in_se = difference((a["win_rate"], a["win_rate_se"]), (b["win_rate"], b["win_rate_se"]))
+    return {"diff": diff, "se": se, "in_se": in_se}
+
+
+def profile(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean seconds per update, in all and per phase (what the update's keys do not name is
+    bookkeeping: advantages, copying, the optimizer's bookkeeping)."""
+    updates = [r for r in records if r["kind"] == "update"]
+    out = {key: sum(num(r.get(key, 0.0)) for r in updates) / max(1, len(updates)) for key in (*PHASES, "update_s")}
+    out["total_s"] = out["rollout_s"] + out["update_s"]
+    out["other_s"] = out["update_s"] - sum(out[k] for k in PHASES[1:])
+    out["turns_per_s"] = sum(num(r["turns_per_s"]) for r in updates) / max(1, len(updates))
+    return out
+
+
+def _line(total: int) -> Any:
+    def line_of(r: dict[str, Any]) -> str | None:
+        if r["kind"] != "update":
+            return f"  {r['kind']} {r['update']} ({r['elapsed_s']:.0f} s)"
+        parts = " ".join(f"{k[:-2]} {num(r.get(k, 0.0)):.0f}" for k in PHASES)
+        return (f"  update {r['update']}/{total}: win {num(r.get('win_rate')):.2f}, "
+                f"return {num(r.get('episode_return')):.2f}, len {num(r.get('episode_length')):.1f}, "
+                f"v_loss {num(r.get('value_loss')):.3f}, kl {num(r.get('approx_kl')):.4f}; s: {parts}")
+    return line_of
+
+
+def run(updates: int | None, out: Path, results: Path, extra: list[str]) -> dict[str, Any]:
+    """Train (or resume) the recipe, with the before/after evaluations; random valid actions on the
+    same levels; write the result file."""
+    from rich.console import Console
+
+    from verlog.evaluation.baseline import evaluate_random
+    from verlog.train import train
+
+    run_dir = out / "run"
+    overrides = [*( [f"trainer.total_updates={updates}"] if updates else []), *extra]
+    config = load_config(CONFIG, [f"trainer.run_dir={run_dir}", "wandb.mode=disabled", *overrides])
+    total = config.trainer.total_updates
+    resume = (run_dir / "metrics.jsonl").is_file()
+    print(f"SmolLM2-135M on BabyAI go to: {total} updates x {config.trainer.num_envs * config.trainer.turns_per_env} "
+          f"turns{' (resuming)' if resume else ''}", flush=True)
+    watcher = MetricsTail(run_dir / "metrics.jsonl", _line(total))
+    sitting = Sittings(run_dir)
+    train(config, resume=resume, console=Console(quiet=True))
+    watcher.stop()
+    sittings = sitting.close()
+    started = time.perf_counter()
+    random = figures(asyncio.run(evaluate_random(config, seed=0))[0].as_dict())
+    random_s = time.perf_counter() - started
+    records = metric_records(run_dir)
+    evals = [(r, seconds) for r, seconds in timed(records) if r["kind"] == "eval"]
+    before = next(figures(r["tasks"][0]) for r, _ in evals if r["update"] == 0)
+    after = next(figures(r["tasks"][0]) for r, _ in reversed(evals) if r["update"] > 0)
+    summary = {
+        "commit": commit(), "overrides": overrides, "updates": total,
+        "batch_turns": config.trainer.num_envs * config.trainer.turns_per_env,
+        "before": before, "after": after, "random": random,
+        "after_vs_before": gap(after, before), "after_vs_random": gap(after, random),
+        "training_wall_s": training_wall(records), "eval_s": sum(s for _, s in evals), "random_s": random_s,
+        "wall_s": sum(s["wall_s"] for s in sittings), "load": Sittings.load_of(sittings), "sittings": sittings,
+        "seconds_per_update": profile(records),
+        "curve": [{"update": r["update"], "win_rate": num(r.get("win_rate")), "return": num(r.get("episode_return")),
+                   "length": num(r.get("episode_length"))} for r in records if r["kind"] == "update"],
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "result.json").write_text(json.dumps(summary, indent=1))
+    print(show(summary), end="")
+    return summary
+
+
+def show(s: dict[str, Any]) -> str:
+    """The result as a markdown table and a profile of an update."""
+    def cell(d: dict[str, float]) -> str:
+        return f"{d['win_rate']:.3f} ± {d['win_rate_se']:.3f} | {d['length']:.1f}"
+
+    p = s["seconds_per_update"]
+    lines = [
+        "| player (128 held-out levels) | win rate | steps per game |", "|---|---|---|",
+        f"| random valid actions | {cell(s['random'])} |", f"| before training | {cell(s['before'])} |",
+        f"| after {s['updates']} updates | {cell(s['after'])} |", "",
+        f"after − before: {s['after_vs_before']['diff']:+.3f} ({s['after_vs_before']['in_se']:+.1f} s.e. of the "
+        f"difference); after − random: {s['after_vs_random']['diff']:+.3f} ({s['after_vs_random']['in_se']:+.1f} s.e.)",
+        f"training {s['training_wall_s'] / 60:.1f} min (critic pre-training included), evaluations "
+        f"{s['eval_s'] / 60:.1f} min, random baseline {s['random_s'] / 60:.1f} min; load {s['load']['mean']:.1f} "
+        f"(max {s['load']['max']:.1f}); commit {s['commit']}",
+        f"seconds per update: {p['total_s']:.1f} = rollout {p['rollout_s']:.1f} ({p['turns_per_s']:.1f} turns/s) "
+        f"+ old logprobs {p['logprob_s']:.1f} + values {p['value_s']:.1f} + actor {p['actor_s']:.1f} "
+        f"+ critic {p['critic_s']:.1f} + other {p['other_s']:.1f}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="train and evaluate (run again to resume)")
+    p.add_argument("--updates", type=int, default=None, help="trainer.total_updates (default: the config's)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides (last)")
+    p.add_argument("--out", type=Path, default=OUT, help="where the run folder goes (checkpoints, metrics)")
+    q = sub.add_parser("show", help="print the result file")
+    for parser_ in (p, q):
+        parser_.add_argument("--results", type=Path, default=RESULTS, help="where the result file goes")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        run(args.updates, args.out, args.results, args.set)
+    else:
+        path = args.results / "result.json"
+        if not path.is_file():
+            print(f"error: no result file {path}: run `python benchmarks/pretrained_babyai.py run` first", file=sys.stderr)
+            return 2
+        print(show(json.loads(path.read_text())), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""What the learning benchmarks share about a training run: the commit it ran on, the machine's
+load while it ran, the sittings a killed-and-resumed run took, and its ``metrics.jsonl`` read back.
+
+A run folder holds ``sittings.json``, one entry per sitting (start, wall seconds, load, commit), kept
+up to date while the sitting runs, so a killed sitting keeps its record. Training time is read from
+the ``elapsed_s`` stamps of ``metrics.jsonl``, whose clock starts again at 0 in a resumed sitting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+__all__ = ["LoadSampler", "MetricsTail", "Sittings", "commit", "metric_records", "num", "timed", "training_wall"]
+
+
+def commit() -> str:
+    """The repository's short commit hash (``unknown`` outside a git checkout)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def num(value: Any) -> float:
+    """A figure of ``metrics.jsonl`` (where NaN is written as null)."""
+    return float("nan") if value is None else float(value)
+
+
+class LoadSampler:
+    """The machine's 1-minute load average, sampled every ``every_s`` seconds while a run goes on."""
+
+    def __init__(self, every_s: float = 30.0, on_sample: Callable[[dict[str, float]], None] | None = None) -> None:
+        self.samples: list[float] = [os.getloadavg()[0]]
+        self._on_sample = on_sample
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _loop(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.samples.append(os.getloadavg()[0])
+            if self._on_sample is not None:
+                self._on_sample(self.summary())
+
+    def summary(self) -> dict[str, float]:
+        return {"mean": sum(self.samples) / len(self.samples), "max": max(self.samples), "samples": len(self.samples)}
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        return self.summary()
+
+
+class Sittings:
+    """The sittings of one run folder: the earlier ones read from ``sittings.json`` and this one,
+    rewritten there at every load sample while it runs (so a killed sitting keeps its record)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "sittings.json"
+        self.earlier = json.loads(self.path.read_text()) if self.path.is_file() else []
+        self._clock, self._commit, self._started = time.strftime("%Y-%m-%d %H:%M:%S"), commit(), time.perf_counter()
+        self._load = LoadSampler(on_sample=self._record)
+
+    def _record(self, load: dict[str, float]) -> None:
+        sitting = {"started": self._clock, "wall_s": time.perf_counter() - self._started, "load": load,
+                   "commit": self._commit}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps([*self.earlier, sitting], indent=1))
+
+    def close(self) -> list[dict[str, Any]]:
+        """End this sitting; every sitting's record."""
+        self._record(self._load.stop())
+        return json.loads(self.path.read_text())
+
+    @staticmethod
+    def load_of(sittings: list[dict[str, Any]]) -> dict[str, float]:
+        """The load over all sittings (their means weighted by wall time)."""
+        wall = sum(s["wall_s"] for s in sittings)
+        return {"mean": sum(s["load"]["mean"] * s["wall_s"] for s in sittings) / max(wall, 1e-9),
+                "max": max(s["load"]["max"] for s in sittings), "samples": sum(s["load"]["samples"] for s in sittings)}
+
+
+def metric_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of a run's ``metrics.jsonl`` (every sitting's, in order)."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def timed(records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+    """Each record with the wall seconds since the one before it in the same sitting (a resumed
+    sitting's ``elapsed_s`` clock starts again from 0)."""
+    out, last = [], 0.0
+    for r in records:
+        if r["elapsed_s"] < last:  # a new sitting
+            last = 0.0
+        out.append((r, r["elapsed_s"] - last))
+        last = r["elapsed_s"]
+    return out
+
+
+def training_wall(records: list[dict[str, Any]]) -> float:
+    """Wall seconds of training alone (critic pre-training and updates, evaluations left out), summed
+    over the sittings."""
+    return sum(seconds for r, seconds in timed(records) if r["kind"] in ("update", "critic_warmup"))
+
+
+class MetricsTail:
+    """Prints a line per record appended to a run's ``metrics.jsonl`` while it trains (progress for a
+    log file); ``line_of`` words a record (``None``: print nothing)."""
+
+    def __init__(self, path: Path, line_of: Callable[[dict[str, Any]], str | None]) -> None:
+        self.path, self.line_of = path, line_of
+        self.offset = path.stat().st_size if path.is_file() else 0  # a resumed run's earlier lines were shown
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(5.0):
+            self._read()
+
+    def _read(self) -> None:
+        if not self.path.is_file():
+            return
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            appended = f.read()
+        complete = appended[: appended.rfind(b"\n") + 1]  # a line still being written waits
+        self.offset += len(complete)
+        for line in complete.decode().splitlines():
+            text = self.line_of(json.loads(line))
+            if text is not None:
+                print(text, flush=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._read()
