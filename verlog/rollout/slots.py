@@ -76,6 +76,10 @@ __all__ = ["GROUP_ATTEMPTS", "SlotBatch", "SlotCounters", "SlotFailureError", "S
 #: a batch boundary, or a play failed) before it gives the row up for this epoch
 GROUP_ATTEMPTS = 3
 
+#: with whole groups: how many of a group's latest rows its next row's length is judged by (the
+#: longest play among them): an outlier long play slows the group down for a while, not for good
+_ROWS_REMEMBERED = 8
+
 
 class SlotFailureError(RuntimeError):
     """The rollout cannot go on: a slot's episodes failed ``max_consecutive_failures`` times in a
@@ -293,6 +297,8 @@ class _Row:
     spoiled: bool = False
     #: a play made more model calls than a slot gives a batch: no attempt can fit in one
     too_long: bool = False
+    #: the most model calls one of its plays that ended well made
+    longest: int = 0
 
     @property
     def whole(self) -> bool:
@@ -311,8 +317,13 @@ class _Group:
     replays: deque[tuple[int, int]] = field(default_factory=deque)
     #: the next round it has not begun
     next_round: int = 0
-    #: the most model calls a play of the group has made (what a row is expected to need)
-    longest: int = 1
+    #: the most model calls a play made, in each of the group's latest rows
+    lengths: deque[int] = field(default_factory=lambda: deque(maxlen=_ROWS_REMEMBERED))
+
+    @property
+    def longest(self) -> int:
+        """The turns its next row is expected to need in each slot: its latest rows' longest play."""
+        return max(self.lengths, default=1)
 
     @property
     def playing(self) -> bool:
@@ -396,8 +407,8 @@ class SlotRunner:
             group start a row together, and the group's next row starts only once all its plays
             have ended (a slot whose play ended waits idle meanwhile, giving no turns: such a slot
             gives fewer than ``turns_per_env`` turns to the batch), and only when each of its slots
-            has as many turns left in the batch as the group's longest play so far (else at the
-            next batch, with a full quota). ``SlotBatch.compared`` marks the plays of groups
+            has as many turns left in the batch as the longest play of the group's latest rows
+            (else at the next batch, with a full quota). ``SlotBatch.compared`` marks the plays of groups
             that began and ended in the batch; a group that straddles a boundary or loses a play
             to a failure is dropped whole (``SlotBatch.groups_dropped``) and its row is played
             again, at most ``GROUP_ATTEMPTS`` times in all (a row whose plays make more model
@@ -710,9 +721,9 @@ class SlotRunner:
 
     def _schedule(self, group: _Group) -> None:
         """Start the group's next row if it can: all its slots wait for it, the batch admits calls
-        and each slot has as many turns left to give as the group's longest play so far (else the
-        row would likely straddle the boundary: the group waits for the next batch, whose full
-        quota always lets it start). Rows not played whole come first."""
+        and each slot has as many turns left to give as the longest play of the group's latest rows
+        (else the row would likely straddle the boundary: the group waits for the next batch,
+        whose full quota always lets it start). Rows not played whole come first."""
         if group.playing or not self._accepting or not all(s.idle for s in group.slots):
             return
         need = min(group.longest, self.turns_per_env)
@@ -738,10 +749,12 @@ class SlotRunner:
         if segment.episode is None:
             row.spoiled = True
         else:
-            group.longest = max(group.longest, len(segment.episode.turns))
-            row.too_long = row.too_long or len(segment.episode.turns) > self.turns_per_env
+            row.longest = max(row.longest, len(segment.episode.turns))
+            row.too_long = row.longest > self.turns_per_env
         if row.ended < self.group_size:
             return
+        if row.longest:
+            group.lengths.append(row.longest)
         if row.whole:
             self._whole.append([play.episode for play in row.plays])
             return
