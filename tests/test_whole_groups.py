@@ -52,7 +52,7 @@ def check_whole_groups(batch: SlotBatch, group_size: int) -> dict[int, list[str]
         assert len(slots) == group_size and len({s // group_size for s in slots}) == 1  # one per slot of one group
         seeds = set()
         for episode in group:
-            assert episode.status == "ok" and episode.turns[-1].terminated
+            assert episode.status == "ok" and episode.turns[-1].done
             for turn in episode.turns:  # ... every turn of which lies in this batch: begun and ended in it
                 assert where.get(id(turn)) == slot_of(episode.episode_id)
                 seeds.add(seed_of[id(turn)])
@@ -243,3 +243,52 @@ async def test_straddling_groups_are_dropped_whole_counted_and_replayed(tiny_tok
     begun = {slot_seed(0, j, g, groups) for g in range(groups) for j in range(final["episodes_started"][g * GROUP])}
     assert set(compared) == begun - pending and set(compared.values()) == {1}
     assert len(compared) >= 8
+
+
+# ---------------------------------------------------------------------- beside recorded episodes
+
+
+@pytest.mark.timeout(300)
+def test_whole_groups_train_beside_recorded_slots(tmp_path, monkeypatch):
+    """GRPO with live groups of 2 and recorded slots (``data.traces``) in one batch: the live slots
+    give whole groups (fewer turns when they wait), the recorded ones their full rows, and the
+    recorded episodes are compared by their own ``group`` as before."""
+    from rich.console import Console
+
+    from verlog.config import load_config
+    from verlog.models import load_tokenizer
+    from verlog.traces import TracedTurn, open_store
+    from verlog.train import train, trainer
+
+    batches: list[tuple[SlotBatch, RolloutStorage]] = []
+    real = trainer.RolloutStorage.from_batch
+    monkeypatch.setattr(trainer.RolloutStorage, "from_batch",
+                        lambda batch: batches.append((batch, real(batch))) or batches[-1][1])
+    tokenizer = load_tokenizer("toy")
+    store = open_store(tmp_path / "traces")
+    prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": "pos 0 of 4 cue red"}],
+                                                add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    east = tokenizer.convert_tokens_to_ids("east")
+    for e in range(8):  # two plays of each recorded task: a group of 2, with different returns
+        store.record([TracedTurn(episode_id=f"e{e}", turn_index=-1, prompt_ids=prompt, response_ids=[east],
+                                 logprobs=[-1.4], model_version="agent/update_000001") for _ in range(2)])
+        store.add_feedback(f"e{e}", float(e % 2), success=bool(e % 2), info={"group": f"task{e // 2}"})
+    store.close()
+    config = load_config(ROOT / "configs" / "cue_corridor.yaml", [
+        f"trainer.run_dir={tmp_path / 'run'}", "wandb.mode=disabled", f"data.traces.store={tmp_path / 'traces'}",
+        "data.traces.fraction=0.5", "trainer.total_updates=2", "trainer.num_envs=4", "trainer.group_size=2",
+        "trainer.turns_per_env=12", "algorithm.estimator=grpo", "eval.at_start=false", "eval.at_end=false",
+        "algorithm.mini_batch_turns=16",
+    ])
+    assert train(config, console=Console(quiet=True)).updates == 2
+    assert len(batches) == 2
+    for batch, storage in batches:
+        live = SlotBatch(batch.turns[:2], batch.bootstrap_prompt_ids[:2], batch.starts_episode[:2], batch.seeds[:2],
+                         episodes=batch.episodes, compared=batch.compared[:2], whole_groups=batch.whole_groups)
+        check_whole_groups(live, 2)
+        assert all(len(slot) == 12 for slot in batch.turns[2:]) and all(all(f) for f in batch.compared[2:])
+        recorded = storage.grid[-24:]  # the recorded slots' turns keep their own places in the grid
+        assert recorded.tolist() == [2 * batch.turns_per_env + k for k in range(12)] + \
+            [3 * batch.turns_per_env + k for k in range(12)]
+        assert storage.policy_mask[-24:].any()  # recorded groups with different returns train
+    assert sum(len(batch.whole_groups) for batch, _ in batches) > 0
