@@ -217,6 +217,9 @@ class RolloutStorage:
         else:
             held = self.values if self.values is not None else torch.zeros(self.size, estimate.returns.shape[-1])
             self.returns = self._rows(estimate.returns, held.to(estimate.returns.dtype))
+        metrics = dict(estimate.metrics)
+        if self.grid is not None and "dropped_turn_frac" in metrics:  # a share of the batch's turns, not of the grid's cells
+            metrics["dropped_turn_frac"] *= self.num_envs * self.turns_per_env / max(1, self.size)
         included = estimate.included
         if included is None and self.grid is not None:
             included = torch.ones(self.num_envs, self.turns_per_env, dtype=torch.bool)
@@ -225,7 +228,9 @@ class RolloutStorage:
         else:
             rows = self._rows(included, torch.zeros(self.size, dtype=torch.bool))
             self.policy_mask = self.response_mask & rows.reshape(-1, 1)
-        return dict(estimate.metrics)
+        if self.grid is not None:  # the share of all the batch's response tokens, compared or not
+            metrics["policy_token_frac"] = (self.policy_mask.sum() / self.response_mask.sum().clamp(min=1)).item()
+        return metrics
 
     def compute_advantages(self, algo: AlgorithmConfig) -> dict[str, float]:
         """Advantages and critic targets with ``algo.estimator`` (``verlog.algo.estimators``); its metrics."""
