@@ -41,6 +41,13 @@ Failures are counted; a slot failing ``max_consecutive_failures`` episodes in a 
 run with ``SlotFailureError``. The timeout counts the graph's own time only: it does not run
 while a model call is under way (queued, generating, or held for an update).
 
+**Whole groups.** With ``whole_groups`` (group estimators), the ``group_size`` slots of a group
+play each row together: the group's next row starts once all its plays have ended, a slot whose
+play ended first waiting idle (at the boundary, it gives fewer than ``turns_per_env`` turns). A
+group is compared only if all its plays began and ended well in one batch
+(``SlotBatch.compared``); one that straddles a boundary or loses a play is dropped whole and its
+row played again (see ``SlotRunner``).
+
 **Truncation.** A turn the environment reports ``truncated`` (a step cap) keeps the value of
 the state after the cut: if the environment also reported ``next_messages`` (the prompt the
 model would be given next), ``render_prompt`` turns them into ``Turn.next_prompt_ids`` exactly

@@ -6,8 +6,10 @@ One update, top to bottom:
    section in shuffled epochs); the embedded engine that answers their model calls runs the
    actor's own weights. An episode that ends is scored by the reward section's functions and
    judges before its turns can enter a batch. ``SlotRunner.collect`` returns exactly
-   ``turns_per_env`` turns per slot, plus the prompt each slot holds at the boundary; ranking
-   judges then score the batch's groups.
+   ``turns_per_env`` turns per slot, plus the prompt each slot holds at the boundary; with a
+   group estimator and ``group_size`` > 1 it plays whole groups instead (a slot waiting for its
+   group-mates gives fewer turns; only groups played whole in the batch are compared, the others
+   are dropped whole and their rows played again); ranking judges then score the batch's groups.
 2. **score** — old logprobs (teacher-forced), the critic's values (and the held prompts' values
    for cut episodes), KL-in-reward to the reference policy, dual-discount GAE, whitening.
 3. **update** — PPO epochs over shuffled mini-batches (token-budget micro-batches), actor and
