@@ -10,6 +10,7 @@ must be dropped and replayed. The runner, recorder, storage and GRPO are the rea
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from collections import Counter, defaultdict
@@ -191,6 +192,14 @@ def check_grpo(batch: SlotBatch) -> None:
                 assert torch.allclose(storage.advantages[r][mask], advantage.expand(int(mask.sum())), atol=1e-5)
                 assert storage.policy_mask[r].equal(mask)
     assert not storage.advantages[~trained].any() and not storage.policy_mask[~trained].any()
+    # every group estimator trains nothing of a play outside a whole group, and a batch without
+    # one trains nothing at all
+    nothing = dataclasses.replace(batch, compared=[[False] * len(slot) for slot in batch.turns])
+    for name in ("rloo", "reinforce_pp_baseline"):  # (gigpo needs anchor states: test_train_estimators)
+        for each, kept in ((batch, trained), (nothing, torch.zeros_like(trained))):
+            other = RolloutStorage.from_batch(each)
+            other.compute_advantages(AlgorithmConfig(estimator=name, drop_uniform_groups=True))
+            assert not other.advantages[~kept].any() and not other.policy_mask[~kept].any(), name
 
 
 async def collect(runner: SlotRunner, batches: int) -> list[SlotBatch]:
