@@ -58,11 +58,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections import deque
 import threading
 import time
 import warnings
 import weakref
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Awaitable, Callable
 from uuid import UUID
