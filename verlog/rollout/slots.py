@@ -406,10 +406,11 @@ class SlotRunner:
             seeds, e.g. GRPO groups) plays in its round ``j`` seed ``seed + j * G + (g + j) % G``
             (``G`` groups, ``verlog.rollout.schedule``): every seed is played once, and a group
             does not stay on one residue class, so seed-dependent failures spread over the slots.
-        group_size: consecutive slots that play the same seeds; 1 = all differ. The slots of a
-            group stay in step: a slot starting an episode joins the newest round its group has
-            begun (when another slot has already begun it) rather than one its group left behind,
-            so episodes of one task keep ending in the same batches (what group estimators compare).
+        group_size: consecutive slots that play the same seeds; 1 = all differ. Without
+            ``whole_groups`` the slots of a group stay in step loosely: a slot starting an episode
+            joins the newest round its group has begun (when another slot has already begun it)
+            rather than one its group left behind, so episodes of one task mostly end in the same
+            batches (no promise: plays of different lengths drift apart).
         whole_groups: make every group compared a whole one (for group estimators): the slots of a
             group start a row together, and the group's next row starts only once all its plays
             have ended (a slot whose play ended waits idle meanwhile, giving no turns: such a slot
