@@ -233,12 +233,12 @@ async def test_straddling_groups_are_dropped_whole_counted_and_replayed(tiny_tok
     for batch in first + second:
         for seed, ids in check_whole_groups(batch, GROUP).items():
             compared[seed] += 1
-            # the plays of a whole group took different numbers of calls, all in this batch
             assert len(ids) == GROUP
         check_grpo(batch)
         assert all(len(slot) <= TURNS for slot in batch.turns)
     batches = first + second
     assert any(len(slot) < TURNS for b in batches for slot in b.turns)  # slots waited idle for their group
+    assert any(len({len(e.turns) for e in g}) == GROUP for b in batches for g in b.whole_groups)  # 4 lengths, 1 group
     dropped = sum(b.groups_dropped for b in batches)
     assert dropped > 0 and final["counters"]["groups_dropped"] == dropped  # straddling groups were dropped, counted
     assert final["counters"]["groups_abandoned"] == 0
