@@ -157,10 +157,16 @@ class Lengths:
         return f"[play {k}] The answer is {seed}."
 
 
+#: the play whose scoring fails: slot 1's play of its group's row 2, first attempt
+FAILING = "slot1-ep2"
+
+
 def react_runner(tokenizer, **kwargs) -> SlotRunner:
     script = Lengths(tokenizer)
 
     async def scored(episode, seed):  # a return per play: its number of calls (GRPO has something to compare)
+        if episode.episode_id == FAILING:
+            raise RuntimeError("the reward function failed")  # the play fails: its group is short of one
         episode.turns[-1].reward += float(len(episode.turns))
 
     return SlotRunner(
@@ -212,9 +218,9 @@ async def collect(runner: SlotRunner, batches: int) -> list[SlotBatch]:
 @pytest.mark.timeout(300)
 async def test_straddling_groups_are_dropped_whole_counted_and_replayed(tiny_tokenizer):
     """Plays of one row take 1 to 8 calls and a slot gives at most 8 per batch: a slot whose play
-    ended waits for its group-mates (giving fewer turns), groups that straddle a boundary are
-    dropped whole and counted, and their rows played again until compared; a resumed runner
-    (``state_dict``) goes on without skipping a row."""
+    ended waits for its group-mates (giving fewer turns), groups that straddle a boundary or lose
+    a play to a failure are dropped whole and counted, and their rows played again until compared;
+    a resumed runner (``state_dict``) goes on without skipping a row."""
     runner = react_runner(tiny_tokenizer)
     try:
         first = await collect(runner, 8)
@@ -244,6 +250,10 @@ async def test_straddling_groups_are_dropped_whole_counted_and_replayed(tiny_tok
     assert final["counters"]["groups_abandoned"] == 0
     # a dropped row was played again: a play of a later attempt (id "slotI-epJ.A") was compared
     assert any("." in e.episode_id for b in batches for g in b.whole_groups for e in g)
+    # the group that lost a play to a failure was not compared; its row was, once played again
+    assert [e.episode_id for b in batches for e in b.failed] == [FAILING]
+    ids = [e.episode_id for b in batches for g in b.whole_groups for e in g]
+    assert not {f"slot{i}-ep2" for i in range(GROUP)} & set(ids) and "slot1-ep2.1" in ids
     # every row a group began was compared exactly once, across the resume, except the rows it
     # still had in flight or to play again at the end
     groups = 8 // GROUP
