@@ -311,3 +311,38 @@ def test_whole_groups_train_beside_recorded_slots(tmp_path, monkeypatch):
             [3 * batch.turns_per_env + k for k in range(12)]
         assert storage.policy_mask[-24:].any()  # recorded groups with different returns train
     assert sum(len(batch.whole_groups) for batch, _ in batches) > 0
+
+
+async def test_a_batch_every_turn_of_which_is_compared_trains_as_a_fixed_turn_batch(tiny_tokenizer):
+    """The grid of whole groups, when every slot gives its full quota and every turn is compared,
+    is the fixed-turn layout itself: GAE (with a critic's values) and GRPO give bit-identical
+    advantages, returns and policy masks either way (the fixed-turn path is what group_size 1 and
+    PPO take, unchanged)."""
+    script = Lengths(tiny_tokenizer)
+    plain = SlotRunner(
+        ScriptedEngine(tiny_tokenizer, script),
+        lambda gated: REACT.build(VerlogChatModel(engine=gated, tokenizer=tiny_tokenizer, max_tokens=200)),
+        lambda seed: {"messages": [HumanMessage(f"Task {seed}. What is {seed} + 1?")]},
+        num_envs=4, turns_per_env=5, group_size=2, graph_config={"recursion_limit": 40},
+    )
+    try:
+        batch = await asyncio.wait_for(plain.collect(), 60)
+    finally:
+        await plain.aclose()
+    assert batch.compared is None
+    every = dataclasses.replace(batch, compared=[[True] * len(slot) for slot in batch.turns])
+    generator = torch.Generator().manual_seed(0)
+    for name in ("gae", "grpo"):
+        out = []
+        for each in (batch, every):
+            storage = RolloutStorage.from_batch(each)
+            storage.values = torch.rand(storage.size, storage.response_mask.shape[1] + 1,
+                                        generator=generator.manual_seed(1)) * storage.value_mask
+            storage.bootstrap_values = torch.rand(storage.num_envs, generator=generator.manual_seed(2))
+            storage.truncation_values = torch.full((storage.size,), float("nan"))
+            storage.compute_advantages(AlgorithmConfig(estimator=name))
+            out.append(storage)
+        assert out[1].grid.tolist() == list(range(out[1].size))
+        assert torch.equal(out[0].advantages, out[1].advantages) and torch.equal(out[0].policy_mask, out[1].policy_mask)
+        assert (out[0].returns is None) == (out[1].returns is None)
+        assert out[0].returns is None or torch.equal(out[0].returns, out[1].returns)
