@@ -104,4 +104,6 @@ def test_grpo_trains_without_a_critic(tmp_path):
     checkpoint = run_dir / "checkpoints" / "update_000001"
     assert (checkpoint / "actor" / "model.safetensors").is_file() and not (checkpoint / "critic.safetensors").exists()
     [update] = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "update"]
-    assert "policy_loss" in update and "value_loss" not in update and 0 < update["policy_token_frac"] < 1
+    assert "policy_loss" in update and "value_loss" not in update and 0 < update["policy_token_frac"] <= 1
+    # whole groups: the rows' groups were compared, every play of each begun and ended in the batch
+    assert update["groups_compared"] >= 1 and update["groups_dropped"] + update["groups_compared"] >= 2

@@ -161,9 +161,11 @@ def logged(key, row, log, run_dir, stop_at_checkpoint):
 
 
 @pytest.mark.timeout(600)
-def test_a_killed_run_resumed_plays_every_row_once_per_epoch(tmp_path):
+@pytest.mark.parametrize("estimator,group_size", [("rloo", 1), ("grpo", 2)])
+def test_a_killed_run_resumed_plays_every_row_once_per_epoch(tmp_path, estimator, group_size):
     """kill -9 after the first checkpoint, then --resume: the episodes in flight at the checkpoint
-    are played again, so across the kill every task of the epochs is played exactly once."""
+    are played again, so across the kill every task of the epochs is played exactly once (by each
+    slot of its group: with GRPO's whole groups, ``group_size`` times)."""
     import os
     import signal
     import subprocess
@@ -185,7 +187,8 @@ def test_a_killed_run_resumed_plays_every_row_once_per_epoch(tmp_path):
             "train", str(ROOT / "configs" / "calculator.yaml"), f"multi_turn.langgraph.path={GRAPHS / 'prebuilt_react_agent.py'}",
             "multi_turn.langgraph.graph_kwargs={}", "multi_turn.langgraph.graph_config={recursion_limit: 12}",
             f"data.train={rows_file}", "data.validation=null", "data.test=null", f"reward.functions=[{json.dumps(function)}]",
-            f"trainer.run_dir={run_dir}", f"trainer.num_envs={num_envs}", "trainer.group_size=1", "algorithm.estimator=rloo",
+            f"trainer.run_dir={run_dir}", f"trainer.num_envs={num_envs}", f"trainer.group_size={group_size}",
+            f"algorithm.estimator={estimator}",
             "trainer.turns_per_env=3", "trainer.torch_threads=1", "sampling.max_tokens=8", "wandb.mode=disabled",
             "algorithm.mini_batch_turns=12", "eval.at_start=false", "eval.at_end=false", "trainer.save_every=1",
             f"trainer.total_updates={total}",
@@ -203,16 +206,22 @@ def test_a_killed_run_resumed_plays_every_row_once_per_epoch(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     saved = ckpt.read_state(ckpt.latest_checkpoint(run_dir))
-    assert saved["update"] == 1 and any(r is not None for r in saved["runner"]["in_flight"])
+    assert saved["update"] == 1
+    # one slot per group: slot episodes cut by the boundary are in flight; whole groups start rows
+    # only while a batch is collected, so at a checkpoint a group has a row in flight only if it straddles
+    assert group_size > 1 or any(r is not None for r in saved["runner"]["in_flight"])
 
     assert main(args("second", 6) + ["--resume"]) == 0
     final = ckpt.read_state(ckpt.latest_checkpoint(run_dir))["runner"]
-    # the rounds each slot has completed by the end (its round in flight then is not finished)
-    done = [r if r is not None else n for r, n in zip(final["in_flight"], final["episodes_started"])]
-    assert min(done) >= 12 // num_envs  # the whole first epoch was played (and more)
+    assert not any(final.get("replays", []))  # no group was cut by a boundary (plays of 1 call, 3 turns a batch)
+    # the rounds each group has completed by the end (its round in flight then is not finished)
+    groups = num_envs // group_size
+    done = [r if r is not None else n for r, n in zip(final["in_flight"], final["episodes_started"])][::group_size]
+    assert min(done) >= 12 // groups  # the whole first epoch was played (and more)
     order = EpochOrder(12, seed=0)
-    expected = sorted(order.row_index(slot_seed(0, j, g, num_envs)) for g in range(num_envs) for j in range(done[g]))
+    expected = sorted(order.row_index(slot_seed(0, j, g, groups)) for g in range(groups) for j in range(done[g])
+                      for _ in range(group_size))
     scored = sorted(r["key"] for r in played(logs["first"]) + played(logs["second"]))
-    assert scored == expected  # every completed task scored once: none skipped by the kill, none twice
-    first_epoch = [order.row_index(slot_seed(0, j, g, num_envs)) for g in range(num_envs) for j in range(3)]
-    assert sorted(first_epoch) == list(range(12))  # ... and the first 3 rounds of the 4 slots are the 12 rows
+    assert scored == expected  # every completed task scored once per play: none skipped by the kill, none twice
+    first_epoch = [order.row_index(slot_seed(0, j, g, groups)) for g in range(groups) for j in range(12 // groups)]
+    assert sorted(first_epoch) == list(range(12))  # ... and the first rounds of the groups are the 12 rows

@@ -41,6 +41,13 @@ Failures are counted; a slot failing ``max_consecutive_failures`` episodes in a 
 run with ``SlotFailureError``. The timeout counts the graph's own time only: it does not run
 while a model call is under way (queued, generating, or held for an update).
 
+**Whole groups.** With ``whole_groups`` (group estimators), the ``group_size`` slots of a group
+play each row together: the group's next row starts once all its plays have ended, a slot whose
+play ended first waiting idle (at the boundary, it gives fewer than ``turns_per_env`` turns). A
+group is compared only if all its plays began and ended well in one batch
+(``SlotBatch.compared``); one that straddles a boundary or loses a play is dropped whole and its
+row played again (see ``SlotRunner``).
+
 **Truncation.** A turn the environment reports ``truncated`` (a step cap) keeps the value of
 the state after the cut: if the environment also reported ``next_messages`` (the prompt the
 model would be given next), ``render_prompt`` turns them into ``Turn.next_prompt_ids`` exactly
@@ -55,6 +62,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Awaitable, Callable
 from uuid import UUID
@@ -69,7 +77,15 @@ from verlog.rollout.runner import run_episode
 from verlog.rollout.schedule import slot_seed
 from verlog.rollout.turn import Episode, Turn
 
-__all__ = ["SlotBatch", "SlotCounters", "SlotFailureError", "SlotRunner"]
+__all__ = ["GROUP_ATTEMPTS", "SlotBatch", "SlotCounters", "SlotFailureError", "SlotRunner"]
+
+#: with whole groups: how many times a slot group plays a row it could not play whole (it straddled
+#: a batch boundary, or a play failed) before it gives the row up for this epoch
+GROUP_ATTEMPTS = 3
+
+#: with whole groups: how many of a group's latest rows its next row's length is judged by (the
+#: longest play among them): an outlier long play slows the group down for a while, not for good
+_ROWS_REMEMBERED = 8
 
 
 class SlotFailureError(RuntimeError):
@@ -86,7 +102,9 @@ class SlotBatch:
     A slot's turns may span several episodes (``done`` turns end them); the first may continue
     an episode begun in an earlier batch (``starts_episode[i]`` is False then), the last may be
     cut by the boundary, to be bootstrapped from ``bootstrap_prompt_ids[i]``: the prompt of the
-    slot's call held at the boundary.
+    slot's call held at the boundary. With whole groups a slot that waited for its group-mates
+    gives fewer turns (at most ``turns_per_env``), its last one done (its bootstrap prompt is
+    then empty), and ``compared`` says which turns a group estimator may compare.
     """
 
     turns: list[list[Turn]]
@@ -99,6 +117,15 @@ class SlotBatch:
     #: failed episodes dropped while this batch was collected (their turns are not in ``turns``)
     failed: list[Episode] = field(default_factory=list)
     seconds: float = 0.0
+    #: with whole groups (``SlotRunner(whole_groups=True)``): per turn (``[num_envs][len(turns[i])]``),
+    #: whether its play belongs to a group whose ``group_size`` plays all began and ended in this
+    #: batch, the only plays a group estimator may compare; ``None``: no such promise
+    compared: list[list[bool]] | None = None
+    #: with whole groups: the episodes of each group played whole in this batch, one list per group
+    whole_groups: list[list[Episode]] = field(default_factory=list)
+    #: with whole groups: groups whose last play ended in this batch but that were not played whole
+    #: (they straddled a batch boundary, or a play failed): none of their plays is compared
+    groups_dropped: int = 0
 
     @property
     def num_envs(self) -> int:
@@ -106,7 +133,9 @@ class SlotBatch:
 
     @property
     def turns_per_env(self) -> int:
-        return len(self.turns[0]) if self.turns else 0
+        """The most turns a slot gave (every slot gives as many, except with whole groups: a slot
+        waiting for its group-mates gives fewer)."""
+        return max((len(slot) for slot in self.turns), default=0)
 
     def flat_turns(self) -> list[Turn]:
         """All turns, slot by slot (slot-major order, time order within a slot)."""
@@ -164,6 +193,8 @@ class _Segment:
     given: int = 0
     #: the finished episode (status ok), once it has ended
     episode: Episode | None = None
+    #: with whole groups: the group's attempt at a row this episode is one play of
+    row: "_Row | None" = None
 
 
 @dataclass(eq=False)
@@ -196,6 +227,11 @@ class SlotCounters:
     failed: dict[str, int] = field(default_factory=dict)
     #: rewards reported for a turn already cut into a batch (see ``SlotRunner._late_reward``)
     late_rewards: int = 0
+    #: with whole groups: attempts at a row not played whole (left out of the loss, played again)
+    groups_dropped: int = 0
+    #: with whole groups: rows given up after ``GROUP_ATTEMPTS`` attempts, or whose plays are longer
+    #: than a batch (never compared this epoch)
+    groups_abandoned: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)  # a copy: ``failed`` included
@@ -208,7 +244,9 @@ class SlotCounters:
         return cls(batches=int(data.get("batches", 0)), turns=int(data.get("turns", 0)),
                    episodes=int(data.get("episodes", 0)),
                    failed={str(k): int(v) for k, v in (data.get("failed") or {}).items()},
-                   late_rewards=int(data.get("late_rewards", 0)))
+                   late_rewards=int(data.get("late_rewards", 0)),
+                   groups_dropped=int(data.get("groups_dropped", 0)),
+                   groups_abandoned=int(data.get("groups_abandoned", 0)))
 
 
 @dataclass
@@ -230,11 +268,74 @@ class _Slot:
     current_round: int | None = None
     #: after a resume: the round to play first, the one in flight when the checkpoint was saved
     replay_round: int | None = None
+    #: with whole groups: waiting for its group's next row (its play has ended, or none began yet)
+    waiting: bool = False
+    #: with whole groups: the row its group has just given it, until it starts playing it
+    next_row: "_Row | None" = None
+    #: set when ``next_row`` is given
+    assigned: asyncio.Event = field(default_factory=asyncio.Event)
 
     def in_flight(self) -> int | None:
         """The round of the episode still running in this slot, ``None`` when none is."""
         running = any(segment.episode is None for segment in self.segments)
         return self.current_round if running else None
+
+    @property
+    def idle(self) -> bool:
+        """Waiting for its group with nothing to play (whole groups): it gives no turn meanwhile."""
+        return self.waiting and self.next_row is None
+
+
+@dataclass(eq=False)
+class _Row:
+    """One attempt of a slot group at a row: its ``group_size`` plays, started together."""
+
+    group: int
+    round: int
+    attempt: int
+    seed: int
+    #: the plays' episodes, as they start
+    plays: list[_Segment] = field(default_factory=list)
+    #: plays that have ended, well or not
+    ended: int = 0
+    #: a batch was cut while a play was still running: the plays do not all lie in one batch
+    straddled: bool = False
+    #: a play failed (its turns are dropped): the group is short of a play
+    spoiled: bool = False
+    #: a play made more model calls than a slot gives a batch: no attempt can fit in one
+    too_long: bool = False
+    #: the most model calls one of its plays that ended well made
+    longest: int = 0
+
+    @property
+    def whole(self) -> bool:
+        """Every play began and ended well in the batch the row began in."""
+        return not (self.straddled or self.spoiled)
+
+
+@dataclass
+class _Group:
+    """A slot group playing whole groups: its row now, the rows it plays again, its next round."""
+
+    index: int
+    slots: list[_Slot]
+    row: _Row | None = None
+    #: rows not played whole, to play again first: ``(round, attempt)``
+    replays: deque[tuple[int, int]] = field(default_factory=deque)
+    #: the next round it has not begun
+    next_round: int = 0
+    #: the most model calls a play made, in each of the group's latest rows
+    lengths: deque[int] = field(default_factory=lambda: deque(maxlen=_ROWS_REMEMBERED))
+
+    @property
+    def longest(self) -> int:
+        """The turns its next row is expected to need in each slot: its latest rows' longest play."""
+        return max(self.lengths, default=1)
+
+    @property
+    def playing(self) -> bool:
+        """Whether a play of its row is still running."""
+        return self.row is not None and self.row.ended < len(self.slots)
 
 
 class _GatedEngine(Engine):
@@ -305,10 +406,21 @@ class SlotRunner:
             seeds, e.g. GRPO groups) plays in its round ``j`` seed ``seed + j * G + (g + j) % G``
             (``G`` groups, ``verlog.rollout.schedule``): every seed is played once, and a group
             does not stay on one residue class, so seed-dependent failures spread over the slots.
-        group_size: consecutive slots that play the same seeds; 1 = all differ. The slots of a
-            group stay in step: a slot starting an episode joins the newest round its group has
-            begun (when another slot has already begun it) rather than one its group left behind,
-            so episodes of one task keep ending in the same batches (what group estimators compare).
+        group_size: consecutive slots that play the same seeds; 1 = all differ. Without
+            ``whole_groups`` the slots of a group stay in step loosely: a slot starting an episode
+            joins the newest round its group has begun (when another slot has already begun it)
+            rather than one its group left behind, so episodes of one task mostly end in the same
+            batches (no promise: plays of different lengths drift apart).
+        whole_groups: make every group compared a whole one (for group estimators): the slots of a
+            group start a row together, and the group's next row starts only once all its plays
+            have ended (a slot whose play ended waits idle meanwhile, giving no turns: such a slot
+            gives fewer than ``turns_per_env`` turns to the batch), and only when each of its slots
+            has as many turns left in the batch as the longest play of the group's latest rows
+            (else at the next batch, with a full quota). ``SlotBatch.compared`` marks the plays of groups
+            that began and ended in the batch; a group that straddles a boundary or loses a play
+            to a failure is dropped whole (``SlotBatch.groups_dropped``) and its row is played
+            again, at most ``GROUP_ATTEMPTS`` times in all (a row whose plays make more model
+            calls than ``turns_per_env`` is given up at once: no batch can hold it).
         on_episode_end: ``await on_episode_end(episode, seed)`` once an episode has ended well,
             before its turns can be cut into a batch (e.g. reward functions adding to its turns);
             if it raises, the episode fails (its error is the exception's message).
@@ -332,6 +444,7 @@ class SlotRunner:
         timeout_s: float | None = None,
         seed: int = 0,
         group_size: int = 1,
+        whole_groups: bool = False,
         max_consecutive_failures: int = 20,
         keep_messages: bool = False,
         render_prompt: RenderPrompt | None = None,
@@ -348,6 +461,7 @@ class SlotRunner:
         self.num_envs, self.turns_per_env = num_envs, turns_per_env
         self.graph_config, self.timeout_s = graph_config, timeout_s
         self.seed, self.group_size = seed, group_size
+        self.whole_groups = whole_groups
         self.max_consecutive_failures = max_consecutive_failures
         self.keep_messages = keep_messages
         self.render_prompt = render_prompt
@@ -357,6 +471,13 @@ class SlotRunner:
         #: totals over the run (saved in checkpoints)
         self.counters = SlotCounters()
         self._slots = [_Slot(i) for i in range(num_envs)]
+        #: with whole groups: each slot group's rows
+        self._groups = [_Group(g, self._slots[g * group_size:(g + 1) * group_size])
+                        for g in range(num_envs // group_size)] if whole_groups else []
+        #: with whole groups: groups played whole, and dropped, while this batch was collected
+        self._whole: list[list[Episode]] = []
+        self._dropped = 0
+        self._warned_abandoned = False
         self._segments: dict[str, _Segment] = {}
         #: training calls of running episodes, by LangChain run id (the gate's and the recorder's key)
         self._calls: dict[UUID, _Call] = {}
@@ -411,6 +532,8 @@ class SlotRunner:
         self._accepting = True
         for slot in self._slots:
             self._reopen(slot)
+        for group in self._groups:  # groups that waited for this batch's quota start their row
+            self._schedule(group)
 
     @staticmethod
     def _reopen(slot: _Slot) -> None:
@@ -434,14 +557,20 @@ class SlotRunner:
 
     def _at_boundary(self, slot: _Slot) -> bool:
         """The slot's quota is admitted and recorded, and every call of it still running is held:
-        none is generating, none is on its way to the gate."""
+        none is generating, none is on its way to the gate. With whole groups, a slot idle until
+        its group's next row is at the boundary too."""
+        if slot.idle:
+            return True
         return len(slot.batch_calls) == self.turns_per_env and bool(slot.held) and len(slot.held) == len(slot.running)
 
     def _cut(self) -> SlotBatch:
         """Take each slot's quota of turns; keep only the episodes still running; admit nothing more
         until the next batch opens."""
         self._accepting = False
-        turns, bootstrap, starts, seeds = [], [], [], []
+        for group in self._groups:  # a row still being played is not whole in any batch
+            if group.playing:
+                group.row.straddled = True
+        turns, bootstrap, starts, seeds, compared = [], [], [], [], []
         for slot in self._slots:
             order = {id(segment): k for k, segment in enumerate(slot.segments)}
 
@@ -449,17 +578,23 @@ class SlotRunner:
                 return order[id(call.segment)], call.index if call.turn is None else call.turn.turn_index
 
             calls = sorted(slot.batch_calls, key=when)
-            assert len(calls) == self.turns_per_env and all(c.turn is not None for c in calls), slot.index
-            starts.append(calls[0].segment.given == 0)
+            full = len(calls) == self.turns_per_env or (self.whole_groups and len(calls) < self.turns_per_env)
+            assert full and all(c.turn is not None for c in calls), slot.index
+            starts.append(calls[0].segment.given == 0 if calls else True)
             for call in calls:
                 call.segment.given += 1
                 call.segment.recorder.cut_turns.add(id(call.turn))
             turns.append([c.turn for c in calls])
             seeds.append([c.segment.seed for c in calls])
-            bootstrap.append(list(min(slot.held, key=when).prompt_ids or []))
+            # an idle slot (whole groups) holds nothing: its last turn ended its play
+            bootstrap.append(list(min(slot.held, key=when).prompt_ids or []) if slot.held else [])
+            compared.append([c.segment.row is not None and c.segment.row.whole for c in calls])
             slot.batch_calls = []
             slot.segments = [s for s in slot.segments if s.episode is None]
         batch = SlotBatch(turns, bootstrap, starts, seeds, episodes=self._ended, failed=self._failed)
+        if self.whole_groups:
+            batch.compared, batch.whole_groups, batch.groups_dropped = compared, self._whole, self._dropped
+            self._whole, self._dropped = [], 0
         self._ended, self._failed = [], []
         if batch.uncaptured_calls and not self._warned_uncaptured:
             self._warned_uncaptured = True
@@ -469,7 +604,7 @@ class SlotRunner:
                 "training on purpose with model.with_config(tags=[NO_TRAIN_TAG])", RuntimeWarning, stacklevel=2,
             )
         self.counters.batches += 1
-        self.counters.turns += self.num_envs * self.turns_per_env
+        self.counters.turns += sum(len(slot) for slot in turns)
         return batch
 
     # ------------------------------------------------------------------ the gate
@@ -576,6 +711,76 @@ class SlotRunner:
             slot.batch_calls = kept
             self._reopen(slot)
 
+    # ------------------------------------------------------------------ whole groups
+    async def _join_row(self, slot: _Slot) -> _Row:
+        """Wait (idle) until the slot's group starts its next row, and take its place in it."""
+        group = self._groups[slot.index // self.group_size]
+        slot.waiting = True
+        try:
+            self._schedule(group)
+            while slot.next_row is None:
+                slot.assigned = asyncio.Event()
+                self._notify()  # an idle slot may complete the batch
+                await slot.assigned.wait()
+        finally:
+            slot.waiting = False
+        row, slot.next_row = slot.next_row, None
+        return row
+
+    def _schedule(self, group: _Group) -> None:
+        """Start the group's next row if it can: all its slots wait for it, the batch admits calls
+        and each slot has as many turns left to give as the longest play of the group's latest rows
+        (else the row would likely straddle the boundary: the group waits for the next batch,
+        whose full quota always lets it start). Rows not played whole come first."""
+        if group.playing or not self._accepting or not all(s.idle for s in group.slots):
+            return
+        need = min(group.longest, self.turns_per_env)
+        if any(self.turns_per_env - len(s.batch_calls) < need for s in group.slots):
+            return  # the next batch opens it
+        if group.replays:
+            j, attempt = group.replays.popleft()
+        else:
+            j, attempt = group.next_round, 0
+            group.next_round += 1
+        seed = slot_seed(self.seed, j, group.index, len(self._groups))
+        group.row = _Row(group.index, j, attempt, seed)
+        for slot in group.slots:
+            slot.episodes_started, slot.current_round = group.next_round, j
+            slot.next_row = group.row
+            slot.assigned.set()
+
+    def _play_ended(self, row: _Row, segment: _Segment) -> None:
+        """A play of ``row`` has ended (``segment.episode`` is set if it ended well); once all
+        have, the row is whole (its episodes are compared in this batch) or dropped whole."""
+        row.ended += 1
+        group = self._groups[row.group]
+        if segment.episode is None:
+            row.spoiled = True
+        else:
+            row.longest = max(row.longest, len(segment.episode.turns))
+            row.too_long = row.longest > self.turns_per_env
+        if row.ended < self.group_size:
+            return
+        if row.longest:
+            group.lengths.append(row.longest)
+        if row.whole:
+            self._whole.append([play.episode for play in row.plays])
+            return
+        self._dropped += 1
+        self.counters.groups_dropped += 1
+        if row.attempt + 1 < GROUP_ATTEMPTS and not row.too_long:
+            group.replays.append((row.round, row.attempt + 1))
+            return
+        self.counters.groups_abandoned += 1
+        if not self._warned_abandoned:
+            self._warned_abandoned = True
+            why = (f"a play made more than turns_per_env ({self.turns_per_env}) model calls, so no batch can hold "
+                   "its group: raise trainer.turns_per_env above the longest play" if row.too_long else
+                   f"its group could not be played whole in {GROUP_ATTEMPTS} attempts (plays straddling a batch "
+                   "boundary, or failing): raise trainer.turns_per_env well above the plays' length")
+            warnings.warn(f"task {row.seed} is given up for this epoch and its group never compared: {why} "
+                          "(groups_abandoned_total counts such rows)", RuntimeWarning, stacklevel=2)
+
     # ------------------------------------------------------------------ the slots
     def _next_seed(self, slot: _Slot) -> int:
         """The seed of the slot's next episode: its next round, or its group's newest round when
@@ -595,12 +800,18 @@ class SlotRunner:
     async def _run_slot(self, slot: _Slot) -> None:
         """Play episodes in ``slot`` forever (until cancelled)."""
         while True:
-            seed = self._next_seed(slot)
-            episode_id = f"slot{slot.index}-ep{slot.episodes_started - 1}"
+            row = await self._join_row(slot) if self.whole_groups else None
+            if row is None:
+                seed = self._next_seed(slot)
+                episode_id = f"slot{slot.index}-ep{slot.episodes_started - 1}"
+            else:  # a row played again gets a new id per attempt
+                seed, episode_id = row.seed, f"slot{slot.index}-ep{row.round}" + (f".{row.attempt}" if row.attempt else "")
             recorder = _SlotRecorder(
                 episode_id, self, keep_messages=self.keep_messages, render_prompt=self.render_prompt
             )
-            segment = _Segment(slot.index, seed, recorder)
+            segment = _Segment(slot.index, seed, recorder, row=row)
+            if row is not None:
+                row.plays.append(segment)
             slot.segments.append(segment)
             self._segments[episode_id] = segment
             try:
@@ -651,6 +862,8 @@ class SlotRunner:
                 slot.consecutive_failures = 0
                 self._ended.append(episode)
                 self.counters.episodes += 1
+            if row is not None:
+                self._play_ended(row, segment)
             self._notify()
 
     def _stop(self, error: BaseException) -> None:
@@ -661,19 +874,25 @@ class SlotRunner:
     def state_dict(self) -> dict[str, Any]:
         """Counters to resume from: episodes started per slot (seeds go on), the round each slot
         has in flight (played again on resume: an epoch covers every row, killed or not) and run
-        totals."""
-        return {
-            "episodes_started": self.episodes_started,
-            "in_flight": [slot.in_flight() for slot in self._slots],
-            "counters": self.counters.as_dict(),
-        }
+        totals; with whole groups, a group's row in flight counts for all its slots, and the rows
+        each group has still to play again (``replays``) are kept."""
+        if not self.whole_groups:
+            in_flight = [slot.in_flight() for slot in self._slots]
+        else:
+            in_flight = [group.row.round if group.playing else None for group in self._groups for _ in group.slots]
+        state = {"episodes_started": self.episodes_started, "in_flight": in_flight,
+                 "counters": self.counters.as_dict()}
+        if self.whole_groups:
+            state["replays"] = [[list(r) for r in group.replays] for group in self._groups]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore counters before the first ``collect``. Each slot first plays again the round
         it had in flight (its turns given to batches before the checkpoint stay trained; the
         episode is played whole again, so its row is not skipped), then goes on with its group.
         A state without ``in_flight`` (an older checkpoint) starts each group on a round none of
-        its slots had begun."""
+        its slots had begun. With whole groups, each group first plays again the rows it had in
+        flight, then those it had still to play again, then its next round."""
         if self._tasks:
             raise RuntimeError("load_state_dict must come before the first collect()")
         started = [int(n) for n in state["episodes_started"]]
@@ -690,6 +909,15 @@ class SlotRunner:
             slot.episodes_started = started[slot.index]
             round_ = in_flight[slot.index]
             slot.replay_round = None if round_ is None else int(round_)
+        replays = (state.get("replays") if self.whole_groups else None) or [[] for _ in self._groups]
+        if len(replays) != len(self._groups):
+            raise ValueError(f"state has {len(replays)} groups' replays, runner has {len(self._groups)} groups")
+        for group, pending in zip(self._groups, replays):  # whole groups: first the rows in flight, then the replays
+            group.next_round = max(slot.episodes_started for slot in group.slots)
+            rounds = sorted({slot.replay_round for slot in group.slots if slot.replay_round is not None})
+            group.replays = deque([(j, 0) for j in rounds] + [(int(j), int(a)) for j, a in pending])
+            for slot in group.slots:
+                slot.episodes_started, slot.replay_round = group.next_round, None
         self.counters = SlotCounters.from_dict(state["counters"])
 
     async def aclose(self) -> None:

@@ -26,7 +26,7 @@ from verlog.rewards.scorer import COMPONENT_PREFIX
 from verlog.rollout.slots import SlotBatch
 from verlog.step_info import PROGRESSION_KEY, VALID_ACTION_KEY, episode_outcomes
 
-__all__ = ["RunLogger", "memory_metrics", "rollout_metrics", "truncate_after"]
+__all__ = ["RunLogger", "group_metrics", "memory_metrics", "rollout_metrics", "truncate_after"]
 
 
 def _mean(xs: list[float]) -> float:
@@ -55,7 +55,17 @@ def rollout_metrics(batch: SlotBatch) -> dict[str, float]:
         "rollout_s": batch.seconds,
         "turns_per_s": len(turns) / batch.seconds if batch.seconds > 0 else float("nan"),
         **reward_components(ended),
+        **group_metrics(batch),
     }
+
+
+def group_metrics(batch: SlotBatch) -> dict[str, float]:
+    """With whole groups: the groups compared in ``batch`` (all their plays began and ended in it)
+    and those dropped whole (their last play ended in it, but they straddled a boundary or lost a
+    play; their row is played again)."""
+    if batch.compared is None:
+        return {}
+    return {"groups_compared": float(len(batch.whole_groups)), "groups_dropped": float(batch.groups_dropped)}
 
 
 def reward_components(episodes: list[Any]) -> dict[str, float]:

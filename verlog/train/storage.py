@@ -2,7 +2,15 @@
 
 Rows are turns, slot-major (row ``i * K + k`` is turn ``k`` of slot ``i``), so ``view(N, K, ...)``
 gives the ``TurnBatch`` layout of ``verlog.algo``. Responses are right-padded to ``T`` tokens;
-value positions ``j = 0..L`` to ``T + 1``. The advantages come from the configured estimator of
+value positions ``j = 0..L`` to ``T + 1``.
+
+**Whole groups.** A batch of whole groups (``SlotBatch.compared``, group estimators) has slots of
+different lengths, and only some plays may be compared. The estimator then sees an ``[N, K]``
+grid holding, in each slot's row, only its compared turns in order (``grid``: the cell of each
+turn, ``-1`` for the others), padded with empty cells (no response token, no reward, not done,
+group and anchor ``-1``: a trailing episode that never ends, so no estimator scores it). Turns
+left out of the grid get advantage ``0`` and no place in the policy loss: a group that was not
+played whole in the batch is never compared, not even in part. The advantages come from the configured estimator of
 ``verlog.algo.estimators`` (the storage holds data; the registry holds the maths).
 """
 
@@ -20,7 +28,19 @@ from verlog.config import AlgorithmConfig
 from verlog.rollout.slots import SlotBatch
 from verlog.step_info import ANCHOR_KEY  # re-exported: the GiGPO anchor key's home is verlog.step_info
 
-__all__ = ["ANCHOR_KEY", "RolloutStorage", "anchor_ids"]
+__all__ = ["ANCHOR_KEY", "RolloutStorage", "anchor_ids", "compared_grid"]
+
+
+def compared_grid(compared: Sequence[Sequence[bool]], turns_per_env: int) -> Tensor:
+    """The grid cell of each turn (slot-major), ``[B]`` long: slot ``i``'s compared turns fill
+    cells ``i * K, i * K + 1, ...`` in order; the others are ``-1``."""
+    cells = []
+    for i, flags in enumerate(compared):
+        k = 0
+        for flag in flags:
+            cells.append(i * turns_per_env + k if flag else -1)
+            k += bool(flag)
+    return torch.as_tensor(cells, dtype=torch.long)
 
 
 
@@ -60,7 +80,7 @@ class RolloutStorage:
     anchors: Tensor  # [B] long, the id of the state each turn acted in (``info["anchor"]``), -1: none
     #: the prompt held at the boundary in each slot (``[N]`` lists of ids)
     bootstrap_prompts: list[list[int]]
-    starts_episode: Tensor  # [N] bool
+    starts_episode: Tensor  # [N] bool (whole groups: of each grid row)
     #: per turn, the prompt of the state after a truncation (``None``: not truncated, or unknown)
     truncation_prompts: list[list[int] | None]
     # computed before the update
@@ -76,6 +96,9 @@ class RolloutStorage:
     #: [B] each turn's weight in the policy loss: recorded turns' staleness weight (0: dropped),
     #: 1 for live turns; ``None``: a batch without recorded turns (no off-policy correction)
     turn_weights: Tensor | None = None
+    #: [B] long, whole groups only: the cell ``i * K + k`` of the estimators' grid each turn takes,
+    #: ``-1``: not compared (see the module doc); ``None``: row ``i * K + k`` is cell ``i * K + k``
+    grid: Tensor | None = None
 
     @classmethod
     def from_batch(cls, batch: SlotBatch) -> "RolloutStorage":
@@ -113,6 +136,12 @@ class RolloutStorage:
         weights = getattr(batch, "turn_weights", None)  # a TraceBatch (verlog.train.trace_batches)
         if weights:
             storage.turn_weights = torch.as_tensor([w for slot in weights for w in slot], dtype=torch.float32)
+        if batch.compared is not None:
+            storage.grid = compared_grid(batch.compared, batch.turns_per_env)
+            # a grid row opens with its slot's first turn when that is compared, else with a
+            # compared play's first turn (a whole group's plays begin in the batch)
+            storage.starts_episode = torch.as_tensor(
+                [start if flags and flags[0] else True for start, flags in zip(batch.starts_episode, batch.compared)])
         storage.token_rewards = storage.env_token_rewards()
         return storage
 
@@ -138,33 +167,70 @@ class RolloutStorage:
         out[torch.arange(self.size), last] = self.rewards
         return out
 
+    def _cells(self, x: Tensor, empty: float | bool) -> Tensor:
+        """Per-turn ``x`` ``[B, ...]`` laid out as the estimators' ``[N, K, ...]`` grid (empty cells
+        hold ``empty``)."""
+        n, k = self.num_envs, self.turns_per_env
+        if self.grid is None:
+            return x.view(n, k, *x.shape[1:])
+        out = x.new_full((n * k, *x.shape[1:]), empty)
+        kept = self.grid >= 0
+        out[self.grid[kept]] = x[kept]
+        return out.view(n, k, *x.shape[1:])
+
+    def _rows(self, x: Tensor, left_out: Tensor) -> Tensor:
+        """The grid's ``[N, K, ...]`` ``x`` back on the turns ``[B, ...]``; turns not in the grid
+        take ``left_out``'s rows."""
+        if self.grid is None:
+            return x.reshape(self.size, *x.shape[2:])
+        out = left_out.clone()
+        kept = self.grid >= 0
+        out[kept] = x.reshape(-1, *x.shape[2:])[self.grid[kept]]
+        return out
+
     def turn_batch(self) -> TurnBatch:
         """The ``verlog.algo`` view: ``[N, K, ...]``."""
-        n, k = self.num_envs, self.turns_per_env
         return TurnBatch(
-            token_rewards=self.token_rewards.view(n, k, -1),
-            response_mask=self.response_mask.view(n, k, -1),
-            terminated=self.terminated.view(n, k),
-            truncated=self.truncated.view(n, k),
-            values=None if self.values is None else self.values.view(n, k, -1),
+            token_rewards=self._cells(self.token_rewards, 0.0),
+            response_mask=self._cells(self.response_mask, False),
+            terminated=self._cells(self.terminated, False),
+            truncated=self._cells(self.truncated, False),
+            values=None if self.values is None else self._cells(self.values, 0.0),
             bootstrap_values=self.bootstrap_values,
-            truncation_values=None if self.truncation_values is None else self.truncation_values.view(n, k),
+            truncation_values=None if self.truncation_values is None else self._cells(self.truncation_values, float("nan")),
         )
 
     def turn_data(self) -> TurnData:
         """The per-turn data estimators may need, ``[N, K]`` (``[N]`` for episode starts): each
         turn's seed as its group, each slot's episode start, each turn's anchor state."""
-        n, k = self.num_envs, self.turns_per_env
-        return TurnData(groups=self.seeds.view(n, k), episode_starts=self.starts_episode, anchors=self.anchors.view(n, k))
+        return TurnData(groups=self._cells(self.seeds, -1), episode_starts=self.starts_episode,
+                        anchors=self._cells(self.anchors, -1))
 
     # ------------------------------------------------------------------ advantages
     def set_estimate(self, estimate: Estimate) -> dict[str, float]:
-        """Keep an estimator's advantages ``[B, T]``, critic targets ``[B, T + 1]`` and policy mask."""
-        self.advantages = estimate.advantages.reshape(self.size, -1)
-        self.returns = None if estimate.returns is None else estimate.returns.reshape(self.size, -1)
+        """Keep an estimator's advantages ``[B, T]``, critic targets ``[B, T + 1]`` and policy mask
+        (turns not in the grid of whole groups: advantage ``0``, left out of the policy loss, their
+        critic targets their own values)."""
+        self.advantages = self._rows(estimate.advantages, torch.zeros_like(self.response_mask, dtype=estimate.advantages.dtype))
+        if estimate.returns is None:
+            self.returns = None
+        else:
+            held = self.values if self.values is not None else torch.zeros(self.size, estimate.returns.shape[-1])
+            self.returns = self._rows(estimate.returns, held.to(estimate.returns.dtype))
+        metrics = dict(estimate.metrics)
+        if self.grid is not None and "dropped_turn_frac" in metrics:  # a share of the batch's turns, not of the grid's cells
+            metrics["dropped_turn_frac"] *= self.num_envs * self.turns_per_env / max(1, self.size)
         included = estimate.included
-        self.policy_mask = self.response_mask if included is None else self.response_mask & included.reshape(-1, 1)
-        return dict(estimate.metrics)
+        if included is None and self.grid is not None:
+            included = torch.ones(self.num_envs, self.turns_per_env, dtype=torch.bool)
+        if included is None:
+            self.policy_mask = self.response_mask
+        else:
+            rows = self._rows(included, torch.zeros(self.size, dtype=torch.bool))
+            self.policy_mask = self.response_mask & rows.reshape(-1, 1)
+        if self.grid is not None:  # the share of all the batch's response tokens, compared or not
+            metrics["policy_token_frac"] = (self.policy_mask.sum() / self.response_mask.sum().clamp(min=1)).item()
+        return metrics
 
     def compute_advantages(self, algo: AlgorithmConfig) -> dict[str, float]:
         """Advantages and critic targets with ``algo.estimator`` (``verlog.algo.estimators``); its metrics."""
@@ -183,7 +249,7 @@ class RolloutStorage:
         joined = {}
         for f in fields(first):
             values = [getattr(s, f.name) for s in storages]
-            if f.name in ("num_envs", "turns_per_env", "bootstrap_prompts", "starts_episode", "bootstrap_values"):
+            if f.name in ("num_envs", "turns_per_env", "bootstrap_prompts", "starts_episode", "bootstrap_values", "grid"):
                 continue
             if f.name in ("sequences", "truncation_prompts"):
                 joined[f.name] = [seq for v in values for seq in v]

@@ -206,19 +206,23 @@ class TraceSource:
 
 
 def merge_batches(live: SlotBatch | None, traces: TraceBatch | None) -> SlotBatch:
-    """One batch of live slots and recorded slots side by side (same ``turns_per_env``)."""
+    """One batch of live slots and recorded slots side by side (same ``turns_per_env``; live
+    slots of whole groups may give fewer). Recorded slots are compared as they are laid out."""
     if live is None or traces is None:
         batch = live if traces is None else traces
         if batch is None:
             raise ValueError("merge_batches needs at least one batch")
         return batch
-    if live.turns_per_env != traces.turns_per_env:
+    ragged = live.compared is not None  # a slot waiting for its group gives fewer turns
+    if live.turns_per_env > traces.turns_per_env or (live.turns_per_env < traces.turns_per_env and not ragged):
         raise ValueError(f"live slots give {live.turns_per_env} turns, recorded slots {traces.turns_per_env}")
     return TraceBatch(
         turns=live.turns + traces.turns, bootstrap_prompt_ids=live.bootstrap_prompt_ids + traces.bootstrap_prompt_ids,
         starts_episode=live.starts_episode + traces.starts_episode, seeds=live.seeds + traces.seeds,
         episodes=live.episodes, failed=live.failed, seconds=live.seconds,
-        turn_weights=[[1.0] * live.turns_per_env for _ in live.turns] + traces.turn_weights,
-        versions=[[None] * live.turns_per_env for _ in live.turns] + traces.versions,
+        turn_weights=[[1.0] * len(slot) for slot in live.turns] + traces.turn_weights,
+        versions=[[None] * len(slot) for slot in live.turns] + traces.versions,
         trace_episodes=traces.trace_episodes, trace_turns=traces.trace_turns,
+        compared=None if not ragged else live.compared + [[True] * len(slot) for slot in traces.turns],
+        whole_groups=live.whole_groups, groups_dropped=live.groups_dropped,
     )

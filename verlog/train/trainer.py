@@ -6,8 +6,10 @@ One update, top to bottom:
    section in shuffled epochs); the embedded engine that answers their model calls runs the
    actor's own weights. An episode that ends is scored by the reward section's functions and
    judges before its turns can enter a batch. ``SlotRunner.collect`` returns exactly
-   ``turns_per_env`` turns per slot, plus the prompt each slot holds at the boundary; ranking
-   judges then score the batch's groups.
+   ``turns_per_env`` turns per slot, plus the prompt each slot holds at the boundary; with a
+   group estimator and ``group_size`` > 1 it plays whole groups instead (a slot waiting for its
+   group-mates gives fewer turns; only groups played whole in the batch are compared, the others
+   are dropped whole and their rows played again); ranking judges then score the batch's groups.
 2. **score** — old logprobs (teacher-forced), the critic's values (and the held prompts' values
    for cut episodes), KL-in-reward to the reference policy, dual-discount GAE, whitening.
 3. **update** — PPO epochs over shuffled mini-batches (token-budget micro-batches), actor and
@@ -239,7 +241,7 @@ class _Run:
             turns_per_env=t.turns_per_env, graph_config=config.multi_turn.langgraph.graph_config,
             timeout_s=config.rollout.episode_timeout_s,
             seed=config.rollout.seed if config.data is None or config.data.train is None else 0,
-            group_size=t.group_size,
+            group_size=t.group_size, whole_groups=_whole_groups(config),
             max_consecutive_failures=t.max_consecutive_failures, render_prompt=slots_agent.render_prompt,
             on_episode_end=slots_agent.on_episode_end,
         )
@@ -316,6 +318,8 @@ class _Run:
         c = self.runner.counters
         out = {"turns_total": float(c.turns), "episodes_total": float(c.episodes),
                "failed_total": float(sum(c.failed.values()))}
+        if self.runner.whole_groups:
+            out |= {"groups_dropped_total": float(c.groups_dropped), "groups_abandoned_total": float(c.groups_abandoned)}
         rows = self.slots_agent.plan.size if self.slots_agent.plan is not None else None
         if rows:  # how far the training rows' epochs have gone: rounds begun x groups / rows
             groups = self.config.trainer.num_envs // self.config.trainer.group_size
@@ -380,10 +384,14 @@ class _SlotsAgent:
         if self.scorer is None or not self.scorer.ranking:
             return
         kept = self.plan.take_trajectories([e.episode_id for e in batch.episodes])
-        groups: dict[int, list[Any]] = {}
-        for episode in batch.episodes:
-            if episode.episode_id in kept:
-                groups.setdefault(kept[episode.episode_id][0], []).append(episode)
+        groups: dict[Any, list[Any]] = {}
+        if batch.compared is not None:  # whole groups: exactly the groups compared (not a dropped one's plays)
+            for g, whole in enumerate(batch.whole_groups):
+                groups[g] = [e for e in whole if e.episode_id in kept]
+        else:
+            for episode in batch.episodes:
+                if episode.episode_id in kept:
+                    groups.setdefault(kept[episode.episode_id][0], []).append(episode)
         outcomes = await asyncio.gather(*(
             self.scorer.rank([kept[e.episode_id][1] for e in group]) for group in groups.values()
         ))
@@ -393,6 +401,12 @@ class _SlotsAgent:
 
     def render_prompt(self, messages: Any, tools: Any) -> list[int]:
         return self.agent.chat_model.render_prompt_ids(messages, tools)
+
+
+def _whole_groups(config: VerlogConfig) -> bool:
+    """Whether the slots play whole groups: a group estimator compares ``group_size`` > 1 plays
+    of each row (``SlotRunner(whole_groups=True)``)."""
+    return config.trainer.group_size > 1 and get_estimator(config.algorithm.estimator).compares_groups
 
 
 def _check_trainable(config: VerlogConfig) -> None:
