@@ -268,3 +268,49 @@ def test_score_and_update_are_the_same_with_shared_prefixes(toy):
         assert torch.allclose(getattr(a, name), getattr(b, name), rtol=1e-5, atol=1e-5), name
     assert ma["policy_loss"] == pytest.approx(mb["policy_loss"], rel=1e-4, abs=1e-6)
     assert all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(pa, pb))
+
+
+def test_training_the_last_layers_moves_only_them_and_exactly_as_full_training_would(toy):
+    """``train_layers: 1``: embeddings, the lower blocks and the tied LM head keep their weights;
+    the last block, the final norm (and the critic's value head) take the very step full training
+    gives them (their gradients do not depend on what is frozen below)."""
+    from verlog.config import ActorConfig, ConfigError
+    from verlog.train.ppo import adamw
+    from verlog.weights.actor_critic import train_last_layers
+
+    lm, _ = toy
+    algo = AlgorithmConfig(ppo_epochs=1, mini_batch_turns=12, kl_coef=0.0)
+
+    def one_update(layers):
+        torch.manual_seed(0)
+        actor, critic = copy.deepcopy(lm), ValueModel.from_causal_lm(copy.deepcopy(lm))
+        train_last_layers(actor, layers, section="actor")
+        train_last_layers(critic, layers, section="critic")
+        sgd = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1) for m in (actor, critic)]
+        learner = Learner(actor, critic, *sgd, None, algo, pad_id=0, device=torch.device("cpu"))
+        s = RolloutStorage.from_batch(random_batch())
+        score_batch(s, learner)
+        s.old_logprobs = s.old_logprobs + 0.05
+        ppo_update(s, learner, generator=torch.Generator().manual_seed(0))
+        return dict(actor.named_parameters()), dict(critic.named_parameters())
+
+    full_actor, full_critic = one_update(None)
+    part_actor, part_critic = one_update(1)
+    start = dict(lm.named_parameters())
+    last = f"layers.{lm.config.num_hidden_layers - 1}."
+    trained = [n for n in start if last in n or n.endswith("norm.weight") and "layers." not in n]
+    assert trained and len(trained) < len(start)
+    for name, p in part_actor.items():
+        if name in trained:
+            assert torch.allclose(p, full_actor[name], atol=1e-6) and not torch.equal(p, start[name]), name
+        else:
+            assert torch.equal(p, start[name]), name  # embeddings, lower blocks, the LM head
+    assert not torch.equal(part_critic["value_head.weight"], torch.zeros_like(part_critic["value_head.weight"]))
+    assert torch.allclose(part_critic["value_head.weight"], full_critic["value_head.weight"], atol=1e-6)
+    frozen = copy.deepcopy(lm)
+    train_last_layers(frozen, 1, section="actor")
+    assert len(adamw(frozen, ActorConfig()).param_groups[0]["params"]) == len(trained)
+    with pytest.raises(ConfigError, match=r"actor.train_layers: 99 is more than the model's \d+ layers"):
+        train_last_layers(copy.deepcopy(lm), 99, section="actor")
+    with pytest.raises(ValueError, match="actor.train_layers and actor.lora.rank > 0 are two ways"):
+        ActorConfig(train_layers=2, lora={"rank": 4})

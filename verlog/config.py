@@ -540,18 +540,34 @@ class OptimConfig(_Section):
     max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping (null: off)")
 
 
-class ActorConfig(OptimConfig):
+class TrainedModelConfig(OptimConfig):
+    """What the actor and the critic share: their optimizer, and how much of the model trains."""
+
+    gradient_checkpointing: bool = False
+    train_layers: int | None = Field(
+        None, ge=1, description="only the last N transformer layers (and the final norm; the critic's value head) "
+        "train, the rest keeps its starting weights: backward passes stop at layer N, a fraction of the cost "
+        "on a CPU (null: every parameter trains)"
+    )
+
+
+class ActorConfig(TrainedModelConfig):
     """The policy: the model of ``model.path``, trained with PPO."""
 
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
-    gradient_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _one_way_to_train_part(self) -> "ActorConfig":
+        if self.train_layers is not None and self.lora.rank > 0:
+            raise ValueError("actor.train_layers and actor.lora.rank > 0 are two ways to train part of the model: "
+                             "choose one (train_layers: null, or lora.rank: 0)")
+        return self
 
 
-class CriticConfig(OptimConfig):
+class CriticConfig(TrainedModelConfig):
     """The critic: a separate copy of the actor's backbone with a scalar value head."""
 
     lr: float = Field(1e-5, gt=0)
-    gradient_checkpointing: bool = False
 
 
 class AdvantageConfig(_Section):

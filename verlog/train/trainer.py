@@ -57,7 +57,7 @@ from verlog.train.ppo import Learner, adamw, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
 from verlog.train.trace_batches import TraceBatch, TraceSource, merge_batches, trace_slots
 from verlog.weights import checkpoint as ckpt
-from verlog.weights.actor_critic import load_actor, load_critic, load_reference
+from verlog.weights.actor_critic import load_actor, load_critic, load_reference, train_last_layers
 from verlog.weights.policy import check_finite_weights
 from verlog.weights.precision import autocast_dtype, check_master_dtype, grad_scaler
 
@@ -210,9 +210,11 @@ class _Run:
                                        lora=config.actor.lora, **where)
         critic = load_critic(config.model.path, **where) if get_estimator(algo.estimator).needs_critic else None
         reference = load_reference(config.model.path, **where) if algo.kl_coef > 0 else None
-        for model, opts in ((actor, config.actor), (critic, config.critic)):
-            if model is not None and opts.gradient_checkpointing:
-                model.gradient_checkpointing_enable()
+        for model, opts, section in ((actor, config.actor, "actor"), (critic, config.critic, "critic")):
+            if model is not None:
+                train_last_layers(model, opts.train_layers, section=section)
+                if opts.gradient_checkpointing:
+                    model.gradient_checkpointing_enable()
         learner = Learner(
             actor, critic, adamw(actor, config.actor), adamw(critic, config.critic) if critic else None,
             reference, algo, pad_id=pad_token_id(tokenizer), device=device,

@@ -9,11 +9,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from verlog.config import LoRAConfig
+from verlog.config import ConfigError, LoRAConfig
 from verlog.models import load_causal_lm as _load_causal_lm
 from verlog.models.quiet import quiet_progress_bars
 
-__all__ = ["ValueModel", "apply_lora", "load_actor", "load_critic", "load_reference", "trainable_parameters"]
+__all__ = ["ValueModel", "apply_lora", "load_actor", "load_critic", "load_reference", "train_last_layers",
+           "trainable_parameters"]
 
 
 class ValueModel(nn.Module):
@@ -94,6 +95,28 @@ def load_causal_lm(path: str | Path, *, dtype: str, device: str) -> nn.Module:
     """``verlog.models.load_causal_lm`` without transformers' loading progress bars."""
     with quiet_progress_bars():
         return _load_causal_lm(path, dtype=dtype, device=device)
+
+
+def train_last_layers(model: nn.Module, layers: int | None, *, section: str) -> None:
+    """Freeze all of ``model`` (a causal LM or a :class:`ValueModel`) but its last ``layers``
+    transformer blocks, the backbone's final norm and a critic's value head (``None``: leave every
+    parameter trainable). The frozen part keeps its starting weights; autograd then stops the
+    backward pass at the first trainable block. ``section`` (``actor``/``critic``) names the key in
+    errors."""
+    if layers is None:
+        return
+    backbone = model.backbone if isinstance(model, ValueModel) else model.base_model
+    blocks = getattr(backbone, "layers", None)
+    if not isinstance(blocks, nn.ModuleList):
+        raise ValueError(f"{section}.train_layers needs a model whose backbone keeps its blocks in `.layers` "
+                         f"({type(backbone).__name__} does not): set {section}.train_layers: null")
+    if layers > len(blocks):
+        raise ConfigError(f"{section}.train_layers: {layers} is more than the model's {len(blocks)} layers")
+    model.requires_grad_(False)
+    for module in (*blocks[len(blocks) - layers:], getattr(backbone, "norm", None),
+                   model.value_head if isinstance(model, ValueModel) else None):
+        if module is not None:
+            module.requires_grad_(True)
 
 
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:

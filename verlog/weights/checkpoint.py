@@ -284,7 +284,7 @@ def load_optimizers(checkpoint: Path, optimizers: dict[str, torch.optim.Optimize
                 _check_shapes(optimizer)
             except Exception as exc:  # other parameter groups or sizes: another model or LoRA setting
                 raise CheckpointError(f"{checkpoint}: the saved {name} optimizer does not fit this run's "
-                                      f"{name} (was model.path or actor.lora changed?): {first_line(exc)}") from None
+                                      f"{name} (was model.path, actor.lora or {name}.train_layers changed?): {first_line(exc)}") from None
 
 
 def _check_shapes(optimizer: torch.optim.Optimizer) -> None:
