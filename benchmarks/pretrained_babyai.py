@@ -5,8 +5,8 @@ SmolLM2-135M-Instruct (the offline ``smollm2``) plays BALROG's BabyAI "go to" th
 dual-discount GAE, critic pre-training). The run evaluates the sampled policy on 128 held-out levels
 before and after training; random valid actions play the same levels. The result file
 (``benchmarks/results/pretrained_babyai/result.json``) holds the win rates (mean ± s.e.), the
-differences in standard errors, the seconds per update and where they went (rollout, logprob and
-value passes, actor and critic training), the wall times and the machine's load.
+differences in standard errors, the seconds per update and where they went (rollout, the frozen
+trunk's pass, logprob and value passes, actor and critic training), the wall times and the machine's load.
 
     python benchmarks/pretrained_babyai.py run                  # train, evaluate, compare (resumes if killed)
     python benchmarks/pretrained_babyai.py run --updates 20 --set actor.lr=2e-5
@@ -38,7 +38,7 @@ CONFIG = ROOT / "configs" / "babyai_smollm2.yaml"
 OUT = ROOT / "runs" / "pretrained_babyai"
 RESULTS = ROOT / "benchmarks" / "results" / "pretrained_babyai"
 #: where an update's seconds go (``metrics.jsonl`` keys; ``update_s`` holds the last four)
-PHASES = ("rollout_s", "logprob_s", "value_s", "actor_s", "critic_s")
+PHASES = ("rollout_s", "trunk_s", "logprob_s", "value_s", "actor_s", "critic_s")
 
 
 def figures(task: dict[str, Any]) -> dict[str, float]:
@@ -136,7 +136,7 @@ def show(s: dict[str, Any]) -> str:
         f"{s['eval_s'] / 60:.1f} min, random baseline {s['random_s'] / 60:.1f} min; load {s['load']['mean']:.1f} "
         f"(max {s['load']['max']:.1f}); commit {s['commit']}",
         f"seconds per update: {p['total_s']:.1f} = rollout {p['rollout_s']:.1f} ({p['turns_per_s']:.1f} turns/s) "
-        f"+ old logprobs {p['logprob_s']:.1f} + values {p['value_s']:.1f} + actor {p['actor_s']:.1f} "
+        f"+ frozen trunk {p['trunk_s']:.1f} + old logprobs {p['logprob_s']:.1f} + values {p['value_s']:.1f} + actor {p['actor_s']:.1f} "
         f"+ critic {p['critic_s']:.1f} + other {p['other_s']:.1f}",
     ]
     return "\n".join(lines) + "\n"

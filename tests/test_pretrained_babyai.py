@@ -29,6 +29,7 @@ def test_the_recipe_is_smollm2_on_balrogs_go_to_with_ppo_and_a_critic():
     assert config.algorithm.estimator == "gae" and config.critic_warmup.buffer_multiplier > 0
     assert config.algorithm.recompute_logprobs is True  # constrained turns train on the policy's own logprobs
     assert config.eval.episodes >= 128 and config.eval.at_start and config.eval.at_end
+    assert config.actor.train_layers == config.critic.train_layers  # one frozen trunk, run once per batch
 
 
 def test_difference_in_standard_errors():
@@ -42,7 +43,8 @@ def test_one_tiny_update_writes_the_result_with_its_profile(tmp_path, capsys):
     bench = _bench()
     small = ["model.path=tiny", "model.device=cpu", "trainer.num_envs=4", "trainer.turns_per_env=3",
              "multi_turn.langgraph.graph_kwargs.max_steps=5", "eval.episodes=2", "critic_warmup.buffer_multiplier=1",
-             "critic_warmup.iterations=1", "algorithm.mini_batch_turns=6", "trainer.torch_threads=1"]
+             "critic_warmup.iterations=1", "algorithm.mini_batch_turns=6", "trainer.torch_threads=1",
+             "actor.train_layers=1", "critic.train_layers=1"]
     results = tmp_path / "results"
     assert bench.main(["run", "--updates", "1", "--out", str(tmp_path / "runs"), "--results", str(results),
                        "--set", *small]) == 0
@@ -51,8 +53,8 @@ def test_one_tiny_update_writes_the_result_with_its_profile(tmp_path, capsys):
     for player in ("before", "after", "random"):
         assert result[player]["episodes"] == 2 and 0 <= result[player]["win_rate"] <= 1
     profile = result["seconds_per_update"]
-    assert all(profile[key] > 0 for key in ("rollout_s", "logprob_s", "value_s", "actor_s", "critic_s"))
-    assert profile["update_s"] >= profile["logprob_s"] + profile["value_s"] + profile["actor_s"] + profile["critic_s"]
+    assert all(profile[key] > 0 for key in ("rollout_s", "trunk_s", "logprob_s", "value_s", "actor_s", "critic_s"))
+    assert profile["update_s"] >= sum(profile[key] for key in ("trunk_s", "logprob_s", "value_s", "actor_s", "critic_s"))
     assert 0 < result["training_wall_s"] <= result["wall_s"] and result["load"]["samples"] >= 1
     said = capsys.readouterr().out
     assert "| random valid actions |" in said and "seconds per update:" in said

@@ -314,3 +314,50 @@ def test_training_the_last_layers_moves_only_them_and_exactly_as_full_training_w
         train_last_layers(copy.deepcopy(lm), 99, section="actor")
     with pytest.raises(ValueError, match="actor.train_layers and actor.lora.rank > 0 are two ways"):
         ActorConfig(train_layers=2, lora={"rank": 4})
+
+
+def test_a_shared_frozen_trunk_runs_once_and_changes_nothing(toy):
+    """Actor and critic training only their last block share the frozen block below: it runs once
+    per batch, every pass starts from its states, and the logprobs, values and both models' updates
+    are those of the passes that run every block. Different frozen weights are never shared."""
+    from verlog.train.forward import shared_trunk_depth
+    from verlog.weights.actor_critic import train_last_layers
+
+    lm, _ = toy
+    depth = lm.config.num_hidden_layers - 1
+    algo = AlgorithmConfig(ppo_epochs=1, mini_batch_turns=6, kl_coef=0.0, entropy_coef=0.01)
+
+    def one_update(shared: bool):
+        torch.manual_seed(0)
+        actor, critic = copy.deepcopy(lm), ValueModel.from_causal_lm(copy.deepcopy(lm))
+        train_last_layers(actor, 1, section="actor")
+        train_last_layers(critic, 1, section="critic")
+        trunk = shared_trunk_depth(actor.base_model, critic.backbone, depth) if shared else None
+        assert (trunk == depth) if shared else trunk is None
+        learner = Learner(actor, critic, *(torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2)
+                                          for m in (actor, critic)),
+                          None, algo, pad_id=0, device=torch.device("cpu"), trunk_depth=trunk)
+        s = RolloutStorage.from_batch(random_batch())
+        metrics = score_batch(s, learner)
+        assert ("trunk_s" in metrics) == shared and (s.trunk_states is not None) == shared
+        scored = (s.old_logprobs.clone(), s.values.clone(), s.advantages.clone())
+        metrics |= ppo_update(s, learner, generator=torch.Generator().manual_seed(0))
+        return scored, dict(actor.named_parameters()), dict(critic.named_parameters()), metrics
+
+    (lp1, v1, a1), actor1, critic1, m1 = one_update(False)
+    (lp2, v2, a2), actor2, critic2, m2 = one_update(True)
+    assert torch.allclose(lp1, lp2, atol=1e-5) and torch.allclose(v1, v2, atol=1e-5) and torch.allclose(a1, a2, atol=1e-4)
+    for one, two in ((actor1, actor2), (critic1, critic2)):
+        for name, p in one.items():
+            assert torch.allclose(p, two[name], atol=1e-5), name
+    assert m1["policy_loss"] == pytest.approx(m2["policy_loss"], abs=1e-5)
+    assert m1["value_loss"] == pytest.approx(m2["value_loss"], abs=1e-5)
+    # a critic whose frozen blocks are other weights (or trainable) shares nothing
+    actor, critic = copy.deepcopy(lm), ValueModel.from_causal_lm(copy.deepcopy(lm))
+    train_last_layers(actor, 1, section="actor")
+    train_last_layers(critic, 1, section="critic")
+    with torch.no_grad():
+        next(critic.backbone.layers[0].parameters()).add_(0.01)
+    assert shared_trunk_depth(actor.base_model, critic.backbone, depth) is None
+    assert shared_trunk_depth(copy.deepcopy(lm).base_model, None, depth) is None  # nothing frozen
+    assert shared_trunk_depth(actor.base_model, None, depth) == depth  # no critic: the actor's passes alone

@@ -41,6 +41,7 @@ from verlog.tokens import common_prefix_len
 __all__ = [
     "PackedRows",
     "FrozenPrefix",
+    "Trunk",
     "PrefixRecorder",
     "backbone_hidden",
     "cache_safe_checkpointing",
@@ -48,8 +49,11 @@ __all__ = [
     "micro_batches",
     "pack_rows",
     "pad_rows",
+    "pad_states",
     "policy_logprobs",
     "positions",
+    "shared_trunk_depth",
+    "trunk_states",
     "values_at_positions",
 ]
 
@@ -173,8 +177,87 @@ def cache_safe_checkpointing(backbone: nn.Module) -> Iterator[None]:
             module.gradient_checkpointing = True
 
 
-def backbone_hidden(backbone: nn.Module, rows: PackedRows) -> torch.Tensor:
-    """Last hidden states ``[B, W, H]`` of a transformer backbone at positions ``offset ..``."""
+@contextlib.contextmanager
+def _layers_only(backbone: nn.Module, part: slice, *, norm: bool) -> Iterator[None]:
+    """While the block runs, ``backbone`` holds only its blocks ``part`` (and, unless ``norm``, no
+    final norm): its forward then runs those blocks alone. The blocks are the same modules."""
+    layers, final_norm = backbone.layers, backbone.norm
+    backbone.layers = nn.ModuleList(list(layers)[part])
+    if not norm:
+        backbone.norm = nn.Identity()
+    try:
+        yield
+    finally:
+        backbone.layers, backbone.norm = layers, final_norm
+
+
+@torch.no_grad()
+def trunk_states(backbone: nn.Module, seqs: Sequence[Sequence[int]], depth: int, pad_id: int,
+                 device: torch.device | str, token_budget: int) -> list[torch.Tensor]:
+    """The output ``[len_i, H]`` of the first ``depth`` blocks of ``backbone`` for each sequence
+    (the frozen trunk, computed once for every pass that starts above it: see :class:`Trunk`)."""
+    out: list[torch.Tensor] = [torch.empty(0)] * len(seqs)
+    lengths = [len(x) for x in seqs]
+    with _layers_only(backbone, slice(0, depth), norm=False):
+        for group in micro_batches(range(len(seqs)), lengths, token_budget):
+            ids, mask = pad_rows([seqs[r] for r in group], pad_id, device)
+            hidden = backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+            for i, r in enumerate(group):
+                out[r] = hidden[i, : lengths[r]]
+    return out
+
+
+@dataclass
+class Trunk:
+    """The frozen lower blocks the actor and the critic share (both train only blocks above
+    ``depth``, and their blocks below are the same weights): their output for a batch's turns is
+    computed once (``trunk_states``) and every pass of either model starts from it. ``states``:
+    the rows of one pass, right-padded ``[B, W, H]``."""
+
+    depth: int
+    states: torch.Tensor
+
+
+@torch.no_grad()
+def shared_trunk_depth(actor_backbone: nn.Module, critic_backbone: nn.Module | None, depth: int) -> int | None:
+    """``depth`` if the blocks below it (and the embeddings) may be computed once for both models:
+    they are frozen and hold the same weights in both, and a pass split there gives the unsplit
+    pass's output (a probe checks the architecture allows it); ``None`` otherwise."""
+    if depth < 1:
+        return None
+    frozen = [actor_backbone.embed_tokens, *list(actor_backbone.layers)[:depth]]
+    if any(p.requires_grad for m in frozen for p in m.parameters()):
+        return None
+    if critic_backbone is not None:
+        theirs = [critic_backbone.embed_tokens, *list(critic_backbone.layers)[:depth]]
+        for mine, other in zip(frozen, theirs):
+            pairs = list(zip(mine.parameters(), other.parameters()))
+            if len(pairs) != len(list(other.parameters())) or any(
+                    other_p.requires_grad or not torch.equal(p, other_p) for p, other_p in pairs):
+                return None
+    device = next(actor_backbone.parameters()).device
+    probe = torch.arange(1, 9, device=device).unsqueeze(0)
+    mask = torch.ones_like(probe)
+    whole = actor_backbone(input_ids=probe, attention_mask=mask, use_cache=False).last_hidden_state
+    states = pad_states(trunk_states(actor_backbone, [probe[0].tolist()], depth, 0, device, 64))
+    split = backbone_hidden(actor_backbone, PackedRows(probe, mask), Trunk(depth, states))
+    return depth if torch.allclose(whole, split, atol=1e-4, rtol=1e-4) else None
+
+
+def pad_states(states: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-row trunk outputs ``[len_i, H]`` right-padded (zeros) into ``[B, W, H]``."""
+    return nn.utils.rnn.pad_sequence(list(states), batch_first=True)
+
+
+def backbone_hidden(backbone: nn.Module, rows: PackedRows, trunk: Trunk | None = None) -> torch.Tensor:
+    """Last hidden states ``[B, W, H]`` of a transformer backbone at positions ``offset ..``
+    (with ``trunk``: the blocks above it run on its states; ``rows`` then share no prefix)."""
+    if trunk is not None:
+        if rows.prefix_ids is not None:
+            raise ValueError("a pass from the trunk's states runs whole rows (no shared prefix)")
+        with _layers_only(backbone, slice(trunk.depth, None), norm=True):
+            return backbone(inputs_embeds=trunk.states, attention_mask=rows.attention_mask,
+                            use_cache=False).last_hidden_state
     if rows.prefix_ids is None:
         return backbone(input_ids=rows.input_ids, attention_mask=rows.attention_mask, use_cache=False).last_hidden_state
     batch, width = rows.input_ids.shape
@@ -207,6 +290,7 @@ def policy_logprobs(
     *,
     temperature: float | torch.Tensor = 1.0,
     with_entropy: bool = False,
+    trunk: Trunk | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities ``[B, T]`` of ``response_ids`` (``[B, T]``, padded) under ``lm``, and
     optionally the policy's entropy at the same positions.
@@ -214,7 +298,7 @@ def policy_logprobs(
     Only the response positions go through the LM head (``logits / temperature``, as sampled);
     ``temperature`` is one number or one per row (``[B]``: each turn at its own).
     """
-    hidden = backbone_hidden(lm.base_model, rows)
+    hidden = backbone_hidden(lm.base_model, rows, trunk)
     width = response_ids.shape[1]
     index = positions(prompt_lengths.to(hidden.device) - rows.offset, width, hidden.shape[1])
     picked = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
@@ -238,9 +322,10 @@ def policy_logprobs(
     return logp, (entropy if with_entropy else None)
 
 
-def values_at_positions(critic: nn.Module, rows: PackedRows, prompt_lengths: torch.Tensor, width: int) -> torch.Tensor:
+def values_at_positions(critic: nn.Module, rows: PackedRows, prompt_lengths: torch.Tensor, width: int,
+                        trunk: Trunk | None = None) -> torch.Tensor:
     """The critic's values ``[B, width]`` at positions ``P - 1 + j`` (``width = T + 1``)."""
-    values = critic.values(backbone_hidden(critic.backbone, rows))
+    values = critic.values(backbone_hidden(critic.backbone, rows, trunk))
     index = positions(prompt_lengths.to(values.device) - rows.offset, width, values.shape[1])
     return values.gather(1, index)
 

@@ -22,10 +22,13 @@ from verlog.config import AlgorithmConfig
 from verlog.tokens import common_prefix_len
 from verlog.train.forward import (
     PackedRows,
+    Trunk,
     last_token_values,
     micro_batches,
     pack_rows,
+    pad_states,
     policy_logprobs,
+    trunk_states,
     values_at_positions,
 )
 from verlog.train.storage import RolloutStorage
@@ -68,16 +71,39 @@ class Learner:
     autocast: torch.dtype | None = None
     actor_scaler: torch.amp.GradScaler | None = None
     critic_scaler: torch.amp.GradScaler | None = None
+    #: blocks below this one are frozen and the same in the actor and the critic: their output
+    #: is computed once per batch and every pass starts above them (``None``: each pass runs
+    #: every block; see ``shared_trunk_depth``)
+    trunk_depth: int | None = None
 
     def compute(self):
         """The forward passes' precision context (``torch.autocast`` or nothing)."""
         return autocast(self.device, self.autocast)
 
 
-def _rows(s: RolloutStorage, group: list[int], learner: Learner) -> PackedRows:
-    """The turns ``group`` laid out for one pass, their shared leading tokens computed once."""
+def _rows(s: RolloutStorage, group: list[int], learner: Learner, trunk: Trunk | None = None) -> PackedRows:
+    """The turns ``group`` laid out for one pass, their shared leading tokens computed once
+    (a pass from the ``trunk``'s states runs whole rows: the trunk is where sharing would save)."""
+    share = 0 if trunk is not None else learner.algo.shared_prefix_min_tokens
     return pack_rows([s.sequences[r] for r in group], learner.pad_id, learner.device,
-                     first_read=s.prompt_lengths[group] - 1, min_shared=learner.algo.shared_prefix_min_tokens)
+                     first_read=s.prompt_lengths[group] - 1, min_shared=share)
+
+
+def _trunk(s: RolloutStorage, group: list[int], learner: Learner) -> Trunk | None:
+    """The trunk's states of the turns ``group``, for a pass that starts above it."""
+    if learner.trunk_depth is None or s.trunk_states is None:
+        return None
+    return Trunk(learner.trunk_depth, pad_states([s.trunk_states[r] for r in group]).to(learner.device))
+
+
+def compute_trunk(s: RolloutStorage, learner: Learner) -> None:
+    """Every turn's output of the shared frozen trunk (once per batch; kept in ``s``)."""
+    if learner.trunk_depth is None or s.trunk_states is not None:
+        return
+    with learner.compute():
+        states = trunk_states(learner.actor.base_model, s.sequences, learner.trunk_depth, learner.pad_id,
+                              learner.device, learner.algo.micro_batch_tokens)
+    s.trunk_states = [x.detach() for x in states]
 
 
 def _micro_batches(s: RolloutStorage, rows: Sequence[int], learner: Learner) -> list[list[int]]:
@@ -97,9 +123,10 @@ def _policy_logprobs(lm: nn.Module, s: RolloutStorage, learner: Learner) -> torc
     out = torch.zeros(s.response_ids.shape)
     for group in _micro_batches(s, range(s.size), learner):
         with learner.compute():
+            trunk = _trunk(s, group, learner) if lm is learner.actor else None  # (not the reference's)
             logp, _ = policy_logprobs(
-                lm, _rows(s, group, learner), s.prompt_lengths[group], s.response_ids[group],
-                temperature=s.temperatures[group],
+                lm, _rows(s, group, learner, trunk), s.prompt_lengths[group], s.response_ids[group],
+                temperature=s.temperatures[group], trunk=trunk,
             )
         out[group] = logp.float().cpu()
     return out * s.response_mask
@@ -117,8 +144,9 @@ def compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> No
 def _compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> None:
     values = torch.zeros(s.size, s.response_ids.shape[1] + 1)
     for group in _micro_batches(s, range(s.size), learner):
-        rows = _rows(s, group, learner)
-        values[group] = values_at_positions(critic, rows, s.prompt_lengths[group], values.shape[1]).float().cpu()
+        trunk = _trunk(s, group, learner) if critic is learner.critic else None
+        values[group] = values_at_positions(critic, _rows(s, group, learner, trunk), s.prompt_lengths[group],
+                                            values.shape[1], trunk).float().cpu()
     s.values = values * s.value_mask
     share = learner.algo.shared_prefix_min_tokens
     s.bootstrap_values = last_token_values(
@@ -146,6 +174,10 @@ def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True,
     algo, metrics = learner.algo, {}
     recorded = off_policy is not None and s.turn_weights is not None  # a batch with recorded turns
     tick = time.perf_counter()
+    if learner.trunk_depth is not None and s.trunk_states is None:
+        compute_trunk(s, learner)
+        metrics["trunk_s"] = time.perf_counter() - tick
+        tick = time.perf_counter()
     if logprobs or s.old_logprobs is None:
         if algo.recompute_logprobs or recorded:
             s.old_logprobs = _policy_logprobs(learner.actor, s, learner)
@@ -254,9 +286,10 @@ def _actor_step(s: RolloutStorage, micro: list[int], learner: Learner, share: fl
     algo, dev = learner.algo, learner.device
     token_mask = s.policy_mask[micro].to(dev)
     with learner.compute():
+        trunk = _trunk(s, micro, learner)
         logp, entropy = policy_logprobs(
-            learner.actor, _rows(s, micro, learner), s.prompt_lengths[micro], s.response_ids[micro],
-            temperature=s.temperatures[micro], with_entropy=algo.entropy_coef > 0,
+            learner.actor, _rows(s, micro, learner, trunk), s.prompt_lengths[micro], s.response_ids[micro],
+            temperature=s.temperatures[micro], with_entropy=algo.entropy_coef > 0, trunk=trunk,
         )
     policy_loss, metrics = policy_loss_fn(algo.policy_loss)(
         logp, s.old_logprobs[micro].to(dev), s.advantages[micro].to(dev), token_mask,
@@ -277,7 +310,9 @@ def _critic_step(s: RolloutStorage, micro: list[int], learner: Learner, share: f
     algo, dev = learner.algo, learner.device
     width = s.values.shape[1]
     with learner.compute():
-        values = values_at_positions(learner.critic, _rows(s, micro, learner), s.prompt_lengths[micro], width)
+        trunk = _trunk(s, micro, learner)
+        values = values_at_positions(learner.critic, _rows(s, micro, learner, trunk), s.prompt_lengths[micro], width,
+                                     trunk)
     loss, metrics = clipped_value_loss(
         values, s.values[micro].to(dev), s.returns[micro].to(dev), s.value_mask[micro].to(dev),
         clip=algo.value_clip, first_value_weight=algo.first_value_weight,

@@ -99,6 +99,9 @@ class RolloutStorage:
     #: [B] long, whole groups only: the cell ``i * K + k`` of the estimators' grid each turn takes,
     #: ``-1``: not compared (see the module doc); ``None``: row ``i * K + k`` is cell ``i * K + k``
     grid: Tensor | None = None
+    #: each turn's output ``[len, H]`` of the frozen trunk the actor and critic share
+    #: (``Learner.trunk_depth``; computed once per batch by ``score_batch``), ``None``: not computed
+    trunk_states: list[Tensor] | None = None
 
     @classmethod
     def from_batch(cls, batch: SlotBatch) -> "RolloutStorage":
@@ -253,6 +256,8 @@ class RolloutStorage:
                 continue
             if f.name in ("sequences", "truncation_prompts"):
                 joined[f.name] = [seq for v in values for seq in v]
+            elif f.name == "trunk_states":
+                joined[f.name] = None if any(v is None for v in values) else [x for v in values for x in v]
             elif values[0] is None:
                 joined[f.name] = None
             elif values[0].dim() == 2:

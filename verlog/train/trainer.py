@@ -52,6 +52,7 @@ from verlog.models import load_tokenizer
 from verlog.rewards import RewardScorer
 from verlog.rollout.slots import SlotBatch, SlotRunner
 from verlog.tokens import pad_token_id
+from verlog.train.forward import shared_trunk_depth
 from verlog.train.metrics import RunLogger, memory_metrics, rollout_metrics
 from verlog.train.ppo import Learner, adamw, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
@@ -215,12 +216,13 @@ class _Run:
                 train_last_layers(model, opts.train_layers, section=section)
                 if opts.gradient_checkpointing:
                     model.gradient_checkpointing_enable()
+        trunk = _trunk_depth(config, actor, critic)
         learner = Learner(
             actor, critic, adamw(actor, config.actor), adamw(critic, config.critic) if critic else None,
             reference, algo, pad_id=pad_token_id(tokenizer), device=device,
             actor_max_grad_norm=config.actor.max_grad_norm, critic_max_grad_norm=config.critic.max_grad_norm,
             autocast=compute, actor_scaler=grad_scaler(device, compute),
-            critic_scaler=grad_scaler(device, compute) if critic else None,
+            critic_scaler=grad_scaler(device, compute) if critic else None, trunk_depth=trunk,
         )
 
         # rollout: the graph's slots, their model calls gated into fixed-turn batches; the
@@ -403,6 +405,17 @@ class _SlotsAgent:
 
     def render_prompt(self, messages: Any, tools: Any) -> list[int]:
         return self.agent.chat_model.render_prompt_ids(messages, tools)
+
+
+def _trunk_depth(config: VerlogConfig, actor: Any, critic: Any) -> int | None:
+    """With ``train_layers`` on the actor (and on the critic, if there is one), the blocks below
+    the lowest trained one are frozen in both: where they are the same weights, they run once per
+    batch for every pass (``Learner.trunk_depth``)."""
+    trained = [config.actor.train_layers, *([config.critic.train_layers] if critic is not None else [])]
+    if any(n is None for n in trained):
+        return None
+    depth = len(actor.base_model.layers) - max(trained)  # type: ignore[type-var]
+    return shared_trunk_depth(actor.base_model, critic.backbone if critic is not None else None, depth)
 
 
 def _whole_groups(config: VerlogConfig) -> bool:
