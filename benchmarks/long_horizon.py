@@ -99,13 +99,23 @@ def scores(task: dict[str, Any]) -> dict[str, float]:
             "return_se": task["return_se"], "length": task["length_mean"]}
 
 
+def played_steps(records: list[dict[str, Any]], budget: int) -> int:
+    """The environment steps a run played (its last update's ``turns_total``, the warm-up's
+    included); ``budget`` for records without the count."""
+    updates = [r for r in records if r["kind"] == "update" and r.get("turns_total") is not None]
+    return int(updates[-1]["turns_total"]) if updates else budget
+
+
 def curve(records: list[dict[str, Any]], batch_turns: int, warmup_steps: int) -> list[dict[str, float]]:
     """Per update: environment steps so far and the figures of the training episodes that ended in it."""
     points = []
     for r in records:
         if r["kind"] != "update" or not r.get("episodes"):
             continue
-        points.append({"update": r["update"], "env_steps": warmup_steps + r["update"] * batch_turns,
+        # the steps actually played (turns_total counts the warm-up's too): a batch of whole groups
+        # (row e) holds fewer turns than its slots could give, while a slot waits for its group
+        steps = r.get("turns_total", warmup_steps + r["update"] * batch_turns)
+        points.append({"update": r["update"], "env_steps": steps,
                        "achievements": num(r.get("progression")) * ACHIEVEMENTS,
                        "return": num(r["episode_return"]), "length": num(r["episode_length"]),
                        "invalid": num(r.get("invalid_action_rate")), "elapsed_s": r["elapsed_s"],
@@ -157,7 +167,8 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
     wall = sum(s["wall_s"] for s in sittings)
     summary = {
         "row": row, "name": ROW_NAMES[row], "seed": seed, "commit": commit(), "overrides": overrides,
-        "env_steps": warmup_steps + updates * batch_turns, "updates": updates, "batch_turns": batch_turns,
+        "env_steps": played_steps(records, warmup_steps + updates * batch_turns),
+        "budget_steps": warmup_steps + updates * batch_turns, "updates": updates, "batch_turns": batch_turns,
         "wall_s": wall, "train_s": sum(p["seconds"] for p in points), "sittings": sittings,
         "load": Sittings.load_of(sittings),
         "training_wall_s": training_wall(records),
