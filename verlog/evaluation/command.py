@@ -341,9 +341,16 @@ def _report(args: argparse.Namespace, about: dict[str, Any], tasks: list[EvalTas
         written.append(plot_progression(summary, out / CHART_FILE, f"{label}: progression (mean ± s.e.)"))
     console.print(f"results written to {', '.join(str(p) for p in written)}")
     errors = [r for r in records if r.status == "error"]
+    paused = [r for r in records if r.status == "interrupted"]
+    if paused and len(paused) + len(errors) == len(records):  # nothing scored: the graph waits for a person
+        raise EvalError(f"every episode ({len(records)}) stopped at interrupt() or failed, nothing was scored "
+                        f"(first: {paused[0].error_line}); results so far in {out}")
     if errors and len(errors) == len(records):  # nothing scored: a broken graph, input or engine, not a result
         raise EvalError(f"every episode ({len(errors)}) ended with an error, nothing was scored (first: "
                         f"{errors[0].error_line}); results so far in {out}")
+    if paused:
+        console.print(f"[yellow]{len(paused)} episode(s) stopped at interrupt() and are left out of the scores[/] "
+                      f"(first: {escape(paused[0].error_line)})")
     if errors:
         console.print(f"[yellow]{len(errors)} episode(s) ended with an error and are left out of the scores[/] (first: "
                       f"{escape(errors[0].error_line)}); run the same command again to play them again")
