@@ -186,3 +186,21 @@ def test_a_join_reward_lands_on_the_same_turn_over_20_runs(tmp_path, tiny_tokeni
         rewarded[turn["turn_index"] == index] += 1
     assert rewarded == Counter({True: 20})
     assert len(branch2_start) > 1  # the branches did start in different orders (turns are in start order)
+
+
+def test_the_doc_pages_commands_run_as_written(monkeypatch, capsys):
+    """docs/interrupts_and_retries.md: with the responder 3-turn ok episodes, without it 1-turn
+    interrupted ones."""
+    import re
+    import shlex
+
+    doc = (ROOT / "docs" / "interrupts_and_retries.md").read_text()
+    (block,) = re.findall(r"```bash\n(.*?)```", doc, flags=re.S)
+    answered, unanswered = [shlex.split(line) for line in block.strip().splitlines()]
+    monkeypatch.chdir(ROOT)
+    assert answered[0] == "verlog" and main(answered[1:]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": ok") == 2 and "3 turns" in out and "interrupted" not in out
+    assert main(unanswered[1:]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": interrupted") == 2 and "1 turns" in out and "nobody answers" in out

@@ -17,7 +17,10 @@ own ``config={"callbacks": [...]}`` (which replaces the run's callbacks) is stil
   a training call; else (an environment node after the policy node, a join after parallel
   branches) the latest turn in LangGraph's own order: by superstep, then by the task's path
   (``langgraph_path``, which orders parallel branches and ``Send`` tasks), then by start order,
-  level by level through sub-graphs. A judge's own call between them changes nothing.
+  level by level through sub-graphs. A judge's own call between them changes nothing. (Calls
+  that one node makes at once, ``model.batch`` or ``asyncio.gather``, are ordered by when LangChain
+  started them. Under the slot runner a turn already trained in an earlier batch is passed over
+  when another candidate is not, so a reward is never lost to a batch boundary.)
 * A call made inside an attempt that then raised (a node retried by a ``RetryPolicy``, a chain
   retried by ``with_retry`` or replaced by ``with_fallbacks``, a sub-chain whose error the node
   caught) is *discarded*: its output was thrown away, so it is no action. It leaves the turns
@@ -268,7 +271,12 @@ class TurnRecorder(BaseCallbackHandler):
             return None
         node_run = self._lineage_of(run_id).node_run if run_id is not None else None
         own = [t for t in kept if node_run is not None and self._lineage[id(t)].node_run == node_run]
-        return max(own or kept, key=lambda t: self._lineage[id(t)].key)
+        return max(self._eligible(own or kept), key=lambda t: self._lineage[id(t)].key)
+
+    def _eligible(self, turns: list[Turn]) -> list[Turn]:
+        """Hook: the candidates a reward may go to (the slot runner passes over turns already
+        trained in an earlier batch when another candidate is not)."""
+        return turns
 
     # ------------------------------------------------------------------ the steps of a call
     def _start(
