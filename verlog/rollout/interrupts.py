@@ -66,6 +66,13 @@ def with_checkpointer(graph: Any) -> Any:
 _LOADED: dict[tuple[str, int], "InterruptResponder"] = {}
 
 
+def _checkpointer_of(graph: Any) -> Any:
+    """The checkpointer of a compiled graph (or of the graph a ``with_config`` binding wraps)."""
+    if isinstance(graph, RunnableBinding):
+        return _checkpointer_of(graph.bound)
+    return getattr(graph, "checkpointer", None) or None
+
+
 @dataclass
 class InterruptResponder:
     """Answers an episode's interrupts: ``respond(value, state) -> answer`` per interrupt, at most
@@ -74,6 +81,8 @@ class InterruptResponder:
     respond: Callable[[Any, Any], Any]
     max_resumes: int = DEFAULT_MAX_RESUMES
     _graphs: dict[int, tuple[Any, Any]] = field(default_factory=dict, repr=False)
+    #: the in-memory savers it gave graphs (their episodes' threads are deleted as episodes end)
+    _savers: dict[int, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_config(cls, langgraph: Any) -> "InterruptResponder | None":
@@ -94,8 +103,21 @@ class InterruptResponder:
         """``graph`` with a checkpointer (made once per graph)."""
         known = self._graphs.get(id(graph))
         if known is None or known[0] is not graph:
-            known = self._graphs[id(graph)] = (graph, with_checkpointer(graph))
+            resumable = with_checkpointer(graph)
+            saver = _checkpointer_of(resumable)
+            if saver is not None and saver is not _checkpointer_of(graph):
+                self._savers[id(saver)] = saver
+            known = self._graphs[id(graph)] = (graph, resumable)
         return known[1]
+
+    async def forget(self, graph: Any, config: Any) -> None:
+        """An episode of ``graph`` (as :meth:`graph_for` made it) has ended: delete its thread from
+        the in-memory saver verlog gave the graph (a graph's own checkpointer is left alone), so a
+        long training run keeps no finished episode's checkpoints."""
+        saver = _checkpointer_of(graph)
+        thread = ((config or {}).get("configurable") or {}).get("thread_id")
+        if saver is not None and id(saver) in self._savers and thread is not None:
+            await saver.adelete_thread(thread)
 
     async def answer(self, graph: Runnable, config: Any, interrupts: list[Any]) -> Command:
         """The ``Command`` resuming ``graph`` (run with ``config``) past ``interrupts``: one

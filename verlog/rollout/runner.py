@@ -201,6 +201,8 @@ async def run_episode(
             "the graph ended without calling the model: build_graph(model) must use the model it is given"))
     else:
         episode = recorder.episode("ok", output=task.result())
+    if interrupts is not None:  # the in-memory checkpoints of the finished episode are of no more use
+        await interrupts.forget(graph, config)
     episode.seconds = time.perf_counter() - started
     episode.resumes = resumes
     return episode
