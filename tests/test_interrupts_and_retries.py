@@ -6,11 +6,14 @@ a reward reported at a join of parallel branches given to the same turn on every
 from __future__ import annotations
 
 import json
+import operator
 from collections import Counter
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 import yaml
+from typing_extensions import TypedDict
 
 from verlog.cli import main
 from verlog.config import ConfigError, load_config
@@ -57,6 +60,11 @@ def rollout_json(config: Path, tmp_path: Path, episodes: int, *extra: str) -> li
 
 
 # ---------------------------------------------------------------------- human in the loop
+class BranchState(TypedDict):
+    i: int
+    said: Annotated[list, operator.add]
+
+
 @pytest.mark.timeout(300)
 def test_follow_up_graph_trains_with_a_simulated_user(tmp_path):
     """The example responder answers every pause: each episode is the 3 answers of a conversation
@@ -143,6 +151,34 @@ async def test_a_graph_that_always_pauses_stops_after_max_resumes(tmp_path):
     assert "max_resumes" in episode.error and episode.model_calls == 4
 
 
+async def test_parallel_pauses_are_answered_each_by_interrupt_id():
+    """Two Send branches pause at once: the responder is asked once per pause and each branch gets
+    its own answer."""
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+    from langgraph.graph import START, StateGraph
+    from langgraph.types import Send, interrupt
+
+    from verlog.rollout import run_episode
+    from verlog.rollout.interrupts import InterruptResponder
+
+    model = FakeListChatModel(responses=["fine"])
+
+    async def ask(state: BranchState) -> dict:
+        answer = interrupt(f"branch {state['i']}?")
+        await model.ainvoke(answer)
+        return {"said": [answer]}
+
+    builder = StateGraph(BranchState)
+    builder.add_node("ask", ask)
+    builder.add_conditional_edges(START, lambda s: [Send("ask", {"i": i, "said": []}) for i in range(2)], ["ask"])
+    asked = []
+    responder = InterruptResponder(lambda value, state: asked.append(value) or f"yes to {value}")
+    episode = await run_episode(builder.compile(), {"i": -1, "said": []}, interrupts=responder)
+    assert episode.status == "ok" and episode.resumes == 1
+    assert sorted(asked) == ["branch 0?", "branch 1?"]
+    assert sorted(episode.output["said"]) == ["yes to branch 0?", "yes to branch 1?"]
+
+
 # ---------------------------------------------------------------------- attempts thrown away
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("keep", [False, True])
@@ -160,13 +196,16 @@ def test_retry_policy_graph_trains_without_the_discarded_calls(tmp_path, keep):
     assert all(r["discarded_calls"] == 2 * r["episodes"] for r in ended)
 
 
-@pytest.mark.parametrize("style", ["retry_policy", "with_retry", "with_fallbacks"])
-def test_calls_of_failed_attempts_never_become_turns_in_rollout(tmp_path, style):
+@pytest.mark.parametrize("style,calls,discarded", [
+    ("retry_policy", 4, 2), ("with_retry", 4, 2), ("with_fallbacks", 4, 2),
+    ("errored_call", 6, 0),  # 2 calls per step errored themselves: never turns, nothing to discard
+])
+def test_calls_of_failed_attempts_never_become_turns_in_rollout(tmp_path, style, calls, discarded):
     config, _ = write_config(tmp_path, style, RETRY_JOIN, graph_kwargs={"style": style, "steps": 2})
     episodes = rollout_json(config, tmp_path, 2)
     for episode in episodes:
         assert episode["status"] == "ok"
-        assert (len(episode["turns"]), episode["model_calls"], episode["discarded_calls"]) == (2, 4, 2)
+        assert (len(episode["turns"]), episode["model_calls"], episode["discarded_calls"]) == (2, calls, discarded)
         assert [t["reward"] for t in episode["turns"]] == [1.0, 1.0]  # each step's reward on its kept call
 
 

@@ -8,6 +8,8 @@
   discarded).
 * ``with_fallbacks``: ``(model | parser)`` whose parser always fails, with the bare model as its
   fallback (the first call is discarded, the fallback's call is a turn).
+* ``errored_call``: a chat model whose every call errors, retried once by ``with_retry``, with the
+  policy model as its fallback (two calls that errored, never turns; the fallback's is one).
 * ``pause``: the policy node of ``retry_policy`` without its failure; the environment node of
   an odd seed's episode pauses at ``interrupt()`` after the first step (nobody answers it in
   training: the episode ends ``interrupted``), an even seed's plays to its end.
@@ -25,7 +27,9 @@ import operator
 import random
 from typing import Annotated, Any
 
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage
+from langchain_core.outputs import ChatResult
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import RetryPolicy, Send, interrupt
@@ -33,7 +37,18 @@ from typing_extensions import TypedDict
 
 from verlog.rollout.events import areport_reward
 
-STYLES = ("retry_policy", "with_retry", "with_fallbacks", "join", "pause")
+STYLES = ("retry_policy", "with_retry", "with_fallbacks", "errored_call", "join", "pause")
+
+
+class DownEndpoint(BaseChatModel):
+    """A chat model whose endpoint is down: every call raises."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "down-endpoint"
+
+    def _generate(self, messages: list, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        raise ConnectionError("the endpoint is down")
 
 
 class State(TypedDict):
@@ -75,6 +90,9 @@ def build_graph(model, style: str = "retry_policy", steps: int = 2, branches: in
             chain = (policy_model | RunnableLambda(parse_once)).with_retry(
                 stop_after_attempt=2, wait_exponential_jitter=False)
             answer = await chain.ainvoke(prompt)
+        elif style == "errored_call":
+            down = DownEndpoint().with_retry(stop_after_attempt=2, wait_exponential_jitter=False)
+            answer = await down.with_fallbacks([policy_model]).ainvoke(prompt)
         else:
             def never(message: Any) -> Any:
                 raise ValueError("the parser always fails")
