@@ -8,7 +8,8 @@
 Every finished episode is appended to ``OUT/episodes.jsonl``. Run the same command again after
 an interruption and the finished episodes are read back, not played again; episodes that ended
 with an ``error`` (most often the model endpoint failing) are played again, while those that
-ended normally, at their recursion limit or at their timeout are final. At the end:
+ended normally, at their recursion limit, at their timeout or at an unanswered ``interrupt()``
+(``interrupted``: left out of the scores, counted apart) are final. At the end:
 a table of progression (0-100), win rate and return as mean ± standard error per task, per
 environment and overall, ``OUT/summary.json`` and ``OUT/progression.png``.
 """
