@@ -207,6 +207,17 @@ class TurnRecorder(BaseCallbackHandler):
             self._failed_runs.add(run_id)
         self._discard(lambda lineage: run_id in lineage.ancestors)
 
+    def on_tool_start(
+        self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any,
+    ) -> None:
+        self._chains[run_id] = _Chain(parent_run_id, None)  # a model call inside a tool still finds its node
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._chains.pop(run_id, None)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self.on_chain_error(error, run_id=run_id)  # a tool that raised threw its calls' answers away too
+
     # ------------------------------------------------------------------ attempts that raised
     def _lineage_of(self, parent: UUID | None) -> _Lineage:
         """The chain runs above a call or event whose parent run is ``parent``, and its place."""
