@@ -243,3 +243,71 @@ def test_the_doc_pages_commands_run_as_written(monkeypatch, capsys):
     assert main(unanswered[1:]) == 0
     out = capsys.readouterr().out
     assert out.count(": interrupted") == 2 and "1 turns" in out and "nobody answers" in out
+
+
+async def test_a_call_made_before_interrupt_in_the_same_node_is_discarded_not_trained_twice(tiny_tokenizer):
+    """LangGraph runs the paused node again from its start on resume: the call it made before
+    interrupt() the first time was thrown away (discarded), the one of the run that went on is the
+    turn, and the reward reported after the pause goes to it."""
+    from langchain_core.messages import HumanMessage
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import interrupt
+
+    from verlog.llm import VerlogChatModel
+    from verlog.rollout import areport_reward, run_episode
+    from verlog.rollout.interrupts import InterruptResponder
+    from verlog.testing.scripted_engine import ScriptedEngine
+
+    model = VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, ["a draft"]), tokenizer=tiny_tokenizer)
+
+    async def draft(state: BranchState) -> dict:
+        await model.ainvoke([HumanMessage("draft")])
+        answer = interrupt("approve?")
+        await areport_reward(1.0)
+        return {"said": [answer]}
+
+    builder = StateGraph(BranchState)
+    builder.add_node("draft", draft)
+    builder.add_edge(START, "draft")
+    builder.add_edge("draft", END)
+    episode = await run_episode(builder.compile(), {"i": 0, "said": []},
+                                interrupts=InterruptResponder(lambda value, state: "approved"))
+    assert episode.status == "ok" and episode.output["said"] == ["approved"]
+    assert (episode.model_calls, len(episode.turns), episode.discarded_calls) == (2, 1, 1)
+    assert episode.turns[0].reward == 1.0
+
+
+async def test_a_branch_reporting_its_own_reward_gets_it_on_its_own_call(tiny_tokenizer):
+    """Parallel branches each call the model and report their own reward in the same node, in a
+    random order: each reward lands on the call of the branch that reported it (the reporting
+    node's own turn), on every run."""
+    import asyncio
+    import random
+
+    from langchain_core.messages import HumanMessage
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Send
+
+    from verlog.llm import VerlogChatModel
+    from verlog.rollout import areport_reward, run_episodes
+    from verlog.testing.scripted_engine import ScriptedEngine
+
+    model = VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, ["ok"]), tokenizer=tiny_tokenizer)
+
+    async def branch(state: BranchState) -> dict:
+        await asyncio.sleep(random.random() * 0.01)
+        await model.ainvoke([HumanMessage(f"branch {state['i']}")])
+        await asyncio.sleep(random.random() * 0.01)
+        await areport_reward(float(state["i"] + 1))
+        return {"said": [state["i"]]}
+
+    builder = StateGraph(BranchState)
+    builder.add_node("branch", branch)
+    builder.add_conditional_edges(START, lambda s: [Send("branch", {"i": i, "said": []}) for i in range(3)], ["branch"])
+    builder.add_edge("branch", END)
+    episodes = await run_episodes(builder.compile(), [{"i": -1, "said": []}] * 10, concurrency=5)
+    for episode in episodes:
+        assert episode.status == "ok" and len(episode.turns) == 3
+        for turn in episode.turns:
+            branch_of = int(tiny_tokenizer.decode(turn.prompt_ids).split("branch ")[1][0])
+            assert turn.reward == branch_of + 1
