@@ -133,6 +133,26 @@ def test_on_interrupt_is_checked_with_a_one_line_error_naming_the_key(tmp_path):
 
     with pytest.raises(ConfigError, match=r"multi_turn\.langgraph\.on_interrupt.*no function 'nope'.*ask"):
         InterruptResponder.from_config(load_config(config).multi_turn.langgraph)
+    config, _ = write_config(tmp_path, "nofile", FOLLOW_UP, on_interrupt="users/nobody.py:ask")
+    with pytest.raises(ConfigError, match=r"multi_turn\.langgraph\.on_interrupt: responder file .*nobody\.py"):
+        InterruptResponder.from_config(load_config(config).multi_turn.langgraph)
+
+
+async def test_a_responder_that_raises_fails_its_episode_saying_so():
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    from verlog.graph_file import load_graph_file
+    from verlog.rollout import run_episode
+    from verlog.rollout.interrupts import InterruptResponder
+
+    def respond(value, state):
+        raise KeyError("no question left")
+
+    graph_file = load_graph_file(FOLLOW_UP)
+    episode = await run_episode(graph_file.build(FakeListChatModel(responses=["an answer"])), graph_file.make_input(0),
+                                interrupts=InterruptResponder(respond))
+    assert episode.status == "error"
+    assert "on_interrupt: respond raised KeyError" in episode.error and episode.trainable_turns() == []
 
 
 async def test_a_graph_that_always_pauses_stops_after_max_resumes(tmp_path):

@@ -35,6 +35,7 @@ from verlog.evaluation.results import EpisodeRecord, TaskResult, summarize
 from verlog.evaluation.runner import EpisodeLog, EvalError, episode_seeds, play_tasks, task_spec
 from verlog.evaluation.suite_protocol import NO_BALROG_SOURCE, balrog_tasks, protocol_differences, wording_report
 from verlog.evaluation.tasks import EvalTask, plan_tasks
+from verlog.rollout.interrupts import InterruptResponder
 
 __all__ = ["add_eval_arguments", "run_eval"]
 
@@ -230,6 +231,8 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
         out = Path(args.out) if args.out else (model.folder / "eval" if model.folder else Path("runs") / "eval" / _slug(model.label))
 
     seeds = {t.key: episode_seeds(t, args.episodes) for t in tasks}
+    for task in tasks:  # a responder that cannot be loaded stops here, in one line, before any episode
+        InterruptResponder.from_config(task.config.multi_turn.langgraph)
     specs = {t.key: task_spec(t, model.label, model.sampling(t.config)) for t in tasks}
     planned = {t.episode_id(s): t for t in tasks for s in seeds[t.key]}
     log = EpisodeLog(out)

@@ -28,8 +28,8 @@ from langgraph.types import Command
 from verlog.config import DEFAULT_MAX_RESUMES
 from verlog.rollout.recorder import recording
 
-__all__ = ["DEFAULT_MAX_RESUMES", "INTERRUPT_OUTPUT_KEY", "InterruptResponder", "pending_interrupts",
-           "with_checkpointer"]
+__all__ = ["DEFAULT_MAX_RESUMES", "INTERRUPT_OUTPUT_KEY", "InterruptResponder", "ResponderError",
+           "pending_interrupts", "with_checkpointer"]
 
 #: the key of a graph's output that holds the interrupts it stopped at (LangGraph's)
 INTERRUPT_OUTPUT_KEY = "__interrupt__"
@@ -66,6 +66,10 @@ def with_checkpointer(graph: Any) -> Any:
 _LOADED: dict[tuple[str, int], "InterruptResponder"] = {}
 
 
+class ResponderError(RuntimeError):
+    """The ``on_interrupt`` function raised while answering a pause: the episode fails (``error``)."""
+
+
 def _checkpointer_of(graph: Any) -> Any:
     """The checkpointer of a compiled graph (or of the graph a ``with_config`` binding wraps)."""
     if isinstance(graph, RunnableBinding):
@@ -95,7 +99,8 @@ class InterruptResponder:
         if key not in _LOADED:
             from verlog.rewards.functions import load_function  # lazy: rewards import the rollout records
 
-            function = load_function(langgraph.on_interrupt, where="multi_turn.langgraph.on_interrupt")
+            function = load_function(langgraph.on_interrupt, where="multi_turn.langgraph.on_interrupt",
+                                     what="responder file")
             _LOADED[key] = cls(function, langgraph.max_resumes)
         return _LOADED[key]
 
@@ -127,9 +132,14 @@ class InterruptResponder:
         answers = []
         with recording(None):  # the responder's own model calls are no turns
             for interrupt in interrupts:
-                answer = self.respond(getattr(interrupt, "value", interrupt), values)
-                if inspect.isawaitable(answer):
-                    answer = await answer
+                try:
+                    answer = self.respond(getattr(interrupt, "value", interrupt), values)
+                    if inspect.isawaitable(answer):
+                        answer = await answer
+                except Exception as exc:  # the episode fails (status error), saying whose fault it is
+                    name = getattr(self.respond, "__name__", "the responder")
+                    raise ResponderError(f"multi_turn.langgraph.on_interrupt: {name} raised "
+                                         f"{type(exc).__name__}: {exc}") from exc
                 answers.append(answer)
         if len(interrupts) == 1:
             return Command(resume=answers[0])
