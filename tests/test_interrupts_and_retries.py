@@ -106,7 +106,8 @@ def test_interrupted_episodes_are_left_out_of_training_like_failed_ones(tmp_path
     with the finished episodes only, the paused ones counted as failed."""
     config, run_dir = write_config(tmp_path, "mixed", RETRY_JOIN, graph_kwargs={"style": "pause", "steps": 2},
                                    updates=3, num_envs=2, turns_per_env=4)
-    assert main(["train", str(config)]) == 0
+    with pytest.warns(RuntimeWarning, match=r"stopped at interrupt\(\) and are not trained.*on_interrupt"):
+        assert main(["train", str(config)]) == 0
     rows = update_rows(run_dir)
     assert [r["update"] for r in rows] == [1, 2, 3]
     assert sum(r["failed_episodes"] for r in rows) > 0 and sum(r["episodes"] for r in rows) > 0

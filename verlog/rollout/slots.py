@@ -517,6 +517,7 @@ class SlotRunner:
         self._batch = 0
         self._accepting = True
         self._warned_uncaptured = False
+        self._warned_paused = False
         self._tasks: list[asyncio.Task] = []
         self._ended: list[Episode] = []
         self._failed: list[Episode] = []
@@ -628,6 +629,14 @@ class SlotRunner:
             batch.compared, batch.whole_groups, batch.groups_dropped = compared, self._whole, self._dropped
             self._whole, self._dropped = [], 0
         self._ended, self._failed = [], []
+        paused = [e for e in batch.failed if e.status == "interrupted"]
+        if paused and not self._warned_paused:
+            self._warned_paused = True
+            warnings.warn(
+                f"{len(paused)} episodes of this batch stopped at interrupt() and are not trained (status interrupted; "
+                f"first: {(paused[0].error or '').splitlines()[0] if paused[0].error else 'no message'})",
+                RuntimeWarning, stacklevel=2,
+            )
         if batch.uncaptured_calls and not self._warned_uncaptured:
             self._warned_uncaptured = True
             warnings.warn(

@@ -10,9 +10,6 @@ from typing import Any, Literal
 #: no ``multi_turn.langgraph.on_interrupt``, or still paused after ``max_resumes`` answers)
 EpisodeStatus = Literal["ok", "error", "recursion_limit", "timeout", "interrupted"]
 
-#: every :data:`EpisodeStatus`, for checks and reports
-EPISODE_STATUSES: tuple[str, ...] = ("ok", "error", "recursion_limit", "timeout", "interrupted")
-
 
 @dataclass
 class Turn:
