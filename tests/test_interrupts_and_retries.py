@@ -332,3 +332,16 @@ async def test_a_branch_reporting_its_own_reward_gets_it_on_its_own_call(tiny_to
         for turn in episode.turns:
             branch_of = int(tiny_tokenizer.decode(turn.prompt_ids).split("branch ")[1][0])
             assert turn.reward == branch_of + 1
+
+
+@pytest.mark.timeout(300)
+def test_a_join_graph_trains_with_every_join_reward_on_a_trained_turn(tmp_path):
+    """verlog train on the join graph: each episode is 3 parallel calls and one join reward of 1;
+    with 3 turns per slot every batch holds whole episodes and its mean turn reward is exactly 1/3
+    (no reward lost to a batch boundary or given twice)."""
+    config, run_dir = write_config(tmp_path, "join_train", RETRY_JOIN, turns_per_env=3,
+                                   graph_kwargs={"style": "join", "steps": 1, "branches": 3})
+    assert main(["train", str(config)]) == 0
+    rows = update_rows(run_dir)
+    assert [r["update"] for r in rows] == [1, 2]
+    assert all(r["failed_episodes"] == 0 and r["turn_reward"] == pytest.approx(1 / 3) for r in rows)
