@@ -15,6 +15,7 @@ from verlog.graph_file import GraphFile, GraphFileError, load_graph_file
 from verlog.llm.chat_model import VerlogChatModel
 from verlog.models.safe_load import first_line
 from verlog.rollout import Episode, run_episodes
+from verlog.rollout.interrupts import InterruptResponder
 
 
 def pick_device(device: str) -> str:
@@ -145,6 +146,7 @@ class Agent:
             except Exception as exc:  # the graph file's make_input, or the config's data.input mapping
                 source = "data.input" if rows else f"make_input({i}) of {self.graph_file.path}"
                 raise GraphFileError(f"the input of episode {episode_id} failed ({source}): {first_line(exc)}") from exc
+        langgraph = self.config.multi_turn.langgraph
         return await run_episodes(
             self.graph,
             inputs,
@@ -154,6 +156,8 @@ class Agent:
             timeout_s=r.episode_timeout_s,
             keep_messages=keep_messages,
             on_episode=scored,
+            interrupts=InterruptResponder.from_config(langgraph),
+            keep_discarded=langgraph.train_discarded_calls,
         )
 
     async def aclose(self) -> None:

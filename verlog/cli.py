@@ -142,6 +142,8 @@ def _print_episode(episode: Episode, tokenizer: Any, *, show_messages: bool) -> 
         f"return {episode.total_reward:.2f} · {episode.seconds:.1f} s"
         + (f" · [yellow]{episode.uncaptured_calls} model calls not captured (no verlog token data)[/]"
            if episode.uncaptured_calls else "")
+        + (f" · {episode.resumes} interrupts answered" if episode.resumes else "")
+        + (f" · {episode.discarded_calls} calls of attempts that raised discarded" if episode.discarded_calls else "")
     )
     if episode.error:
         console.print(f"[red]{episode.error}[/]")

@@ -67,6 +67,18 @@ VERL_REWARD_FUNCTION_NAME = "compute_score"
 #: beyond it is refused (``verlog.traces.records.check_reward``)
 REWARD_MAX_ABS = 1e6
 
+#: the most ``interrupt()`` pauses one episode's responder answers (``multi_turn.langgraph.max_resumes``)
+DEFAULT_MAX_RESUMES = 16
+
+
+def _check_function_target(value: str) -> str:
+    """``file.py:function`` or ``package.module:function`` (a ``ValueError`` otherwise)."""
+    target, sep, name = value.rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise ValueError("must be file.py:function or package.module:function, e.g. rewards.py:correct")
+    return value
+
+
 #: keys of LangChain's RunnableConfig that a graph run accepts
 RUN_CONFIG_KEYS = ("recursion_limit", "configurable", "tags", "metadata", "max_concurrency", "run_name")
 
@@ -81,6 +93,24 @@ class LangGraphConfig(_Section):
         "recursion_limit, the graph's own (verlog's game graphs carry their longest episode's), else 100",
     )
     graph_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of build_graph")
+    on_interrupt: str | None = Field(
+        None, description="file.py:function answering the graph's interrupt() pauses in training, rollout and "
+        "evaluation: function(value, state) -> the Command(resume=...) value; without it a paused episode "
+        "ends 'interrupted' (never trained, left out of scores)",
+    )
+    max_resumes: int = Field(
+        DEFAULT_MAX_RESUMES, ge=1, description="the most interrupt() pauses on_interrupt answers in one episode; "
+        "still paused after that, it ends 'interrupted'",
+    )
+    train_discarded_calls: bool = Field(
+        False, description="also train the model calls made in a node attempt that then raised (a RetryPolicy "
+        "retry, with_retry, with_fallbacks): by default they are left out (counted in discarded_calls)",
+    )
+
+    @field_validator("on_interrupt")
+    @classmethod
+    def _check_on_interrupt(cls, value: str | None) -> str | None:
+        return None if value is None else _check_function_target(value)
 
     @field_validator("graph_kwargs", mode="before")
     @classmethod
@@ -355,10 +385,7 @@ class RewardFunctionConfig(_Section):
     @field_validator("function")
     @classmethod
     def _check_function(cls, value: str) -> str:
-        target, sep, name = value.rpartition(":")
-        if not sep or not target or not name.isidentifier():
-            raise ValueError("must be file.py:function or package.module:function, e.g. rewards.py:correct")
-        return value
+        return _check_function_target(value)
 
 
 class JudgeEndpointConfig(_Section):
@@ -878,6 +905,10 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> VerlogConfig
         target, _, name = function.function.rpartition(":")
         if target.endswith(".py"):
             function.function = f"{resolve_path(target, bases)}:{name}"
+    responder = config.multi_turn.langgraph.on_interrupt
+    if responder and responder.rpartition(":")[0].endswith(".py"):
+        target, _, name = responder.rpartition(":")
+        config.multi_turn.langgraph.on_interrupt = f"{resolve_path(target, bases)}:{name}"
     return config
 
 

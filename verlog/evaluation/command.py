@@ -8,7 +8,8 @@
 Every finished episode is appended to ``OUT/episodes.jsonl``. Run the same command again after
 an interruption and the finished episodes are read back, not played again; episodes that ended
 with an ``error`` (most often the model endpoint failing) are played again, while those that
-ended normally, at their recursion limit or at their timeout are final. At the end:
+ended normally, at their recursion limit, at their timeout or at an unanswered ``interrupt()``
+(``interrupted``: left out of the scores, counted apart) are final. At the end:
 a table of progression (0-100), win rate and return as mean ± standard error per task, per
 environment and overall, ``OUT/summary.json`` and ``OUT/progression.png``.
 """
@@ -34,6 +35,7 @@ from verlog.evaluation.results import EpisodeRecord, TaskResult, summarize
 from verlog.evaluation.runner import EpisodeLog, EvalError, episode_seeds, play_tasks, task_spec
 from verlog.evaluation.suite_protocol import NO_BALROG_SOURCE, balrog_tasks, protocol_differences, wording_report
 from verlog.evaluation.tasks import EvalTask, plan_tasks
+from verlog.rollout.interrupts import InterruptResponder
 
 __all__ = ["add_eval_arguments", "run_eval"]
 
@@ -229,6 +231,8 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
         out = Path(args.out) if args.out else (model.folder / "eval" if model.folder else Path("runs") / "eval" / _slug(model.label))
 
     seeds = {t.key: episode_seeds(t, args.episodes) for t in tasks}
+    for task in tasks:  # a responder that cannot be loaded stops here, in one line, before any episode
+        InterruptResponder.from_config(task.config.multi_turn.langgraph)
     specs = {t.key: task_spec(t, model.label, model.sampling(t.config)) for t in tasks}
     planned = {t.episode_id(s): t for t in tasks for s in seeds[t.key]}
     log = EpisodeLog(out)
@@ -341,9 +345,16 @@ def _report(args: argparse.Namespace, about: dict[str, Any], tasks: list[EvalTas
         written.append(plot_progression(summary, out / CHART_FILE, f"{label}: progression (mean ± s.e.)"))
     console.print(f"results written to {', '.join(str(p) for p in written)}")
     errors = [r for r in records if r.status == "error"]
+    paused = [r for r in records if r.status == "interrupted"]
+    if paused and len(paused) + len(errors) == len(records):  # nothing scored: the graph waits for a person
+        raise EvalError(f"every episode ({len(records)}) stopped at interrupt() or failed, nothing was scored "
+                        f"(first: {paused[0].error_line}); results so far in {out}")
     if errors and len(errors) == len(records):  # nothing scored: a broken graph, input or engine, not a result
         raise EvalError(f"every episode ({len(errors)}) ended with an error, nothing was scored (first: "
                         f"{errors[0].error_line}); results so far in {out}")
+    if paused:
+        console.print(f"[yellow]{len(paused)} episode(s) stopped at interrupt() and are left out of the scores[/] "
+                      f"(first: {escape(paused[0].error_line)})")
     if errors:
         console.print(f"[yellow]{len(errors)} episode(s) ended with an error and are left out of the scores[/] (first: "
                       f"{escape(errors[0].error_line)}); run the same command again to play them again")

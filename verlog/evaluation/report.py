@@ -32,12 +32,15 @@ def eval_table(results: Sequence[TaskResult], title: str = "evaluation") -> Tabl
     """Tasks as rows: win rate, return and progression (0-100) as mean ± standard error."""
     table = Table(title=title)
     longest = max([len(r.task) for r in results] + [4])
-    for col in ("task", "episodes", "win rate", "return", "progression", "length", "failed"):
+    paused = any(r.interrupted for r in results)
+    for col in ("task", "episodes", "win rate", "return", "progression", "length", "failed",
+                *(["interrupted"] if paused else [])):
         table.add_column(col, justify="left" if col == "task" else "right", no_wrap=True,
                          min_width=longest if col == "task" else None)
     for r in results:
         table.add_row(r.task, str(r.episodes), _pm(r.win_rate, r.win_rate_se), _pm(r.return_mean, r.return_se),
-                      _pm(r.progression, r.progression_se, 1), f"{r.length_mean:.1f}", str(r.failed))
+                      _pm(r.progression, r.progression_se, 1), f"{r.length_mean:.1f}", str(r.failed),
+                      *([str(r.interrupted)] if paused else []))
     return table
 
 
@@ -59,7 +62,10 @@ def summary_table(summary: Summary, title: str = "evaluation", not_the_suites_pr
     # the task column is as wide as its longest name: names are never cut, into a file or a pipe
     longest = max([len(f"  {t.task}") for t in summary.tasks] + [len(f"{t.env}/{t.task}") for t in summary.tasks]
                   + [len("overall (00 envs)"), 14])
-    for col in ("task", "n", "progression", "win rate", "return", "turns", "failed"):
+    # episodes stopped at an unanswered interrupt() are not scored: a column counts them, when any
+    paused = any(t.interrupted for t in summary.tasks)
+    extra = [""] if paused else []
+    for col in ("task", "n", "progression", "win rate", "return", "turns", "failed", *(["interrupted"] if paused else [])):
         table.add_column(col, justify="left" if col == "task" else "right", no_wrap=True,
                          min_width=longest if col == "task" else None)
     envs = {e.name: e for e in summary.envs}
@@ -70,17 +76,18 @@ def summary_table(summary: Summary, title: str = "evaluation", not_the_suites_pr
         if len(tasks) > 1:
             e = envs[env]
             table.add_row(f"[bold]{env}[/]", str(e.episodes), f"[bold]{_pm(e.progression, e.progression_se, 1)}[/]",
-                          _pm(e.win_rate, e.win_rate_se), "", "", "")
+                          _pm(e.win_rate, e.win_rate_se), "", "", "", *extra)
         for t in tasks:
             name = f"  {t.task}" if len(tasks) > 1 else (t.task if t.task == env else f"{env}/{t.task}")
             table.add_row(name, str(t.episodes), _pm(t.progression, t.progression_se, 1),
                           _pm(t.win_rate, t.win_rate_se), _pm(t.return_mean, t.return_se),
-                          f"{t.length_mean:.1f}", str(t.failed))
+                          f"{t.length_mean:.1f}", str(t.failed), *([str(t.interrupted)] if paused else []))
     if summary.overall is not None and len(summary.envs) > 1:
         o = summary.overall
         table.add_section()
         table.add_row(f"[bold]overall[/] ({o.parts} envs)", str(o.episodes),
-                      f"[bold]{_pm(o.progression, o.progression_se, 1)}[/]", _pm(o.win_rate, o.win_rate_se), "", "", "")
+                      f"[bold]{_pm(o.progression, o.progression_se, 1)}[/]", _pm(o.win_rate, o.win_rate_se), "", "", "",
+                      *extra)
     return table
 
 

@@ -7,7 +7,11 @@ environment's the mean over *all* its episodes (not the mean of its tasks' means
 when every task has as many episodes); the overall score is the mean of the environments' scores
 (each environment weighs the same however many tasks or episodes it has). Episodes that crashed
 (status ``error``: the graph or the model endpoint failed) are left out, as BALROG leaves out the
-episodes whose worker raised; ``verlog eval`` plays them again on the next run. Standard errors
+episodes whose worker raised; ``verlog eval`` plays them again on the next run. Episodes that
+stopped at an unanswered ``interrupt()`` (status ``interrupted``: the graph waits for a person, no
+``multi_turn.langgraph.on_interrupt`` answered) are left out the same way, neither a win nor a
+loss, and counted (``TaskResult.interrupted``); they are not played again (the same graph pauses
+the same way: answer it, and the changed settings make a new evaluation). Standard errors
 are BALROG's: the standard deviation with divisor n (not n - 1) over sqrt(n), and for the overall
 mean of k environments ``sqrt(sum se_i^2) / k``.
 """
@@ -22,6 +26,11 @@ __all__ = ["EpisodeRecord", "GroupResult", "Summary", "TaskResult", "mean_of_mea
 
 #: BALROG reports progression per cent
 PROGRESSION_SCALE = 100.0
+
+#: statuses of episodes left out of every score (no verdict on the agent's play): ``error`` (the
+#: graph or the endpoint failed; played again by the next run) and ``interrupted`` (paused for a
+#: person nobody played). A ``recursion_limit`` episode is scored: the agent ran out of moves.
+UNSCORED_STATUSES = ("error", "interrupted")
 
 
 def mean_se(xs: Sequence[float]) -> tuple[float, float]:
@@ -61,7 +70,7 @@ class EpisodeRecord:
     ``progression`` is BALROG's score of the episode on 0-100 (how far it got: the goal for
     goal-based games, achievements or points for Crafter and TextWorld, depth and level for
     NetHack). ``success`` is true only for an episode that ended normally with the goal reached.
-    ``status`` is ``ok`` or how it failed (``error``, ``recursion_limit``, ``timeout``);
+    ``status`` is ``ok`` or how it failed (``error``, ``recursion_limit``, ``interrupted``);
     ``turns`` counts the model calls, ``episode_return`` the rewards the environment reported.
     """
 
@@ -129,17 +138,20 @@ class TaskResult:
     env: str = ""
     #: episodes that crashed (status ``error``), left out of every figure above
     errors: int = 0
+    #: episodes stopped at an unanswered ``interrupt()`` (status ``interrupted``), left out too
+    interrupted: int = 0
 
     @classmethod
     def from_records(cls, env: str, task: str, records: Sequence[EpisodeRecord]) -> "TaskResult":
         crashed = sum(r.status == "error" for r in records)
-        records = [r for r in records if r.status != "error"]
+        paused = sum(r.status == "interrupted" for r in records)
+        records = [r for r in records if r.status not in UNSCORED_STATUSES]
         win, win_se = mean_se([float(r.success) for r in records])
         ret, ret_se = mean_se([r.episode_return for r in records])
         prog, prog_se = mean_se([r.progression for r in records])
         length = sum(r.turns for r in records) / max(len(records), 1)
         return cls(task, len(records), sum(r.failed for r in records), win, win_se, ret, ret_se, length,
-                   prog, prog_se, env, crashed)
+                   prog, prog_se, env, crashed, paused)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -186,8 +198,8 @@ def _group(name: str, parts: Sequence[GroupResult]) -> GroupResult:
 
 
 def _pooled(name: str, tasks: int, records: Sequence[EpisodeRecord]) -> GroupResult:
-    """An environment's score: the mean over all its (not crashed) episodes."""
-    kept = [r for r in records if r.status != "error"]
+    """An environment's score: the mean over all its scored episodes (not crashed, not paused)."""
+    kept = [r for r in records if r.status not in UNSCORED_STATUSES]
     prog = mean_se([r.progression for r in kept])
     win = mean_se([float(r.success) for r in kept])
     return GroupResult(name, tasks, len(kept), *prog, *win)

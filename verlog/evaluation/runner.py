@@ -30,6 +30,7 @@ from verlog.evaluation.tasks import EvalTask, config_tasks
 from verlog.graph_file import GraphFile, load_graph_file
 from verlog.rewards import RewardError, RewardScorer
 from verlog.rollout.events import REWARD_EVENT
+from verlog.rollout.interrupts import InterruptResponder
 from verlog.rollout.recorder import NO_TRAIN_TAG, TurnRecorder
 from verlog.rollout.runner import run_episode
 from verlog.step_info import PROGRESSION_KEY, StepInfo, episode_won
@@ -48,6 +49,8 @@ class ScoreRecorder(TurnRecorder):
     """A recorder that keeps only what scoring needs: the number of model calls, the rewards and
     the environment's latest info. It works whatever chat model answers (an endpoint's
     ``ChatOpenAI`` carries no token data) and keeps no token ids in memory."""
+
+    ignore_chain = True  # it keeps no turns: which attempt a call belongs to does not matter
 
     def __init__(self, episode_id: str):
         super().__init__(episode_id)
@@ -103,6 +106,8 @@ def task_spec(task: EvalTask, model: str, sampling: Mapping[str, Any]) -> str:
         "graph_kwargs": task.graph_kwargs, "graph_config": lg.graph_config,
         "episode_timeout_s": task.config.rollout.episode_timeout_s,
     }
+    if lg.on_interrupt:  # who answers the graph's interrupt() pauses decides how its episodes go
+        data["on_interrupt"], data["max_resumes"] = lg.on_interrupt, lg.max_resumes
     if task.split is not None:  # a data split's rows, scored by the reward section
         data["data"] = task.config.data.split(task.split).model_dump()
         data["reward"] = task.config.reward.model_dump()
@@ -126,6 +131,7 @@ async def play_episode(task: EvalTask, graph: Any, plan: EpisodePlan, seed: int,
         episode = await run_episode(
             graph, graph_input, graph_config=task.config.multi_turn.langgraph.graph_config,
             timeout_s=task.config.rollout.episode_timeout_s, recorder=recorder,
+            interrupts=InterruptResponder.from_config(task.config.multi_turn.langgraph),
         )
         if episode.status == "timeout":  # the graph's own code ran too long: no verdict on the agent's play
             episode.status = "error"

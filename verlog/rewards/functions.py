@@ -69,13 +69,13 @@ class RewardError(RuntimeError):
     the episode is failed, not scored."""
 
 
-def load_function(target: str, where: str = "reward.functions") -> Callable[..., Any]:
+def load_function(target: str, where: str = "reward.functions", what: str = "reward file") -> Callable[..., Any]:
     """The callable named by ``file.py:name`` or ``package.module:name``; ``ConfigError`` naming
-    ``where`` otherwise."""
+    ``where`` (and the file as ``what``) otherwise."""
     module_name, _, name = target.rpartition(":")
     try:
         if module_name.endswith(".py") or "/" in module_name or Path(module_name).is_file():
-            module = import_python_file(module_name, what="reward file")
+            module = import_python_file(module_name, what=what)
         else:
             module = importlib.import_module(module_name)
     except GraphFileError as exc:

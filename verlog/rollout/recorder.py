@@ -12,8 +12,22 @@ own ``config={"callbacks": [...]}`` (which replaces the run's callbacks) is stil
   ``response_ids``, ``logprobs``); calls of other chat models are counted as uncaptured.
 * A call tagged :data:`NO_TRAIN_TAG` (``model.with_config(tags=[NO_TRAIN_TAG])``, e.g. a judge
   or a summarizer reusing the policy model) is never a turn and never counted as uncaptured.
-* A reward is added to the most recently *finished* turn: the environment reacts to the answer
-  it was given (a judge's own call between them changes nothing).
+* A reward goes to one finished turn, chosen the same way on every run (never by which thread
+  finished first): the latest turn of the LangGraph node (task) that reports it, if that node made
+  a training call; else (an environment node after the policy node, a join after parallel
+  branches) the latest turn in LangGraph's own order: by superstep, then by the task's path
+  (``langgraph_path``, which orders parallel branches and ``Send`` tasks), then by start order,
+  level by level through sub-graphs. A judge's own call between them changes nothing. (Calls
+  that one node makes at once, ``model.batch`` or ``asyncio.gather``, are ordered by when LangChain
+  started them. Under the slot runner a turn already trained in an earlier batch is passed over
+  when another candidate is not, so a reward is never lost to a batch boundary.)
+* A call made inside an attempt that then raised (a node retried by a ``RetryPolicy``, a chain
+  retried by ``with_retry`` or replaced by ``with_fallbacks``, a sub-chain whose error the node
+  caught) is *discarded*: its output was thrown away, so it is no action. It leaves the turns
+  (``discarded``, counted as ``discarded_calls``) unless ``keep_discarded``. A call that itself
+  errored never becomes a turn. LangGraph's control flow (``interrupt()``, ``Command(graph=PARENT)``)
+  is no failure, except that a node stopped by ``interrupt()`` runs again from its start on resume:
+  the calls it made before ``interrupt()`` are discarded too.
 * Each turn keeps the sampling its call was made with (``temperature``, ``top_p``, ``top_k``,
   as the chat model reports them), so a node bound to its own temperature is trained at it.
 * A reward event that truncates the episode may carry ``next_messages``, the prompt the model
@@ -26,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 from uuid import UUID
 
@@ -33,6 +48,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import LLMResult
 from langchain_core.tracers.context import register_configure_hook
+from langgraph.errors import GraphBubbleUp, GraphInterrupt
 
 from verlog.llm.metadata import SamplingMetadata, TokenMetadata, has_tokens
 from verlog.rollout.events import REWARD_EVENT, RewardPayload
@@ -52,10 +68,45 @@ _ACTIVE: ContextVar["TurnRecorder | None"] = ContextVar("verlog_active_recorder"
 register_configure_hook(_ACTIVE, inheritable=True)
 
 
+#: where a call stands in LangGraph's order: per node level, root first, (superstep, task path);
+#: then its start order (see :meth:`TurnRecorder._recipient`)
+OrderKey = tuple[tuple[tuple[int, Any], ...], int]
+
+
+def _orderable(part: Any) -> Any:
+    """A LangGraph task path (``('__pregel_push', 2, ...)``, nested for tasks started by tasks) as
+    something Python orders the same way on every run: numbers as numbers (branch 10 after 2),
+    names as text, nested paths element by element."""
+    if isinstance(part, (tuple, list)):
+        return (2, tuple(_orderable(x) for x in part))
+    if isinstance(part, (int, float)) and not isinstance(part, bool):
+        return (0, part)
+    return (1, str(part))
+
+
+@dataclass(frozen=True)
+class _Lineage:
+    """Where a call was made: the chain runs above it and the LangGraph node run nearest to it."""
+
+    ancestors: frozenset[UUID]
+    node_run: UUID | None
+    key: OrderKey
+
+
+@dataclass
+class _Chain:
+    """A chain run under way: its parent and, for a LangGraph node run, its place in the order."""
+
+    parent: UUID | None
+    #: a LangGraph node (task) run: (superstep, orderable task path); ``None`` for any other chain
+    place: tuple[int, Any] | None
+
+
 @contextlib.contextmanager
-def recording(recorder: "TurnRecorder") -> Iterator[None]:
+def recording(recorder: "TurnRecorder | None") -> Iterator[None]:
     """Make ``recorder`` a handler of every LangChain run started in this context (tasks created
-    inside it keep it): calls made with callbacks of their own are recorded too."""
+    inside it keep it): calls made with callbacks of their own are recorded too. ``None``: no
+    recorder joins (e.g. an interrupt responder's own model calls)."""
     token = _ACTIVE.set(recorder)
     try:
         yield
@@ -72,28 +123,40 @@ class TurnRecorder(BaseCallbackHandler):
             and ``verlog rollout --show-messages``; costs memory on long episodes).
         render_prompt: renders a truncated turn's ``next_messages`` to ``next_prompt_ids``
             (``VerlogChatModel.render_prompt_ids``); without it they are ignored.
+        keep_discarded: keep the turns of calls made in attempts that then raised (they are
+            still counted in ``discarded_calls``); by default they are left out.
     """
 
     run_inline = True  # called in the event loop's thread, no executor hop
     raise_error = True  # a malformed reward event is a bug in the graph: surface it
-    ignore_chain = True
+    ignore_chain = False  # chain runs tell which attempt a call belongs to, and where it stands
     ignore_agent = True
     ignore_retriever = True
     ignore_retry = True
 
-    def __init__(self, episode_id: str, *, keep_messages: bool = False, render_prompt: RenderPrompt | None = None):
+    def __init__(
+        self, episode_id: str, *, keep_messages: bool = False, render_prompt: RenderPrompt | None = None,
+        keep_discarded: bool = False,
+    ):
         self.episode_id = episode_id
         self.keep_messages = keep_messages
         self.render_prompt = render_prompt
+        self.keep_discarded = keep_discarded
         self.turns: list[Turn] = []
+        #: turns of calls made in attempts that then raised (left out of ``turns`` unless ``keep_discarded``)
+        self.discarded: list[Turn] = []
         #: chat-model calls started, trained or not
         self.model_calls = 0
         self.uncaptured_calls = 0
         self.unassigned_reward = 0.0
         self._started = 0
-        #: training calls under way: (start order, node, kept messages, offered tools)
-        self._pending: dict[UUID, tuple[int, str | None, list[BaseMessage] | None, list[dict] | None]] = {}
-        self._last_finished: Turn | None = None
+        #: training calls under way: (start order, node, kept messages, offered tools, lineage)
+        self._pending: dict[UUID, tuple[int, str | None, list[BaseMessage] | None, list[dict] | None, _Lineage]] = {}
+        #: chain runs under way, and those that ended in an error (their calls are discarded)
+        self._chains: dict[UUID, _Chain] = {}
+        self._failed_runs: set[UUID] = set()
+        self._discarded_ids: set[int] = set()
+        self._lineage: dict[int, _Lineage] = {}  # id(turn) -> where its call was made
         self._tools: dict[int, list[dict] | None] = {}  # id(turn) -> tools of its call
         self._lock = threading.Lock()  # sync nodes may call models from executor threads
 
@@ -118,18 +181,86 @@ class TurnRecorder(BaseCallbackHandler):
             self._pending.pop(run_id, None)
 
     def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self._reward(name, data)
+        self._reward(name, data, run_id)
+
+    def on_chain_start(
+        self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
+        metadata: dict[str, Any] | None = None, **kwargs: Any,
+    ) -> None:
+        place = None
+        if metadata and "langgraph_step" in metadata and kwargs.get("name") == metadata.get("langgraph_node"):
+            place = (int(metadata["langgraph_step"]), _orderable(metadata.get("langgraph_path", ())))
+        self._chains[run_id] = _Chain(parent_run_id, place)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._chains.pop(run_id, None)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        chain = self._chains.pop(run_id, None)
+        if chain is None or chain.parent is None:  # the graph run itself failed: the episode does
+            return
+        if isinstance(error, GraphBubbleUp):  # control flow, not a failure...
+            if isinstance(error, GraphInterrupt) and chain.place is not None:
+                self._discard(lambda lineage: lineage.node_run == run_id)  # ...but the node runs again on resume
+            return
+        with self._lock:
+            self._failed_runs.add(run_id)
+        self._discard(lambda lineage: run_id in lineage.ancestors)
+
+    def on_tool_start(
+        self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any,
+    ) -> None:
+        self._chains[run_id] = _Chain(parent_run_id, None)  # a model call inside a tool still finds its node
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._chains.pop(run_id, None)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self.on_chain_error(error, run_id=run_id)  # a tool that raised threw its calls' answers away too
+
+    # ------------------------------------------------------------------ attempts that raised
+    def _lineage_of(self, parent: UUID | None) -> _Lineage:
+        """The chain runs above a call or event whose parent run is ``parent``, and its place."""
+        ancestors: list[UUID] = []
+        places: list[tuple[int, Any]] = []
+        node_run = None
+        while parent is not None and parent not in ancestors:
+            ancestors.append(parent)
+            chain = self._chains.get(parent)
+            if chain is None:
+                break
+            if chain.place is not None:
+                places.append(chain.place)
+                node_run = node_run or parent
+            parent = chain.parent
+        return _Lineage(frozenset(ancestors), node_run, (tuple(reversed(places)), 0))
+
+    def _discard(self, which: Callable[[_Lineage], bool]) -> list[Turn]:
+        """Mark the finished turns whose call ``which`` selects as discarded; returns them."""
+        with self._lock:
+            hit = [t for t in self.turns if id(t) not in self._discarded_ids and which(self._lineage[id(t)])]
+            self.discarded.extend(hit)
+            self._discarded_ids.update(id(t) for t in hit)
+            if hit and not self.keep_discarded:
+                gone = {id(t) for t in hit}
+                self.turns = [t for t in self.turns if id(t) not in gone]
+        for turn in hit:
+            self._on_discarded(turn)
+        return hit
+
+    def _on_discarded(self, turn: Turn) -> None:
+        """Hook: a finished turn was discarded (the slot runner gives its batch place back)."""
 
     # ------------------------------------------------------------------ the steps of a call
-    def _reward(self, name: str, data: RewardPayload | Any) -> Turn | None:
-        """Add a reward event to the latest finished turn; returns that turn (``None`` for another
-        event, or a reward before the first turn)."""
+    def _reward(self, name: str, data: RewardPayload | Any, run_id: UUID | None = None) -> Turn | None:
+        """Add a reward event to its turn (see the module's rule); returns that turn (``None`` for
+        another event, or a reward before the first turn)."""
         if name != REWARD_EVENT:
             return None
         if not isinstance(data, dict) or not isinstance(data.get("reward"), (int, float)):
             raise ValueError(f"{REWARD_EVENT} event needs a dict with a numeric 'reward', got {data!r}")
         with self._lock:
-            turn = self._last_finished
+            turn = self._recipient(run_id)
             if turn is None:
                 self.unassigned_reward += float(data["reward"])
                 return None
@@ -142,6 +273,21 @@ class TurnRecorder(BaseCallbackHandler):
             if turn.truncated and next_messages and self.render_prompt is not None:
                 turn.next_prompt_ids = list(self.render_prompt(next_messages, self._tools.get(id(turn))))
             return turn
+
+    def _recipient(self, run_id: UUID | None) -> Turn | None:
+        """The turn a reward reported from run ``run_id`` goes to (under the lock): the latest of
+        the reporting node's own turns, else the latest turn in LangGraph's order."""
+        kept = [t for t in self.turns if id(t) not in self._discarded_ids] if self.keep_discarded else self.turns
+        if not kept:
+            return None
+        node_run = self._lineage_of(run_id).node_run if run_id is not None else None
+        own = [t for t in kept if node_run is not None and self._lineage[id(t)].node_run == node_run]
+        return max(self._eligible(own or kept), key=lambda t: self._lineage[id(t)].key)
+
+    def _eligible(self, turns: list[Turn]) -> list[Turn]:
+        """Hook: the candidates a reward may go to (the slot runner passes over turns already
+        trained in an earlier batch when another candidate is not)."""
+        return turns
 
     # ------------------------------------------------------------------ the steps of a call
     def _start(
@@ -157,7 +303,9 @@ class TurnRecorder(BaseCallbackHandler):
             kept = list(messages[0]) if self.keep_messages and messages else None
             tools = (kwargs.get("invocation_params") or {}).get("tools")
             index = self._started
-            self._pending[run_id] = (index, node, kept, tools)
+            lineage = self._lineage_of(kwargs.get("parent_run_id"))
+            lineage = _Lineage(lineage.ancestors, lineage.node_run, (lineage.key[0], index))
+            self._pending[run_id] = (index, node, kept, tools, lineage)
             self._started += 1
             return index
 
@@ -168,7 +316,7 @@ class TurnRecorder(BaseCallbackHandler):
             started = self._pending.pop(run_id, None)
             if started is None:  # kept out of training, or a plain (non-chat) LLM
                 return False, None
-            index, node, messages, tools = started
+            index, node, messages, tools, lineage = started
             generation = response.generations[0][0] if response.generations and response.generations[0] else None
             message = getattr(generation, "message", None)
             meta: TokenMetadata = getattr(message, "response_metadata", None) or {}
@@ -190,8 +338,13 @@ class TurnRecorder(BaseCallbackHandler):
                 node=node,
                 messages=messages,
             )
+            self._lineage[id(turn)] = lineage
+            if lineage.ancestors & self._failed_runs:  # its attempt raised while it was under way
+                self.discarded.append(turn)
+                self._discarded_ids.add(id(turn))
+                if not self.keep_discarded:
+                    return True, None
             self.turns.append(turn)
-            self._last_finished = turn
             if self.render_prompt is not None:
                 self._tools = {id(turn): tools}  # only the latest call's tools can be needed
             return True, turn
@@ -218,4 +371,5 @@ class TurnRecorder(BaseCallbackHandler):
             unassigned_reward=self.unassigned_reward,
             uncaptured_calls=self.uncaptured_calls,
             model_calls=self.model_calls,
+            discarded_calls=len(self.discarded),
         )

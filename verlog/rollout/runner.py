@@ -3,7 +3,10 @@
 ``run_episode`` runs one graph invocation with a fresh ``TurnRecorder`` in its callbacks and
 turns every way a run can go wrong into a recorded failed episode: an exception in the graph
 (``error``), LangGraph's recursion limit (``recursion_limit``) or the episode timeout
-(``timeout``). The timeout counts the graph's own time only (``GraphClock``): while any model call
+(``timeout``), or a pause at LangGraph's ``interrupt()`` nobody answers (``interrupted``: without
+an :class:`~verlog.rollout.interrupts.InterruptResponder`, or after its ``max_resumes`` answers;
+with one, each pause is answered and the graph resumed through its checkpointer, all within the
+one episode and its timeout). The timeout counts the graph's own time only (``GraphClock``): while any model call
 of the episode is under way (queued on a busy engine, generating, held for an update) its clock
 stands still, so how loaded the machine is never decides whether an episode times out. A graph that ends without calling a model at all is an ``error`` episode too (its
 model is not the one it was given, or it returns before playing). A failed episode never yields
@@ -28,6 +31,7 @@ from langgraph.errors import GraphRecursionError
 
 from verlog.backends.base import BlockingCallError
 from verlog.llm.chat_model import EPISODE_ID_KEY
+from verlog.rollout.interrupts import InterruptResponder, describe, pending_interrupts
 from verlog.rollout.recorder import TurnRecorder, recording
 from verlog.rollout.turn import Episode
 
@@ -124,23 +128,40 @@ async def run_episode(
     timeout_s: float | None = None,
     keep_messages: bool = False,
     recorder: TurnRecorder | None = None,
+    interrupts: InterruptResponder | None = None,
 ) -> Episode:
     """Run ``graph`` once on ``graph_input`` and return the recorded episode (never raises
     for failures of the graph itself).
 
     ``recorder``: record into this recorder (e.g. one a caller watches while the episode runs)
     instead of a fresh one. ``timeout_s`` bounds the graph's own time (``GraphClock``): time in
-    model calls (queued, generating, held at a batch boundary) does not count.
+    model calls (queued, generating, held at a batch boundary) does not count. ``interrupts``:
+    answers the graph's ``interrupt()`` pauses (the graph gets an in-memory checkpointer if it has
+    none); without it a paused episode ends ``interrupted``.
     """
     episode_id = episode_id or (recorder.episode_id if recorder else uuid.uuid4().hex)
     recorder = recorder or TurnRecorder(episode_id, keep_messages=keep_messages)
+    if interrupts is not None:
+        graph = interrupts.graph_for(graph)
     graph_clock = GraphClock()
     config = episode_config(graph_config, episode_id, recorder, graph, clock=graph_clock)
     started = time.perf_counter()
     clock = graph_clock.now
     deadline = None if timeout_s is None else clock() + timeout_s
+    resumes = 0
+
+    async def play() -> Any:
+        """The graph's run, resumed after each pause the responder answers."""
+        nonlocal resumes
+        output = await graph.ainvoke(graph_input, config)
+        while interrupts is not None and pending_interrupts(output) and resumes < interrupts.max_resumes:
+            command = await interrupts.answer(graph, config, pending_interrupts(output))
+            resumes += 1
+            output = await graph.ainvoke(command, config)
+        return output
+
     with recording(recorder):  # the graph's task (and every task it starts) records into it
-        task = asyncio.ensure_future(graph.ainvoke(graph_input, config))
+        task = asyncio.ensure_future(play())
     try:
         while True:
             remaining = None if deadline is None else deadline - clock()
@@ -168,12 +189,22 @@ async def run_episode(
         exc = task.exception()
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         episode = recorder.episode("error", error=detail)
+    elif pending_interrupts(task.result()):
+        paused = describe(pending_interrupts(task.result()))
+        episode = recorder.episode("interrupted", error=(
+            f"the graph stopped at interrupt({paused}) after {resumes} answers (multi_turn.langgraph.max_resumes)"
+            if interrupts is not None else
+            f"the graph stopped at interrupt({paused}) and nobody answers it: set multi_turn.langgraph.on_interrupt "
+            "to a function answering it (docs/interrupts_and_retries.md)"))
     elif recorder.model_calls == 0:
         episode = recorder.episode("error", error=(
             "the graph ended without calling the model: build_graph(model) must use the model it is given"))
     else:
         episode = recorder.episode("ok", output=task.result())
+    if interrupts is not None:  # the in-memory checkpoints of the finished episode are of no more use
+        await interrupts.forget(graph, config)
     episode.seconds = time.perf_counter() - started
+    episode.resumes = resumes
     return episode
 
 
@@ -187,10 +218,14 @@ async def run_episodes(
     keep_messages: bool = False,
     episode_ids: Iterable[str] | None = None,
     on_episode: Callable[[Episode], Awaitable[None] | None] | None = None,
+    interrupts: InterruptResponder | None = None,
+    keep_discarded: bool = False,
 ) -> list[Episode]:
     """Run one episode per input, at most ``concurrency`` at a time, in input order.
 
-    ``on_episode`` is called as each episode ends (for progress displays and streaming logs).
+    ``on_episode`` is called as each episode ends (for progress displays and streaming logs);
+    ``interrupts`` answers ``interrupt()`` pauses; ``keep_discarded`` keeps the turns of calls made
+    in attempts that then raised (see :class:`TurnRecorder`).
     """
     inputs = list(inputs)
     ids = list(episode_ids) if episode_ids is not None else [uuid.uuid4().hex for _ in inputs]
@@ -200,9 +235,10 @@ async def run_episodes(
 
     async def one(graph_input: Any, episode_id: str) -> Episode:
         async with gate:
+            recorder = TurnRecorder(episode_id, keep_messages=keep_messages, keep_discarded=keep_discarded)
             episode = await run_episode(
                 graph, graph_input, episode_id=episode_id, graph_config=graph_config,
-                timeout_s=timeout_s, keep_messages=keep_messages,
+                timeout_s=timeout_s, recorder=recorder, interrupts=interrupts,
             )
         if on_episode is not None:
             maybe = on_episode(episode)

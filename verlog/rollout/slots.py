@@ -48,6 +48,14 @@ group is compared only if all its plays began and ended well in one batch
 (``SlotBatch.compared``); one that straddles a boundary or loses a play is dropped whole and its
 row played again (see ``SlotRunner``).
 
+**Discarded attempts, interrupts.** A call made in a node attempt that then raised (a
+``RetryPolicy`` retry) leaves the episode's turns (``TurnRecorder``): its place in the batch is
+given back and refilled (such a turn already cut into an earlier batch, only possible when a
+parallel branch reached the boundary meanwhile, stays trained). An episode that stops at an
+unanswered ``interrupt()`` fails like any other (status ``interrupted``); with ``interrupts`` (an
+:class:`~verlog.rollout.interrupts.InterruptResponder`) it is answered and goes on in its slot,
+every call after the answer gated and trained as usual.
+
 **Truncation.** A turn the environment reports ``truncated`` (a step cap) keeps the value of
 the state after the cut: if the environment also reported ``next_messages`` (the prompt the
 model would be given next), ``render_prompt`` turns them into ``Turn.next_prompt_ids`` exactly
@@ -72,6 +80,7 @@ from langchain_core.runnables import Runnable
 from verlog.backends.base import BlockingCallError, Engine, Generation, SamplingParams
 from verlog.graph_file import GraphFileError
 from verlog.llm.chat_model import engine_call_run
+from verlog.rollout.interrupts import InterruptResponder
 from verlog.rollout.recorder import RenderPrompt, TurnRecorder
 from verlog.rollout.runner import run_episode
 from verlog.rollout.schedule import slot_seed
@@ -142,6 +151,13 @@ class SlotBatch:
         return [t for slot in self.turns for t in slot]
 
     @property
+    def discarded_calls(self) -> int:
+        """Calls made in attempts that then raised (a node retried by a ``RetryPolicy``...) in the
+        episodes that ended or failed while this batch was collected: not trained (unless the
+        runner keeps them)."""
+        return sum(e.discarded_calls for e in (*self.episodes, *self.failed))
+
+    @property
     def uncaptured_calls(self) -> int:
         """Calls of chat models without verlog's token data in the episodes that ended or failed
         while this batch was collected: they are not trained."""
@@ -175,8 +191,17 @@ class _SlotRecorder(TurnRecorder):
         super().on_llm_error(error, run_id=run_id, **kwargs)
         self._runner._on_loop(self._runner._call_ended, run_id, None)
 
+    def _eligible(self, turns: list[Turn]) -> list[Turn]:
+        # parallel calls of one step may straddle a batch boundary: their reward goes to one not yet
+        # trained (else the batch that trained it has lost it), by the same rule among those
+        uncut = [t for t in turns if id(t) not in self.cut_turns]
+        return uncut or turns
+
+    def _on_discarded(self, turn: Turn) -> None:
+        self._runner._on_loop(self._runner._discard_turn, self.episode_id, turn)
+
     def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        turn = self._reward(name, data)
+        turn = self._reward(name, data, run_id)
         if turn is not None and id(turn) in self.cut_turns and (data["reward"] or data.get("terminated")
                                                                   or data.get("truncated")):
             self._runner._on_loop(self._runner._late_reward, self.episode_id)
@@ -430,6 +455,9 @@ class SlotRunner:
         render_prompt: ``render_prompt(messages, tools) -> prompt ids``, the chat model's own
             rendering (``VerlogChatModel.render_prompt_ids``): turns a truncated turn's reported
             ``next_messages`` into its ``next_prompt_ids``.
+        interrupts: answers the graph's ``interrupt()`` pauses (``None``: a paused episode fails,
+            status ``interrupted``).
+        keep_discarded: also train the calls made in attempts that then raised.
     """
 
     def __init__(
@@ -449,6 +477,8 @@ class SlotRunner:
         keep_messages: bool = False,
         render_prompt: RenderPrompt | None = None,
         on_episode_end: Callable[[Episode, int], Awaitable[None]] | None = None,
+        interrupts: InterruptResponder | None = None,
+        keep_discarded: bool = False,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -466,6 +496,8 @@ class SlotRunner:
         self.keep_messages = keep_messages
         self.render_prompt = render_prompt
         self.on_episode_end = on_episode_end
+        self.interrupts = interrupts
+        self.keep_discarded = keep_discarded
         #: the newest round begun by each slot group
         self._newest_round: dict[int, int] = {}
         #: totals over the run (saved in checkpoints)
@@ -485,6 +517,7 @@ class SlotRunner:
         self._batch = 0
         self._accepting = True
         self._warned_uncaptured = False
+        self._warned_paused = False
         self._tasks: list[asyncio.Task] = []
         self._ended: list[Episode] = []
         self._failed: list[Episode] = []
@@ -596,6 +629,14 @@ class SlotRunner:
             batch.compared, batch.whole_groups, batch.groups_dropped = compared, self._whole, self._dropped
             self._whole, self._dropped = [], 0
         self._ended, self._failed = [], []
+        paused = [e for e in batch.failed if e.status == "interrupted"]
+        if paused and not self._warned_paused:
+            self._warned_paused = True
+            warnings.warn(
+                f"{len(paused)} episodes of this batch stopped at interrupt() and are not trained (status interrupted; "
+                f"first: {(paused[0].error or '').splitlines()[0] if paused[0].error else 'no message'})",
+                RuntimeWarning, stacklevel=2,
+            )
         if batch.uncaptured_calls and not self._warned_uncaptured:
             self._warned_uncaptured = True
             warnings.warn(
@@ -672,6 +713,16 @@ class SlotRunner:
         elif turn is None:  # no turn came of it: an admitted call gives its place back
             self._remove_batch_calls(slot, lambda c: c is call)
         self._notify()
+
+    def _discard_turn(self, episode_id: str, turn: Turn) -> None:
+        """A finished turn's attempt raised: it gives its place in the batch back (one already cut
+        into an earlier batch stays trained)."""
+        if self.keep_discarded:
+            return
+        segment = self._segments.get(episode_id)
+        if segment is not None:
+            self._remove_batch_calls(self._slots[segment.slot], lambda c: c.turn is turn)
+            self._notify()
 
     def _late_reward(self, episode_id: str) -> None:
         """A reward (or an episode's end) was reported for a turn already cut into a batch: the
@@ -807,7 +858,8 @@ class SlotRunner:
             else:  # a row played again gets a new id per attempt
                 seed, episode_id = row.seed, f"slot{slot.index}-ep{row.round}" + (f".{row.attempt}" if row.attempt else "")
             recorder = _SlotRecorder(
-                episode_id, self, keep_messages=self.keep_messages, render_prompt=self.render_prompt
+                episode_id, self, keep_messages=self.keep_messages, render_prompt=self.render_prompt,
+                keep_discarded=self.keep_discarded,
             )
             segment = _Segment(slot.index, seed, recorder, row=row)
             if row is not None:
@@ -825,7 +877,7 @@ class SlotRunner:
                 try:
                     episode = await run_episode(
                         self.graph, graph_input, episode_id=episode_id, graph_config=self.graph_config,
-                        timeout_s=self.timeout_s, recorder=recorder,
+                        timeout_s=self.timeout_s, recorder=recorder, interrupts=self.interrupts,
                     )
                 except BlockingCallError as exc:  # the graph's code can never train: stop at once
                     self._stop(SlotFailureError(str(exc)))

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-EpisodeStatus = Literal["ok", "error", "recursion_limit", "timeout"]
+#: how an episode ended: ``ok``, or how it failed: ``error`` (the graph raised), ``recursion_limit``,
+#: ``timeout``, ``interrupted`` (it stopped at LangGraph's ``interrupt()`` and nobody answered:
+#: no ``multi_turn.langgraph.on_interrupt``, or still paused after ``max_resumes`` answers)
+EpisodeStatus = Literal["ok", "error", "recursion_limit", "timeout", "interrupted"]
 
 
 @dataclass
@@ -68,8 +71,9 @@ class Turn:
 class Episode:
     """One run of a graph: its turns and how it ended.
 
-    A failed episode (``status`` other than ``"ok"``: the graph raised, hit its recursion limit
-    or timed out) keeps its turns for inspection but offers none for training.
+    A failed episode (``status`` other than ``"ok"``: the graph raised, hit its recursion limit,
+    timed out or stopped at an unanswered ``interrupt()``) keeps its turns for inspection but
+    offers none for training.
     """
 
     episode_id: str
@@ -84,6 +88,10 @@ class Episode:
     uncaptured_calls: int = 0
     #: chat-model calls the graph made, trained or not (0: the graph never called a model)
     model_calls: int = 0
+    #: calls made in attempts that then raised (a retried node...): not trained by default
+    discarded_calls: int = 0
+    #: answers given to the graph's ``interrupt()`` pauses (``multi_turn.langgraph.on_interrupt``)
+    resumes: int = 0
     seconds: float = 0.0
 
     @property

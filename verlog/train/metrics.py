@@ -49,6 +49,7 @@ def rollout_metrics(batch: SlotBatch) -> dict[str, float]:
         "invalid_action_rate": _mean([float(not v) for v in validity]),
         "failed_episodes": float(len(batch.failed)),
         "uncaptured_calls": float(batch.uncaptured_calls),
+        "discarded_calls": float(batch.discarded_calls),
         "turn_reward": _mean([t.reward for t in turns]),
         "response_length": _mean([float(len(t.response_ids)) for t in turns]),
         "prompt_length": _mean([float(len(t.prompt_ids)) for t in turns]),

@@ -50,6 +50,7 @@ from verlog.episodes import EpisodePlan, build_scorer
 from verlog.evaluation import TaskResult, evaluate, print_results
 from verlog.models import load_tokenizer
 from verlog.rewards import RewardScorer
+from verlog.rollout.interrupts import InterruptResponder
 from verlog.rollout.slots import SlotBatch, SlotRunner
 from verlog.tokens import pad_token_id
 from verlog.train.forward import shared_trunk_depth
@@ -248,6 +249,8 @@ class _Run:
             group_size=t.group_size, whole_groups=_whole_groups(config),
             max_consecutive_failures=t.max_consecutive_failures, render_prompt=slots_agent.render_prompt,
             on_episode_end=slots_agent.on_episode_end,
+            interrupts=InterruptResponder.from_config(config.multi_turn.langgraph),
+            keep_discarded=config.multi_turn.langgraph.train_discarded_calls,
         )
         run = cls(config, Path(t.run_dir), tokenizer, learner, peft_actor, engine, runner, slots_agent,
                   torch.Generator().manual_seed(t.seed), {"update": 0, "warmup_done": False},

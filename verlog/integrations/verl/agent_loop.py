@@ -61,6 +61,7 @@ from verlog.integrations.verl.samples import (
 from verlog.integrations.verl.settings import AGENT_NAME, AgentSpec, agent_spec
 from verlog.llm.chat_model import VerlogChatModel
 from verlog.rewards import RewardError
+from verlog.rollout.interrupts import InterruptResponder
 from verlog.rollout.recorder import TurnRecorder
 from verlog.rollout.runner import run_episode
 from verlog.rollout.schedule import slot_seed
@@ -337,6 +338,8 @@ class LangGraphAgentLoop(AgentLoopBase):
             max_consecutive_failures=settings.max_consecutive_failures,
             render_prompt=lambda messages, tools: models[-1].render_prompt_ids(messages, tools),
             on_episode_end=score,
+            interrupts=InterruptResponder.from_config(self.spec.multi_turn.langgraph),
+            keep_discarded=self.spec.multi_turn.langgraph.train_discarded_calls,
         )
         # episodes this slot started before: here before it was dropped, or (after a resume) in
         # the checkpoint, which the trainer hands to the dataset's rows
@@ -380,11 +383,12 @@ class LangGraphAgentLoop(AgentLoopBase):
         engine = self._engine(f"{uuid.uuid4().hex[:8]}-", on_output=_note_steps(seen))
         model = self._chat_model(engine, sampling_params)
         episode_id = f"{plan.split}-row{plan.key(seed)}" if rows else f"seed{seed}"
-        recorder = TurnRecorder(episode_id, render_prompt=model.render_prompt_ids)
+        recorder = TurnRecorder(episode_id, render_prompt=model.render_prompt_ids,
+                                keep_discarded=self.spec.multi_turn.langgraph.train_discarded_calls)
         episode = await run_episode(
             self._graph(model), plan.input(seed), episode_id=episode_id,
             graph_config=self.spec.multi_turn.langgraph.graph_config, timeout_s=settings.episode_timeout_s,
-            recorder=recorder,
+            recorder=recorder, interrupts=InterruptResponder.from_config(self.spec.multi_turn.langgraph),
         )
         if not episode.failed and episode.turns:
             try:
