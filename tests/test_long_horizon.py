@@ -5,7 +5,6 @@ per-update progression figure, and ``benchmarks/long_horizon.py`` run end to end
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 
@@ -19,6 +18,7 @@ from verlog.algo.estimators import TurnData, estimate_advantages
 from verlog.config import AlgorithmConfig, load_config
 from verlog.envs.agent_graph import build_prompt, invalid_answer_feedback
 from verlog.envs.crafter.env import ACTIONS, CrafterTextEnv, parse_action
+from verlog.graph_file import import_python_file
 from verlog.models import MODEL_SPECS, load_causal_lm, load_tokenizer, resolve_model_path
 from verlog.models.crafter_words import CRAFTER_WORDS_MODEL_NAME, build_crafter_words_model
 
@@ -132,10 +132,7 @@ def test_bootstrap_cuts_is_on_by_default_and_a_config_key():
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("long_horizon", ROOT / "benchmarks" / "long_horizon.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_python_file(ROOT / "benchmarks" / "long_horizon.py", what="benchmark")
 
 
 def test_every_row_is_a_valid_config_of_the_same_recipe():

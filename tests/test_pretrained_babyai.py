@@ -4,7 +4,6 @@ same levels, the result file with the seconds of each phase) runs end to end for
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -12,13 +11,11 @@ from conftest import ROOT
 
 from verlog.config import load_config
 from verlog.evaluation.results import difference
+from verlog.graph_file import import_python_file
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("pretrained_babyai", ROOT / "benchmarks" / "pretrained_babyai.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_python_file(ROOT / "benchmarks" / "pretrained_babyai.py", what="benchmark")
 
 
 def test_the_recipe_is_smollm2_on_balrogs_go_to_with_ppo_and_a_critic():
