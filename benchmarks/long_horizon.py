@@ -277,7 +277,7 @@ def _plot(results: dict[str, list[dict]], path: Path, random: dict[str, float] |
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.6))
     for row, runs in results.items():
         for i, r in enumerate(runs):
             xs = [p["env_steps"] for p in r["curve"]]
@@ -298,7 +298,7 @@ def _plot(results: dict[str, list[dict]], path: Path, random: dict[str, float] |
     for ax in axes:
         ax.set_xlabel("environment steps")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)  # below: the curves stay in view
     fig.suptitle("Crafter from scratch on the CPU (crafter-words, graphs/crafter.py)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
