@@ -26,15 +26,23 @@ def corridor_config(run_dir: Path, *overrides: str):
     )
 
 
+#: the most updates the test's run may take. It usually stops early, but how many updates it needs
+#: varies from run to run (25, 45 and more than 60 in three runs on one commit): the batches' episodes
+#: depend on which of the concurrent episodes the engine answers first, so a busy machine changes the
+#: path, not the destination. A cap of 60 made the test fail on a busy CI machine at 0.86.
+MAX_UPDATES = 120
+
+
 @pytest.fixture(scope="module")
 def learned(tmp_path_factory):
     """PPO on the corridor, stopped early once a validation evaluation reaches 0.95."""
     run_dir = tmp_path_factory.mktemp("ppo")
-    config = corridor_config(run_dir, "trainer.eval_every=5", "trainer.stop_at_win_rate=0.95")
+    config = corridor_config(run_dir, "trainer.eval_every=5", "trainer.stop_at_win_rate=0.95",
+                             f"trainer.total_updates={MAX_UPDATES}")
     return train(config, console=Console(quiet=True))
 
 
-@pytest.mark.timeout(600)  # about 1 minute on a quiet 2-core machine; generous for shared ones
+@pytest.mark.timeout(1500)  # about 1 minute on a quiet 2-core machine; generous for shared ones
 def test_ppo_learns_the_cue_corridor(learned):
     before, after = learned.eval_start[0], learned.eval_end[0]
     print(
@@ -46,7 +54,7 @@ def test_ppo_learns_the_cue_corridor(learned):
     assert after.win_rate >= 0.9  # on test seeds that the early stop never saw
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1500)  # as many updates as the learning run took
 def test_zero_advantages_do_not_learn(learned, tmp_path):
     control = train(
         corridor_config(tmp_path / "zero", "algorithm.estimator=zero", "eval.at_start=false",
