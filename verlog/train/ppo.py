@@ -108,9 +108,10 @@ def compute_trunk(s: RolloutStorage, learner: Learner) -> None:
 
 def _micro_batches(s: RolloutStorage, rows: Sequence[int], learner: Learner) -> list[list[int]]:
     """``rows`` in groups that fit ``micro_batch_tokens``, counting the prefix every turn of the
-    batch shares once (it is computed once per group)."""
+    batch shares once (it is computed once per group; not with a shared trunk, whose passes run
+    whole rows)."""
     algo, shared = learner.algo, 0
-    if algo.shared_prefix_min_tokens:
+    if algo.shared_prefix_min_tokens and learner.trunk_depth is None:
         shared = common_prefix_len(s.sequences, int(s.prompt_lengths.min()) - 1)
         shared = shared if shared >= algo.shared_prefix_min_tokens else 0
     lengths = [len(seq) - shared for seq in s.sequences]
