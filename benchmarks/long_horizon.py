@@ -147,16 +147,23 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
     updates = (steps - warmup_steps) // batch_turns
     if updates < 1:
         raise SystemExit(f"error: --steps {steps} is less than one batch ({batch_turns}) after the warm-up")
+    grouped = probe.trainer.group_size > 1
+    # a batch of whole groups holds fewer turns than its slots could give (a slot waits for its group):
+    # such a row plays updates until its steps reach ``steps``, the full batches' count setting the checkpoint pace
+    budget = steps if grouped else warmup_steps + updates * batch_turns
+    ceiling = (steps - warmup_steps) // probe.trainer.num_envs if grouped else updates
     config = load_config(CONFIG, [
-        *overrides, f"trainer.run_dir={run_dir}", "wandb.mode=disabled", f"trainer.total_updates={updates}",
+        *overrides, f"trainer.run_dir={run_dir}", "wandb.mode=disabled", f"trainer.total_updates={ceiling}",
+        f"trainer.stop_at_env_steps={budget}",
         f"trainer.seed={seed}", f"rollout.seed={seed * 1_000_003}", f"trainer.save_every={max(1, updates // 6)}",
         f"eval.at_start={str(before).lower()}", *([f"trainer.torch_threads={threads}"] if threads else []),
     ])
     resume = (run_dir / "metrics.jsonl").is_file()
     print(f"row {row} ({ROW_NAMES[row]}), seed {seed}: {updates} updates x {batch_turns} turns "
-          f"+ {warmup_steps} warm-up steps = {warmup_steps + updates * batch_turns} environment steps"
+          f"+ {warmup_steps} warm-up steps = {budget} environment steps"
+          f"{'' if ceiling == updates else ' (whole groups: until the steps played reach it)'}"
           f"{' (resuming)' if resume else ''}", flush=True)
-    watcher = MetricsTail(run_dir / "metrics.jsonl", _progress_line(updates))
+    watcher = MetricsTail(run_dir / "metrics.jsonl", _progress_line(ceiling))
     sitting = Sittings(run_dir)  # a run may take several sittings (killed, then resumed)
     train(config, resume=resume, console=Console(quiet=True))
     watcher.stop()
@@ -167,8 +174,8 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
     wall = sum(s["wall_s"] for s in sittings)
     summary = {
         "row": row, "name": ROW_NAMES[row], "seed": seed, "commit": commit(), "overrides": overrides,
-        "env_steps": played_steps(records, warmup_steps + updates * batch_turns),
-        "budget_steps": warmup_steps + updates * batch_turns, "updates": updates, "batch_turns": batch_turns,
+        "env_steps": played_steps(records, budget), "budget_steps": budget,
+        "updates": max((r["update"] for r in records if r["kind"] == "update"), default=0), "batch_turns": batch_turns,
         "wall_s": wall, "train_s": sum(p["seconds"] for p in points), "sittings": sittings,
         "load": Sittings.load_of(sittings),
         "training_wall_s": training_wall(records),
@@ -191,7 +198,7 @@ def _progress_line(total: int) -> Any:
         return (f"  update {r['update']}/{total}: {r['episodes']:.0f} episodes ended, "
                 f"achievements {ach:.2f}, return {num(r['episode_return']):.2f}, "
                 f"length {num(r['episode_length']):.0f}, invalid {num(r['invalid_action_rate']):.2f}, "
-                f"v_loss {num(r['value_loss']):.3f}, {r['rollout_s']:.0f}+{r['update_s']:.0f} s")
+                f"v_loss {num(r.get('value_loss')):.3f}, {r['rollout_s']:.0f}+{r['update_s']:.0f} s")
     return line_of
 
 

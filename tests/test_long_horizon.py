@@ -194,3 +194,23 @@ def test_times_of_a_run_in_two_sittings_restart_with_each_sittings_clock():
     evals = bench.evaluations(records)
     assert evals["seconds"] == 10.0 + 5.0
     assert evals["before"]["achievements"] == 11.0 and evals["after"]["achievements"] == 22.0
+
+
+def test_a_grouped_row_plays_until_its_steps_reach_the_budget(tmp_path):
+    """Row e's batches hold whole groups, so their size varies: the run stops at the first update whose
+    steps played (``trainer.stop_at_env_steps``) reach the budget, well before its ceiling of updates,
+    and reports the steps it played, not a count of full batches."""
+    bench = _bench()
+    small = ["trainer.num_envs=4", "trainer.group_size=2", "trainer.turns_per_env=12",
+             "multi_turn.langgraph.graph_kwargs.max_steps=12", "eval.episodes=2", "eval.concurrency=4",
+             "algorithm.mini_batch_turns=48"]
+    results = tmp_path / "results"
+    bench.main(["run", "e", "--seed", "0", "--steps", "100", "--out", str(tmp_path / "runs"), "--results",
+                str(results), "--set", *small])
+    result = json.loads((results / "e" / "seed0.json").read_text())
+    records = [json.loads(line) for line in (tmp_path / "runs" / "e" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    totals = [r["turns_total"] for r in records if r["kind"] == "update"]
+    assert result["budget_steps"] == 100
+    assert totals[-1] >= 100 > totals[-2]  # the first update reaching the budget is the last
+    assert result["env_steps"] == totals[-1] and result["updates"] == len(totals) < 100 // 4
+    assert result["after"]["episodes"] == 2

@@ -534,6 +534,11 @@ class TrainerConfig(_Section):
     stop_at_win_rate: float | None = Field(
         None, gt=0, le=1, description="stop early once a periodic evaluation reaches this win rate (needs eval_every)"
     )
+    stop_at_env_steps: int | None = Field(
+        None, ge=1, description="stop after the update at which the environment steps played (turns_total, the critic "
+        "warm-up's included) reach this; total_updates stays the ceiling. A budget in steps for batches whose size "
+        "varies (whole groups)"
+    )
     max_consecutive_failures: int = Field(20, ge=1, description="a slot failing this often in a row stops the run")
     seed: int = Field(0, description="torch / python RNG seed")
     torch_threads: int | None = Field(

@@ -127,8 +127,13 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
                            | run.judge_failures() | memory_metrics())
                 result.history.append({"update": update, **metrics})
                 result.updates = run.state["update"] = update
+                steps_done = t.stop_at_env_steps is not None and run.runner.counters.turns >= t.stop_at_env_steps
                 if t.save_every and update % t.save_every == 0:
                     run.save(update)
+                if steps_done:
+                    console.print(f"{run.runner.counters.turns} environment steps played at update {update} "
+                                  f"(stop_at_env_steps {t.stop_at_env_steps}): stopping")
+                    break
                 if t.eval_every and update % t.eval_every == 0 and update < t.total_updates and evaluable:
                     # validation seeds: the final evaluation is not selected on
                     checked = await run.evaluate(update, "evaluating", seed=config.eval.validation_seed, split="validation")
