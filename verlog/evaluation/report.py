@@ -19,10 +19,11 @@ from rich.table import Table
 from verlog.evaluation.results import Summary, TaskResult
 from verlog.evaluation.runner import EvalError
 
-__all__ = ["eval_table", "plot_progression", "print_results", "require_matplotlib", "summary_table", "write_json"]
+__all__ = ["eval_line", "eval_table", "plot_progression", "plus_minus", "print_results", "require_matplotlib", "summary_table", "write_json"]
 
 
-def _pm(mean: float | None, se: float | None, digits: int = 2) -> str:
+def plus_minus(mean: float | None, se: float | None, digits: int = 2) -> str:
+    """``mean±se`` with ``digits`` decimals (``-`` for no mean)."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "-"
     return f"{mean:.{digits}f}±{se or 0.0:.{digits}f}"
@@ -38,10 +39,19 @@ def eval_table(results: Sequence[TaskResult], title: str = "evaluation") -> Tabl
         table.add_column(col, justify="left" if col == "task" else "right", no_wrap=True,
                          min_width=longest if col == "task" else None)
     for r in results:
-        table.add_row(r.task, str(r.episodes), _pm(r.win_rate, r.win_rate_se), _pm(r.return_mean, r.return_se),
-                      _pm(r.progression, r.progression_se, 1), f"{r.length_mean:.1f}", str(r.failed),
+        table.add_row(r.task, str(r.episodes), plus_minus(r.win_rate, r.win_rate_se), plus_minus(r.return_mean, r.return_se),
+                      plus_minus(r.progression, r.progression_se, 1), f"{r.length_mean:.1f}", str(r.failed),
                       *([str(r.interrupted)] if paused else []))
     return table
+
+
+def eval_line(result: TaskResult) -> str:
+    """One task's row of :func:`eval_table` as a line of text (for log files)."""
+    return (f"{result.task} win {plus_minus(result.win_rate, result.win_rate_se)} "
+            f"return {plus_minus(result.return_mean, result.return_se)} "
+            f"progression {plus_minus(result.progression, result.progression_se, 1)} length {result.length_mean:.1f} "
+            f"({result.episodes} episodes, {result.failed} failed"
+            + (f", {result.interrupted} interrupted" if result.interrupted else "") + ")")
 
 
 def print_results(results: Sequence[TaskResult], console: Console, title: str = "evaluation") -> None:
@@ -75,18 +85,18 @@ def summary_table(summary: Summary, title: str = "evaluation", not_the_suites_pr
     for env, tasks in by_env.items():
         if len(tasks) > 1:
             e = envs[env]
-            table.add_row(f"[bold]{env}[/]", str(e.episodes), f"[bold]{_pm(e.progression, e.progression_se, 1)}[/]",
-                          _pm(e.win_rate, e.win_rate_se), "", "", "", *extra)
+            table.add_row(f"[bold]{env}[/]", str(e.episodes), f"[bold]{plus_minus(e.progression, e.progression_se, 1)}[/]",
+                          plus_minus(e.win_rate, e.win_rate_se), "", "", "", *extra)
         for t in tasks:
             name = f"  {t.task}" if len(tasks) > 1 else (t.task if t.task == env else f"{env}/{t.task}")
-            table.add_row(name, str(t.episodes), _pm(t.progression, t.progression_se, 1),
-                          _pm(t.win_rate, t.win_rate_se), _pm(t.return_mean, t.return_se),
+            table.add_row(name, str(t.episodes), plus_minus(t.progression, t.progression_se, 1),
+                          plus_minus(t.win_rate, t.win_rate_se), plus_minus(t.return_mean, t.return_se),
                           f"{t.length_mean:.1f}", str(t.failed), *([str(t.interrupted)] if paused else []))
     if summary.overall is not None and len(summary.envs) > 1:
         o = summary.overall
         table.add_section()
         table.add_row(f"[bold]overall[/] ({o.parts} envs)", str(o.episodes),
-                      f"[bold]{_pm(o.progression, o.progression_se, 1)}[/]", _pm(o.win_rate, o.win_rate_se), "", "", "",
+                      f"[bold]{plus_minus(o.progression, o.progression_se, 1)}[/]", plus_minus(o.win_rate, o.win_rate_se), "", "", "",
                       *extra)
     return table
 

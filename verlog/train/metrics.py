@@ -3,7 +3,8 @@
 ``rollout_metrics`` summarizes a batch (episode returns, win rate, lengths, invalid actions,
 failures, throughput); ``memory_metrics`` the process's memory; ``RunLogger`` writes one record
 per update to ``<run_dir>/metrics.jsonl`` and to wandb (offline unless configured otherwise,
-files under the run folder), and shows a progress bar with the headline figures.
+files under the run folder), and shows a progress bar with the headline figures (in a log file:
+plain lines, one per update and evaluation).
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from verlog.config import VerlogConfig
+from verlog.evaluation.report import eval_line
+from verlog.evaluation.results import TaskResult
 from verlog.rewards.scorer import COMPONENT_PREFIX
 from verlog.rollout.slots import SlotBatch
 from verlog.step_info import PROGRESSION_KEY, VALID_ACTION_KEY, episode_outcomes
@@ -104,7 +107,9 @@ _HEADLINE = (
 
 
 class RunLogger:
-    """One record per update to ``metrics.jsonl``, wandb and a rich progress display."""
+    """One record per update to ``metrics.jsonl``, wandb and a rich progress display; where the
+    console is no terminal (a redirected stdout: ``nohup``, a scheduler's log file) the display is
+    plain lines instead, one per update, evaluation and phase, each on one line and flushed."""
 
     def __init__(self, config: VerlogConfig, run_dir: Path, *, console: Console, start_update: int,
                  wandb_id: str | None, resume: bool):
@@ -117,6 +122,8 @@ class RunLogger:
                 console.print(f"[yellow]warning:[/] {warning}", highlight=False)
         self.wandb = _start_wandb(config, run_dir, wandb_id, resume)
         self.wandb_id = getattr(self.wandb, "id", wandb_id)
+        #: a log file, not a terminal: plain lines instead of the live progress bar
+        self.plain = not console.is_terminal
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[line]}"),
@@ -125,21 +132,31 @@ class RunLogger:
         self.task = self.progress.add_task("training", total=self.total, completed=start_update, line="")
 
     def __enter__(self) -> "RunLogger":
-        self.progress.start()
+        if not self.plain:
+            self.progress.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.progress.stop()
+        if not self.plain:
+            self.progress.stop()
         if self.wandb is not None:
             self.wandb.finish()
+
+    def _line(self, text: str) -> None:
+        """One plain line of the log form: elapsed time first, never wrapped, written at once."""
+        self.console.print(f"[{_clock(self.elapsed())}] {text}", soft_wrap=True, highlight=False, markup=False)
+        self.console.file.flush()
 
     def elapsed(self) -> float:
         """Seconds since this process started logging the run."""
         return time.perf_counter() - self.started
 
-    def status(self, text: str) -> None:
-        """Say what the run is doing (e.g. critic warm-up) on the progress line."""
+    def status(self, text: str, *, every_update: bool = False) -> None:
+        """Say what the run is doing (e.g. critic warm-up) on the progress line; in the log form, a
+        line of its own unless it is a phase of ``every_update`` (the update's line says enough)."""
         self.progress.update(self.task, line=text)
+        if self.plain and not every_update:
+            self._line(text)
 
     def log(self, update: int, metrics: dict[str, float], *, step_kind: str = "update") -> None:
         record = {"update": update, "kind": step_kind, "elapsed_s": self.elapsed(),
@@ -155,19 +172,34 @@ class RunLogger:
         )
         if step_kind == "update":
             self.progress.update(self.task, completed=update, line=line)
-        self.progress.console.print(f"[dim]{step_kind} {update}[/] {line}", highlight=False)
+        if self.plain:
+            of = f"/{self.total}" if step_kind == "update" else ""
+            self._line(f"{step_kind} {update}{of} {line}")
+        else:
+            self.progress.console.print(f"[dim]{step_kind} {update}[/] {line}", highlight=False)
 
-    def log_eval(self, update: int, results: list[dict[str, Any]], *, validation: bool = False) -> None:
+    def log_eval(self, update: int, results: Sequence[TaskResult], *, validation: bool = False) -> None:
         """An evaluation's results (``validation``: a periodic one, on its own seeds)."""
         kind = "validation" if validation else "eval"
         flat = {}
         for r in results:
-            flat[f"{kind}/{r['task']}/win_rate"] = r["win_rate"]
-            flat[f"{kind}/{r['task']}/return"] = r["return_mean"]
+            flat[f"{kind}/{r.task}/win_rate"] = r.win_rate
+            flat[f"{kind}/{r.task}/return"] = r.return_mean
+        records = [r.as_dict() for r in results]
         with self.path.open("a") as f:
-            f.write(json.dumps({"update": update, "kind": kind, "elapsed_s": self.elapsed(), "tasks": results}) + "\n")
+            f.write(json.dumps({"update": update, "kind": kind, "elapsed_s": self.elapsed(), "tasks": records}) + "\n")
         if self.wandb is not None:
             self.wandb.log(flat, step=update)
+        if self.plain:
+            for r in results:
+                self._line(f"{kind} at update {update}: {eval_line(r)}")
+
+
+def _clock(seconds: float) -> str:
+    """Elapsed time as h:mm:ss."""
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
 
 
 def _finite(x: Any) -> Any:

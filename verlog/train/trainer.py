@@ -110,13 +110,13 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
             warned_masked = config.algorithm.recompute_logprobs
             for update in range(run.state["update"] + 1, t.total_updates + 1):
                 # 1. rollout: every slot gives turns_per_env turns under the current weights
-                logger.status("rollout")
+                logger.status("rollout", every_update=True)
                 batch = await run.collect()
                 warned_masked = warned_masked or _warn_masked_logprobs(batch, console)
                 storage = RolloutStorage.from_batch(batch)
                 # 2-3. score the batch (old logprobs, values, GAE) and run the PPO epochs; the
                 # engine shares the actor's weights and waits for them meanwhile
-                logger.status("update")
+                logger.status("update", every_update=True)
                 tick = time.perf_counter()
                 with run.engine.weights_lock():
                     metrics = score_batch(storage, run.learner, off_policy=run.traces.correction if run.traces else None)
@@ -358,7 +358,7 @@ class _Run:
                                  scorer=self.slots_agent.scorer)
         if self.slots_agent.scorer is not None:  # the evaluation's own failures are in its error counts
             self.slots_agent.scorer.take_judge_failures()
-        self.logger.log_eval(update, [r.as_dict() for r in results], validation=seed is not None)
+        self.logger.log_eval(update, results, validation=seed is not None)
         return results
 
     async def aclose(self) -> None:
