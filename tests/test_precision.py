@@ -1,5 +1,6 @@
 """Mixed precision: float32 master weights with bf16 autocast move like float32 training, bf16
-weights do not; float16 scales its loss; values stay float32; training refuses bf16 weights."""
+weights do not; float16 scales its loss; values stay float32; training refuses bf16 weights; a run
+trained under bf16 autocast saves and reloads its float32 weights exactly (actor, critic, LoRA)."""
 
 from __future__ import annotations
 
@@ -154,3 +155,85 @@ def test_autocast_is_validated():
 def test_gpu_recipes_use_float32_master_weights_with_bf16_autocast(name):
     config = load_config(ROOT / "configs" / f"{name}.yaml")
     assert config.model.dtype == "float32" and config.model.autocast == "bfloat16"
+
+
+# ---------------------------------------------------------------------- saved and reloaded in float32
+
+
+def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_bf16_autocast_training_saves_and_reloads_float32_master_weights(lora, tmp_path, monkeypatch):
+    """Trained under bf16 autocast, the actor (or its LoRA adapter) and the critic are saved as the
+    float32 weights that were trained, bit for bit, and a resumed run reloads exactly those: a
+    checkpoint written in bf16 (what float32 master weights exist to prevent) fails here."""
+    from rich.console import Console
+    from safetensors import safe_open
+
+    from verlog.train import train
+    from verlog.train.trainer import _Run
+    from verlog.weights import checkpoint as ckpt
+
+    trained: dict[str, dict[str, torch.Tensor]] = {}
+    real_save = ckpt.save_checkpoint
+
+    def save_and_keep(run_dir, update, *, save_actor, critic, **kwargs):  # the real save, watched
+        run = save_actor.__self__
+        if run.peft_actor is not None:
+            from peft import get_peft_model_state_dict
+
+            trained["adapter"] = {k: v.detach().clone() for k, v in get_peft_model_state_dict(run.peft_actor).items()}
+        trained["actor"] = _weights(run.learner.actor)
+        trained["critic"] = _weights(critic)
+        return real_save(run_dir, update, save_actor=save_actor, critic=critic, **kwargs)
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", save_and_keep)
+    overrides = [f"trainer.run_dir={tmp_path / 'run'}", "wandb.mode=disabled", "model.autocast=bfloat16",
+                 "trainer.total_updates=2", "trainer.save_every=1", "trainer.num_envs=4", "trainer.turns_per_env=3",
+                 "critic_warmup.buffer_multiplier=1", "critic_warmup.iterations=1", "algorithm.mini_batch_turns=6",
+                 "eval.at_start=false", "eval.at_end=false", "actor.lr=1e-2", "critic.lr=1e-2",
+                 *(["actor.lora.rank=4"] if lora else [])]
+    config = load_config(ROOT / "configs" / "cue_corridor.yaml", overrides)
+    start = _weights(_load_toy(config))
+    train(config, console=Console(quiet=True))
+    latest = ckpt.latest_checkpoint(tmp_path / "run")
+    assert trained and latest.name == "update_000002"
+    for name, weights in trained.items():  # the live master weights: float32, and training moved them
+        assert all(v.dtype == torch.float32 for v in weights.values() if v.is_floating_point()), name
+    assert any(not torch.equal(start[k], v) for k, v in trained["actor"].items() if k in start) or lora
+
+    # on disk: float32 tensors equal to the trained ones
+    files = {"critic": latest / ckpt.CRITIC_FILE}
+    files["adapter" if lora else "actor"] = (latest / ckpt.ADAPTER_FOLDER / "adapter_model.safetensors" if lora
+                                             else latest / ckpt.ACTOR_FOLDER / "model.safetensors")
+    for name, path in files.items():
+        with safe_open(str(path), "pt") as f:
+            saved = {k: f.get_tensor(k) for k in f.keys()}
+        live = trained[name]
+        if name == "actor":  # tied embeddings are saved once
+            live = {k: v for k, v in live.items() if k in saved}
+        assert set(saved) == set(live), name
+        for k, v in saved.items():
+            assert v.dtype == torch.float32 and torch.equal(v, live[k]), (name, k)
+
+    # reloaded by a resumed run: the same weights again
+    async def reload() -> dict[str, dict[str, torch.Tensor]]:
+        run = _Run.build(load_config(ROOT / "configs" / "cue_corridor.yaml", overrides), latest, Console(quiet=True))
+        try:
+            return {"actor": _weights(run.learner.actor), "critic": _weights(run.learner.critic)}
+        finally:
+            await run.aclose()
+
+    again = asyncio.run(reload())
+    for name in ("actor", "critic"):
+        assert again[name].keys() == trained[name].keys()
+        for k, v in again[name].items():
+            assert v.dtype == trained[name][k].dtype and torch.equal(v, trained[name][k]), (name, k)
+
+
+def _load_toy(config):
+    from verlog.models import load_causal_lm
+
+    return load_causal_lm(config.model.path)
