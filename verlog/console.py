@@ -10,7 +10,8 @@ from rich.markup import escape
 __all__ = ["console", "error_console", "print_error"]
 
 console = Console(highlight=False)
-if not console.is_terminal:  # a log file or a pipe: tables and lines as wide as they need (rich assumes 80)
+if not console.is_terminal:  # a log file or a pipe: lines never wrapped, tables 160 wide (rich assumes 80)
+    console.soft_wrap = True
     console.width = max(console.width, 160)
 #: where ``error:`` lines go; soft_wrap keeps a long message on one line
 error_console = Console(stderr=True, highlight=False, soft_wrap=True)
