@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Sequence
 
 import pytest
 import torch
@@ -28,8 +29,9 @@ def toy():
     return load_causal_lm(folder), load_tokenizer(folder)
 
 
-def random_batch(num_envs=3, turns_per_env=4, vocab=40, seed=0) -> SlotBatch:
-    """Turns with random prompts and responses of varied lengths, some done."""
+def random_batch(num_envs=3, turns_per_env=4, vocab=40, seed=0, prefix: Sequence[int] = ()) -> SlotBatch:
+    """Turns with random prompts (each after ``prefix``, e.g. an instruction every turn repeats) and
+    responses of varied lengths, some done."""
     g = torch.Generator().manual_seed(seed)
     turns = []
     for i in range(num_envs):
@@ -39,7 +41,8 @@ def random_batch(num_envs=3, turns_per_env=4, vocab=40, seed=0) -> SlotBatch:
             length = int(torch.randint(1, 5, (1,), generator=g))
             response = torch.randint(4, vocab, (length,), generator=g).tolist()
             slot.append(Turn(
-                episode_id=f"e{i}", turn_index=k, prompt_ids=torch.randint(4, vocab, (p,), generator=g).tolist(),
+                episode_id=f"e{i}", turn_index=k,
+                prompt_ids=[*prefix, *torch.randint(4, vocab, (p,), generator=g).tolist()],
                 response_ids=response, logprobs=[-1.0] * length, reward=float(torch.rand(1, generator=g)),
                 terminated=bool(k == 1 and i == 0), truncated=bool(k == 2 and i == 1),
             ))
@@ -316,16 +319,21 @@ def test_training_the_last_layers_moves_only_them_and_exactly_as_full_training_w
         ActorConfig(train_layers=2, lora={"rank": 4})
 
 
-def test_a_shared_frozen_trunk_runs_once_and_changes_nothing(toy):
+@pytest.mark.parametrize("prefix", [0, 12], ids=["no-prefix", "shared-prefix"])
+def test_a_shared_frozen_trunk_runs_once_and_changes_nothing(toy, prefix):
     """Actor and critic training only their last block share the frozen block below: it runs once
     per batch, every pass starts from its states, and the logprobs, values and both models' updates
-    are those of the passes that run every block. Different frozen weights are never shared."""
+    are those of the passes that run every block (with a prefix every turn shares: computed once
+    per micro-batch in the trunk, as in the passes without one). Different frozen weights are never
+    shared."""
     from verlog.train.forward import shared_trunk_depth
     from verlog.weights.actor_critic import train_last_layers
 
     lm, _ = toy
     depth = lm.config.num_hidden_layers - 1
-    algo = AlgorithmConfig(ppo_epochs=1, mini_batch_turns=6, kl_coef=0.0, entropy_coef=0.01)
+    algo = AlgorithmConfig(ppo_epochs=1, mini_batch_turns=6, kl_coef=0.0, entropy_coef=0.01,
+                           shared_prefix_min_tokens=8 if prefix else 0)
+    instruction = list(range(4, 4 + prefix))
 
     def one_update(shared: bool):
         torch.manual_seed(0)
@@ -337,7 +345,7 @@ def test_a_shared_frozen_trunk_runs_once_and_changes_nothing(toy):
         learner = Learner(actor, critic, *(torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2)
                                           for m in (actor, critic)),
                           None, algo, pad_id=0, device=torch.device("cpu"), trunk_depth=trunk)
-        s = RolloutStorage.from_batch(random_batch())
+        s = RolloutStorage.from_batch(random_batch(prefix=instruction))
         metrics = score_batch(s, learner)
         assert ("trunk_s" in metrics) == shared and (s.trunk_states is not None) == shared
         scored = (s.old_logprobs.clone(), s.values.clone(), s.advantages.clone())
@@ -361,3 +369,41 @@ def test_a_shared_frozen_trunk_runs_once_and_changes_nothing(toy):
     assert shared_trunk_depth(actor.base_model, critic.backbone, depth) is None
     assert shared_trunk_depth(copy.deepcopy(lm).base_model, None, depth) is None  # nothing frozen
     assert shared_trunk_depth(actor.base_model, None, depth) == depth  # no critic: the actor's passes alone
+
+
+def test_the_trunk_runs_a_shared_prefix_once_with_the_same_states(toy):
+    """``trunk_states`` with ``min_shared``: the leading tokens of a micro-batch's sequences run once
+    (fewer tokens through the blocks), and every sequence's states equal those of its own pass."""
+    from verlog.train.forward import trunk_states
+
+    lm, _ = toy
+    backbone, depth = lm.base_model, lm.config.num_hidden_layers - 1
+    g = torch.Generator().manual_seed(3)
+    prefix = torch.randint(4, 40, (20,), generator=g).tolist()
+    seqs = [prefix + torch.randint(4, 40, (int(n),), generator=g).tolist() for n in torch.randint(1, 9, (7,), generator=g)]
+    seqs.append(prefix[:15] + [5, 6])  # shares less than the rest: the micro-batch's common part is 15
+
+    embedded: list[int] = []
+    hook = backbone.embed_tokens.register_forward_hook(lambda m, args, out: embedded.append(args[0].numel()))
+    try:
+        alone = [trunk_states(backbone, [q], depth, 0, "cpu", 4096)[0] for q in seqs]
+        embedded.clear()
+        whole = trunk_states(backbone, seqs, depth, 0, "cpu", 4096)
+        padded = sum(embedded)
+        embedded.clear()
+        shared = trunk_states(backbone, seqs, depth, 0, "cpu", 4096, min_shared=8)
+        once = sum(embedded)
+    finally:
+        hook.remove()
+    assert once == 15 + len(seqs) * max(len(q) - 15 for q in seqs) < padded == len(seqs) * max(map(len, seqs))
+    for mine, one, two in zip(alone, whole, shared):
+        assert mine.shape == one.shape == two.shape
+        assert torch.allclose(mine, one, atol=1e-5) and torch.allclose(mine, two, atol=1e-5)
+    # under min_shared, nothing is shared
+    embedded_again: list[int] = []
+    hook = backbone.embed_tokens.register_forward_hook(lambda m, args, out: embedded_again.append(args[0].numel()))
+    try:
+        trunk_states(backbone, seqs, depth, 0, "cpu", 4096, min_shared=16)
+    finally:
+        hook.remove()
+    assert sum(embedded_again) == padded

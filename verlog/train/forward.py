@@ -193,17 +193,31 @@ def _layers_only(backbone: nn.Module, part: slice, *, norm: bool) -> Iterator[No
 
 @torch.no_grad()
 def trunk_states(backbone: nn.Module, seqs: Sequence[Sequence[int]], depth: int, pad_id: int,
-                 device: torch.device | str, token_budget: int) -> list[torch.Tensor]:
+                 device: torch.device | str, token_budget: int, *, min_shared: int = 0) -> list[torch.Tensor]:
     """The output ``[len_i, H]`` of the first ``depth`` blocks of ``backbone`` for each sequence
-    (the frozen trunk, computed once for every pass that starts above it: see :class:`Trunk`)."""
+    (the frozen trunk, computed once for every pass that starts above it: see :class:`Trunk`).
+    The leading tokens the sequences of a micro-batch share (at least ``min_shared`` of them; 0:
+    never) run once for all of them, as in the passes above the trunk without one."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(seqs)
     lengths = [len(x) for x in seqs]
+    # the budget counts what the sequences all share once (it runs once per micro-batch)
+    common = common_prefix_len(seqs, min(lengths) - 1) if min_shared > 0 and len(seqs) > 1 else 0
+    common = common if common >= min_shared else 0
+    budget_rows = micro_batches(range(len(seqs)), [n - common for n in lengths], max(1, token_budget - common))
     with _layers_only(backbone, slice(0, depth), norm=False):
-        for group in micro_batches(range(len(seqs)), lengths, token_budget):
-            ids, mask = pad_rows([seqs[r] for r in group], pad_id, device)
-            hidden = backbone(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        for group in budget_rows:
+            # every row keeps one token of its own after the shared part
+            rows = pack_rows([seqs[r] for r in group], pad_id, device, first_read=[lengths[r] - 1 for r in group],
+                             min_shared=min_shared)
+            if rows.prefix_ids is None:
+                hidden = backbone(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
+                                  use_cache=False).last_hidden_state
+                for i, r in enumerate(group):
+                    out[r] = hidden[i, : lengths[r]]
+                continue
+            prefix, hidden = _prefix_then_rows(backbone, rows)
             for i, r in enumerate(group):
-                out[r] = hidden[i, : lengths[r]]
+                out[r] = torch.cat([prefix[0], hidden[i, : lengths[r] - rows.offset]])
     return out
 
 
@@ -260,17 +274,23 @@ def backbone_hidden(backbone: nn.Module, rows: PackedRows, trunk: Trunk | None =
                             use_cache=False).last_hidden_state
     if rows.prefix_ids is None:
         return backbone(input_ids=rows.input_ids, attention_mask=rows.attention_mask, use_cache=False).last_hidden_state
+    return _prefix_then_rows(backbone, rows)[1]
+
+
+def _prefix_then_rows(backbone: nn.Module, rows: PackedRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shared prefix's pass once (``[1, S, H]``), then every row's own tokens attending to it
+    (``[B, W, H]``, positions ``S ..``)."""
     batch, width = rows.input_ids.shape
     with cache_safe_checkpointing(backbone):
         recorded = Cache(layer_class_to_replicate=PrefixRecorder)
-        backbone(input_ids=rows.prefix_ids, past_key_values=recorded, use_cache=True)
+        prefix = backbone(input_ids=rows.prefix_ids, past_key_values=recorded, use_cache=True).last_hidden_state
         # expand, not copy: gradients of every row sum back into the one prefix computation
         frozen = Cache(layers=[
             FrozenPrefix(layer.keys.expand(batch, -1, -1, -1), layer.values.expand(batch, -1, -1, -1))
             for layer in recorded.layers
         ])
         position_ids = (rows.offset + torch.arange(width, device=rows.input_ids.device)).expand(batch, -1)
-        return backbone(
+        return prefix, backbone(
             input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=position_ids,
             past_key_values=frozen, use_cache=True,
         ).last_hidden_state

@@ -102,7 +102,8 @@ def compute_trunk(s: RolloutStorage, learner: Learner) -> None:
         return
     with learner.compute():
         states = trunk_states(learner.actor.base_model, s.sequences, learner.trunk_depth, learner.pad_id,
-                              learner.device, learner.algo.micro_batch_tokens)
+                              learner.device, learner.algo.micro_batch_tokens,
+                              min_shared=learner.algo.shared_prefix_min_tokens)
     s.trunk_states = [x.detach() for x in states]
 
 
