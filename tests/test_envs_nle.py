@@ -21,7 +21,7 @@ from verlog.envs.nle.agents import (  # noqa: E402
     MiniHackSearchAgent,
     RandomTextAgent,
     parse_observation,
-    play_episode,
+    play_scripted_episode,
 )
 from verlog.envs.nle.env import MINIHACK_TASKS, MiniHackTextEnv, NetHackTextEnv, native_keys  # noqa: E402
 from verlog.envs.registry import get_family, list_envs, make_env  # noqa: E402
@@ -326,7 +326,7 @@ def test_unknown_task_names_list_the_valid_ones() -> None:
 
 def test_minihack_success_and_nethack_progression_in_info() -> None:
     env = MiniHackTextEnv("MazeWalk-9x9")
-    out = play_episode(env, MiniHackSearchAgent(), seed=0)
+    out = play_scripted_episode(env, MiniHackSearchAgent(), seed=0)
     assert out["success"] and out["return"] == 1.0
     assert out["info"]["progression"] == 1.0 and out["info"]["end_status"] == "TASK_SUCCESSFUL"
     assert "The goal is reached" in env.observation
@@ -356,7 +356,7 @@ def test_nethack_no_progress_abort_and_step_cap() -> None:
 def _solve_rate(task: str, seeds: range, max_steps: int) -> float:
     env = MiniHackTextEnv(task, max_steps=max_steps)
     agent = MiniHackSearchAgent()
-    wins = sum(play_episode(env, agent, seed=s)["success"] for s in seeds)
+    wins = sum(play_scripted_episode(env, agent, seed=s)["success"] for s in seeds)
     return wins / len(seeds)
 
 

@@ -33,6 +33,7 @@ from verlog.algo.off_policy import OffPolicyCorrection, staleness_weights
 from verlog.config import ConfigError, TracesConfig
 from verlog.rollout.slots import SlotBatch
 from verlog.rollout.turn import Turn
+from verlog.step_info import SUCCESS_KEY
 from verlog.traces import EpisodeRecord, TracedTurn, TraceStore, TraceStoreError, open_store
 from verlog.traces.records import checkpoint_update
 
@@ -146,7 +147,7 @@ class TraceSource:
         reward = t.reward + ((record.reward or 0.0) if is_last else 0.0)
         info: dict[str, Any] = {"model_version": t.model_version, "trace_seed": seed}
         if is_last and record.success is not None:
-            info["success"] = record.success
+            info[SUCCESS_KEY] = record.success
         return Turn(
             episode_id=t.episode_id, turn_index=t.turn_index, prompt_ids=t.prompt_ids, response_ids=t.response_ids,
             logprobs=t.logprobs, reward=reward, terminated=is_last, finish_reason=t.finish_reason,

@@ -298,7 +298,7 @@ class RandomTextAgent:
         return f"ACTION: {self.rng.choice(self.valid_actions())}"
 
 
-def play_episode(env: Any, agent: Any, seed: int | None = None) -> dict[str, Any]:
+def play_scripted_episode(env: Any, agent: Any, seed: int | None = None) -> dict[str, Any]:
     """Play one episode of ``env`` with ``agent``; returns steps, return, success and last info."""
     results = play_steps(env, agent, seed)
     last = results[-1]

@@ -25,7 +25,7 @@ from verlog.algo.estimators import AdvantageSettings, estimate_advantages, get_e
 from verlog.integrations.verl.layout import RowLayout, rows_to_turn_batch, token_scores, turn_data
 from verlog.integrations.verl.samples import RowInfo
 
-__all__ = ["compute_turn_advantages", "rollout_metrics"]
+__all__ = ["compute_turn_advantages", "slot_row_metrics"]
 
 
 def compute_turn_advantages(
@@ -77,14 +77,15 @@ def compute_turn_advantages(
         used = layout.scatter(per_turn.to(torch.int8), width).bool()
         data.batch["response_mask"] = (mask.bool() & used).to(mask.dtype)
     metrics.update({f"verlog/adv/{name}": float(value) for name, value in estimate.metrics.items()})
-    metrics.update(rollout_metrics(infos, layout))
+    metrics.update(slot_row_metrics(infos, layout))
     if batch.truncation_values is not None:
         metrics["verlog/truncated_turns_bootstrapped"] = float(torch.isfinite(batch.truncation_values).sum())
     return data, metrics
 
 
-def rollout_metrics(infos: Sequence[RowInfo | None], layout: RowLayout) -> dict[str, float]:
-    """What the batch's slots did: turns, bootstrapped cuts, episodes ended and failed."""
+def slot_row_metrics(infos: Sequence[RowInfo | None], layout: RowLayout) -> dict[str, float]:
+    """What the slots behind a verl batch's rows did: turns, bootstrapped cuts, episodes ended and
+    failed (the embedded trainer's counterpart is ``verlog.train.metrics.rollout_metrics``)."""
     returns, lengths, success = [], [], []
     failed: dict[str, int] = {}
     for info in infos:

@@ -76,7 +76,6 @@ __all__ = [
     "TurnTemperatureError",
     "check_turn_temperature",
     "close_slots",
-    "open_slots",
     "slot_key",
     "slot_seed",
 ]
@@ -138,11 +137,6 @@ _EPISODES_STARTED: dict[str, int] = {}
 def slot_key(index: int, session: int) -> str:
     """The name of the env slot of dataset row ``index``, ``rollout.n`` session ``session``."""
     return f"{index}:{session}"
-
-
-def open_slots() -> list[str]:
-    """The keys of the env slots alive in this process (for tests and debugging)."""
-    return sorted(_SLOTS)
 
 
 async def close_slots() -> None:
