@@ -475,3 +475,16 @@ def test_slot_episode_counters_are_saved_with_verls_checkpoint_and_restored(tmp_
     # the round in flight travels with the row (slot 0's episode 4 is played again, whole, first)
     assert resumed.train_dataset[0]["extra_info"]["verlog_in_flight"] == {"0": 4}
     assert resumed.train_dataset[1]["extra_info"]["verlog_in_flight"] == {}
+
+
+def test_the_verl_settings_share_the_verlog_configs_defaults():
+    """Settings of one meaning in a verlog config and in a verl config's ``verlog:`` block have one
+    default, kept in ``verlog.config``."""
+    from verlog.config import DEFAULT_EVAL_EPISODES, EvalConfig, RolloutConfig, TrainerConfig
+    from verlog.integrations.verl.settings import VerlSettings
+
+    verl, trainer, rollout = VerlSettings(), TrainerConfig(), RolloutConfig()
+    for name in ("num_envs", "turns_per_env", "group_size", "max_consecutive_failures"):
+        assert getattr(verl, name) == getattr(trainer, name), name
+    assert (verl.seed, verl.episode_timeout_s) == (rollout.seed, rollout.episode_timeout_s)
+    assert (verl.eval_episodes, verl.eval_seed) == (DEFAULT_EVAL_EPISODES, EvalConfig().seed)

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from verlog.config import (
+    DEFAULT_EVAL_EPISODES,
     SPLITS,
     VERL_DATA_FILES,
     VERL_PROMPT_KEY,
@@ -31,8 +32,11 @@ from verlog.config import (
     ConfigError,
     CriticWarmupConfig,
     DataConfig,
+    EvalConfig,
     MultiTurnConfig,
     RewardConfig,
+    RolloutConfig,
+    TrainerConfig,
     VerlRewardFunctionConfig,
     _describe,
     verl_data_keys,
@@ -86,26 +90,38 @@ class EstimatorSettings(VerlAdvantageConfig):
     estimator: str = "gae"
 
 
-class VerlSettings(_Section):
-    """The ``verlog:`` block of a verl config (defaults: Verlog's BabyAI recipe)."""
+def _default(section: type[BaseModel], name: str) -> Any:
+    """The default of ``section.name`` in a verlog config: the verl path's settings of the same
+    meaning take it from there (one home for each default)."""
+    return section.model_fields[name].default
 
-    num_envs: int = Field(32, ge=1, description="persistent env slots (= data.train_batch_size)")
+
+class VerlSettings(_Section):
+    """The ``verlog:`` block of a verl config (defaults: Verlog's BabyAI recipe, those of a verlog
+    config's ``trainer``, ``rollout`` and ``eval`` sections)."""
+
+    num_envs: int = Field(_default(TrainerConfig, "num_envs"), ge=1,
+                          description="persistent env slots (= data.train_batch_size)")
     turns_per_env: int | None = Field(
-        8, ge=1, description="turns each slot gives to every batch; null: one whole episode per sample"
+        _default(TrainerConfig, "turns_per_env"), ge=1,
+        description="turns each slot gives to every batch; null: one whole episode per sample"
     )
     seed: int = Field(
-        0, description="slot i's j-th episode plays seed + j * G + (g + j) % G: g = i // group_size its group, "
+        _default(RolloutConfig, "seed"), description="slot i's j-th episode plays seed + j * G + (g + j) % G: g = i // group_size its group, "
         "G = num_envs * rollout.n / group_size the number of groups"
     )
     group_size: int = Field(
-        1, ge=1, description="consecutive slots (num_envs * rollout.n in all) playing the same seeds: the groups "
+        _default(TrainerConfig, "group_size"), ge=1, description="consecutive slots (num_envs * rollout.n in all) playing the same seeds: the groups "
         "grpo, rloo and gigpo compare (default: actor_rollout_ref.rollout.n, verl's group: a row's sessions)"
     )
-    episode_timeout_s: float | None = Field(600.0, gt=0, description="per episode: time in the graph's own code (model calls, queued, "
-                                              "generating or held at a batch boundary, never count)")
-    max_consecutive_failures: int = Field(20, ge=1, description="a slot failing this often in a row fails its verl sample")
-    eval_episodes: int = Field(32, ge=1, description="validation episodes (verl's val set)")
-    eval_seed: int = Field(1_000_000, description="seed of the first validation episode")
+    episode_timeout_s: float | None = Field(
+        _default(RolloutConfig, "episode_timeout_s"), gt=0,
+        description="per episode: time in the graph's own code (model calls, queued, generating or held at a batch "
+        "boundary, never count)")
+    max_consecutive_failures: int = Field(_default(TrainerConfig, "max_consecutive_failures"), ge=1,
+                                          description="a slot failing this often in a row fails its verl sample")
+    eval_episodes: int = Field(DEFAULT_EVAL_EPISODES, ge=1, description="validation episodes (verl's val set)")
+    eval_seed: int = Field(_default(EvalConfig, "seed"), description="seed of the first validation episode")
     advantage: VerlAdvantageConfig = Field(default_factory=VerlAdvantageConfig)
     critic_warmup: CriticWarmupConfig = Field(default_factory=CriticWarmupConfig)
     data: DataConfig | None = Field(
