@@ -21,15 +21,15 @@ from verlog.traces.records import (
     EPISODE_HEADER,
     PRIVACY_MODES,
     VERSION_HEADER,
-    EpisodeRecord,
     PrivacyMode,
     RecordingPolicy,
+    TracedEpisode,
     TracedTurn,
 )
 from verlog.traces.store import SQLITE_FILE, TraceStore, TraceStoreError, UnknownEpisodeError, open_store
 
 __all__ = [
-    "EPISODE_HEADER", "PRIVACY_MODES", "SQLITE_FILE", "VERSION_HEADER", "EpisodeRecord", "PrivacyMode",
-    "RecordingPolicy", "TraceRecorder", "TraceStore", "TraceStoreError", "TracedTurn", "UnknownEpisodeError",
+    "EPISODE_HEADER", "PRIVACY_MODES", "SQLITE_FILE", "VERSION_HEADER", "PrivacyMode",
+    "RecordingPolicy", "TraceRecorder", "TraceStore", "TraceStoreError", "TracedEpisode", "TracedTurn", "UnknownEpisodeError",
     "episode_chat_openai", "open_store", "send_feedback",
 ]

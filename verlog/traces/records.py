@@ -96,7 +96,7 @@ class TracedTurn:
 
 
 @dataclass(frozen=True)
-class EpisodeRecord:
+class TracedEpisode:
     """An episode of the store: its id, how many turns it has, its feedback (``reward`` /
     ``success`` / ``info`` are ``None`` / ``{}`` until feedback arrives), when it was last written."""
 

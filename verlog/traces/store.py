@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from verlog.traces.records import (
-    EpisodeRecord,
     RecordingPolicy,
+    TracedEpisode,
     TracedTurn,
     check_reward,
     pack_floats,
@@ -255,13 +255,13 @@ class TraceStore:
         rows = self._query("SELECT version FROM versions ORDER BY seq")
         return {row[0]: rank for rank, row in enumerate(rows)}
 
-    def episodes(self, *, with_feedback: bool = False) -> list[EpisodeRecord]:
+    def episodes(self, *, with_feedback: bool = False) -> list[TracedEpisode]:
         """The store's episodes, oldest first (only those that have episode feedback, if asked)."""
         where = " WHERE feedback_at IS NOT NULL" if with_feedback else ""
         rows = self._query(f"SELECT {_EPISODE_COLUMNS} FROM episodes{where} ORDER BY created, episode_id")
         return [_episode(row) for row in rows]
 
-    def episode(self, episode_id: str) -> EpisodeRecord:
+    def episode(self, episode_id: str) -> TracedEpisode:
         """One episode's record; :class:`UnknownEpisodeError` if the store does not hold it."""
         rows = self._query(f"SELECT {_EPISODE_COLUMNS} FROM episodes WHERE episode_id = ?", (episode_id,))
         if not rows:
@@ -291,8 +291,8 @@ class TraceStore:
 _EPISODE_COLUMNS = "episode_id, turns, created, updated, reward, success, info, feedback_at"
 
 
-def _episode(r: tuple) -> EpisodeRecord:
-    return EpisodeRecord(r[0], int(r[1]), float(r[2]), float(r[3]), None if r[4] is None else float(r[4]),
+def _episode(r: tuple) -> TracedEpisode:
+    return TracedEpisode(r[0], int(r[1]), float(r[2]), float(r[3]), None if r[4] is None else float(r[4]),
                          None if r[5] is None else bool(r[5]), json.loads(r[6]) if r[6] else {},
                          None if r[7] is None else float(r[7]))
 

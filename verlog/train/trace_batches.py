@@ -34,7 +34,7 @@ from verlog.config import ConfigError, TracesConfig
 from verlog.rollout.slots import SlotBatch
 from verlog.rollout.turn import Turn
 from verlog.step_info import SUCCESS_KEY
-from verlog.traces import EpisodeRecord, TracedTurn, TraceStore, TraceStoreError, open_store
+from verlog.traces import TracedEpisode, TracedTurn, TraceStore, TraceStoreError, open_store
 from verlog.traces.records import checkpoint_update
 
 __all__ = ["TraceBatch", "TraceSource", "correction_of", "lineage_staleness", "merge_batches", "trace_slots"]
@@ -128,7 +128,7 @@ class TraceSource:
         self.trained: tuple[str, int] | None = None
 
     # ------------------------------------------------------------------ reading episodes
-    def _episode_turns(self, record: EpisodeRecord, staleness: dict[str, float]) -> list[tuple[Turn, float, str]]:
+    def _episode_turns(self, record: TracedEpisode, staleness: dict[str, float]) -> list[tuple[Turn, float, str]]:
         traced = self.store.turns(record.episode_id)
         if not traced:
             return []
@@ -143,7 +143,7 @@ class TraceSource:
                 for i, (t, w) in enumerate(zip(traced, weights))]
 
     @staticmethod
-    def _turn(t: TracedTurn, record: EpisodeRecord, seed: int, *, is_last: bool) -> Turn:
+    def _turn(t: TracedTurn, record: TracedEpisode, seed: int, *, is_last: bool) -> Turn:
         reward = t.reward + ((record.reward or 0.0) if is_last else 0.0)
         info: dict[str, Any] = {"model_version": t.model_version, "trace_seed": seed}
         if is_last and record.success is not None:
