@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from verlog.config import REWARD_MAX_ABS  # feedback's bound is the reward functions' (one rule for a reward's size)
+from verlog.rollout.turn import Turn
 
 #: what a recorded turn keeps besides its token ids: ``full`` also the request's messages and the
 #: answer's text; ``ids_only`` keeps no text at all (prompt and answer as token ids only)
@@ -53,40 +54,22 @@ def checkpoint_update(version: str) -> tuple[str, int] | None:
     return (found["run"], int(found["update"])) if found else None
 
 
-@dataclass(frozen=True)
-class TracedTurn:
-    """One served completion, token-exact: the prompt ids the engine saw, the response ids it
-    produced and one logprob per response id (the behaviour policy's), the sampling it was drawn
-    with, and which model version answered, when and how fast.
+@dataclass
+class TracedTurn(Turn):
+    """One served completion, token-exact: a :class:`~verlog.rollout.turn.Turn` (the prompt ids the
+    engine saw, the response ids it produced, one logprob per response id, the behaviour policy's, and
+    the sampling it was drawn with) and which model version answered, when and how fast. Trained from
+    the store, it is the batch's turn itself, with the episode's feedback on it.
 
     ``turn_index`` is the turn's place in its episode (the order completions were recorded);
+    ``reward`` the reward attached to this turn by feedback (the episode's own sits on its last turn);
     ``messages`` and ``response_text`` are ``None`` under the ``ids_only`` privacy mode.
     """
 
-    episode_id: str
-    turn_index: int
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float]
-    model_version: str
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    #: the kind of grammar the answer was held to (its logprobs are the masked distribution's)
-    constraint: str | None = None
-    finish_reason: str = ""
-    latency_s: float = 0.0
-    created: float = 0.0
-    #: reward attached to this turn by feedback (the episode's own reward sits on its last turn)
-    reward: float = 0.0
-    response_text: str | None = None
-    messages: Any = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if len(self.logprobs) != len(self.response_ids):
-            raise ValueError(f"turn {self.turn_index} of episode {self.episode_id!r}: {len(self.response_ids)} "
-                             f"response ids but {len(self.logprobs)} logprobs")
+    model_version: str = field(kw_only=True)
+    latency_s: float = field(default=0.0, kw_only=True)
+    created: float = field(default=0.0, kw_only=True)
+    response_text: str | None = field(default=None, kw_only=True)
 
     @property
     def nbytes(self) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 import torch
@@ -148,11 +148,7 @@ class TraceSource:
         info: dict[str, Any] = {"model_version": t.model_version, "trace_seed": seed}
         if is_last and record.success is not None:
             info[SUCCESS_KEY] = record.success
-        return Turn(
-            episode_id=t.episode_id, turn_index=t.turn_index, prompt_ids=t.prompt_ids, response_ids=t.response_ids,
-            logprobs=t.logprobs, reward=reward, terminated=is_last, finish_reason=t.finish_reason,
-            temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, constraint=t.constraint, info=info,
-        )
+        return replace(t, reward=reward, terminated=is_last, info=info)  # a TracedTurn is a Turn
 
     def _refill(self) -> None:
         """The next epoch's turns, episode after episode in a shuffled order."""
