@@ -108,14 +108,19 @@ def main(argv: list[str] | None = None) -> None:
 
     renderer = PromptRenderer(load_tokenizer("tiny"))
     width = max(len(n) for n in names + ["environment"])
-    header = (f"{'environment':<{width}} {'steps/s':>8} {'reset ms':>9} {'1st reset s':>11} "
-              f"{'prompt tok/turn':>15} {'max':>6} {'turns':>6}")
+    header = (
+        f"{'environment':<{width}} {'steps/s':>8} {'reset ms':>9} {'1st reset s':>11} "
+        f"{'prompt tok/turn':>15} {'max':>6} {'turns':>6}"
+    )
     print(header)
     print("-" * len(header))
     for name in names:
         first, reset_ms, rate = steps_per_second(name, steps)
         mean, most, played = prompt_tokens(name, renderer, turns)
-        print(f"{name:<{width}} {rate:>8.0f} {reset_ms:>9.1f} {first:>11.2f} {mean:>15.0f} {most:>6} {played:>6}", flush=True)
+        print(
+            f"{name:<{width}} {rate:>8.0f} {reset_ms:>9.1f} {first:>11.2f} {mean:>15.0f} {most:>6} {played:>6}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -44,20 +44,20 @@ RECIPE = {
     # the first answer to a question must be a calculator call (constrained decoding: a well-formed
     # call whatever the model); what is learned is the expression it asks and the answer it gives
     "multi_turn.langgraph.graph_kwargs": "{max_tool_rounds: 3, require_tool: true}",
-    "sampling.temperature": 0.7,          # a 135M model at 1.0 rambles: few groups with a success
-    "sampling.max_tokens": 64,            # a call or an answer needs ~30
-    "trainer.num_envs": 16,               # 16 slots x 4 turns = 64 turns per update
+    "sampling.temperature": 0.7,  # a 135M model at 1.0 rambles: few groups with a success
+    "sampling.max_tokens": 64,  # a call or an answer needs ~30
+    "trainer.num_envs": 16,  # 16 slots x 4 turns = 64 turns per update
     "trainer.turns_per_env": 4,
-    "trainer.group_size": 8,              # GRPO groups of 8 plays of one question
+    "trainer.group_size": 8,  # GRPO groups of 8 plays of one question
     "trainer.save_every": 4,
     "algorithm.estimator": "grpo",
     "algorithm.whiten_advantages": True,  # batch-whitened GRPO: the setting the figure below was measured with
-    "algorithm.kl_coef": 0.0,             # no reference model: memory and time
+    "algorithm.kl_coef": 0.0,  # no reference model: memory and time
     "algorithm.entropy_coef": 0.0,
     "algorithm.ppo_epochs": 1,
-    "algorithm.mini_batch_turns": 32,     # two optimizer steps per update
-    "trainer.torch_threads": 2,           # the engine is idle during the update: both cores
-    "algorithm.micro_batch_tokens": 2048,   # a 49k-word vocabulary: logits dominate the memory
+    "algorithm.mini_batch_turns": 32,  # two optimizer steps per update
+    "trainer.torch_threads": 2,  # the engine is idle during the update: both cores
+    "algorithm.micro_batch_tokens": 2048,  # a 49k-word vocabulary: logits dominate the memory
     "eval.temperature": 0.0,
     "eval.at_start": True,
     "eval.at_end": True,
@@ -79,13 +79,22 @@ def main() -> None:
     run_dir = Path(args.out) / "dataset_learning"
     if not args.resume:
         shutil.rmtree(run_dir, ignore_errors=True)
-    settings = {**RECIPE, "trainer.total_updates": args.updates, "actor.lr": args.lr, "eval.episodes": args.test_rows,
-                "trainer.run_dir": str(run_dir)}
-    overrides = [f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in settings.items()] + list(args.overrides)
+    settings = {
+        **RECIPE,
+        "trainer.total_updates": args.updates,
+        "actor.lr": args.lr,
+        "eval.episodes": args.test_rows,
+        "trainer.run_dir": str(run_dir),
+    }
+    overrides = [f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in settings.items()] + list(
+        args.overrides
+    )
     config = load_config(ROOT / "configs" / "calculator.yaml", overrides)
     console = Console()
-    console.print(f"[bold]P5c[/]: {config.model.path} on {config.multi_turn.langgraph.path} with "
-                  f"{Path(config.data.train.path).parent}, {args.updates} GRPO updates, lr {args.lr:g}")
+    console.print(
+        f"[bold]P5c[/]: {config.model.path} on {config.multi_turn.langgraph.path} with "
+        f"{Path(config.data.train.path).parent}, {args.updates} GRPO updates, lr {args.lr:g}"
+    )
     started = time.perf_counter()
     result = train(config, resume=args.resume, console=console)
     wall = time.perf_counter() - started
@@ -95,20 +104,28 @@ def main() -> None:
     updates = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     updates = [u for u in updates if u.get("kind", "update") == "update" and "update_s" in u]
     report = {
-        "model": config.model.path, "updates": result.updates, "test_rows": before["episodes"],
+        "model": config.model.path,
+        "updates": result.updates,
+        "test_rows": before["episodes"],
         "before": {"accuracy": before["win_rate"], "se": before["win_rate_se"]},
         "after": {"accuracy": after["win_rate"], "se": after["win_rate_se"]},
-        "difference": diff, "difference_in_se": in_se, "wall_s": wall,
+        "difference": diff,
+        "difference_in_se": in_se,
+        "wall_s": wall,
         "mean_update_s": sum(u["rollout_s"] + u["update_s"] for u in updates) / max(1, len(updates)),
         "train_accuracy_by_update": [(u["update"], u.get("win_rate")) for u in updates],
         "settings": settings,
     }
     (Path(args.out) / "dataset_learning.json").write_text(json.dumps(report, indent=1))
-    console.print(f"test accuracy ({before['episodes']} rows, greedy): before {before['win_rate']:.3f} ± "
-                  f"{before['win_rate_se']:.3f} -> after {after['win_rate']:.3f} ± {after['win_rate_se']:.3f}; "
-                  f"difference {diff:+.3f} = {in_se:+.1f} s.e. of the difference")
-    console.print(f"wall time {wall / 60:.1f} min ({report['mean_update_s']:.0f} s per update); "
-                  f"written to {Path(args.out) / 'dataset_learning.json'}")
+    console.print(
+        f"test accuracy ({before['episodes']} rows, greedy): before {before['win_rate']:.3f} ± "
+        f"{before['win_rate_se']:.3f} -> after {after['win_rate']:.3f} ± {after['win_rate_se']:.3f}; "
+        f"difference {diff:+.3f} = {in_se:+.1f} s.e. of the difference"
+    )
+    console.print(
+        f"wall time {wall / 60:.1f} min ({report['mean_update_s']:.0f} s per update); "
+        f"written to {Path(args.out) / 'dataset_learning.json'}"
+    )
 
 
 if __name__ == "__main__":

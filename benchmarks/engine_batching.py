@@ -50,7 +50,9 @@ from verlog.rollout import run_episodes
 from verlog.testing.scripted_engine import ScriptedEngine
 
 
-async def turns_per_second(engine, tokenizer, episodes: int, turns: int, concurrency: int, max_tokens: int) -> tuple[float, float]:
+async def turns_per_second(
+    engine, tokenizer, episodes: int, turns: int, concurrency: int, max_tokens: int
+) -> tuple[float, float]:
     model = VerlogChatModel(engine=engine, tokenizer=tokenizer, max_tokens=max_tokens)
     graph = build_loop(model, turns, report=True)
     stats = getattr(engine, "stats", None)  # the scripted engine keeps none
@@ -101,18 +103,22 @@ async def main(episodes: int, turns: int, max_tokens: int, repeats: int) -> None
         ratio, bound = batched / single, ceiling(mean_batch, one_row, full, episodes)
         ratios.append(ratio)
         shares.append(ratio / bound)
-        print(f"  run {repeat + 1}: {episodes} concurrent episodes {batched:6.1f} turns/s ({mean_batch:.1f} requests per "
-              f"forward pass), 1 at a time {single:5.1f} turns/s: {ratio:.1f}x; engine alone {one_row:.2f} ms per "
-              f"decode step with 1 row, {full:.2f} ms with {episodes}: ceiling {bound:.1f}x at {mean_batch:.1f} rows "
-              f"({ceiling(episodes, one_row, full, episodes):.1f}x with every step full); {ratio / bound:.0%} of it")
+        print(
+            f"  run {repeat + 1}: {episodes} concurrent episodes {batched:6.1f} turns/s ({mean_batch:.1f} requests per "
+            f"forward pass), 1 at a time {single:5.1f} turns/s: {ratio:.1f}x; engine alone {one_row:.2f} ms per "
+            f"decode step with 1 row, {full:.2f} ms with {episodes}: ceiling {bound:.1f}x at {mean_batch:.1f} rows "
+            f"({ceiling(episodes, one_row, full, episodes):.1f}x with every step full); {ratio / bound:.0%} of it"
+        )
     # the same episodes with an engine that answers at once: what the event loop alone can drive
     # (graph supersteps, chat template and tokenizer, turn recording all run on it)
     scripted = ScriptedEngine(tokenizer, ["I move forward now and then I look around me."])
     loop_only, _ = await turns_per_second(scripted, tokenizer, episodes, turns, episodes, max_tokens)
     engine.close()
     ratio, share = statistics.median(ratios), statistics.median(shares)
-    print(f"batching speed-up (median) : {ratio:.1f}x (target >= 8x) {'OK' if ratio >= 8 else 'MISSED'}; "
-          f"{share:.0%} of the decode ceiling (target >= 85%) {'OK' if share >= 0.85 else 'MISSED'}")
+    print(
+        f"batching speed-up (median) : {ratio:.1f}x (target >= 8x) {'OK' if ratio >= 8 else 'MISSED'}; "
+        f"{share:.0%} of the decode ceiling (target >= 85%) {'OK' if share >= 0.85 else 'MISSED'}"
+    )
     print(f"event loop alone (an engine that answers at once): {loop_only:.1f} turns/s")
 
 

@@ -117,8 +117,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=None, help="random steps per env")
     parser.add_argument("--resets", type=int, default=None, help="timed resets per env")
     parser.add_argument("--protocol", default=PROTOCOLS[0], choices=PROTOCOLS)
-    parser.add_argument("--concurrent-resets", type=int, default=0, metavar="N",
-                        help="start N games at once from N threads and count failures")
+    parser.add_argument(
+        "--concurrent-resets",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start N games at once from N threads and count failures",
+    )
     args = parser.parse_args(argv)
     steps = args.steps or (300 if args.quick else 3000)
     resets = args.resets or (5 if args.quick else 30)
@@ -137,8 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         s = measure(name, steps, resets, protocol=args.protocol)
         print(
-            f"{s.name:<{width}} {s.steps_per_s:>9.0f} {s.reset_ms:>9.2f} "
-            f"{s.first_reset_s:>11.3f} {s.episodes:>8}",
+            f"{s.name:<{width}} {s.steps_per_s:>9.0f} {s.reset_ms:>9.2f} {s.first_reset_s:>11.3f} {s.episodes:>8}",
             flush=True,
         )
 

@@ -59,24 +59,42 @@ def run(out: Path, variant: str, seed: int, updates: int, stop: bool, whiten: bo
     run_dir = out / f"{variant}_seed{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
     overrides = [
-        f"trainer.run_dir={run_dir}", "wandb.mode=disabled", *SHAPE, *VARIANTS[variant][1],
+        f"trainer.run_dir={run_dir}",
+        "wandb.mode=disabled",
+        *SHAPE,
+        *VARIANTS[variant][1],
         *(["algorithm.whiten_advantages=true"] if whiten else []),
-        f"trainer.seed={seed}", f"rollout.seed={seed * 100_000}", f"trainer.total_updates={updates}",
-        "trainer.eval_every=5", f"trainer.save_every={updates}", "eval.episodes=128", "eval.at_start=true",
+        f"trainer.seed={seed}",
+        f"rollout.seed={seed * 100_000}",
+        f"trainer.total_updates={updates}",
+        "trainer.eval_every=5",
+        f"trainer.save_every={updates}",
+        "eval.episodes=128",
+        "eval.at_start=true",
     ]
     if stop:
         overrides.append("trainer.stop_at_win_rate=0.95")
     config = load_config(ROOT / "configs" / "cue_corridor.yaml", overrides)
     result = train(config, console=Console(quiet=True))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train_s = sum(r.get("rollout_s", 0.0) + r.get("update_s", 0.0) for r in records if r["kind"] in ("update", "critic_warmup"))
+    train_s = sum(
+        r.get("rollout_s", 0.0) + r.get("update_s", 0.0) for r in records if r["kind"] in ("update", "critic_warmup")
+    )
     validations = [(r["update"], r["tasks"][0]["win_rate"]) for r in records if r["kind"] == "validation"]
     hit = next((u for u, w in validations if w >= 0.9), None)
     return {
-        "variant": variant, "estimator": config.algorithm.estimator, "seed": seed, "updates": result.updates,
-        "before": result.eval_start[0].win_rate, "after": result.eval_end[0].win_rate,
-        "after_se": result.eval_end[0].win_rate_se, "updates_to_0.9": hit, "train_s": train_s,
-        "validation": validations, "wall_s": result.seconds, "whiten_advantages": config.algorithm.whiten_advantages,
+        "variant": variant,
+        "estimator": config.algorithm.estimator,
+        "seed": seed,
+        "updates": result.updates,
+        "before": result.eval_start[0].win_rate,
+        "after": result.eval_end[0].win_rate,
+        "after_se": result.eval_end[0].win_rate_se,
+        "updates_to_0.9": hit,
+        "train_s": train_s,
+        "validation": validations,
+        "wall_s": result.seconds,
+        "whiten_advantages": config.algorithm.whiten_advantages,
     }
 
 
@@ -107,14 +125,23 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--variants", nargs="+",
-                        default=["gae", "grpo", "gigpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"],
-                        choices=list(VARIANTS), help="which runs (the zero control is added by --control-updates)")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["gae", "grpo", "gigpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"],
+        choices=list(VARIANTS),
+        help="which runs (the zero control is added by --control-updates)",
+    )
     parser.add_argument("--updates", type=int, default=60, help="most updates of a learning run")
-    parser.add_argument("--control-updates", type=int, default=30, help="updates of the zero-advantage control (0: skip)")
+    parser.add_argument(
+        "--control-updates", type=int, default=30, help="updates of the zero-advantage control (0: skip)"
+    )
     parser.add_argument("--control-seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--whiten", action="store_true",
-                        help="whiten every estimator's advantages over the batch (algorithm.whiten_advantages=true)")
+    parser.add_argument(
+        "--whiten",
+        action="store_true",
+        help="whiten every estimator's advantages over the batch (algorithm.whiten_advantages=true)",
+    )
     parser.add_argument("--out", default=str(ROOT / "runs" / "estimators"))
     args = parser.parse_args()
     out = Path(args.out)
@@ -133,8 +160,11 @@ def main() -> None:
         row = run(out, variant, seed, updates, stop, args.whiten)
         rows.append(row)
         results_file.write_text(json.dumps(rows, indent=1))  # what has run so far survives an interruption
-        print(f"{variant} seed {seed}: {row['before']:.2f} -> {row['after']:.2f} in {row['updates']} updates "
-              f"(0.9 at {row['updates_to_0.9']}), {row['train_s']:.0f} s training", flush=True)
+        print(
+            f"{variant} seed {seed}: {row['before']:.2f} -> {row['after']:.2f} in {row['updates']} updates "
+            f"(0.9 at {row['updates_to_0.9']}), {row['train_s']:.0f} s training",
+            flush=True,
+        )
     print(table(rows))
 
 

@@ -98,13 +98,31 @@ def embedded_trainer(cuda: bool, work: Path) -> Part:
     part = Part("embedded trainer (bf16)")
     run_dir = work / "embedded"
     model = "smollm2" if cuda else "tiny"
-    size = ["trainer.num_envs=8", "trainer.turns_per_env=2", "sampling.max_tokens=48"] if cuda else \
-        ["trainer.num_envs=4", "trainer.turns_per_env=2", "sampling.max_tokens=8", "algorithm.micro_batch_tokens=4096"]
+    size = (
+        ["trainer.num_envs=8", "trainer.turns_per_env=2", "sampling.max_tokens=48"]
+        if cuda
+        else [
+            "trainer.num_envs=4",
+            "trainer.turns_per_env=2",
+            "sampling.max_tokens=8",
+            "algorithm.micro_batch_tokens=4096",
+        ]
+    )
     overrides = [
-        f"model.path={model}", f"model.device={'cuda' if cuda else 'cpu'}", "model.autocast=bfloat16",
-        f"trainer.run_dir={run_dir}", f"trainer.total_updates={2 if cuda else 1}", "trainer.save_every=1",
-        "trainer.eval_every=0", "eval.at_start=false", "eval.at_end=false", "wandb.mode=disabled",
-        "critic_warmup.buffer_multiplier=1", "critic_warmup.iterations=1", "actor.lr=1.0e-6", *size,
+        f"model.path={model}",
+        f"model.device={'cuda' if cuda else 'cpu'}",
+        "model.autocast=bfloat16",
+        f"trainer.run_dir={run_dir}",
+        f"trainer.total_updates={2 if cuda else 1}",
+        "trainer.save_every=1",
+        "trainer.eval_every=0",
+        "eval.at_start=false",
+        "eval.at_end=false",
+        "wandb.mode=disabled",
+        "critic_warmup.buffer_multiplier=1",
+        "critic_warmup.iterations=1",
+        "actor.lr=1.0e-6",
+        *size,
     ]
     if not cuda:
         part.note(f"no CUDA: the same recipe on the CPU with the tiny model ({' '.join(overrides[:3])})")
@@ -116,14 +134,18 @@ def embedded_trainer(cuda: bool, work: Path) -> Part:
     except Exception as exc:  # report, go on with the other parts
         part.fail(f"{type(exc).__name__}: {exc}")
         return part
-    part.note(f"{result.updates} updates in {time.perf_counter() - started:.1f} s ({model}, "
-              f"{'cuda' if cuda else 'cpu'}, autocast bfloat16)")
+    part.note(
+        f"{result.updates} updates in {time.perf_counter() - started:.1f} s ({model}, "
+        f"{'cuda' if cuda else 'cpu'}, autocast bfloat16)"
+    )
     latest = ckpt.latest_checkpoint(run_dir)
     trained = load_file(next((latest / "actor").glob("*.safetensors")))
     moved = sum(int((trained[k].float() != initial[k]).sum()) for k in trained if k in initial)
     total = sum(initial[k].numel() for k in trained if k in initial)
-    part.note(f"weights moved: {moved / total:.2%} of the actor's {total:,} weights at lr 1e-6 "
-              "(bf16 weights stepped directly: ~0.4% on SmolLM2)")
+    part.note(
+        f"weights moved: {moved / total:.2%} of the actor's {total:,} weights at lr 1e-6 "
+        "(bf16 weights stepped directly: ~0.4% on SmolLM2)"
+    )
     if moved / total < 0.5:
         part.fail("the actor's weights barely moved")
     losses = {k: v for row in result.history for k, v in row.items() if "loss" in k}
@@ -157,10 +179,20 @@ def engine_speed(device: str | None, requests: int, max_tokens: int) -> Part:
     tokenizer = load_tokenizer("smollm2")
     model = load_causal_lm("smollm2", device=device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    prompts = [tokenizer.apply_chat_template(
-        [{"role": "user", "content": f"Game {i}: you see a {['red', 'blue', 'green', 'grey'][i % 4]} key {i % 7} "
-                                     "steps ahead. Think briefly, then answer with ACTION: <move>."}],
-        add_generation_prompt=True, tokenize=True) for i in range(requests)]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [
+                {
+                    "role": "user",
+                    "content": f"Game {i}: you see a {['red', 'blue', 'green', 'grey'][i % 4]} key {i % 7} "
+                    "steps ahead. Think briefly, then answer with ACTION: <move>.",
+                }
+            ],
+            add_generation_prompt=True,
+            tokenize=True,
+        )
+        for i in range(requests)
+    ]
     prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]  # a BatchEncoding or ids
     sampling = SamplingParams(temperature=1.0, max_new_tokens=max_tokens)
 
@@ -177,7 +209,9 @@ def engine_speed(device: str | None, requests: int, max_tokens: int) -> Part:
 
     seconds, tokens = asyncio.run(engine_run(prompts))
     engine_rate = requests / seconds
-    part.note(f"engine: {requests} requests in {seconds:.2f} s = {engine_rate:.1f} turns/s ({tokens / seconds:,.0f} tokens/s)")
+    part.note(
+        f"engine: {requests} requests in {seconds:.2f} s = {engine_rate:.1f} turns/s ({tokens / seconds:,.0f} tokens/s)"
+    )
     hf_n = min(16, requests)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with torch.inference_mode(), torch.autocast(device, dtype=torch.bfloat16):
@@ -185,14 +219,23 @@ def engine_speed(device: str | None, requests: int, max_tokens: int) -> Part:
         sync()
         start, hf_tokens = time.perf_counter(), 0
         for p in prompts[:hf_n]:
-            out = model.generate(torch.tensor([p], device=device), do_sample=True, temperature=1.0, top_p=1.0,
-                                 top_k=0, max_new_tokens=max_tokens, pad_token_id=pad)
+            out = model.generate(
+                torch.tensor([p], device=device),
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=max_tokens,
+                pad_token_id=pad,
+            )
             hf_tokens += out.shape[1] - len(p)
         sync()
         hf_seconds = time.perf_counter() - start
     hf_rate = hf_n / hf_seconds
-    part.note(f"HF generate, one at a time: {hf_n} requests in {hf_seconds:.2f} s = {hf_rate:.1f} turns/s "
-              f"({hf_tokens / hf_seconds:,.0f} tokens/s)")
+    part.note(
+        f"HF generate, one at a time: {hf_n} requests in {hf_seconds:.2f} s = {hf_rate:.1f} turns/s "
+        f"({hf_tokens / hf_seconds:,.0f} tokens/s)"
+    )
     ratio = engine_rate / hf_rate
     part.note(f"P6: {ratio:.1f}x turns/s (target >= 5x) {'OK' if ratio >= 5 else 'MISSED'}")
     if ratio < 5:
@@ -212,19 +255,34 @@ def verl_run(cuda: bool, work: Path) -> Part:
     config_file = ROOT / "configs" / "verl_babyai.yaml"
     out_dir = work / "verl"
     overrides = [
-        "actor_rollout_ref.model.path=smollm2", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
-        "verlog.num_envs=4", "verlog.turns_per_env=2", "verlog.eval_episodes=4",
-        "verlog.critic_warmup.buffer_multiplier=1", "verlog.critic_warmup.iterations=1",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192", "critic.ppo_max_token_len_per_gpu=8192",
-        "actor_rollout_ref.rollout.response_length=64", "actor_rollout_ref.rollout.prompt_length=1024",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "actor_rollout_ref.rollout.enforce_eager=true",
-        "actor_rollout_ref.rollout.agent.num_workers=2", "trainer.val_before_train=false", "trainer.test_freq=-1",
-        "trainer.save_freq=2", "trainer.logger=[console,file]", f"trainer.default_local_dir={out_dir / 'checkpoints'}",
+        "actor_rollout_ref.model.path=smollm2",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        "verlog.num_envs=4",
+        "verlog.turns_per_env=2",
+        "verlog.eval_episodes=4",
+        "verlog.critic_warmup.buffer_multiplier=1",
+        "verlog.critic_warmup.iterations=1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "critic.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192",
+        "critic.ppo_max_token_len_per_gpu=8192",
+        "actor_rollout_ref.rollout.response_length=64",
+        "actor_rollout_ref.rollout.prompt_length=1024",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+        "actor_rollout_ref.rollout.agent.num_workers=2",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=2",
+        "trainer.logger=[console,file]",
+        f"trainer.default_local_dir={out_dir / 'checkpoints'}",
         "trainer.experiment_name=gpu_check",
     ]
     try:
-        config = compose_verl_config(config_file, [o.replace("=smollm2", "=tiny") if not cuda else o for o in overrides])
+        config = compose_verl_config(
+            config_file, [o.replace("=smollm2", "=tiny") if not cuda else o for o in overrides]
+        )
         findings = preflight(config)
     except Exception as exc:
         part.fail(f"{type(exc).__name__}: {exc}")
@@ -246,8 +304,17 @@ def verl_run(cuda: bool, work: Path) -> Part:
     for steps in (2, 3):  # the second command resumes from the checkpoint of step 2
         log = out_dir / f"metrics_to_step{steps}.jsonl"
         env = dict(os.environ, VERL_FILE_LOGGER_PATH=str(log), WANDB_MODE="disabled")
-        cmd = [sys.executable, "-m", "verlog.cli", "train", "--engine", "verl", str(config_file), *overrides,
-               f"trainer.total_training_steps={steps}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "verlog.cli",
+            "train",
+            "--engine",
+            "verl",
+            str(config_file),
+            *overrides,
+            f"trainer.total_training_steps={steps}",
+        ]
         started = time.perf_counter()
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
         part.note(f"run to step {steps}: exit {out.returncode} in {time.perf_counter() - started:.0f} s")
@@ -261,8 +328,10 @@ def verl_run(cuda: bool, work: Path) -> Part:
     if first[-1:] != [2] or resumed[:1] != [3]:
         part.fail("the second command did not resume at step 3 from the step-2 checkpoint")
     saved = sorted((out_dir / "checkpoints").glob("global_step_*"))
-    part.note(f"checkpoints: {[p.name for p in saved]}; verlog slot counters: "
-              f"{[p.name for p in saved if (p / SLOTS_FILE).exists()]}")
+    part.note(
+        f"checkpoints: {[p.name for p in saved]}; verlog slot counters: "
+        f"{[p.name for p in saved if (p / SLOTS_FILE).exists()]}"
+    )
     if not any((p / SLOTS_FILE).exists() for p in saved):
         part.fail(f"no checkpoint holds {SLOTS_FILE}")
     for rows in logs:
@@ -270,11 +339,15 @@ def verl_run(cuda: bool, work: Path) -> Part:
             data = row["data"]
             gap = data.get("training/rollout_probs_diff_mean")
             if gap is not None:
-                part.note(f"step {row['step']}: rollout-vs-training logprob gap mean {gap:.4f}, max "
-                          f"{data.get('training/rollout_probs_diff_max', float('nan')):.4f}; "
-                          f"turns {data.get('verlog/turns', float('nan')):.0f}")
+                part.note(
+                    f"step {row['step']}: rollout-vs-training logprob gap mean {gap:.4f}, max "
+                    f"{data.get('training/rollout_probs_diff_max', float('nan')):.4f}; "
+                    f"turns {data.get('verlog/turns', float('nan')):.0f}"
+                )
                 if not gap < 0.05:
-                    part.fail(f"step {row['step']}: the actor's logprobs of the engine's tokens differ by {gap:.3f} on average")
+                    part.fail(
+                        f"step {row['step']}: the actor's logprobs of the engine's tokens differ by {gap:.3f} on average"
+                    )
     return part
 
 
@@ -294,11 +367,16 @@ def main() -> int:
     cuda = torch.cuda.is_available()
     started = time.perf_counter()
     if cuda:
-        print(f"CUDA: {torch.cuda.get_device_name(0)} ({torch.cuda.device_count()} device(s)), torch {torch.__version__}")
+        print(
+            f"CUDA: {torch.cuda.get_device_name(0)} ({torch.cuda.device_count()} device(s)), torch {torch.__version__}"
+        )
     else:
         print(f"no CUDA device: dry run (torch {torch.__version__}); parts that need CUDA are skipped, saying so")
-    parts = [gpu_tests(cuda), embedded_trainer(cuda, work),
-             engine_speed("cuda" if cuda else None, args.requests, args.max_tokens)]
+    parts = [
+        gpu_tests(cuda),
+        embedded_trainer(cuda, work),
+        engine_speed("cuda" if cuda else None, args.requests, args.max_tokens),
+    ]
     if not args.skip_verl:
         parts.append(verl_run(cuda, work))
     header(f"summary ({time.perf_counter() - started:.0f} s; work dir {work})")

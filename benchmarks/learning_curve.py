@@ -30,11 +30,18 @@ from verlog.train import train  # noqa: E402
 def run(out: Path, name: str, updates: int, eval_every: int, *extra: str) -> dict:
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
-    config = load_config(ROOT / "configs" / "cue_corridor.yaml", [
-        f"trainer.run_dir={run_dir}", "wandb.mode=disabled",
-        f"trainer.total_updates={updates}", f"trainer.eval_every={eval_every}", "eval.episodes=64",
-        f"trainer.save_every={updates}", *extra,
-    ])
+    config = load_config(
+        ROOT / "configs" / "cue_corridor.yaml",
+        [
+            f"trainer.run_dir={run_dir}",
+            "wandb.mode=disabled",
+            f"trainer.total_updates={updates}",
+            f"trainer.eval_every={eval_every}",
+            "eval.episodes=64",
+            f"trainer.save_every={updates}",
+            *extra,
+        ],
+    )
     result = train(config, console=Console(quiet=True))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_s, by_update = 0.0, {0: 0.0}
@@ -44,11 +51,18 @@ def run(out: Path, name: str, updates: int, eval_every: int, *extra: str) -> dic
             train_s += r["rollout_s"] + r["update_s"]
             by_update[r["update"]] = train_s
     curve = [
-        {"update": r["update"], "win_rate": r["tasks"][0]["win_rate"], "train_s": warmup_s + by_update.get(r["update"], 0.0),
-         "wall_s": r["elapsed_s"]}
-        for r in records if r["kind"] in ("eval", "validation")
+        {
+            "update": r["update"],
+            "win_rate": r["tasks"][0]["win_rate"],
+            "train_s": warmup_s + by_update.get(r["update"], 0.0),
+            "wall_s": r["elapsed_s"],
+        }
+        for r in records
+        if r["kind"] in ("eval", "validation")
     ]
-    batch_win = [(r["update"], r["win_rate"]) for r in records if r["kind"] == "update" and r.get("win_rate") is not None]
+    batch_win = [
+        (r["update"], r["win_rate"]) for r in records if r["kind"] == "update" and r.get("win_rate") is not None
+    ]
     return {"name": name, "curve": curve, "batch_win_rate": batch_win, "seconds": result.seconds}
 
 
@@ -68,8 +82,9 @@ def main() -> None:
 
     runs = [run(out, "ppo", args.updates, args.eval_every, "eval.at_start=true")]
     if not args.no_control:
-        runs.append(run(out, "zero_advantages", args.updates, args.eval_every, "eval.at_start=true",
-                        "algorithm.estimator=zero"))
+        runs.append(
+            run(out, "zero_advantages", args.updates, args.eval_every, "eval.at_start=true", "algorithm.estimator=zero")
+        )
     (out / "learning_curve.json").write_text(json.dumps(runs, indent=1))
 
     import matplotlib
@@ -98,12 +113,16 @@ def main() -> None:
     final = ppo["curve"][-1]
     print(f"success {ppo['curve'][0]['win_rate']:.3f} -> {final['win_rate']:.3f} after {final['update']} updates")
     if hit:
-        print(f"time to 0.9: update {hit['update']}, {hit['train_s']:.0f} s of training "
-              f"({hit['wall_s']:.0f} s wall clock with evaluations) -- target <= 300 s")
+        print(
+            f"time to 0.9: update {hit['update']}, {hit['train_s']:.0f} s of training "
+            f"({hit['wall_s']:.0f} s wall clock with evaluations) -- target <= 300 s"
+        )
     else:
         print("time to 0.9: not reached")
     if len(runs) > 1:
-        print(f"advantages zeroed: success {runs[1]['curve'][-1]['win_rate']:.3f} after {runs[1]['curve'][-1]['update']} updates")
+        print(
+            f"advantages zeroed: success {runs[1]['curve'][-1]['win_rate']:.3f} after {runs[1]['curve'][-1]['update']} updates"
+        )
     print(f"curve: {png}")
 
 

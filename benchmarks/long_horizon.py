@@ -61,8 +61,14 @@ ACHIEVEMENTS = 22
 DEFAULT_STEPS = 98_304
 GAMMA, LAM = 0.99, 0.95
 
-_GROUP = ["critic_warmup.buffer_multiplier=0", "critic_warmup.iterations=0", "trainer.num_envs=16",
-          "trainer.turns_per_env=400", "trainer.group_size=8", "algorithm.mini_batch_turns=1600"]
+_GROUP = [
+    "critic_warmup.buffer_multiplier=0",
+    "critic_warmup.iterations=0",
+    "trainer.num_envs=16",
+    "trainer.turns_per_env=400",
+    "trainer.group_size=8",
+    "algorithm.mini_batch_turns=1600",
+]
 
 
 def row_overrides(row: str, answer_tokens: int) -> list[str]:
@@ -71,7 +77,7 @@ def row_overrides(row: str, answer_tokens: int) -> list[str]:
     rows = {
         "a": [],
         "b": ["critic_warmup.buffer_multiplier=0", "critic_warmup.iterations=0"],
-        "c": [f"algorithm.gamma_step={GAMMA ** per_turn:.6f}", f"algorithm.lam_step={LAM ** per_turn:.6f}"],
+        "c": [f"algorithm.gamma_step={GAMMA**per_turn:.6f}", f"algorithm.lam_step={LAM**per_turn:.6f}"],
         "d": ["algorithm.bootstrap_cuts=false"],
         "e": ["algorithm.estimator=grpo", *_GROUP],
         "e-gigpo": ["algorithm.estimator=gigpo", *_GROUP],
@@ -94,9 +100,14 @@ ROW_NAMES = {
 def scores(task: dict[str, Any]) -> dict[str, float]:
     """An evaluation's figures: achievements per episode, return and length (mean ± s.e.)."""
     scale = ACHIEVEMENTS / PROGRESSION_SCALE
-    return {"episodes": task["episodes"], "achievements": task["progression"] * scale,
-            "achievements_se": task["progression_se"] * scale, "return": task["return_mean"],
-            "return_se": task["return_se"], "length": task["length_mean"]}
+    return {
+        "episodes": task["episodes"],
+        "achievements": task["progression"] * scale,
+        "achievements_se": task["progression_se"] * scale,
+        "return": task["return_mean"],
+        "return_se": task["return_se"],
+        "length": task["length_mean"],
+    }
 
 
 def played_steps(records: list[dict[str, Any]], budget: int) -> int:
@@ -115,11 +126,18 @@ def curve(records: list[dict[str, Any]], batch_turns: int, warmup_steps: int) ->
         # the steps actually played (turns_total counts the warm-up's too): a batch of whole groups
         # (row e) holds fewer turns than its slots could give, while a slot waits for its group
         steps = r.get("turns_total", warmup_steps + r["update"] * batch_turns)
-        points.append({"update": r["update"], "env_steps": steps,
-                       "achievements": num(r.get("progression")) * ACHIEVEMENTS,
-                       "return": num(r["episode_return"]), "length": num(r["episode_length"]),
-                       "invalid": num(r.get("invalid_action_rate")), "elapsed_s": r["elapsed_s"],
-                       "seconds": r["rollout_s"] + r["update_s"]})
+        points.append(
+            {
+                "update": r["update"],
+                "env_steps": steps,
+                "achievements": num(r.get("progression")) * ACHIEVEMENTS,
+                "return": num(r["episode_return"]),
+                "length": num(r["episode_length"]),
+                "invalid": num(r.get("invalid_action_rate")),
+                "elapsed_s": r["elapsed_s"],
+                "seconds": r["rollout_s"] + r["update_s"],
+            }
+        )
     return points
 
 
@@ -132,8 +150,17 @@ def evaluations(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"before": before, "after": after, "seconds": sum(seconds for _, seconds in evals)}
 
 
-def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: bool, threads: int | None,
-        extra: list[str] | None = None, results: Path = RESULTS) -> dict:
+def run(
+    row: str,
+    seed: int,
+    steps: int,
+    out: Path,
+    answer_tokens: int,
+    before: bool,
+    threads: int | None,
+    extra: list[str] | None = None,
+    results: Path = RESULTS,
+) -> dict:
     """Train one row with one training seed for ``steps`` environment steps; write its result file."""
     from rich.console import Console
 
@@ -152,17 +179,29 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
     # such a row plays updates until its steps reach ``steps``, the full batches' count setting the checkpoint pace
     budget = steps if grouped else warmup_steps + updates * batch_turns
     ceiling = (steps - warmup_steps) // probe.trainer.num_envs if grouped else updates
-    config = load_config(CONFIG, [
-        *overrides, f"trainer.run_dir={run_dir}", "wandb.mode=disabled", f"trainer.total_updates={ceiling}",
-        f"trainer.stop_at_env_steps={budget}",
-        f"trainer.seed={seed}", f"rollout.seed={seed * 1_000_003}", f"trainer.save_every={max(1, updates // 6)}",
-        f"eval.at_start={str(before).lower()}", *([f"trainer.torch_threads={threads}"] if threads else []),
-    ])
+    config = load_config(
+        CONFIG,
+        [
+            *overrides,
+            f"trainer.run_dir={run_dir}",
+            "wandb.mode=disabled",
+            f"trainer.total_updates={ceiling}",
+            f"trainer.stop_at_env_steps={budget}",
+            f"trainer.seed={seed}",
+            f"rollout.seed={seed * 1_000_003}",
+            f"trainer.save_every={max(1, updates // 6)}",
+            f"eval.at_start={str(before).lower()}",
+            *([f"trainer.torch_threads={threads}"] if threads else []),
+        ],
+    )
     resume = (run_dir / "metrics.jsonl").is_file()
-    print(f"row {row} ({ROW_NAMES[row]}), seed {seed}: {updates} updates x {batch_turns} turns "
-          f"+ {warmup_steps} warm-up steps = {budget} environment steps"
-          f"{'' if ceiling == updates else ' (whole groups: until the steps played reach it)'}"
-          f"{' (resuming)' if resume else ''}", flush=True)
+    print(
+        f"row {row} ({ROW_NAMES[row]}), seed {seed}: {updates} updates x {batch_turns} turns "
+        f"+ {warmup_steps} warm-up steps = {budget} environment steps"
+        f"{'' if ceiling == updates else ' (whole groups: until the steps played reach it)'}"
+        f"{' (resuming)' if resume else ''}",
+        flush=True,
+    )
     watcher = MetricsTail(run_dir / "metrics.jsonl", _progress_line(ceiling))
     sitting = Sittings(run_dir)  # a run may take several sittings (killed, then resumed)
     train(config, resume=resume, console=Console(quiet=True))
@@ -173,14 +212,25 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
     evals = evaluations(records)
     wall = sum(s["wall_s"] for s in sittings)
     summary = {
-        "row": row, "name": ROW_NAMES[row], "seed": seed, "commit": commit(), "overrides": overrides,
-        "env_steps": played_steps(records, budget), "budget_steps": budget,
-        "updates": max((r["update"] for r in records if r["kind"] == "update"), default=0), "batch_turns": batch_turns,
-        "wall_s": wall, "train_s": sum(p["seconds"] for p in points), "sittings": sittings,
+        "row": row,
+        "name": ROW_NAMES[row],
+        "seed": seed,
+        "commit": commit(),
+        "overrides": overrides,
+        "env_steps": played_steps(records, budget),
+        "budget_steps": budget,
+        "updates": max((r["update"] for r in records if r["kind"] == "update"), default=0),
+        "batch_turns": batch_turns,
+        "wall_s": wall,
+        "train_s": sum(p["seconds"] for p in points),
+        "sittings": sittings,
         "load": Sittings.load_of(sittings),
         "training_wall_s": training_wall(records),
-        "eval_s": evals["seconds"], "seconds_per_update": sum(p["seconds"] for p in points) / max(1, len(points)),
-        "before": evals["before"], "after": evals["after"], "curve": points,
+        "eval_s": evals["seconds"],
+        "seconds_per_update": sum(p["seconds"] for p in points) / max(1, len(points)),
+        "before": evals["before"],
+        "after": evals["after"],
+        "curve": points,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     (results / row).mkdir(parents=True, exist_ok=True)
@@ -191,14 +241,18 @@ def run(row: str, seed: int, steps: int, out: Path, answer_tokens: int, before: 
 
 def _progress_line(total: int) -> Any:
     """How a record of ``metrics.jsonl`` is shown while a row trains."""
+
     def line_of(r: dict[str, Any]) -> str:
         if r["kind"] != "update":
             return f"  {r['kind']} at update {r['update']} ({r['elapsed_s']:.0f} s)"
         ach = num(r.get("progression")) * ACHIEVEMENTS
-        return (f"  update {r['update']}/{total}: {r['episodes']:.0f} episodes ended, "
-                f"achievements {ach:.2f}, return {num(r['episode_return']):.2f}, "
-                f"length {num(r['episode_length']):.0f}, invalid {num(r['invalid_action_rate']):.2f}, "
-                f"v_loss {num(r.get('value_loss')):.3f}, {r['rollout_s']:.0f}+{r['update_s']:.0f} s")
+        return (
+            f"  update {r['update']}/{total}: {r['episodes']:.0f} episodes ended, "
+            f"achievements {ach:.2f}, return {num(r['episode_return']):.2f}, "
+            f"length {num(r['episode_length']):.0f}, invalid {num(r['invalid_action_rate']):.2f}, "
+            f"v_loss {num(r.get('value_loss')):.3f}, {r['rollout_s']:.0f}+{r['update_s']:.0f} s"
+        )
+
     return line_of
 
 
@@ -207,13 +261,17 @@ def _fmt(d: dict[str, float] | None, key: str) -> str:
 
 
 def _print_result(s: dict) -> None:
-    print(f"row {s['row']} seed {s['seed']}: {s['env_steps']} steps, {s['training_wall_s'] / 60:.1f} min of training, "
-          f"{s['wall_s'] / 60:.1f} min wall in all "
-          f"({s['seconds_per_update']:.0f} s per update, load {s['load']['mean']:.1f})")
+    print(
+        f"row {s['row']} seed {s['seed']}: {s['env_steps']} steps, {s['training_wall_s'] / 60:.1f} min of training, "
+        f"{s['wall_s'] / 60:.1f} min wall in all "
+        f"({s['seconds_per_update']:.0f} s per update, load {s['load']['mean']:.1f})"
+    )
     for name in ("before", "after"):
         if s.get(name):
-            print(f"  {name:6s} achievements {_fmt(s[name], 'achievements')}, return {_fmt(s[name], 'return')}, "
-                  f"length {s[name]['length']:.0f}")
+            print(
+                f"  {name:6s} achievements {_fmt(s[name], 'achievements')}, return {_fmt(s[name], 'return')}, "
+                f"length {s[name]['length']:.0f}"
+            )
 
 
 def random_baseline(results: Path, extra: list[str] | None = None) -> dict:
@@ -227,8 +285,10 @@ def random_baseline(results: Path, extra: list[str] | None = None) -> dict:
     results.mkdir(parents=True, exist_ok=True)
     (results / "random.json").write_text(json.dumps(summary, indent=1))
     r = summary["random"]
-    print(f"random valid actions: achievements {_fmt(r, 'achievements')}, return {_fmt(r, 'return')}, "
-          f"length {r['length']:.0f} ({r['episodes']} worlds)")
+    print(
+        f"random valid actions: achievements {_fmt(r, 'achievements')}, return {_fmt(r, 'return')}, "
+        f"length {r['length']:.0f} ({r['episodes']} worlds)"
+    )
     return summary
 
 
@@ -249,10 +309,14 @@ def table(results_dir: Path) -> str:
     random_path = results_dir / "random.json"
     if random_path.is_file():
         r = json.loads(random_path.read_text())["random"]
-        lines.append(f"Random valid actions: achievements {_fmt(r, 'achievements')}, return {_fmt(r, 'return')}, "
-                     f"length {r['length']:.0f} ({r['episodes']} held-out worlds).\n")
-    lines += ["| row | what | seeds | env steps | achievements | return | length | s per update | training min (load) |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"Random valid actions: achievements {_fmt(r, 'achievements')}, return {_fmt(r, 'return')}, "
+            f"length {r['length']:.0f} ({r['episodes']} held-out worlds).\n"
+        )
+    lines += [
+        "| row | what | seeds | env steps | achievements | return | length | s per update | training min (load) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in ROW_NAMES:
         runs = results.get(row)
         if not runs:
@@ -264,15 +328,22 @@ def table(results_dir: Path) -> str:
         lines.append(
             f"| {row} | {ROW_NAMES[row]} | {len(runs)} | {runs[0]['env_steps']:,} | {ach} | {ret} | "
             f"{_across([a['length'] for a in after])} | {_across([r['seconds_per_update'] for r in runs])} | "
-            f"{_across([r['training_wall_s'] / 60 for r in runs])} ({_across([r['load']['mean'] for r in runs])}) |")
+            f"{_across([r['training_wall_s'] / 60 for r in runs])} ({_across([r['load']['mean'] for r in runs])}) |"
+        )
     before = next((r["before"] for rs in results.values() for r in rs if r.get("before")), None)
     if before:
-        lines.append(f"\nBefore training: achievements {_fmt(before, 'achievements')}, return {_fmt(before, 'return')}, "
-                     f"length {before['length']:.0f}.")
+        lines.append(
+            f"\nBefore training: achievements {_fmt(before, 'achievements')}, return {_fmt(before, 'return')}, "
+            f"length {before['length']:.0f}."
+        )
     lines.append("\nOne seed: ± is the s.e. over the 64 held-out worlds; several seeds: the s.e. across seeds.")
     text = "\n".join(lines) + "\n"
     (results_dir / "table.md").write_text(text)
-    _plot(results, results_dir / "curves.png", json.loads(random_path.read_text())["random"] if random_path.is_file() else None)
+    _plot(
+        results,
+        results_dir / "curves.png",
+        json.loads(random_path.read_text())["random"] if random_path.is_file() else None,
+    )
     return text
 
 
@@ -289,14 +360,25 @@ def _plot(results: dict[str, list[dict]], path: Path, random: dict[str, float] |
         for i, r in enumerate(runs):
             xs = [p["env_steps"] for p in r["curve"]]
             for ax, key in zip(axes, ("achievements", "length")):
-                ax.plot(xs, [p[key] for p in r["curve"]], color=f"C{list(ROW_NAMES).index(row)}", alpha=0.8,
-                        label=f"{row}: {ROW_NAMES[row]}" if i == 0 and key == "achievements" else None)
+                ax.plot(
+                    xs,
+                    [p[key] for p in r["curve"]],
+                    color=f"C{list(ROW_NAMES).index(row)}",
+                    alpha=0.8,
+                    label=f"{row}: {ROW_NAMES[row]}" if i == 0 and key == "achievements" else None,
+                )
             for name, marker in (("before", "v"), ("after", "o")):
                 if r.get(name):
                     x = 0 if name == "before" else r["env_steps"]
-                    axes[0].errorbar([x], [r[name]["achievements"]], yerr=[r[name]["achievements_se"]], fmt=marker,
-                                     color=f"C{list(ROW_NAMES).index(row)}", capsize=3,
-                                     label=f"{row}: held-out worlds, {name}" if i == 0 else None)
+                    axes[0].errorbar(
+                        [x],
+                        [r[name]["achievements"]],
+                        yerr=[r[name]["achievements_se"]],
+                        fmt=marker,
+                        color=f"C{list(ROW_NAMES).index(row)}",
+                        capsize=3,
+                        label=f"{row}: held-out worlds, {name}" if i == 0 else None,
+                    )
     if random is not None:
         axes[0].axhline(random["achievements"], color="grey", linestyle="--", label="random valid actions (held out)")
         axes[1].axhline(random["length"], color="grey", linestyle="--")
@@ -305,7 +387,9 @@ def _plot(results: dict[str, list[dict]], path: Path, random: dict[str, float] |
     for ax in axes:
         ax.set_xlabel("environment steps")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)  # below: the curves stay in view
+    axes[0].legend(
+        fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2
+    )  # below: the curves stay in view
     fig.suptitle("Crafter from scratch on the CPU (crafter-words, graphs/crafter.py)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -329,8 +413,17 @@ def main(argv: list[str] | None = None) -> int:
         parser_.add_argument("--results", type=Path, default=RESULTS, help="where the result files go")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.row, args.seed, args.steps, args.out, args.answer_tokens,
-            args.before or (args.row == "a" and args.seed == 0), args.threads, args.set, args.results)
+        run(
+            args.row,
+            args.seed,
+            args.steps,
+            args.out,
+            args.answer_tokens,
+            args.before or (args.row == "a" and args.seed == 0),
+            args.threads,
+            args.set,
+            args.results,
+        )
     elif args.command == "random":
         random_baseline(args.results, args.set)
     else:

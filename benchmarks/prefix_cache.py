@@ -49,7 +49,9 @@ async def play(engine: EmbeddedEngine, tokenizer, args: argparse.Namespace, seed
     graph = graph_file.build(model, task="goto", history_turns=args.history_turns, max_steps=args.max_steps)
     t0 = time.perf_counter()
     episodes = await run_episodes(
-        graph, [graph_file.episode_input(s) for s in seeds], concurrency=len(seeds),
+        graph,
+        [graph_file.episode_input(s) for s in seeds],
+        concurrency=len(seeds),
         graph_config={"recursion_limit": recursion_limit_for(args.max_steps)},
     )
     elapsed = time.perf_counter() - t0
@@ -60,10 +62,12 @@ async def play(engine: EmbeddedEngine, tokenizer, args: argparse.Namespace, seed
 
 
 def describe(name: str, turns: int, seconds: float, stats: EngineStats) -> str:
-    return (f"  cache {name:3s}: {turns / seconds:6.3f} turns/s ({turns} turns in {seconds:6.1f} s); "
-            f"prompt tokens computed {stats.computed_prompt_tokens:,} / {stats.prompt_tokens:,} "
-            f"= {100 * stats.computed_fraction:4.1f} %; engine time: prefill {stats.prefill_s:6.1f} s, "
-            f"decode {stats.decode_s:6.1f} s")
+    return (
+        f"  cache {name:3s}: {turns / seconds:6.3f} turns/s ({turns} turns in {seconds:6.1f} s); "
+        f"prompt tokens computed {stats.computed_prompt_tokens:,} / {stats.prompt_tokens:,} "
+        f"= {100 * stats.computed_fraction:4.1f} %; engine time: prefill {stats.prefill_s:6.1f} s, "
+        f"decode {stats.decode_s:6.1f} s"
+    )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -88,20 +92,26 @@ async def main(args: argparse.Namespace) -> None:
             turns[name] += n
             seconds[name] += s
             print(f"round {r + 1}/{args.rounds}, cache {name}: {n} turns in {s:.1f} s", flush=True)
-    print(f"\nSmolLM2-135M on {args.device}, BabyAI goto: {args.rounds} rounds of {args.episodes} concurrent "
-          f"episodes, at most {args.max_steps} turns each, history of {args.history_turns} exchange(s), "
-          f"greedy answers of at most {args.max_tokens} tokens")
+    print(
+        f"\nSmolLM2-135M on {args.device}, BabyAI goto: {args.rounds} rounds of {args.episodes} concurrent "
+        f"episodes, at most {args.max_steps} turns each, history of {args.history_turns} exchange(s), "
+        f"greedy answers of at most {args.max_tokens} tokens"
+    )
     for name in ("off", "on"):
         print(describe(name, turns[name], seconds[name], engines[name].stats))
     assert turns["on"] == turns["off"], "greedy decoding should play the same turns with and without the cache"
     ratio = (turns["on"] / seconds["on"]) / (turns["off"] / seconds["off"])
     fraction = engines["on"].stats.computed_fraction
     print(f"speed-up with the prefix cache: {ratio:.2f}x (target >= 3x) {'OK' if ratio >= 3 else 'MISSED'}")
-    print(f"prompt tokens computed with it: {100 * fraction:.1f} % (target <= 25 %) "
-          f"{'OK' if fraction <= 0.25 else 'MISSED'}")
+    print(
+        f"prompt tokens computed with it: {100 * fraction:.1f} % (target <= 25 %) "
+        f"{'OK' if fraction <= 0.25 else 'MISSED'}"
+    )
     off = engines["off"].stats
-    print(f"without the cache, prefill is {100 * off.prefill_s / max(off.busy_s, 1e-9):.0f} % of the engine's time; "
-          f"decoding alone bounds the speed-up at {off.busy_s / max(off.decode_s, 1e-9):.1f}x")
+    print(
+        f"without the cache, prefill is {100 * off.prefill_s / max(off.busy_s, 1e-9):.0f} % of the engine's time; "
+        f"decoding alone bounds the speed-up at {off.busy_s / max(off.decode_s, 1e-9):.1f}x"
+    )
     for engine in engines.values():
         engine.close()
 

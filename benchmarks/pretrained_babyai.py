@@ -54,9 +54,12 @@ def _line(total: int) -> Any:
         if r["kind"] != "update":
             return f"  {r['kind']} {r['update']} ({r['elapsed_s']:.0f} s)"
         parts = " ".join(f"{k[:-2]} {num(r.get(k, 0.0)):.0f}" for k in PHASES)
-        return (f"  update {r['update']}/{total}: win {num(r.get('win_rate')):.2f}, "
-                f"return {num(r.get('episode_return')):.2f}, len {num(r.get('episode_length')):.1f}, "
-                f"v_loss {num(r.get('value_loss')):.3f}, kl {num(r.get('approx_kl')):.4f}; s: {parts}")
+        return (
+            f"  update {r['update']}/{total}: win {num(r.get('win_rate')):.2f}, "
+            f"return {num(r.get('episode_return')):.2f}, len {num(r.get('episode_length')):.1f}, "
+            f"v_loss {num(r.get('value_loss')):.3f}, kl {num(r.get('approx_kl')):.4f}; s: {parts}"
+        )
+
     return line_of
 
 
@@ -68,15 +71,28 @@ def run(updates: int | None, out: Path, results: Path, extra: list[str]) -> dict
     config = load_config(CONFIG, [f"trainer.run_dir={run_dir}", "wandb.mode=disabled", *overrides])
     total = config.trainer.total_updates
     resume = (run_dir / "metrics.jsonl").is_file()
-    print(f"SmolLM2-135M on BabyAI go to: {total} updates x {config.trainer.num_envs * config.trainer.turns_per_env} "
-          f"turns{' (resuming)' if resume else ''}", flush=True)
+    print(
+        f"SmolLM2-135M on BabyAI go to: {total} updates x {config.trainer.num_envs * config.trainer.turns_per_env} "
+        f"turns{' (resuming)' if resume else ''}",
+        flush=True,
+    )
     records, compared = train_and_compare(config, _line(total))
     summary = {
-        "overrides": overrides, "updates": total, "batch_turns": config.trainer.num_envs * config.trainer.turns_per_env,
+        "overrides": overrides,
+        "updates": total,
+        "batch_turns": config.trainer.num_envs * config.trainer.turns_per_env,
         **compared,
         "seconds_per_update": profile(records),
-        "curve": [{"update": r["update"], "win_rate": num(r.get("win_rate")), "return": num(r.get("episode_return")),
-                   "length": num(r.get("episode_length"))} for r in records if r["kind"] == "update"],
+        "curve": [
+            {
+                "update": r["update"],
+                "win_rate": num(r.get("win_rate")),
+                "return": num(r.get("episode_return")),
+                "length": num(r.get("episode_length")),
+            }
+            for r in records
+            if r["kind"] == "update"
+        ],
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     results.mkdir(parents=True, exist_ok=True)
@@ -87,12 +103,14 @@ def run(updates: int | None, out: Path, results: Path, extra: list[str]) -> dict
 
 def show(s: dict[str, Any]) -> str:
     """The result as a markdown table and a profile of an update."""
+
     def cell(d: dict[str, float]) -> str:
         return f"{d['win_rate']:.3f} ± {d['win_rate_se']:.3f} | {d['length']:.1f}"
 
     p = s["seconds_per_update"]
     lines = [
-        "| player (128 held-out levels) | win rate | steps per game |", "|---|---|---|",
+        "| player (128 held-out levels) | win rate | steps per game |",
+        "|---|---|---|",
         *comparison_rows(s, "random valid actions", cell),
         f"training {s['training_wall_s'] / 60:.1f} min (critic pre-training included), evaluations "
         f"{s['eval_s'] / 60:.1f} min, random baseline {s['random_s'] / 60:.1f} min; load {s['load']['mean']:.1f} "
@@ -106,8 +124,13 @@ def show(s: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     return comparison_main(
-        argv, description=__doc__.splitlines()[0], script="benchmarks/pretrained_babyai.py", out=OUT, results=RESULTS,
-        run=lambda a: run(a.updates, a.out, a.results, a.set), show=show,
+        argv,
+        description=__doc__.splitlines()[0],
+        script="benchmarks/pretrained_babyai.py",
+        out=OUT,
+        results=RESULTS,
+        run=lambda a: run(a.updates, a.out, a.results, a.set),
+        show=show,
     )
 
 

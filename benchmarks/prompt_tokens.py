@@ -38,7 +38,7 @@ def scripted_player(tokenizer, reasoning: bool):
 
     def answer(prompt_ids: list[int]) -> str:
         text = tokenizer.decode(prompt_ids)
-        observation = text[text.rindex(MARK) + len(MARK):].split("<|im_end|>")[0]
+        observation = text[text.rindex(MARK) + len(MARK) :].split("<|im_end|>")[0]
         thought = "I look around and pick my next move."
         if reasoning:  # restate the surroundings and status, as a model's reasoning would
             lines = observation.splitlines()
@@ -73,13 +73,19 @@ async def main(turns: int, seed: int) -> None:
         full, _, t_full = await play(tokenizer, None, turns, seed, reasoning)
         n = min(len(window), len(full))
         print(f"{style} answers (mean {sum(answers) / len(answers):.0f} tokens), {n} turns:")
-        print(f"  history window (1 exchange): {sum(window[:n]):>12,} prompt tokens "
-              f"(max {max(window):,}/turn, {t_window:.1f} s)")
-        print(f"  full history               : {sum(full[:n]):>12,} prompt tokens "
-              f"(max {max(full):,}/turn, {t_full:.1f} s)")
+        print(
+            f"  history window (1 exchange): {sum(window[:n]):>12,} prompt tokens "
+            f"(max {max(window):,}/turn, {t_window:.1f} s)"
+        )
+        print(
+            f"  full history               : {sum(full[:n]):>12,} prompt tokens "
+            f"(max {max(full):,}/turn, {t_full:.1f} s)"
+        )
         ratio = sum(full[:n]) / sum(window[:n])
-        print(f"  ratio: {ratio:.1f}x fewer with the window (target >= 50x) "
-              f"{'OK' if ratio >= 50 and n >= 400 else 'MISSED'}")
+        print(
+            f"  ratio: {ratio:.1f}x fewer with the window (target >= 50x) "
+            f"{'OK' if ratio >= 50 and n >= 400 else 'MISSED'}"
+        )
 
 
 if __name__ == "__main__":

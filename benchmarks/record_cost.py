@@ -37,9 +37,14 @@ async def _round(base_url: str, args: argparse.Namespace, tag: str) -> tuple[flo
     results: list[tuple[int, float, float | None, int]] = []
 
     async def send(session: aiohttp.ClientSession, i: int) -> None:
-        body = {"model": args.checkpoint, "max_tokens": args.max_tokens, "temperature": 1.0, "stream": args.stream,
-                "messages": [{"role": "user", "content": f"Tell me about item {i} of the list, please."}],
-                "user": f"{tag}-episode-{i % args.episodes}"}
+        body = {
+            "model": args.checkpoint,
+            "max_tokens": args.max_tokens,
+            "temperature": 1.0,
+            "stream": args.stream,
+            "messages": [{"role": "user", "content": f"Tell me about item {i} of the list, please."}],
+            "user": f"{tag}-episode-{i % args.episodes}",
+        }
         if args.stream:
             body["stream_options"] = {"include_usage": True}
         async with gate:
@@ -54,8 +59,21 @@ async def _round(base_url: str, args: argparse.Namespace, tag: str) -> tuple[flo
 
 
 def _serve(checkpoint: str, port: int, record: str | None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "verlog.serve", "serve-model", checkpoint, "--host", "127.0.0.1", "--port", str(port),
-           "--max-queue", "1024", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "verlog.serve",
+        "serve-model",
+        checkpoint,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-queue",
+        "1024",
+        "--device",
+        "cpu",
+    ]
     if record:
         cmd += ["--record", record]
     return subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ), stderr=subprocess.DEVNULL)
@@ -82,11 +100,13 @@ def main() -> None:
         for kind in ("off", "on"):
             asyncio.run(wait_healthy(urls[kind], servers[kind]))
             asyncio.run(_round(urls[kind], argparse.Namespace(**{**vars(args), "requests": 16}), "warmup"))
-        print(f"load {os.getloadavg()[0]:.2f} at start; {args.checkpoint}, {args.rounds} rounds x {args.requests} "
-              f"requests, concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
-              f"{'streaming' if args.stream else 'non-streaming'}; store {target}")
+        print(
+            f"load {os.getloadavg()[0]:.2f} at start; {args.checkpoint}, {args.rounds} rounds x {args.requests} "
+            f"requests, concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
+            f"{'streaming' if args.stream else 'non-streaming'}; store {target}"
+        )
         for r in range(args.rounds):
-            for kind in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            for kind in ("off", "on") if r % 2 == 0 else ("on", "off"):
                 tps, rps, errors = asyncio.run(_round(urls[kind], args, f"r{r}"))
                 figures[kind].append((tps, rps, errors))
                 print(f"round {r + 1} recording {kind:>3}: {tps:8.1f} tokens/s  {rps:6.1f} requests/s  errors {errors}")
@@ -96,8 +116,10 @@ def main() -> None:
             process.wait(timeout=30)
     off = statistics.median(f[0] for f in figures["off"])
     on = statistics.median(f[0] for f in figures["on"])
-    print(f"median tokens/s: recording off {off:.1f}, on {on:.1f}; on/off {on / off:.3f}; "
-          f"cost of recording {100 * (1 - on / off):.1f} % (target <= 10 %); load {os.getloadavg()[0]:.2f} at end")
+    print(
+        f"median tokens/s: recording off {off:.1f}, on {on:.1f}; on/off {on / off:.3f}; "
+        f"cost of recording {100 * (1 - on / off):.1f} % (target <= 10 %); load {os.getloadavg()[0]:.2f} at end"
+    )
     if not str(target).startswith(("postgresql://", "postgres://")):
         from verlog.traces import open_store
 

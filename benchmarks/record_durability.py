@@ -39,17 +39,42 @@ ADMIN_KEY = "bench-admin"
 
 
 def start_server(checkpoint: str, store: str, port: int, write_behind_s: float = 0.0) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "verlog.serve", "serve-model", checkpoint, "--host", "127.0.0.1", "--port", str(port),
-           "--record", store, "--admin-key", ADMIN_KEY, "--max-queue", "1024", "--device", "cpu",
-           "--record-write-behind-s", str(write_behind_s)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "verlog.serve",
+        "serve-model",
+        checkpoint,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--record",
+        store,
+        "--admin-key",
+        ADMIN_KEY,
+        "--max-queue",
+        "1024",
+        "--device",
+        "cpu",
+        "--record-write-behind-s",
+        str(write_behind_s),
+    ]
     return subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ), stderr=subprocess.DEVNULL)
 
 
-async def _complete(session: aiohttp.ClientSession, url: str, episode: str, checkpoint: str, max_tokens: int,
-                    stream: bool) -> bool:
+async def _complete(
+    session: aiohttp.ClientSession, url: str, episode: str, checkpoint: str, max_tokens: int, stream: bool
+) -> bool:
     """One completion; True when it was acknowledged whole (a 200 and, streamed, its [DONE])."""
-    body = {"model": checkpoint, "max_tokens": max_tokens, "temperature": 1.0, "stream": stream, "user": episode,
-            "messages": [{"role": "user", "content": f"Say something about {episode}."}]}
+    body = {
+        "model": checkpoint,
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "stream": stream,
+        "user": episode,
+        "messages": [{"role": "user", "content": f"Say something about {episode}."}],
+    }
     async with session.post(url, json=body) as response:
         if response.status != 200:
             return False
@@ -62,8 +87,9 @@ async def _complete(session: aiohttp.ClientSession, url: str, episode: str, chec
     return False
 
 
-async def _load_until_killed(base_url: str, process: subprocess.Popen, args: argparse.Namespace, trial: int
-                             ) -> tuple[set[str], int]:
+async def _load_until_killed(
+    base_url: str, process: subprocess.Popen, args: argparse.Namespace, trial: int
+) -> tuple[set[str], int]:
     """Clients send completions until the server is killed; (acknowledged episodes, attempts)."""
     url = f"{base_url}/v1/chat/completions"
     acknowledged: set[str] = set()
@@ -110,8 +136,13 @@ def kill_trial(args: argparse.Namespace, trial: int) -> dict[str, int]:
     store = open_store(folder, create=False)
     stored = {e.episode_id for e in store.episodes()}
     store.close()
-    return {"attempts": attempts, "acknowledged": len(acknowledged), "stored": len(stored),
-            "missing": len(acknowledged - stored), "unacknowledged_stored": len(stored - acknowledged)}
+    return {
+        "attempts": attempts,
+        "acknowledged": len(acknowledged),
+        "stored": len(stored),
+        "missing": len(acknowledged - stored),
+        "unacknowledged_stored": len(stored - acknowledged),
+    }
 
 
 async def _feedback_rate(base_url: str, args: argparse.Namespace) -> tuple[float, int, int]:
@@ -151,22 +182,30 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="load before each kill -9")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--write-behind-s", type=float, default=0.0,
-                        help="serve-model's --record-write-behind-s (0: answers wait for their turn to be written)")
+    parser.add_argument(
+        "--write-behind-s",
+        type=float,
+        default=0.0,
+        help="serve-model's --record-write-behind-s (0: answers wait for their turn to be written)",
+    )
     parser.add_argument("--feedback-episodes", type=int, default=64)
     parser.add_argument("--feedback-posts", type=int, default=2000, help="0: skip the feedback rate")
     args = parser.parse_args()
 
-    print(f"load {os.getloadavg()[0]:.2f} at start; {args.checkpoint}, {args.concurrency} clients, max_tokens "
-          f"{args.max_tokens}, write-behind {args.write_behind_s} s")
+    print(
+        f"load {os.getloadavg()[0]:.2f} at start; {args.checkpoint}, {args.concurrency} clients, max_tokens "
+        f"{args.max_tokens}, write-behind {args.write_behind_s} s"
+    )
     totals = {"acknowledged": 0, "missing": 0}
     for trial in range(args.trials):
         figures = kill_trial(args, trial)
         totals["acknowledged"] += figures["acknowledged"]
         totals["missing"] += figures["missing"]
         print(f"kill -9 trial {trial + 1}: {json.dumps(figures)}")
-    print(f"kill -9 total: {totals['missing']} of {totals['acknowledged']} acknowledged completions missing from the "
-          f"store (must be 0); load {os.getloadavg()[0]:.2f}")
+    print(
+        f"kill -9 total: {totals['missing']} of {totals['acknowledged']} acknowledged completions missing from the "
+        f"store (must be 0); load {os.getloadavg()[0]:.2f}"
+    )
     if args.feedback_posts:
         folder = tempfile.mkdtemp(prefix="verlog-feedback-")
         port = free_port()
@@ -177,8 +216,10 @@ def main() -> None:
         finally:
             process.terminate()
             process.wait(timeout=30)
-        print(f"feedback: {rate:.0f} posts/s ({ok} answered 200, {other} other), {args.concurrency} clients; "
-              f"load {os.getloadavg()[0]:.2f}")
+        print(
+            f"feedback: {rate:.0f} posts/s ({ok} answered 200, {other} other), {args.concurrency} clients; "
+            f"load {os.getloadavg()[0]:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -136,7 +136,10 @@ async def time_slots(turns: int, tokenizer, sync: bool = False) -> float:
     runner = SlotRunner(
         ScriptedEngine(tokenizer, [ANSWER]),
         lambda gated: build_loop(VerlogChatModel(engine=gated, tokenizer=tokenizer), turns, report=True, sync=sync),
-        start, num_envs=1, turns_per_env=turns, graph_config={"recursion_limit": 10 * turns},
+        start,
+        num_envs=1,
+        turns_per_env=turns,
+        graph_config={"recursion_limit": 10 * turns},
     )
     try:
         t0 = time.perf_counter()
@@ -170,8 +173,9 @@ async def main(turns: int, repeats: int) -> None:
     await asyncio.to_thread(time_verlog_sync, 10, tokenizer)
     await asyncio.to_thread(time_plain_sync, 10)
     await time_slots(10, tokenizer)
-    results: dict[str, list[float]] = {k: [] for k in ("plain", "verlog", "plain_sync", "verlog_sync", "bare",
-                                                       "slots", "slots_sync")}
+    results: dict[str, list[float]] = {
+        k: [] for k in ("plain", "verlog", "plain_sync", "verlog_sync", "bare", "slots", "slots_sync")
+    }
     for _ in range(repeats):  # interleaved, so machine noise hits all of them alike
         results["plain"].append(await time_plain(turns))
         results["verlog"].append(await time_verlog(turns, tokenizer))
@@ -188,8 +192,10 @@ async def main(turns: int, repeats: int) -> None:
         print(f"{style}:")
         print(f"  plain LangGraph + GenericFakeChatModel : {med[plain]:.3f} ms/turn")
         print(f"  verlog chat model + recorder           : {med[ours]:.3f} ms/turn")
-        print(f"  added by verlog                        : {added:.3f} ms/turn (target <= 0.3) "
-              f"{'OK' if added <= 0.3 else 'MISSED'}; ratio {med[ours] / med[plain]:.2f}x")
+        print(
+            f"  added by verlog                        : {added:.3f} ms/turn (target <= 0.3) "
+            f"{'OK' if added <= 0.3 else 'MISSED'}; ratio {med[ours] / med[plain]:.2f}x"
+        )
     print(f"bare loop (template + engine call)       : {med['bare']:.3f} ms/turn")
     print("training path (one env slot, calls through the batch gate; no P1 target):")
     for style, plain, ours in (("async nodes", "plain", "slots"), ("sync nodes", "plain_sync", "slots_sync")):

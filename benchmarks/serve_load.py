@@ -73,7 +73,9 @@ def bad_request(i: int, model: str) -> dict:
     return {"model": model, "messages": [{"role": "user", "content": "many words " * 5000}]}
 
 
-async def one(session: aiohttp.ClientSession, url: str, body: dict, stream: bool) -> tuple[int, float, float | None, int]:
+async def one(
+    session: aiohttp.ClientSession, url: str, body: dict, stream: bool
+) -> tuple[int, float, float | None, int]:
     """(status, latency s, time to first content s, completion tokens)."""
     started = time.perf_counter()
     first = None
@@ -110,8 +112,9 @@ async def load(args: argparse.Namespace, base_url: str) -> None:
     connector = aiohttp.TCPConnector(limit=args.concurrency)
     async with aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector) as session:
         # warm-up (not measured)
-        await one(session, url, {"model": args.model, "messages": [{"role": "user", "content": "hi"}],
-                                 "max_tokens": 4}, False)
+        await one(
+            session, url, {"model": args.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, False
+        )
 
         async def worker() -> None:
             nonlocal next_index, tokens
@@ -124,8 +127,10 @@ async def load(args: argparse.Namespace, base_url: str) -> None:
                     continue
                 body = {
                     "model": args.model,
-                    "messages": [{"role": "system", "content": "You are a helpful assistant."},
-                                 {"role": "user", "content": f"Request {i}: describe room {rng.randint(1, 999)}."}],
+                    "messages": [
+                        {"role": "system", "content": "You are a helpful assistant."},
+                        {"role": "user", "content": f"Request {i}: describe room {rng.randint(1, 999)}."},
+                    ],
                     "max_tokens": args.max_tokens,
                     "temperature": 1.0,
                 }
@@ -148,21 +153,28 @@ async def load(args: argparse.Namespace, base_url: str) -> None:
         elapsed = time.perf_counter() - started
     sent = sum(statuses.values())
     ok = len(latencies)
-    print(f"{sent} requests ({ok} good answered) in {elapsed:.1f} s, concurrency {args.concurrency}, "
-          f"max_tokens {args.max_tokens}{', streaming' if args.stream else ''}")
+    print(
+        f"{sent} requests ({ok} good answered) in {elapsed:.1f} s, concurrency {args.concurrency}, "
+        f"max_tokens {args.max_tokens}{', streaming' if args.stream else ''}"
+    )
     print(f"  statuses            : {dict(sorted(statuses.items()))}")
     print(f"  requests/s (all)    : {sent / elapsed:8.1f}")
     print(f"  requests/s (good)   : {ok / elapsed:8.1f}")
-    print(f"  latency p50/p90/p99 : {1000 * percentile(latencies, 0.5):.0f} / {1000 * percentile(latencies, 0.9):.0f}"
-          f" / {1000 * percentile(latencies, 0.99):.0f} ms")
+    print(
+        f"  latency p50/p90/p99 : {1000 * percentile(latencies, 0.5):.0f} / {1000 * percentile(latencies, 0.9):.0f}"
+        f" / {1000 * percentile(latencies, 0.99):.0f} ms"
+    )
     print(f"  generated tokens/s  : {tokens / elapsed:8.1f}")
     if ttfts:
-        print(f"  time to first token : p50 {1000 * percentile(ttfts, 0.5):.0f} ms, "
-              f"p99 {1000 * percentile(ttfts, 0.99):.0f} ms")
+        print(
+            f"  time to first token : p50 {1000 * percentile(ttfts, 0.5):.0f} ms, "
+            f"p99 {1000 * percentile(ttfts, 0.99):.0f} ms"
+        )
     bad_ok = all(k.startswith("bad->4") for k in statuses if k.startswith("bad"))
     good_ok = all(k == "good->200" for k in statuses if k.startswith("good"))
-    print(f"  bad requests got 4xx: {'yes' if bad_ok else 'NO'}; every good request got 200: "
-          f"{'yes' if good_ok else 'NO'}")
+    print(
+        f"  bad requests got 4xx: {'yes' if bad_ok else 'NO'}; every good request got 200: {'yes' if good_ok else 'NO'}"
+    )
 
 
 def rss_mb(pid: int | None) -> float | None:
@@ -185,8 +197,7 @@ def large_prompt_body(model: str, size: int) -> bytes:
     return json.dumps({"model": model, "messages": [message], "max_tokens": 16}).encode()
 
 
-async def _flood_clients(url: str, headers: dict[str, str], body: bytes, clients: int, stop: Any,
-                         out: Any) -> None:
+async def _flood_clients(url: str, headers: dict[str, str], body: bytes, clients: int, stop: Any, out: Any) -> None:
     """``clients`` connections posting ``body`` over and over until ``stop`` is set; puts the
     statuses and the answers' latencies on ``out``."""
     statuses: Counter[str] = Counter()
@@ -205,8 +216,9 @@ async def _flood_clients(url: str, headers: dict[str, str], body: bytes, clients
                 statuses[type(exc).__name__] += 1
             latencies.append(time.perf_counter() - started)
 
-    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=300),
-                                     connector=aiohttp.TCPConnector(limit=clients)) as session:
+    async with aiohttp.ClientSession(
+        headers=headers, timeout=aiohttp.ClientTimeout(total=300), connector=aiohttp.TCPConnector(limit=clients)
+    ) as session:
         await asyncio.gather(*(client(session) for _ in range(clients)))
     out.put((dict(statuses), latencies))
 
@@ -222,11 +234,18 @@ async def flood(args: argparse.Namespace, base_url: str, pid: int | None) -> Non
 
     url = f"{base_url}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    good = {"model": args.model, "messages": [{"role": "system", "content": "You are a helpful assistant."},
-                                              {"role": "user", "content": "Describe the room."}],
-            "max_tokens": args.max_tokens, "temperature": 1.0}
+    good = {
+        "model": args.model,
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Describe the room."},
+        ],
+        "max_tokens": args.max_tokens,
+        "temperature": 1.0,
+    }
     big = large_prompt_body(args.model, args.flood_body_bytes)
     async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=300)) as session:
+
         async def good_latencies(n: int) -> tuple[list[float], Counter[int]]:
             out, statuses = [], Counter()
             for _ in range(n):
@@ -255,22 +274,34 @@ async def flood(args: argparse.Namespace, base_url: str, pid: int | None) -> Non
         after, _ = await good_latencies(10)
     sent = sum(flood_statuses.values())
     p50_idle, p50_flood = percentile(idle, 0.5), percentile(during, 0.5)
-    print(f"good requests: {args.good_requests} one at a time, max_tokens {args.max_tokens}; flood: {args.flood_clients} "
-          f"clients (another process) sending {len(big) / 1e6:.2f} MB prompts")
-    print(f"  good p50 / p90 idle        : {1000 * p50_idle:8.0f} / {1000 * percentile(idle, 0.9):.0f} ms  "
-          f"(statuses {dict(idle_statuses)})")
-    print(f"  good p50 / p90 during flood: {1000 * p50_flood:8.0f} / {1000 * percentile(during, 0.9):.0f} ms  "
-          f"(statuses {dict(during_statuses)})")
+    print(
+        f"good requests: {args.good_requests} one at a time, max_tokens {args.max_tokens}; flood: {args.flood_clients} "
+        f"clients (another process) sending {len(big) / 1e6:.2f} MB prompts"
+    )
+    print(
+        f"  good p50 / p90 idle        : {1000 * p50_idle:8.0f} / {1000 * percentile(idle, 0.9):.0f} ms  "
+        f"(statuses {dict(idle_statuses)})"
+    )
+    print(
+        f"  good p50 / p90 during flood: {1000 * p50_flood:8.0f} / {1000 * percentile(during, 0.9):.0f} ms  "
+        f"(statuses {dict(during_statuses)})"
+    )
     print(f"  ratio (flood / idle p50)   : {p50_flood / p50_idle:8.2f}x")
-    print(f"  flood                      : {sent} large bodies answered, {sent / (elapsed + 3.0):.0f}/s, statuses "
-          f"{dict(sorted(flood_statuses.items()))}, p50 answer {1000 * percentile(flood_latency, 0.5):.0f} ms")
+    print(
+        f"  flood                      : {sent} large bodies answered, {sent / (elapsed + 3.0):.0f}/s, statuses "
+        f"{dict(sorted(flood_statuses.items()))}, p50 answer {1000 * percentile(flood_latency, 0.5):.0f} ms"
+    )
     if rss_idle is not None and rss_flood is not None:
-        print(f"  server RSS                 : {rss_idle:.0f} MB idle, {rss_flood:.0f} MB during the flood, "
-              f"{rss_mb(pid):.0f} MB after")
+        print(
+            f"  server RSS                 : {rss_idle:.0f} MB idle, {rss_flood:.0f} MB during the flood, "
+            f"{rss_mb(pid):.0f} MB after"
+        )
     print(f"  after the flood            : p50 {1000 * percentile(after, 0.5):.0f} ms")
     bad = [k for k in flood_statuses if not k.startswith("4")]
-    print(f"  every large body refused with a 4xx: {'yes' if not bad else 'NO ' + str(bad)}; every good request got "
-          f"200: {'yes' if set(idle_statuses) | set(during_statuses) == {200} else 'NO'}")
+    print(
+        f"  every large body refused with a 4xx: {'yes' if not bad else 'NO ' + str(bad)}; every good request got "
+        f"200: {'yes' if set(idle_statuses) | set(during_statuses) == {200} else 'NO'}"
+    )
 
 
 async def wait_healthy(base_url: str, process: subprocess.Popen | None, timeout_s: float = 120) -> None:
@@ -301,8 +332,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--bad-fraction", type=float, default=0.1)
     parser.add_argument("--stream", action="store_true", help="stream the answers (reports time to first token)")
-    parser.add_argument("--flood", action="store_true",
-                        help="measure good requests idle and during a flood of large bodies (P10)")
+    parser.add_argument(
+        "--flood", action="store_true", help="measure good requests idle and during a flood of large bodies (P10)"
+    )
     parser.add_argument("--good-requests", type=int, default=60, help="--flood: good requests per phase")
     parser.add_argument("--flood-clients", type=int, default=8, help="--flood: clients sending large bodies")
     parser.add_argument("--flood-body-bytes", type=int, default=1_000_000, help="--flood: size of a large body")
@@ -316,8 +348,19 @@ def main() -> None:
     else:
         port = free_port()
         base_url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "verlog.serve", "serve-model", args.checkpoint, "--host", "127.0.0.1",
-               "--port", str(port), "--max-queue", "1024"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "verlog.serve",
+            "serve-model",
+            args.checkpoint,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-queue",
+            "1024",
+        ]
         if args.api_key:
             cmd += ["--api-key", args.api_key]
         process = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ), stderr=subprocess.DEVNULL)

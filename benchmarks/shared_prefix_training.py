@@ -48,15 +48,17 @@ def game_turns(game: str, turns: int, tokenizer, response_tokens: int = 32) -> l
         env = make_env(game)
         first = env.reset(seed)
         step = env.step("ACTION: " + env.valid_actions()[0])
-        messages = build_prompt(env.instruction, [(first, "I move.\nACTION: " + env.valid_actions()[0])],
-                                step.observation, history_turns=1)
+        messages = build_prompt(
+            env.instruction, [(first, "I move.\nACTION: " + env.valid_actions()[0])], step.observation, history_turns=1
+        )
         prompts.append(renderer.render(messages))
         env.close()
     return prompts
 
 
-def one_run(game: str, share: int, turns: int, threads: int, checkpointing: bool = True,
-            micro_batch_tokens: int = 4096) -> dict:
+def one_run(
+    game: str, share: int, turns: int, threads: int, checkpointing: bool = True, micro_batch_tokens: int = 4096
+) -> dict:
     """The trainer's pass on ``turns`` turns of ``game`` (in this process); figures as a dict."""
     import torch
 
@@ -80,15 +82,25 @@ def one_run(game: str, share: int, turns: int, threads: int, checkpointing: bool
         critic.gradient_checkpointing_enable()
     g = torch.Generator().manual_seed(0)
     prompts = game_turns(game, turns, tokenizer)
-    rows = [[Turn(f"e{i}", 0, p, torch.randint(100, 5000, (32,), generator=g).tolist(), [-1.0] * 32, reward=0.1)]
-            for i, p in enumerate(prompts)]
+    rows = [
+        [Turn(f"e{i}", 0, p, torch.randint(100, 5000, (32,), generator=g).tolist(), [-1.0] * 32, reward=0.1)]
+        for i, p in enumerate(prompts)
+    ]
     batch = SlotBatch(rows, [slot[0].prompt_ids for slot in rows], [True] * turns, [[0]] * turns)
-    algo = AlgorithmConfig(mini_batch_turns=turns, micro_batch_tokens=micro_batch_tokens, kl_coef=0.001,
-                           shared_prefix_min_tokens=share)
+    algo = AlgorithmConfig(
+        mini_batch_turns=turns, micro_batch_tokens=micro_batch_tokens, kl_coef=0.001, shared_prefix_min_tokens=share
+    )
     adam = dict(betas=(0.9, 0.999), weight_decay=0.0)
-    learner = Learner(actor, critic, adamw(actor, SimpleNamespace(lr=1e-5, **adam)),
-                      adamw(critic, SimpleNamespace(lr=1e-4, **adam)), reference, algo, pad_id=0,
-                      device=torch.device("cpu"))
+    learner = Learner(
+        actor,
+        critic,
+        adamw(actor, SimpleNamespace(lr=1e-5, **adam)),
+        adamw(critic, SimpleNamespace(lr=1e-4, **adam)),
+        reference,
+        algo,
+        pad_id=0,
+        device=torch.device("cpu"),
+    )
     storage = RolloutStorage.from_batch(batch)
     tokens = sum(len(s) for s in storage.sequences)
     before = torch.cat([p.detach().flatten()[:4096] for p in actor.parameters()])
@@ -100,8 +112,13 @@ def one_run(game: str, share: int, turns: int, threads: int, checkpointing: bool
     # the update itself (a slice of every parameter): compared between the two runs
     probe = torch.cat([p.detach().flatten()[:4096] for p in actor.parameters()]) - before
     return {
-        "game": game, "share": share, "tokens": tokens, "seconds": seconds, "score_seconds": scored - started,
-        "tokens_per_s": tokens / seconds, "tokens_per_cpu_s": tokens / cpu_seconds,
+        "game": game,
+        "share": share,
+        "tokens": tokens,
+        "seconds": seconds,
+        "score_seconds": scored - started,
+        "tokens_per_s": tokens / seconds,
+        "tokens_per_cpu_s": tokens / cpu_seconds,
         "prompt_tokens_mean": sum(len(p) for p in prompts) / len(prompts),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "probe": probe.tolist(),
@@ -121,8 +138,18 @@ def main() -> None:
     parser.add_argument("--one", nargs=2, metavar=("GAME", "SHARE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one_run(args.one[0], int(args.one[1]), args.turns, args.threads, not args.no_checkpointing,
-                                 args.micro_batch_tokens)))
+        print(
+            json.dumps(
+                one_run(
+                    args.one[0],
+                    int(args.one[1]),
+                    args.turns,
+                    args.threads,
+                    not args.no_checkpointing,
+                    args.micro_batch_tokens,
+                )
+            )
+        )
         return
     from verlog.models import smollm2_dir
 
@@ -131,20 +158,42 @@ def main() -> None:
     for _ in range(args.repeats):
         for game in args.games.split(","):
             for share in (0, 32):  # interleaved: machine noise hits both alike
-                out = subprocess.run(
-                    [sys.executable, __file__, "--one", game, str(share), "--turns", str(args.turns),
-                     "--threads", str(args.threads), "--micro-batch-tokens", str(args.micro_batch_tokens),
-                     *(["--no-checkpointing"] if args.no_checkpointing else [])],
-                    check=True, capture_output=True, text=True,
-                ).stdout.strip().splitlines()[-1]
+                out = (
+                    subprocess.run(
+                        [
+                            sys.executable,
+                            __file__,
+                            "--one",
+                            game,
+                            str(share),
+                            "--turns",
+                            str(args.turns),
+                            "--threads",
+                            str(args.threads),
+                            "--micro-batch-tokens",
+                            str(args.micro_batch_tokens),
+                            *(["--no-checkpointing"] if args.no_checkpointing else []),
+                        ],
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                    )
+                    .stdout.strip()
+                    .splitlines()[-1]
+                )
                 run = json.loads(out)
                 results.setdefault((game, share), []).append(run)
-                print(f"  run: {game} {'shared' if share else 'plain '}: {run['tokens_per_s']:.1f} tokens/s, "
-                      f"{run['tokens_per_cpu_s']:.1f} per CPU second ({run['seconds']:.0f} s, scoring "
-                      f"{run['score_seconds']:.0f} s), peak RSS {run['peak_rss_gb']:.2f} GB", flush=True)
+                print(
+                    f"  run: {game} {'shared' if share else 'plain '}: {run['tokens_per_s']:.1f} tokens/s, "
+                    f"{run['tokens_per_cpu_s']:.1f} per CPU second ({run['seconds']:.0f} s, scoring "
+                    f"{run['score_seconds']:.0f} s), peak RSS {run['peak_rss_gb']:.2f} GB",
+                    flush=True,
+                )
     how = "every activation kept" if args.no_checkpointing else "gradient checkpointing"
-    print(f"SmolLM2-135M, fp32, AdamW, {how}, {args.turns} turns a pass (32 response tokens each), "
-          f"micro-batches of {args.micro_batch_tokens} tokens, actor + critic + reference")
+    print(
+        f"SmolLM2-135M, fp32, AdamW, {how}, {args.turns} turns a pass (32 response tokens each), "
+        f"micro-batches of {args.micro_batch_tokens} tokens, actor + critic + reference"
+    )
     for game in args.games.split(","):
         plain, shared = results[(game, 0)], results[(game, 32)]
         best = lambda runs, key="tokens_per_s": max(r[key] for r in runs)  # noqa: E731
@@ -154,11 +203,15 @@ def main() -> None:
         cpu_ratio = best(shared, "tokens_per_cpu_s") / best(plain, "tokens_per_cpu_s")
         print(f"{game}: prompts of {plain[0]['prompt_tokens_mean']:.0f} tokens on average")
         for name, runs in (("plain pass   ", plain), ("shared prefix", shared)):
-            print(f"  {name}: {best(runs):7.1f} tokens/s ({best(runs, 'tokens_per_cpu_s'):.1f} per CPU second), "
-                  f"peak RSS {max(r['peak_rss_gb'] for r in runs):.2f} GB")
-        print(f"  ratio {ratio:.2f}x wall, {cpu_ratio:.2f}x CPU time (target >= 2x) "
-              f"{'OK' if ratio >= 2 else 'MISSED'}; "
-              f"parameter updates differ by {drift:.1e} (relative norm)")
+            print(
+                f"  {name}: {best(runs):7.1f} tokens/s ({best(runs, 'tokens_per_cpu_s'):.1f} per CPU second), "
+                f"peak RSS {max(r['peak_rss_gb'] for r in runs):.2f} GB"
+            )
+        print(
+            f"  ratio {ratio:.2f}x wall, {cpu_ratio:.2f}x CPU time (target >= 2x) "
+            f"{'OK' if ratio >= 2 else 'MISSED'}; "
+            f"parameter updates differ by {drift:.1e} (relative norm)"
+        )
 
 
 if __name__ == "__main__":

@@ -20,15 +20,29 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["LoadSampler", "MetricsTail", "Sittings", "commit", "comparison_main", "comparison_rows", "figures", "gap",
-           "metric_records", "num", "timed", "train_and_compare", "training_wall"]
+__all__ = [
+    "LoadSampler",
+    "MetricsTail",
+    "Sittings",
+    "commit",
+    "comparison_main",
+    "comparison_rows",
+    "figures",
+    "gap",
+    "metric_records",
+    "num",
+    "timed",
+    "train_and_compare",
+    "training_wall",
+]
 
 
 def commit() -> str:
     """The repository's short commit hash (``unknown`` outside a git checkout)."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -73,8 +87,12 @@ class Sittings:
         self._load = LoadSampler(on_sample=self._record)
 
     def _record(self, load: dict[str, float]) -> None:
-        sitting = {"started": self._clock, "wall_s": time.perf_counter() - self._started, "load": load,
-                   "commit": self._commit}
+        sitting = {
+            "started": self._clock,
+            "wall_s": time.perf_counter() - self._started,
+            "load": load,
+            "commit": self._commit,
+        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps([*self.earlier, sitting], indent=1))
 
@@ -87,8 +105,11 @@ class Sittings:
     def load_of(sittings: list[dict[str, Any]]) -> dict[str, float]:
         """The load over all sittings (their means weighted by wall time)."""
         wall = sum(s["wall_s"] for s in sittings)
-        return {"mean": sum(s["load"]["mean"] * s["wall_s"] for s in sittings) / max(wall, 1e-9),
-                "max": max(s["load"]["max"] for s in sittings), "samples": sum(s["load"]["samples"] for s in sittings)}
+        return {
+            "mean": sum(s["load"]["mean"] * s["wall_s"] for s in sittings) / max(wall, 1e-9),
+            "max": max(s["load"]["max"] for s in sittings),
+            "samples": sum(s["load"]["samples"] for s in sittings),
+        }
 
 
 def metric_records(run_dir: Path) -> list[dict[str, Any]]:
@@ -149,8 +170,14 @@ class MetricsTail:
 
 def figures(task: dict[str, Any]) -> dict[str, float]:
     """An evaluation's win rate (mean ± s.e.; the game's success), return (mean ± s.e.) and length."""
-    return {"episodes": task["episodes"], "win_rate": task["win_rate"], "win_rate_se": task["win_rate_se"],
-            "return": task["return_mean"], "return_se": task["return_se"], "length": task["length_mean"]}
+    return {
+        "episodes": task["episodes"],
+        "win_rate": task["win_rate"],
+        "win_rate_se": task["win_rate_se"],
+        "return": task["return_mean"],
+        "return_se": task["return_se"],
+        "length": task["length_mean"],
+    }
 
 
 def gap(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
@@ -165,14 +192,18 @@ def comparison_rows(s: dict[str, Any], random_label: str, cell: Callable[[dict[s
     """The table rows of a :func:`train_and_compare` result ``s`` (random, before, after; each
     player's figures in ``cell``'s columns), a blank line, and the differences in standard errors."""
     return [
-        f"| {random_label} | {cell(s['random'])} |", f"| before training | {cell(s['before'])} |",
-        f"| after {s['updates']} updates | {cell(s['after'])} |", "",
+        f"| {random_label} | {cell(s['random'])} |",
+        f"| before training | {cell(s['before'])} |",
+        f"| after {s['updates']} updates | {cell(s['after'])} |",
+        "",
         f"after − before: {s['after_vs_before']['diff']:+.3f} ({s['after_vs_before']['in_se']:+.1f} s.e. of the "
         f"difference); after − random: {s['after_vs_random']['diff']:+.3f} ({s['after_vs_random']['in_se']:+.1f} s.e.)",
     ]
 
 
-def train_and_compare(config: Any, line_of: Callable[[dict[str, Any]], str | None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def train_and_compare(
+    config: Any, line_of: Callable[[dict[str, Any]], str | None]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Train ``config`` in its ``trainer.run_dir`` (resuming what is there; its evaluations before
     and after training are the config's ``eval.at_start``/``at_end``), printing ``line_of`` each
     record meanwhile; then random valid actions on the same held-out episodes. Returns the run's
@@ -200,16 +231,31 @@ def train_and_compare(config: Any, line_of: Callable[[dict[str, Any]], str | Non
     before = next(figures(r["tasks"][0]) for r, _ in evals if r["update"] == 0)
     after = next(figures(r["tasks"][0]) for r, _ in reversed(evals) if r["update"] > 0)
     return records, {
-        "commit": commit(), "before": before, "after": after, "random": random,
-        "after_vs_before": gap(after, before), "after_vs_random": gap(after, random),
-        "training_wall_s": training_wall(records), "eval_s": sum(s for _, s in evals), "random_s": random_s,
-        "wall_s": sum(s["wall_s"] for s in sittings), "load": Sittings.load_of(sittings), "sittings": sittings,
+        "commit": commit(),
+        "before": before,
+        "after": after,
+        "random": random,
+        "after_vs_before": gap(after, before),
+        "after_vs_random": gap(after, random),
+        "training_wall_s": training_wall(records),
+        "eval_s": sum(s for _, s in evals),
+        "random_s": random_s,
+        "wall_s": sum(s["wall_s"] for s in sittings),
+        "load": Sittings.load_of(sittings),
+        "sittings": sittings,
     }
 
 
 def comparison_main(
-    argv: list[str] | None, *, description: str, script: str, out: Path, results: Path,
-    run: Callable[[Any], Any], show: Callable[[dict[str, Any]], str], more_run_args: Callable[[Any], None] | None = None,
+    argv: list[str] | None,
+    *,
+    description: str,
+    script: str,
+    out: Path,
+    results: Path,
+    run: Callable[[Any], Any],
+    show: Callable[[dict[str, Any]], str],
+    more_run_args: Callable[[Any], None] | None = None,
 ) -> int:
     """The command line of a before/after benchmark: ``run`` (``--updates``, ``--set``, ``--out``,
     ``--results`` and ``more_run_args``'s; ``run(args)`` trains and compares) and ``show`` (prints

@@ -43,10 +43,13 @@ def _line(total: int) -> Any:
     def line_of(r: dict[str, Any]) -> str:
         if r["kind"] != "update":
             return f"  {r['kind']} at update {r['update']} ({r['elapsed_s']:.0f} s)"
-        return (f"  update {r['update']}/{total}: {num(r.get('episodes')):.0f} episodes ended, "
-                f"success {num(r.get('win_rate')):.2f}, return {num(r.get('episode_return')):.2f}, "
-                f"length {num(r.get('episode_length')):.1f}, invalid {num(r.get('invalid_action_rate')):.2f}, "
-                f"v_loss {num(r.get('value_loss')):.3f}, {r['rollout_s']:.0f}+{r['update_s']:.0f} s")
+        return (
+            f"  update {r['update']}/{total}: {num(r.get('episodes')):.0f} episodes ended, "
+            f"success {num(r.get('win_rate')):.2f}, return {num(r.get('episode_return')):.2f}, "
+            f"length {num(r.get('episode_length')):.1f}, invalid {num(r.get('invalid_action_rate')):.2f}, "
+            f"v_loss {num(r.get('value_loss')):.3f}, {r['rollout_s']:.0f}+{r['update_s']:.0f} s"
+        )
+
     return line_of
 
 
@@ -57,26 +60,43 @@ def run(updates: int | None, out: Path, results: Path, extra: list[str], allow_f
     run_dir = out / "run"
     overrides = [*([f"trainer.total_updates={updates}"] if updates else []), *extra]
     # the comparison needs both evaluations, whatever the overrides say
-    config = load_config(CONFIG, [f"trainer.run_dir={run_dir}", "wandb.mode=disabled", *overrides,
-                                  "eval.at_start=true", "eval.at_end=true"])
+    config = load_config(
+        CONFIG,
+        [f"trainer.run_dir={run_dir}", "wandb.mode=disabled", *overrides, "eval.at_start=true", "eval.at_end=true"],
+    )
     episodes = config.eval.episode_count()
     if episodes < MIN_EVAL_EPISODES and not allow_few:
-        raise SystemExit(f"error: eval.episodes={episodes} is too few for the comparison; "
-                         f"allowed: at least {MIN_EVAL_EPISODES} held-out rooms")
+        raise SystemExit(
+            f"error: eval.episodes={episodes} is too few for the comparison; "
+            f"allowed: at least {MIN_EVAL_EPISODES} held-out rooms"
+        )
     total = config.trainer.total_updates
     batch_turns = config.trainer.num_envs * config.trainer.turns_per_env
     resume = (run_dir / "metrics.jsonl").is_file()
-    print(f"sokoban-words on Sokoban: {total} updates x {batch_turns} turns, {episodes} held-out rooms from seed "
-          f"{config.eval.seed}{' (resuming)' if resume else ''}", flush=True)
+    print(
+        f"sokoban-words on Sokoban: {total} updates x {batch_turns} turns, {episodes} held-out rooms from seed "
+        f"{config.eval.seed}{' (resuming)' if resume else ''}",
+        flush=True,
+    )
     records, compared = train_and_compare(config, _line(total))
     updates_done = [r for r in records if r["kind"] == "update"]
     summary = {
-        "overrides": overrides, "updates": total, "batch_turns": batch_turns, "eval_seed": config.eval.seed,
+        "overrides": overrides,
+        "updates": total,
+        "batch_turns": batch_turns,
+        "eval_seed": config.eval.seed,
         **compared,
         "seconds_per_update": sum(r["rollout_s"] + r["update_s"] for r in updates_done) / max(1, len(updates_done)),
-        "curve": [{"update": r["update"], "win_rate": num(r.get("win_rate")), "return": num(r.get("episode_return")),
-                   "length": num(r.get("episode_length")), "invalid": num(r.get("invalid_action_rate"))}
-                  for r in updates_done],
+        "curve": [
+            {
+                "update": r["update"],
+                "win_rate": num(r.get("win_rate")),
+                "return": num(r.get("episode_return")),
+                "length": num(r.get("episode_length")),
+                "invalid": num(r.get("invalid_action_rate")),
+            }
+            for r in updates_done
+        ],
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     results.mkdir(parents=True, exist_ok=True)
@@ -87,6 +107,7 @@ def run(updates: int | None, out: Path, results: Path, extra: list[str], allow_f
 
 def show(s: dict[str, Any]) -> str:
     """The result as a markdown table: random valid moves, before and after training."""
+
     def cell(d: dict[str, float]) -> str:
         return f"{d['win_rate']:.3f} ± {d['win_rate_se']:.3f} | {d['return']:.2f} ± {d['return_se']:.2f} | {d['length']:.1f}"
 
@@ -104,11 +125,18 @@ def show(s: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     return comparison_main(
-        argv, description=__doc__.splitlines()[0], script="benchmarks/sokoban_learning.py", out=OUT, results=RESULTS,
-        run=lambda a: run(a.updates, a.out, a.results, a.set, a.allow_few), show=show,
+        argv,
+        description=__doc__.splitlines()[0],
+        script="benchmarks/sokoban_learning.py",
+        out=OUT,
+        results=RESULTS,
+        run=lambda a: run(a.updates, a.out, a.results, a.set, a.allow_few),
+        show=show,
         more_run_args=lambda p: p.add_argument(
-            "--allow-few", action="store_true",
-            help=f"accept fewer than {MIN_EVAL_EPISODES} held-out rooms (plumbing checks only)"),
+            "--allow-few",
+            action="store_true",
+            help=f"accept fewer than {MIN_EVAL_EPISODES} held-out rooms (plumbing checks only)",
+        ),
     )
 
 

@@ -87,8 +87,10 @@ def load(out: Path) -> list[dict[str, Any]]:
 
 
 def summary(records: list[dict[str, Any]], families: list[str]) -> str:
-    lines = [f"{'game type':<18} {'wins/N':>9} {'win %':>6} {'gen s mean':>10} {'median':>7} {'max':>7} "
-             f"{'rejected':>8} {'steps mean/max':>14}"]
+    lines = [
+        f"{'game type':<18} {'wins/N':>9} {'win %':>6} {'gen s mean':>10} {'median':>7} {'max':>7} "
+        f"{'rejected':>8} {'steps mean/max':>14}"
+    ]
     for family in families:
         rows = [r for r in records if r["family"] == family]
         if not rows:
@@ -96,8 +98,11 @@ def summary(records: list[dict[str, Any]], families: list[str]) -> str:
         wins = sum(r["won"] for r in rows)
         played = [r for r in rows if "error" not in r]
         generated = [r["generation_s"] for r in played if r["generated"]]
-        gen = (f"{statistics.fmean(generated):>10.1f} {statistics.median(generated):>7.1f} {max(generated):>7.1f}"
-               if generated else f"{'cached':>10} {'':>7} {'':>7}")
+        gen = (
+            f"{statistics.fmean(generated):>10.1f} {statistics.median(generated):>7.1f} {max(generated):>7.1f}"
+            if generated
+            else f"{'cached':>10} {'':>7} {'':>7}"
+        )
         steps = [r["steps"] for r in rows if r["won"]] or [0]
         lines.append(
             f"{BALROG_TASK_NAMES[family]:<18} {wins:>4}/{len(rows):<4} {100 * wins / len(rows):>6.1f} {gen} "
@@ -107,20 +112,27 @@ def summary(records: list[dict[str, Any]], families: list[str]) -> str:
             if "error" in r:
                 lines.append(f"    seed {r['seed']}: error: {r['error'].splitlines()[-1]}")
             elif not r["won"]:
-                lines.append(f"    seed {r['seed']} (game seed {r['game_seed']}): {r['reason']} after {r['steps']} "
-                             f"commands, score {r['score']}/{r['max_score']}, walkthrough {r['walkthrough_length']}")
+                lines.append(
+                    f"    seed {r['seed']} (game seed {r['game_seed']}): {r['reason']} after {r['steps']} "
+                    f"commands, score {r['score']}/{r['max_score']}, walkthrough {r['walkthrough_length']}"
+                )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--families", nargs="*", default=["coin_collector", "cooking", "treasure_hunter"],
-                        choices=list(BALROG_TASK_NAMES))
+    parser.add_argument(
+        "--families",
+        nargs="*",
+        default=["coin_collector", "cooking", "treasure_hunter"],
+        choices=list(BALROG_TASK_NAMES),
+    )
     parser.add_argument("--games", type=int, default=200, help="games per game type")
     parser.add_argument("--first-seed", type=int, default=100_000, help="seeds first-seed .. first-seed+games-1")
     parser.add_argument("--cache-dir", type=Path, default=None, help="game cache (default: verlog's)")
-    parser.add_argument("--time-limit", type=float, default=None,
-                        help="seconds per game type after which no new game is started")
+    parser.add_argument(
+        "--time-limit", type=float, default=None, help="seconds per game type after which no new game is started"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON lines, one per game (resumed)")
     parser.add_argument("--summary", action="store_true", help="print the table of --out and stop")
     args = parser.parse_args(argv)
@@ -142,16 +154,24 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 record = play_one(family, seed, args.cache_dir)
             except Exception as exc:  # noqa: BLE001 - a game TextWorld cannot build is a row, not the end
-                record = {"family": family, "seed": seed, "won": False, "reason": "error",
-                          "error": f"{type(exc).__name__}: {exc}"[-2000:]}
+                record = {
+                    "family": family,
+                    "seed": seed,
+                    "won": False,
+                    "reason": "error",
+                    "error": f"{type(exc).__name__}: {exc}"[-2000:],
+                }
             records.append(record)
             with args.out.open("a") as f:
                 f.write(json.dumps(record) + "\n")
             if "error" in record:
                 print(f"{family} seed {seed}: ERROR {record['error'].splitlines()[0]}", flush=True)
             else:
-                print(f"{family} seed {seed}: {'won' if record['won'] else 'NOT WON'} in {record['steps']} "
-                      f"(generation {record['generation_s']:.1f} s)", flush=True)
+                print(
+                    f"{family} seed {seed}: {'won' if record['won'] else 'NOT WON'} in {record['steps']} "
+                    f"(generation {record['generation_s']:.1f} s)",
+                    flush=True,
+                )
     print(summary(records, args.families))
 
 

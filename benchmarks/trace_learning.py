@@ -64,22 +64,29 @@ class _Answers(BaseCallbackHandler):
         self.texts.append(response.generations[0][0].text)
 
 
-async def _play(base_url: str, model_name: str, seeds: list[int], tag: str,
-                concurrency: int = 32) -> list[tuple[str, bool, list[str]]]:
+async def _play(
+    base_url: str, model_name: str, seeds: list[int], tag: str, concurrency: int = 32
+) -> list[tuple[str, bool, list[str]]]:
     """Episodes of the corridor served by the server: (episode id, success, the answers)."""
     graph_file = load_graph_file(ROOT / "graphs" / "cue_corridor.py")
     gate = asyncio.Semaphore(concurrency)
 
     async def one(seed: int) -> tuple[str, bool, list[str]]:
         episode = f"{tag}-{seed}"
-        model = episode_chat_openai(base_url=base_url, api_key="unused", model=model_name, temperature=1.0,
-                                    max_retries=2)
+        model = episode_chat_openai(
+            base_url=base_url, api_key="unused", model=model_name, temperature=1.0, max_retries=2
+        )
         graph = graph_file.build(model, length=LENGTH, max_turns=MAX_TURNS)
         answers = _Answers()
         async with gate:
-            final = await graph.ainvoke(graph_file.episode_input(seed),
-                                        {"recursion_limit": 4 * MAX_TURNS + 10, "callbacks": [answers],
-                                         "configurable": {"episode_id": episode}})
+            final = await graph.ainvoke(
+                graph_file.episode_input(seed),
+                {
+                    "recursion_limit": 4 * MAX_TURNS + 10,
+                    "callbacks": [answers],
+                    "configurable": {"episode_id": episode},
+                },
+            )
         return episode, final["pos"] >= LENGTH, answers.texts
 
     return await asyncio.gather(*(one(s) for s in seeds))
@@ -108,8 +115,11 @@ async def _main() -> None:
     parser.add_argument("--max-versions", type=int, default=1, help="drop turns more versions behind than this")
     parser.add_argument("--decay", type=float, default=0.5, help="weight decay ** staleness")
     parser.add_argument("--eval-episodes", type=int, default=128)
-    parser.add_argument("--out", default=str(ROOT / "runs" / "trace_learning"),
-                        help="where the trace store, the run and the figures go (emptied first)")
+    parser.add_argument(
+        "--out",
+        default=str(ROOT / "runs" / "trace_learning"),
+        help="where the trace store, the run and the figures go (emptied first)",
+    )
     args = parser.parse_args()
 
     work = Path(args.out)
@@ -119,24 +129,51 @@ async def _main() -> None:
     store_dir, run_dir, port = work / "traces", work / "run", free_port()
     base_url = f"http://127.0.0.1:{port}/v1"
     server = subprocess.Popen(
-        [sys.executable, "-m", "verlog.serve", "serve-model", args.model, "--port", str(port), "--record",
-         str(store_dir), "--reload-from", str(run_dir), "--device", "cpu", "--max-queue", "1024",
-         "--admin-key", ADMIN_KEY],
-        cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "w"))
+        [
+            sys.executable,
+            "-m",
+            "verlog.serve",
+            "serve-model",
+            args.model,
+            "--port",
+            str(port),
+            "--record",
+            str(store_dir),
+            "--reload-from",
+            str(run_dir),
+            "--device",
+            "cpu",
+            "--max-queue",
+            "1024",
+            "--admin-key",
+            ADMIN_KEY,
+        ],
+        cwd=ROOT,
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=open(work / "server.log", "w"),
+    )
     started = time.perf_counter()
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", server)
         version = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["version"]
         store = open_store(store_dir)
-        print(f"load {os.getloadavg()[0]:.2f}; serving {args.model} (version {version}); {args.cycles} cycles x "
-              f"{args.episodes} episodes, {args.updates_per_cycle} update(s) per cycle from traces alone; staleness "
-              f"rule: drop beyond {args.max_versions} versions behind, weight {args.decay} ** staleness; work {work}")
+        print(
+            f"load {os.getloadavg()[0]:.2f}; serving {args.model} (version {version}); {args.cycles} cycles x "
+            f"{args.episodes} episodes, {args.updates_per_cycle} update(s) per cycle from traces alone; staleness "
+            f"rule: drop beyond {args.max_versions} versions behind, weight {args.decay} ** staleness; work {work}"
+        )
         eval_seeds = list(range(EVAL_SEED, EVAL_SEED + args.eval_episodes))
         before = [float(s) for _, s, _ in await _play(base_url, args.model, eval_seeds, "eval-before")]
         overrides = [
-            f"model.path={args.model}", f"trainer.run_dir={run_dir}", "wandb.mode=disabled",
-            f"data.traces.store={store_dir}", f"data.traces.staleness.max_versions={args.max_versions}",
-            f"data.traces.staleness.decay={args.decay}", "eval.at_start=false", "eval.at_end=false",
+            f"model.path={args.model}",
+            f"trainer.run_dir={run_dir}",
+            "wandb.mode=disabled",
+            f"data.traces.store={store_dir}",
+            f"data.traces.staleness.max_versions={args.max_versions}",
+            f"data.traces.staleness.decay={args.decay}",
+            "eval.at_start=false",
+            "eval.at_end=false",
             "trainer.save_every=1",
         ]
         cycles: list[dict] = []
@@ -145,26 +182,47 @@ async def _main() -> None:
             played = await _play(base_url, args.model, seeds, f"c{cycle}")
             _feedback(store, played)
             wins = sum(s for _, s, _ in played) / len(played)
-            config = load_config(ROOT / "configs" / "cue_corridor.yaml",
-                                 [*overrides, f"trainer.total_updates={(cycle + 1) * args.updates_per_cycle}"])
+            config = load_config(
+                ROOT / "configs" / "cue_corridor.yaml",
+                [*overrides, f"trainer.total_updates={(cycle + 1) * args.updates_per_cycle}"],
+            )
             result = await asyncio.to_thread(train, config, resume=cycle > 0, console=Console(quiet=True))
             logged = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-            swapped = (await asyncio.to_thread(httpx.post, f"{base_url}/admin/reload", timeout=300,
-                                               headers={"Authorization": f"Bearer {ADMIN_KEY}"})).json()
+            swapped = (
+                await asyncio.to_thread(
+                    httpx.post,
+                    f"{base_url}/admin/reload",
+                    timeout=300,
+                    headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                )
+            ).json()
             mean, se = mean_se([float(s) for _, s, _ in played])
-            cycles.append({"cycle": cycle + 1, "version": version, "served_success": mean, "served_se": se,
-                           "staleness_weight": logged.get("staleness_weight"),
-                           "behaviour_weight": logged.get("behaviour_weight"), "seconds": time.perf_counter() - started})
+            cycles.append(
+                {
+                    "cycle": cycle + 1,
+                    "version": version,
+                    "served_success": mean,
+                    "served_se": se,
+                    "staleness_weight": logged.get("staleness_weight"),
+                    "behaviour_weight": logged.get("behaviour_weight"),
+                    "seconds": time.perf_counter() - started,
+                }
+            )
             version = swapped["version"]
-            print(f"cycle {cycle + 1:3d}: served success {wins:.3f} -> update {result.updates}, "
-                  f"staleness weight {logged.get('staleness_weight', float('nan')):.3f}, dropped turns "
-                  f"{logged.get('trace_dropped_turns', 0):.0f}, behaviour weight {logged.get('behaviour_weight', 1):.3f}; "
-                  f"now serving {swapped['version']} ({time.perf_counter() - started:.0f} s)", flush=True)
+            print(
+                f"cycle {cycle + 1:3d}: served success {wins:.3f} -> update {result.updates}, "
+                f"staleness weight {logged.get('staleness_weight', float('nan')):.3f}, dropped turns "
+                f"{logged.get('trace_dropped_turns', 0):.0f}, behaviour weight {logged.get('behaviour_weight', 1):.3f}; "
+                f"now serving {swapped['version']} ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
         after = [float(s) for _, s, _ in await _play(base_url, args.model, eval_seeds, "eval-after")]
         (b, bse), (a, ase) = mean_se(before), mean_se(after)
-        print(f"held-out success over {len(eval_seeds)} seeds: before {b:.3f} +- {bse:.3f} -> after {a:.3f} +- {ase:.3f} "
-              f"({args.cycles * args.updates_per_cycle} updates from traces alone, {time.perf_counter() - started:.0f} s, "
-              f"load {os.getloadavg()[0]:.2f})")
+        print(
+            f"held-out success over {len(eval_seeds)} seeds: before {b:.3f} +- {bse:.3f} -> after {a:.3f} +- {ase:.3f} "
+            f"({args.cycles * args.updates_per_cycle} updates from traces alone, {time.perf_counter() - started:.0f} s, "
+            f"load {os.getloadavg()[0]:.2f})"
+        )
         summary = {"settings": vars(args), "before": [b, bse], "after": [a, ase], "cycles": cycles}
         (work / "trace_learning.json").write_text(json.dumps(summary, indent=1))
         _plot(work / "trace_learning.png", summary)
@@ -183,20 +241,37 @@ def _plot(png: Path, summary: dict) -> None:
 
     s, cycles = summary["settings"], summary["cycles"]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.errorbar([c["cycle"] for c in cycles], [c["served_success"] for c in cycles],
-                yerr=[c["served_se"] for c in cycles], marker="o", markersize=3, capsize=2,
-                label=f"production episodes of each cycle ({s['episodes']}, +- s.e.)")
+    ax.errorbar(
+        [c["cycle"] for c in cycles],
+        [c["served_success"] for c in cycles],
+        yerr=[c["served_se"] for c in cycles],
+        marker="o",
+        markersize=3,
+        capsize=2,
+        label=f"production episodes of each cycle ({s['episodes']}, +- s.e.)",
+    )
     last = cycles[-1]["cycle"] if cycles else 0
-    for x, (mean, se), name, side in ((0, summary["before"], "before", "left"),
-                                      (last, summary["after"], "after", "right")):
+    for x, (mean, se), name, side in (
+        (0, summary["before"], "before", "left"),
+        (last, summary["after"], "after", "right"),
+    ):
         ax.errorbar([x], [mean], yerr=[se], marker="s", color="black", capsize=4)
-        ax.annotate(f"held-out {name}: {mean:.2f} +- {se:.2f}", (x, mean), textcoords="offset points",
-                    xytext=(6 if side == "left" else -6, 8), ha=side, fontsize=8)
+        ax.annotate(
+            f"held-out {name}: {mean:.2f} +- {se:.2f}",
+            (x, mean),
+            textcoords="offset points",
+            xytext=(6 if side == "left" else -6, 8),
+            ha=side,
+            fontsize=8,
+        )
     ax.set_xlabel(f"cycle: serve, feedback, {s['updates_per_cycle']} update(s) from traces alone, hot swap")
     ax.set_ylabel("success")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title(f"cue corridor, {s['model']} model; staleness: drop > {s['max_versions']} versions, "
-                 f"weight {s['decay']}^versions", fontsize=9)
+    ax.set_title(
+        f"cue corridor, {s['model']} model; staleness: drop > {s['max_versions']} versions, "
+        f"weight {s['decay']}^versions",
+        fontsize=9,
+    )
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=120)

@@ -86,21 +86,35 @@ def one_run(layers: int, turns: int, threads: int) -> dict:
     trunk = shared_trunk_depth(actor.base_model, critic.backbone, depth) if layers else None
     g = torch.Generator().manual_seed(0)
     prompts = recipe_prompts(turns, tokenizer)
-    rows = [[Turn(f"e{i}", 0, p, torch.randint(100, 5000, (2,), generator=g).tolist(), [-1.0] * 2,
-                  reward=float(i % 2))] for i, p in enumerate(prompts)]
+    rows = [
+        [Turn(f"e{i}", 0, p, torch.randint(100, 5000, (2,), generator=g).tolist(), [-1.0] * 2, reward=float(i % 2))]
+        for i, p in enumerate(prompts)
+    ]
     batch = SlotBatch(rows, [slot[0].prompt_ids for slot in rows], [True] * turns, [[0]] * turns)
     algo = config.algorithm.model_copy(update={"mini_batch_turns": turns})
     adam = dict(betas=(0.9, 0.999), weight_decay=0.0)
-    learner = Learner(actor, critic, adamw(actor, SimpleNamespace(lr=1e-5, **adam)),
-                      adamw(critic, SimpleNamespace(lr=1e-4, **adam)), None, algo, pad_id=0, device=torch.device("cpu"),
-                      trunk_depth=trunk)
+    learner = Learner(
+        actor,
+        critic,
+        adamw(actor, SimpleNamespace(lr=1e-5, **adam)),
+        adamw(critic, SimpleNamespace(lr=1e-4, **adam)),
+        None,
+        algo,
+        pad_id=0,
+        device=torch.device("cpu"),
+        trunk_depth=trunk,
+    )
     storage = RolloutStorage.from_batch(batch)
     started = time.perf_counter()
     metrics = score_batch(storage, learner)
     metrics |= ppo_update(storage, learner, generator=torch.Generator().manual_seed(0))
-    return {"layers": layers, "seconds": time.perf_counter() - started, "tokens": sum(len(s) for s in storage.sequences),
-            "prompt_tokens_mean": sum(len(p) for p in prompts) / len(prompts),
-            **{k: metrics.get(k, 0.0) for k in PHASES}}
+    return {
+        "layers": layers,
+        "seconds": time.perf_counter() - started,
+        "tokens": sum(len(s) for s in storage.sequences),
+        "prompt_tokens_mean": sum(len(p) for p in prompts) / len(prompts),
+        **{k: metrics.get(k, 0.0) for k in PHASES},
+    }
 
 
 def main() -> None:
@@ -121,20 +135,37 @@ def main() -> None:
     runs: dict[int, list[dict]] = {}
     for _ in range(args.repeats):
         for layers in settings:
-            out = subprocess.run([sys.executable, __file__, "--one", str(layers), "--turns", str(args.turns),
-                                  "--threads", str(args.threads)], check=True, capture_output=True, text=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    str(layers),
+                    "--turns",
+                    str(args.turns),
+                    "--threads",
+                    str(args.threads),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             run = json.loads(out.stdout.strip().splitlines()[-1])
             runs.setdefault(layers, []).append(run)
             print(f"  run: train_layers {layers or 'all'}: {run['seconds']:.1f} s", flush=True)
     best = {layers: min(rs, key=lambda r: r["seconds"]) for layers, rs in runs.items()}
     first = best[settings[0]]
-    print(f"SmolLM2-135M, fp32, one update of {args.turns} BabyAI turns (prompts of {first['prompt_tokens_mean']:.0f} "
-          f"tokens, answers of 2), {args.threads} threads, load {os.getloadavg()[0]:.1f}")
+    print(
+        f"SmolLM2-135M, fp32, one update of {args.turns} BabyAI turns (prompts of {first['prompt_tokens_mean']:.0f} "
+        f"tokens, answers of 2), {args.threads} threads, load {os.getloadavg()[0]:.1f}"
+    )
     for layers in settings:
         r = best[layers]
         phases = ", ".join(f"{k[:-2]} {r[k]:.1f}" for k in PHASES)
-        print(f"  train_layers {str(layers or 'all'):>3}: {r['seconds']:6.1f} s ({phases}); "
-              f"{first['seconds'] / r['seconds']:.2f}x the first setting")
+        print(
+            f"  train_layers {str(layers or 'all'):>3}: {r['seconds']:6.1f} s ({phases}); "
+            f"{first['seconds'] / r['seconds']:.2f}x the first setting"
+        )
 
 
 if __name__ == "__main__":

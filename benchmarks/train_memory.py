@@ -61,14 +61,28 @@ def main() -> None:
     opts = SimpleNamespace(betas=(0.9, 0.999), weight_decay=0.0)
     algo = AlgorithmConfig(mini_batch_turns=8, micro_batch_tokens=args.micro_batch_tokens, kl_coef=0.001)
     learner = Learner(
-        actor, critic, adamw(actor, SimpleNamespace(lr=1e-5, **vars(opts))),
-        adamw(critic, SimpleNamespace(lr=1e-4, **vars(opts))), reference, algo,
-        pad_id=0, device=torch.device("cpu"),
+        actor,
+        critic,
+        adamw(actor, SimpleNamespace(lr=1e-5, **vars(opts))),
+        adamw(critic, SimpleNamespace(lr=1e-4, **vars(opts))),
+        reference,
+        algo,
+        pad_id=0,
+        device=torch.device("cpu"),
     )
     g = torch.Generator().manual_seed(0)
     turns = [
-        [Turn(f"e{i}", k, torch.randint(100, 5000, (550,), generator=g).tolist(),
-              torch.randint(100, 5000, (32,), generator=g).tolist(), [-1.0] * 32, reward=0.1) for k in range(2)]
+        [
+            Turn(
+                f"e{i}",
+                k,
+                torch.randint(100, 5000, (550,), generator=g).tolist(),
+                torch.randint(100, 5000, (32,), generator=g).tolist(),
+                [-1.0] * 32,
+                reward=0.1,
+            )
+            for k in range(2)
+        ]
         for i in range(4)
     ]
     batch = SlotBatch(turns, [slot[0].prompt_ids for slot in turns], [True] * 4, [[0, 0]] * 4)
@@ -78,10 +92,14 @@ def main() -> None:
         tick = time.perf_counter()
         score_batch(storage, learner)
         ppo_update(storage, learner)
-        print(f"update {update}: {time.perf_counter() - tick:.0f} s, resident {rss_gb():.2f} GB, peak {peak_gb():.2f} GB")
-    print(f"peak RSS {peak_gb():.2f} GB (target <= 6 GB, floor {floor:.2f} GB); "
-          f"gradient checkpointing {'off' if args.no_checkpointing else 'on'}, "
-          f"micro-batches of {args.micro_batch_tokens} tokens")
+        print(
+            f"update {update}: {time.perf_counter() - tick:.0f} s, resident {rss_gb():.2f} GB, peak {peak_gb():.2f} GB"
+        )
+    print(
+        f"peak RSS {peak_gb():.2f} GB (target <= 6 GB, floor {floor:.2f} GB); "
+        f"gradient checkpointing {'off' if args.no_checkpointing else 'on'}, "
+        f"micro-batches of {args.micro_batch_tokens} tokens"
+    )
 
 
 if __name__ == "__main__":

@@ -34,12 +34,16 @@ async def main(graph_path: str, episodes: int) -> None:
         graph_config={"recursion_limit": 100},
     )
     for episode in results:
-        print(f"episode {episode.episode_id}: {episode.status}, {len(episode.turns)} turns, "
-              f"return {episode.total_reward:.2f}")
+        print(
+            f"episode {episode.episode_id}: {episode.status}, {len(episode.turns)} turns, "
+            f"return {episode.total_reward:.2f}"
+        )
         for turn in episode.turns[:3]:
-            print(f"  turn {turn.turn_index} ({turn.node}): {len(turn.prompt_ids)} prompt ids, "
-                  f"{len(turn.response_ids)} response ids, reward {turn.reward}, "
-                  f"answer {tokenizer.decode(turn.response_ids, skip_special_tokens=True)[:60]!r}")
+            print(
+                f"  turn {turn.turn_index} ({turn.node}): {len(turn.prompt_ids)} prompt ids, "
+                f"{len(turn.response_ids)} response ids, reward {turn.reward}, "
+                f"answer {tokenizer.decode(turn.response_ids, skip_special_tokens=True)[:60]!r}"
+            )
     await engine.aclose()
 
 

@@ -32,7 +32,8 @@ async def main() -> None:
         model = VerlogChatModel(engine=client, tokenizer=tokenizer, max_tokens=16)
         graph_file = load_graph_file(ROOT / "graphs" / "guess_number.py")
         episodes = await run_episodes(
-            graph_file.build(model, max_guesses=3), [graph_file.episode_input(s) for s in range(3)],
+            graph_file.build(model, max_guesses=3),
+            [graph_file.episode_input(s) for s in range(3)],
             graph_config={"recursion_limit": 20},
         )
         await client.aclose()

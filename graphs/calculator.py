@@ -50,9 +50,7 @@ def build_graph(model, max_tool_rounds: int = 4, system_prompt: str = SYSTEM, re
         if last.tool_calls:
             replies += (await run_tools.ainvoke({"messages": [last]}))["messages"]
         for bad in last.invalid_tool_calls:  # show the model its malformed call
-            replies.append(
-                ToolMessage(f"Error: {bad['error']}", tool_call_id=bad["id"] or "invalid", status="error")
-            )
+            replies.append(ToolMessage(f"Error: {bad['error']}", tool_call_id=bad["id"] or "invalid", status="error"))
         return {"messages": replies}
 
     async def route(state: MessagesState) -> str:  # async: LangGraph runs sync functions in threads

@@ -48,15 +48,21 @@ def build_graph(model, max_follow_ups: int = 2, max_tokens: int = 48):
     async def assistant(state: State) -> dict:
         answer = await assistant_model.ainvoke([SystemMessage(SYSTEM.format(topic=state["topic"])), *state["messages"]])
         on_topic = state["topic"].rstrip("s").lower() in str(answer.content).lower()
-        await areport_reward(1.0 if on_topic else 0.0, terminated=state["follow_ups"] >= max_follow_ups,
-                             info={"success": on_topic})
+        await areport_reward(
+            1.0 if on_topic else 0.0, terminated=state["follow_ups"] >= max_follow_ups, info={"success": on_topic}
+        )
         return {"messages": [*state["messages"], answer]}
 
     async def user(state: State) -> dict:
         # the pause: everything before it in this node runs again when the graph resumes
         last = state["messages"][-1]
-        question = interrupt({"topic": state["topic"], "answer": last.content if isinstance(last, AIMessage) else "",
-                              "follow_ups": state["follow_ups"]})
+        question = interrupt(
+            {
+                "topic": state["topic"],
+                "answer": last.content if isinstance(last, AIMessage) else "",
+                "follow_ups": state["follow_ups"],
+            }
+        )
         return {"messages": [*state["messages"], HumanMessage(str(question))], "follow_ups": state["follow_ups"] + 1}
 
     async def next_step(state: State) -> str:  # async: LangGraph runs sync functions in threads

@@ -52,7 +52,7 @@ def build_graph(model, history_turns: int = 2, max_guesses: int = 10, max_tokens
     policy_model = model.bind(max_tokens=max_tokens)
 
     def prompt_for(history: list[BaseMessage]) -> list[BaseMessage]:
-        window = history[-2 * history_turns:] if history_turns else []  # (guess, feedback) pairs
+        window = history[-2 * history_turns :] if history_turns else []  # (guess, feedback) pairs
         return [SystemMessage(RULES), HumanMessage("Your first guess?"), *window]
 
     async def policy(state: State) -> dict:
@@ -73,8 +73,12 @@ def build_graph(model, history_turns: int = 2, max_guesses: int = 10, max_tokens
             feedback = f"{guess} is wrong: my number is {'higher' if state['secret'] > guess else 'lower'}."
         history = [*state["history"], HumanMessage(feedback)]
         # when the cap cuts the game, the prompt the next guess would get is the state to value
-        await areport_reward(0.0, truncated=cut, info={"success": False, "guesses": guesses},
-                             next_messages=prompt_for(history) if cut else None)
+        await areport_reward(
+            0.0,
+            truncated=cut,
+            info={"success": False, "guesses": guesses},
+            next_messages=prompt_for(history) if cut else None,
+        )
         return {"guesses": guesses, "done": cut, "history": history}
 
     graph = StateGraph(State)
@@ -82,6 +86,7 @@ def build_graph(model, history_turns: int = 2, max_guesses: int = 10, max_tokens
     graph.add_node("environment", environment)
     graph.add_edge(START, "policy")
     graph.add_edge("policy", "environment")
+
     async def next_step(state: State) -> str:  # async: LangGraph runs sync functions in threads
         return END if state["done"] else "policy"
 

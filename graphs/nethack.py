@@ -43,9 +43,13 @@ def build_graph(
     wording ``protocol="balrog"`` then uses."""
     verlog_only = {"show_map": show_map} if check_protocol(protocol) == "verlog" else {}  # BALROG's text has the map
     return build_game_graph(
-        model, "nethack", protocol=protocol,
+        model,
+        "nethack",
+        protocol=protocol,
         history_turns="default" if history_turns is None else history_turns,
         max_tokens="default" if max_tokens is None else max_tokens,
-        max_steps=max_steps, invalid_action_penalty=invalid_action_penalty, balrog_source=balrog_source,
+        max_steps=max_steps,
+        invalid_action_penalty=invalid_action_penalty,
+        balrog_source=balrog_source,
         **verlog_only,
     )

@@ -45,9 +45,13 @@ def build_graph(
     if game not in GAMES:
         raise ValueError(f"unknown TextWorld game {game!r}; valid: {', '.join(GAMES)}")
     return build_game_graph(
-        model, f"textworld:{game}", protocol=protocol,
+        model,
+        f"textworld:{game}",
+        protocol=protocol,
         history_turns="default" if history_turns is None else history_turns,
         max_tokens="default" if max_tokens is None else max_tokens,
-        max_steps=max_steps, invalid_action_penalty=invalid_action_penalty, balrog_source=balrog_source,
+        max_steps=max_steps,
+        invalid_action_penalty=invalid_action_penalty,
+        balrog_source=balrog_source,
         **(settings or {}),
     )

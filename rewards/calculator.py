@@ -42,4 +42,6 @@ def answered(completion: str, messages: list) -> float:
     """1 when the episode ends with a plain answer (not a pending tool call), else 0: a small
     shaping term for ``max_tool_rounds`` runs that never answer."""
     last = messages[-1] if messages else None
-    return float(getattr(last, "type", None) == "ai" and not getattr(last, "tool_calls", None) and bool(completion.strip()))
+    return float(
+        getattr(last, "type", None) == "ai" and not getattr(last, "tool_calls", None) and bool(completion.strip())
+    )

@@ -28,7 +28,7 @@ FIXTURE RULE: answer with one action, nothing more.
         return naive_instruction
 '''
 
-_EVALUATOR = '''
+_EVALUATOR = """
 import numpy as np  # verlog reads this file, it does not run it
 
 
@@ -40,7 +40,7 @@ class Evaluator:
             if action != response
             else obs["text"]["long_term_context"]
         )
-'''
+"""
 
 _BABYAI = '''
 from .clean_lang_wrapper import FixtureWrapper  # a class in a module verlog never runs
@@ -55,7 +55,7 @@ FIXTURE BABYAI. Mission: {mission}. Moves: {moves}.
 """.strip()
 '''
 
-_BABAISAI = '''
+_BABAISAI = """
 from balrog.environments.babaisai.base import FixtureWrapper
 
 __all__ = [FixtureWrapper]  # a NameError once the import is left out: skipped
@@ -63,17 +63,17 @@ __all__ = [FixtureWrapper]  # a NameError once the import is left out: skipped
 
 def get_instruction_prompt(env, task=None):
     return f"FIXTURE BABAISAI for {task}"
-'''
+"""
 
-_CRAFTER = '''
+_CRAFTER = """
 from .env import ACTIONS, FixtureCrafterWrapper
 
 
 def get_instruction_prompt(task=None):
     return "FIXTURE CRAFTER " + str(task) + ": " + " | ".join(ACTIONS)
-'''
+"""
 
-_CRAFTER_ENV = '''
+_CRAFTER_ENV = """
 import crafter_is_not_importable_here
 
 ACTIONS = ["Noop", "Move West", "Move East"]
@@ -81,7 +81,7 @@ ACTIONS = ["Noop", "Move West", "Move East"]
 
 class FixtureCrafterWrapper:
     pass
-'''
+"""
 
 _TEXTWORLD = '''
 from balrog.environments.textworld.base import TextWorldFactory
@@ -103,7 +103,7 @@ def get_instruction_prompt(env, task=None):
     return prompts[task].strip()
 '''
 
-_MINIHACK = '''
+_MINIHACK = """
 from nle.language_wrapper.wrappers.nle_language_wrapper import NLELanguageWrapper
 
 WORDS = {"north": "go up the map", "east": "go right", "south": "go down the map", "west": "go left"}
@@ -113,9 +113,9 @@ def get_instruction_prompt(env, task="none"):
     names = [NLELanguageWrapper.all_nle_action_map[a][0] for a in env.actions]
     listed = ", ".join(f"{n} ({WORDS[n]})" for n in names if n in WORDS)
     return f"FIXTURE MINIHACK {task}: {listed}"
-'''
+"""
 
-_NLE = '''
+_NLE = """
 import enum
 
 
@@ -125,13 +125,13 @@ class Role(enum.Enum):
 
 def get_instruction_prompt(task=None):
     return "FIXTURE NETHACK: get as deep as you can."
-'''
+"""
 
-_CONFIG = '''
+_CONFIG = """
 envs:
   textworld_kwargs:
     textworld_games_path: tw_games
-'''
+"""
 
 FILES = {
     "balrog/__init__.py": "",
@@ -152,11 +152,13 @@ EXPECTED = {
     "babyai": "FIXTURE BABYAI. Mission: {mission}. Moves: turn left = spin left; go forward = one step on.",
     "babaisai": "FIXTURE BABAISAI for env/{task}",
     "crafter": "FIXTURE CRAFTER default: Noop | Move West | Move East",
-    "textworld": {"treasure_hunter": "FIXTURE TREASURE HUNTER: find it.",
-                  "cooking": "FIXTURE COOKING: cook it.",
-                  "coin_collector": "FIXTURE COIN COLLECTOR: take the coin."},
+    "textworld": {
+        "treasure_hunter": "FIXTURE TREASURE HUNTER: find it.",
+        "cooking": "FIXTURE COOKING: cook it.",
+        "coin_collector": "FIXTURE COIN COLLECTOR: take the coin.",
+    },
     "minihack": "FIXTURE MINIHACK MiniHack-{task}-v0: north (go up the map), east (go right), south (go down the map), "
-                "west (go left)",
+    "west (go left)",
     "nethack": "FIXTURE NETHACK: get as deep as you can.",
 }
 

@@ -36,8 +36,16 @@ def running(cmd: list[str], env: dict[str, str], cwd: Path, port: int, log: Path
 
 
 @contextmanager
-def server_process(cmd: list[str], env: dict[str, str], cwd: Path, port: int, log: Path, *, ready: str = "/ok",
-                   ready_timeout_s: float = 90) -> Iterator[tuple[str, subprocess.Popen]]:
+def server_process(
+    cmd: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    port: int,
+    log: Path,
+    *,
+    ready: str = "/ok",
+    ready_timeout_s: float = 90,
+) -> Iterator[tuple[str, subprocess.Popen]]:
     """Run a server process until its ``ready`` path answers (LangGraph's ``/ok``; serve-model's
     ``/health``); yield its URL and the process (a test may kill it); stop it if it is still running."""
     url = f"http://127.0.0.1:{port}"
@@ -83,6 +91,24 @@ class SlowCountingEngine(Engine):
 
 def serve_command(base_url: str, port: int, state_dir: Path, **graph_kwargs) -> list[str]:
     # short answers (the tiny model's are noise anyway); seeded sampling: the same episode each time
-    return [sys.executable, "-m", "verlog.serve", "serve", str(GRAPH), "--base-url", base_url, "--model", "tiny",
-            "--temperature", "1", "--seed", "5", "--port", str(port), "--state-dir", str(state_dir),
-            "--graph-kwargs", json.dumps({"max_tokens": 3, **graph_kwargs})]
+    return [
+        sys.executable,
+        "-m",
+        "verlog.serve",
+        "serve",
+        str(GRAPH),
+        "--base-url",
+        base_url,
+        "--model",
+        "tiny",
+        "--temperature",
+        "1",
+        "--seed",
+        "5",
+        "--port",
+        str(port),
+        "--state-dir",
+        str(state_dir),
+        "--graph-kwargs",
+        json.dumps({"max_tokens": 3, **graph_kwargs}),
+    ]

@@ -47,11 +47,31 @@ def running_postgres() -> Iterator[str]:
         as_user = ["runuser", "-u", "postgres", "--"]
     data, port = folder / "data", free_port()
     try:
-        subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "verlog"], check=True,
-                       capture_output=True, timeout=120)
-        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(folder / "log"), "-w", "-t", "60", "-o",
-                        f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "verlog"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        subprocess.run(
+            [
+                *as_user,
+                pg_ctl,
+                "-D",
+                str(data),
+                "-l",
+                str(folder / "log"),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                f"-p {port} -k {folder} -c listen_addresses=127.0.0.1",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         shutil.rmtree(folder, ignore_errors=True)
         _unavailable(f"PostgreSQL does not start here: {exc}")

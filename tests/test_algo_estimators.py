@@ -34,8 +34,15 @@ def one_token_batch(turn_rewards, terminated, truncated=None):
 def test_registry_lists_every_estimator_and_what_it_needs():
     assert estimator_names() == ("gae", "gigpo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo", "zero")
     critic = {name: get_estimator(name).needs_critic for name in estimator_names()}
-    assert critic == {"gae": True, "gigpo": False, "grpo": False, "reinforce_pp": False, "reinforce_pp_baseline": False,
-                      "rloo": False, "zero": True}
+    assert critic == {
+        "gae": True,
+        "gigpo": False,
+        "grpo": False,
+        "reinforce_pp": False,
+        "reinforce_pp_baseline": False,
+        "rloo": False,
+        "zero": True,
+    }
     assert get_estimator("gigpo").needs == {"groups", "anchors", "episode_starts"}
     assert get_estimator("reinforce_pp").needs == frozenset()
     assert not get_estimator("zero").learns
@@ -49,7 +56,10 @@ def test_config_takes_the_allowed_values_from_the_registry():
     with pytest.raises(ConfigError) as err:
         config_from_dict({"multi_turn": {"langgraph": {"path": "g.py"}}, "algorithm": {"estimator": "ppo"}})
     message = str(err.value)
-    assert "algorithm.estimator" in message and "gae, gigpo, grpo, reinforce_pp, reinforce_pp_baseline, rloo, zero" in message
+    assert (
+        "algorithm.estimator" in message
+        and "gae, gigpo, grpo, reinforce_pp, reinforce_pp_baseline, rloo, zero" in message
+    )
 
 
 def test_the_config_reads_the_registry_without_torch():
@@ -77,9 +87,12 @@ def gae_batch(seed: int) -> TurnBatch:
     turn ends its episode, slot 1's episode runs on."""
     g = torch.Generator().manual_seed(seed)
     return TurnBatch(
-        torch.randn(2, 3, 4, generator=g, dtype=torch.float64), torch.ones(2, 3, 4, dtype=torch.bool),
-        torch.tensor([[False, True, False], [False, False, False]]), torch.zeros(2, 3, dtype=torch.bool),
-        values=torch.randn(2, 3, 5, generator=g, dtype=torch.float64), bootstrap_values=torch.zeros(2, dtype=torch.float64),
+        torch.randn(2, 3, 4, generator=g, dtype=torch.float64),
+        torch.ones(2, 3, 4, dtype=torch.bool),
+        torch.tensor([[False, True, False], [False, False, False]]),
+        torch.zeros(2, 3, dtype=torch.bool),
+        values=torch.randn(2, 3, 5, generator=g, dtype=torch.float64),
+        bootstrap_values=torch.zeros(2, dtype=torch.float64),
     )
 
 
@@ -131,8 +144,12 @@ def test_reinforce_pp_discounted_whitened_returns_by_hand():
 
 def test_reinforce_pp_token_discount_and_episodes_begun_earlier():
     rewards = torch.tensor([[[0.0, 1.0], [0.0, 0.0]]], dtype=torch.float64)
-    batch = TurnBatch(rewards, torch.ones(1, 2, 2, dtype=torch.bool), torch.tensor([[True, True]]),
-                      torch.zeros(1, 2, dtype=torch.bool))
+    batch = TurnBatch(
+        rewards,
+        torch.ones(1, 2, 2, dtype=torch.bool),
+        torch.tensor([[True, True]]),
+        torch.zeros(1, 2, dtype=torch.bool),
+    )
     data = TurnData(episode_starts=torch.tensor([False]))  # the first episode began in an earlier batch
     out = estimate_advantages(AlgorithmConfig(estimator="reinforce_pp", gamma_token=0.5), batch, data)
     g = torch.tensor([0.5, 1.0, 0.0, 0.0], dtype=torch.float64)  # G_{0,0} = 0 + 0.5 * 1
@@ -177,11 +194,14 @@ def test_gigpo_two_trajectories_share_an_anchor_state_at_different_steps():
     #                           s1 = {0.5 (slot 0, step 1), 0 (slot 1, step 2)}, mean 0.25
     #                           s2 = {1 (slot 0, step 2), 0 (slot 1, step 3)}, mean 0.5
     # Seed 9's s1 and s2 are other groups (each visited once: no step term), whatever their ids.
-    expected = torch.tensor([
-        [0.5 + (0.25 - 1 / 12), 0.5 + 0.25, 0.5 + 0.5, 0.0],
-        [-0.5 - 1 / 12, -0.5 - 1 / 12, -0.5 - 0.25, -0.5 - 0.5],
-        [0.0, 0.0, 0.0, 0.0],
-    ], dtype=torch.float64)
+    expected = torch.tensor(
+        [
+            [0.5 + (0.25 - 1 / 12), 0.5 + 0.25, 0.5 + 0.5, 0.0],
+            [-0.5 - 1 / 12, -0.5 - 1 / 12, -0.5 - 0.25, -0.5 - 0.5],
+            [0.0, 0.0, 0.0, 0.0],
+        ],
+        dtype=torch.float64,
+    )
     torch.testing.assert_close(adv.squeeze(-1), expected)
     assert included.tolist() == [[True, True, True, False], [True] * 4, [True, True, False, False]]
     assert metrics["step_group_frac"] == pytest.approx(7 / 9)  # 7 of the 9 scored turns share a state
@@ -207,7 +227,8 @@ def test_gigpo_ignores_the_prompt_history():
     batch, groups, anchors = gigpo_batch()
     out = estimate_advantages(
         AlgorithmConfig(estimator="gigpo", whiten_advantages=False, group_norm="mean", gigpo_gamma=0.5),
-        batch, TurnData(groups, torch.ones(3, dtype=torch.bool), anchors),
+        batch,
+        TurnData(groups, torch.ones(3, dtype=torch.bool), anchors),
     )
     assert out.advantages[1, 2, 0].item() == pytest.approx(-0.75)
     assert out.metrics["policy_token_frac"] == pytest.approx(9 / 12)
@@ -218,8 +239,9 @@ def test_gigpo_ignores_the_prompt_history():
 
 def test_dynamic_sampling_drops_groups_whose_returns_are_all_equal():
     # seed 1: two complete episodes, both return 1 (no signal); seed 2: returns 1 and 0
-    batch = one_token_batch([[0, 1], [1, 0], [1, 0], [0, 0]],
-                            [[False, True], [True, False], [True, False], [False, True]])
+    batch = one_token_batch(
+        [[0, 1], [1, 0], [1, 0], [0, 0]], [[False, True], [True, False], [True, False], [False, True]]
+    )
     groups = torch.tensor([[1, 1], [1, 5], [2, 6], [2, 2]])
     data = TurnData(groups, torch.ones(4, dtype=torch.bool), None)
     settings = AlgorithmConfig(estimator="grpo", drop_uniform_groups=True, whiten_advantages=False, group_norm="mean")
@@ -240,10 +262,30 @@ def test_storage_anchor_ids_and_turn_data():
     from verlog.rollout.turn import Turn
     from verlog.train.storage import RolloutStorage, anchor_ids
 
-    assert anchor_ids([{"anchor": "a"}, {}, {"anchor": "b"}, {"anchor": "a"}, {"anchor": ("x", 1)}]).tolist() == [0, -1, 1, 0, 2]
+    assert anchor_ids([{"anchor": "a"}, {}, {"anchor": "b"}, {"anchor": "a"}, {"anchor": ("x", 1)}]).tolist() == [
+        0,
+        -1,
+        1,
+        0,
+        2,
+    ]
     infos = [["0:red", "1:blue"], ["0:red", None]]
-    turns = [[Turn(f"e{i}", k, [1, 2], [3], [-1.0], reward=float(k), terminated=k == 1,
-                   info={} if a is None else {"anchor": a}) for k, a in enumerate(slot)] for i, slot in enumerate(infos)]
+    turns = [
+        [
+            Turn(
+                f"e{i}",
+                k,
+                [1, 2],
+                [3],
+                [-1.0],
+                reward=float(k),
+                terminated=k == 1,
+                info={} if a is None else {"anchor": a},
+            )
+            for k, a in enumerate(slot)
+        ]
+        for i, slot in enumerate(infos)
+    ]
     s = RolloutStorage.from_batch(SlotBatch(turns, [[1], [1]], [True, True], [[4, 4], [4, 4]]))
     data = s.turn_data()
     assert data.anchors.tolist() == [[0, 1], [0, -1]] and data.groups.tolist() == [[4, 4], [4, 4]]

@@ -194,7 +194,7 @@ def test_token_mean_and_sequence_mean_aggregation():
         aggregate(x, mask, "seq")
     # a mini-batch split into micro-batches and weighed by aggregation_weight gives the same loss
     for how in ("token_mean", "sequence_mean"):
-        parts = [(slice(0, 1), ), (slice(1, 3), )]
+        parts = [(slice(0, 1),), (slice(1, 3),)]
         total = aggregation_weight(mask, how)
         joined = sum(aggregate(x[p], mask[p], how) * aggregation_weight(mask[p], how) / total for (p,) in parts)
         assert joined.item() == pytest.approx(aggregate(x, mask, how).item())
@@ -208,8 +208,9 @@ def test_gspo_sequence_ratio_and_clip_by_hand():
     logp = (old_logp + log_rho).requires_grad_(True)
     adv = torch.tensor([[1.0, 1.0], [2.0, 2.0], [-1.0, -1.0]], dtype=torch.float64)
     mask = torch.tensor([[True, True], [True, True], [True, False]])
-    loss, metrics = gspo_policy_loss(logp, old_logp, adv, mask, clip_eps=0.2, clip_eps_high=0.2,
-                                     aggregation="sequence_mean")
+    loss, metrics = gspo_policy_loss(
+        logp, old_logp, adv, mask, clip_eps=0.2, clip_eps_high=0.2, aggregation="sequence_mean"
+    )
     s = [math.exp(0.2), math.exp(0.0), math.exp(-0.5)]  # turn 2's second token is padding
     # turn 0: s = 1.221 > 1.2, A > 0: clipped, -1.2;  turn 1: s = 1, -2;  turn 2: s = 0.607 < 0.8, A < 0: 0.8
     assert loss.item() == pytest.approx((-1.2 - 2.0 + 0.8) / 3)

@@ -23,12 +23,21 @@ STARTS = torch.ones(3, dtype=torch.bool)
 
 
 def test_each_estimator_declares_its_papers_whitening():
-    whitens = {name: get_estimator(name).whitens for name in ("gae", "grpo", "rloo", "gigpo", "reinforce_pp",
-                                                               "reinforce_pp_baseline", "zero")}
+    whitens = {
+        name: get_estimator(name).whitens
+        for name in ("gae", "grpo", "rloo", "gigpo", "reinforce_pp", "reinforce_pp_baseline", "zero")
+    }
     # PPO's GAE is whitened (Verlog, verl); the group estimators keep their scale; REINFORCE++ and
     # its baseline variant normalize inside their own formula
-    assert whitens == {"gae": True, "grpo": False, "rloo": False, "gigpo": False, "reinforce_pp": False,
-                       "reinforce_pp_baseline": False, "zero": False}
+    assert whitens == {
+        "gae": True,
+        "grpo": False,
+        "rloo": False,
+        "gigpo": False,
+        "reinforce_pp": False,
+        "reinforce_pp_baseline": False,
+        "zero": False,
+    }
     assert AlgorithmConfig().whiten_advantages is None
 
 
@@ -107,8 +116,12 @@ def test_reinforce_pp_baseline_matches_verl_on_single_turn_episodes():
     index = np.array(["a", "a", "a", "b", "b", "c", "c", "c"], dtype=object)
 
     expected, _ = compute_reinforce_plus_plus_baseline_outcome_advantage(rewards.clone(), mask.long(), index)
-    batch = TurnBatch(rewards.unsqueeze(1), mask.unsqueeze(1), torch.ones(rows, 1, dtype=torch.bool),
-                      torch.zeros(rows, 1, dtype=torch.bool))
+    batch = TurnBatch(
+        rewards.unsqueeze(1),
+        mask.unsqueeze(1),
+        torch.ones(rows, 1, dtype=torch.bool),
+        torch.zeros(rows, 1, dtype=torch.bool),
+    )
     group_ids = torch.tensor([ord(i) for i in index]).unsqueeze(1)
     adv, _ = reinforce_pp_baseline_advantages(batch, group_ids)
     n = int(mask.sum())
@@ -131,11 +144,18 @@ def test_gspo_cap_stops_the_gradient_as_verls_does():
 
     from verl.workers.config import ActorConfig
 
-    config = ActorConfig(strategy="fsdp", clip_ratio=100.0, clip_ratio_low=100.0, clip_ratio_high=1e6,
-                         ppo_micro_batch_size_per_gpu=1, rollout_n=1)
+    config = ActorConfig(
+        strategy="fsdp",
+        clip_ratio=100.0,
+        clip_ratio_low=100.0,
+        clip_ratio_high=1e6,
+        ppo_micro_batch_size_per_gpu=1,
+        rollout_n=1,
+    )
     theirs = logp.detach().clone().requires_grad_(True)
-    verl_loss = compute_policy_loss_gspo(old, theirs, adv, mask.long(), loss_agg_mode="seq-mean-token-mean",
-                                         config=config)[0]
+    verl_loss = compute_policy_loss_gspo(
+        old, theirs, adv, mask.long(), loss_agg_mode="seq-mean-token-mean", config=config
+    )[0]
     verl_loss.backward()
     torch.testing.assert_close(loss.detach(), verl_loss.detach())
     torch.testing.assert_close(logp.grad, theirs.grad)

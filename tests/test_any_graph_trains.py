@@ -32,10 +32,20 @@ SCOUT_TEMPERATURE, POLICY_TEMPERATURE = 0.7, 1.3  # the graph's two nodes
 
 def overrides(run_dir: Path, *extra: str) -> list[str]:
     return [
-        f"multi_turn.langgraph.path={GRAPH}", f"trainer.run_dir={run_dir}", "wandb.mode=disabled",
-        "trainer.num_envs=8", "trainer.turns_per_env=4", "trainer.save_every=0", "trainer.torch_threads=1",
-        "algorithm.mini_batch_turns=32", "algorithm.ppo_epochs=1", "eval.episodes=8", "eval.at_start=false",
-        "critic_warmup.buffer_multiplier=1", "critic_warmup.iterations=1", "rollout.episode_timeout_s=60",
+        f"multi_turn.langgraph.path={GRAPH}",
+        f"trainer.run_dir={run_dir}",
+        "wandb.mode=disabled",
+        "trainer.num_envs=8",
+        "trainer.turns_per_env=4",
+        "trainer.save_every=0",
+        "trainer.torch_threads=1",
+        "algorithm.mini_batch_turns=32",
+        "algorithm.ppo_epochs=1",
+        "eval.episodes=8",
+        "eval.at_start=false",
+        "critic_warmup.buffer_multiplier=1",
+        "critic_warmup.iterations=1",
+        "rollout.episode_timeout_s=60",
         *extra,
     ]
 
@@ -58,8 +68,22 @@ def test_sync_node_graph_trains_rolls_out_and_evaluates(tmp_path, capsys):
     assert main(["rollout", str(config), *overrides(run_dir), "--episodes", "2"]) == 0
     out = capsys.readouterr().out
     assert "scout" in out and "policy" in out
-    assert main(["eval", str(config), *overrides(run_dir), "--checkpoint", str(run_dir), "--episodes", "4",
-                 "--out", str(tmp_path / "eval")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(config),
+                *overrides(run_dir),
+                "--checkpoint",
+                str(run_dir),
+                "--episodes",
+                "4",
+                "--out",
+                str(tmp_path / "eval"),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "eval" / "summary.json").exists()
 
 
@@ -67,10 +91,18 @@ def test_sync_node_graph_trains_rolls_out_and_evaluates(tmp_path, capsys):
 def test_each_turn_is_scored_at_its_own_temperature(tmp_path):
     """Two nodes at 0.7 and 1.3, engine logprobs used as they are: the first PPO step's ratio is 1."""
     run_dir = tmp_path / "temps"
-    config = load_config(ROOT / "configs" / "cue_corridor.yaml", overrides(
-        run_dir, "trainer.total_updates=1", "algorithm.recompute_logprobs=false", "eval.at_end=false",
-        "critic_warmup.buffer_multiplier=0", "algorithm.entropy_coef=0", "algorithm.kl_coef=0",
-    ))
+    config = load_config(
+        ROOT / "configs" / "cue_corridor.yaml",
+        overrides(
+            run_dir,
+            "trainer.total_updates=1",
+            "algorithm.recompute_logprobs=false",
+            "eval.at_end=false",
+            "critic_warmup.buffer_multiplier=0",
+            "algorithm.entropy_coef=0",
+            "algorithm.kl_coef=0",
+        ),
+    )
     from rich.console import Console
 
     from verlog.train import train
@@ -89,8 +121,12 @@ async def test_turns_record_their_nodes_sampling(tiny_tokenizer, tiny_model):
     engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
     graph_file = load_graph_file(GRAPH)
     runner = SlotRunner(
-        engine, lambda e: graph_file.build(VerlogChatModel(engine=e, tokenizer=tiny_tokenizer)),
-        graph_file.episode_input, num_envs=2, turns_per_env=4, graph_config={"recursion_limit": 60},
+        engine,
+        lambda e: graph_file.build(VerlogChatModel(engine=e, tokenizer=tiny_tokenizer)),
+        graph_file.episode_input,
+        num_envs=2,
+        turns_per_env=4,
+        graph_config={"recursion_limit": 60},
     )
     try:
         batch = await runner.collect()
@@ -147,9 +183,15 @@ async def _capped_batch(tokenizer, model, cap=3, num_envs=4, turns_per_env=6):
         chat["model"] = VerlogChatModel(engine=e, tokenizer=tokenizer)
         return _capped_graph(chat["model"], cap)
 
-    runner = SlotRunner(engine, build, lambda seed: {"t": 0}, num_envs=num_envs, turns_per_env=turns_per_env,
-                        graph_config={"recursion_limit": 50},
-                        render_prompt=lambda m, tools: chat["model"].render_prompt_ids(m, tools))
+    runner = SlotRunner(
+        engine,
+        build,
+        lambda seed: {"t": 0},
+        num_envs=num_envs,
+        turns_per_env=turns_per_env,
+        graph_config={"recursion_limit": 50},
+        render_prompt=lambda m, tools: chat["model"].render_prompt_ids(m, tools),
+    )
     try:
         return await runner.collect()
     finally:
@@ -162,10 +204,26 @@ def _learner(model_dir, gamma_step: float, critic_lr: float = 5e-2) -> Learner:
 
     actor = load_causal_lm(model_dir)
     critic = load_critic(model_dir, dtype="float32", device="cpu")
-    algo = AlgorithmConfig(gamma_step=gamma_step, lam_step=0.95, whiten_advantages=False, value_clip=None,
-                           first_value_weight=1.0, micro_batch_tokens=4096, mini_batch_turns=64, ppo_epochs=1)
-    return Learner(actor, critic, torch.optim.Adam(actor.parameters(), 1e-4),
-                   torch.optim.Adam(critic.parameters(), critic_lr), None, algo, pad_id=0, device=torch.device("cpu"))
+    algo = AlgorithmConfig(
+        gamma_step=gamma_step,
+        lam_step=0.95,
+        whiten_advantages=False,
+        value_clip=None,
+        first_value_weight=1.0,
+        micro_batch_tokens=4096,
+        mini_batch_turns=64,
+        ppo_epochs=1,
+    )
+    return Learner(
+        actor,
+        critic,
+        torch.optim.Adam(actor.parameters(), 1e-4),
+        torch.optim.Adam(critic.parameters(), critic_lr),
+        None,
+        algo,
+        pad_id=0,
+        device=torch.device("cpu"),
+    )
 
 
 def test_swapping_terminated_and_truncated_changes_the_advantages(tiny_tokenizer, tiny_model, tiny_dir):
@@ -217,8 +275,12 @@ def test_capped_game_graphs_report_the_state_after_the_cut(tiny_tokenizer):
 
     async def collect():
         runner = SlotRunner(
-            ScriptedEngine(tiny_tokenizer, ["ACTION: turn left"]), build, graph_file.episode_input,
-            num_envs=2, turns_per_env=3, graph_config={"recursion_limit": 40},
+            ScriptedEngine(tiny_tokenizer, ["ACTION: turn left"]),
+            build,
+            graph_file.episode_input,
+            num_envs=2,
+            turns_per_env=3,
+            graph_config={"recursion_limit": 40},
             render_prompt=lambda m, tools: chat["model"].render_prompt_ids(m, tools),
         )
         try:
@@ -233,7 +295,6 @@ def test_capped_game_graphs_report_the_state_after_the_cut(tiny_tokenizer):
         assert last.next_prompt_ids and last.next_prompt_ids != last.prompt_ids
         shown = tiny_tokenizer.decode(last.next_prompt_ids)
         assert tiny_tokenizer.decode(last.prompt_ids).split("\n")[0] == shown.split("\n")[0]  # same instruction
-
 
 
 # ---------------------------------------------------------------------- every way to call a model
@@ -251,12 +312,21 @@ def any_call_config(tmp_path: Path, name: str, **graph_kwargs) -> tuple[Path, Pa
         "model": {"path": "tiny", "device": "cpu"},
         "engine": {"kind": "embedded", "batch_wait_ms": 1.0},
         "sampling": {"temperature": 1.0, "max_tokens": 8},
-        "multi_turn": {"langgraph": {"path": str(ANY_CALL), "graph_config": {"recursion_limit": 200},
-                                     "graph_kwargs": graph_kwargs}},
+        "multi_turn": {
+            "langgraph": {"path": str(ANY_CALL), "graph_config": {"recursion_limit": 200}, "graph_kwargs": graph_kwargs}
+        },
         "rollout": {"episode_timeout_s": 120, "seed": 0},
-        "trainer": {"run_dir": str(run_dir), "total_updates": 3, "num_envs": 4, "turns_per_env": 4,
-                    "save_every": 0, "eval_every": 1, "torch_threads": 1},
-        "actor": {"lr": 1.0e-4}, "critic": {"lr": 1.0e-3},
+        "trainer": {
+            "run_dir": str(run_dir),
+            "total_updates": 3,
+            "num_envs": 4,
+            "turns_per_env": 4,
+            "save_every": 0,
+            "eval_every": 1,
+            "torch_threads": 1,
+        },
+        "actor": {"lr": 1.0e-4},
+        "critic": {"lr": 1.0e-3},
         "algorithm": {"mini_batch_turns": 16, "kl_coef": 0.0},
         "critic_warmup": {"buffer_multiplier": 0},
         "eval": {"episodes": 4, "at_start": False, "at_end": False},
@@ -305,8 +375,14 @@ async def test_every_entry_point_is_captured_token_exact(tiny_tokenizer, tiny_mo
     try:
         for styles in (module.PARALLEL, module.SEQUENTIAL):
             runner = SlotRunner(
-                engine, lambda e, styles=styles: graph_file.build(VerlogChatModel(engine=e, tokenizer=tiny_tokenizer), styles=styles),
-                graph_file.episode_input, num_envs=4, turns_per_env=6, graph_config={"recursion_limit": 200},
+                engine,
+                lambda e, styles=styles: graph_file.build(
+                    VerlogChatModel(engine=e, tokenizer=tiny_tokenizer), styles=styles
+                ),
+                graph_file.episode_input,
+                num_envs=4,
+                turns_per_env=6,
+                graph_config={"recursion_limit": 200},
                 keep_messages=True,
             )
             try:
@@ -320,19 +396,34 @@ async def test_every_entry_point_is_captured_token_exact(tiny_tokenizer, tiny_mo
     for turn in (t for b in batches for t in b.flat_turns()):
         nodes.add(turn.node)
         constrained = turn.node in ("structured", "astructured")
-        text = tiny_tokenizer.apply_chat_template(to_chat_dicts(turn.messages), tools=tools if constrained else None,
-                                                  tokenize=False, add_generation_prompt=True)
+        text = tiny_tokenizer.apply_chat_template(
+            to_chat_dicts(turn.messages),
+            tools=tools if constrained else None,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
         rendered = tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
-        assert turn.prompt_ids[:len(rendered)] == rendered
+        assert turn.prompt_ids[: len(rendered)] == rendered
         if constrained:  # the rest is the forced opening of the call
-            assert tiny_tokenizer.decode(turn.prompt_ids[len(rendered):]).startswith("<tool_call>")
+            assert tiny_tokenizer.decode(turn.prompt_ids[len(rendered) :]).startswith("<tool_call>")
             assert turn.constraint is not None  # (a lark grammar: the tool call around its JSON)
             assert (torch.tensor(turn.logprobs) >= forced_logprobs(tiny_model, turn) - 1e-3).all()
         else:
             assert turn.prompt_ids == rendered and turn.constraint is None
             assert torch.allclose(forced_logprobs(tiny_model, turn), torch.tensor(turn.logprobs), atol=1e-3)
-    assert nodes >= {"ainvoke", "invoke", "gather", "call", "call_sync", "abatch", "batch", "astream", "stream",
-                     "structured", "astructured"}
+    assert nodes >= {
+        "ainvoke",
+        "invoke",
+        "gather",
+        "call",
+        "call_sync",
+        "abatch",
+        "batch",
+        "astream",
+        "stream",
+        "structured",
+        "astructured",
+    }
 
 
 @pytest.mark.timeout(600)
@@ -364,8 +455,14 @@ def test_a_judge_reusing_the_policy_model_never_trains(tmp_path, capsys, tiny_to
     assert len(episodes) == 4 and all(e["status"] == "ok" for e in episodes)
     for episode in episodes:
         assert {t["node"] for t in episode["turns"]} <= {"ainvoke", "stream"}
-        calls = [tuple(map(int, re.search(r"seed (\d+) step (\d+) call (\d+)", tiny_tokenizer.decode(t["prompt_ids"]))
-                               .groups())) for t in episode["turns"]]
+        calls = [
+            tuple(
+                map(
+                    int, re.search(r"seed (\d+) step (\d+) call (\d+)", tiny_tokenizer.decode(t["prompt_ids"])).groups()
+                )
+            )
+            for t in episode["turns"]
+        ]
         steps = {(seed, step) for seed, step, _ in calls}
         assert episode["model_calls"] == len(episode["turns"]) + len(steps)  # one judge call per step
         for (seed, step, call), turn in zip(calls, episode["turns"]):

@@ -64,8 +64,13 @@ def test_balrog_task_lists_episodes_caps_and_invalid_actions() -> None:
 
 
 def test_register_family_and_unknown_names() -> None:
-    family = EnvFamily(name="toy-test", tasks=("a",), make=lambda task, seed, **kw: None,  # type: ignore[arg-type,return-value]
-                       progression=lambda info: 0.0, balrog=BalrogSettings(tasks=(("A", "a"),)))
+    family = EnvFamily(
+        name="toy-test",
+        tasks=("a",),
+        make=lambda task, seed, **kw: None,  # type: ignore[arg-type,return-value]
+        progression=lambda info: 0.0,
+        balrog=BalrogSettings(tasks=(("A", "a"),)),
+    )
     register_family(family)
     try:
         assert "toy-test:a" in list_envs()
@@ -269,13 +274,15 @@ def test_babaisai_balrog_text_of_a_fixed_state() -> None:
     from verlog.envs.babaisai import state_from_map
     from verlog.envs.babaisai.env import describe_balrog
 
-    state = state_from_map([
-        "BALL IS WIN . . .",
-        ". . . . . .",
-        ". ball . baba . .",
-        ". . . . . KEY",
-        "BABA IS YOU . . .",
-    ])
+    state = state_from_map(
+        [
+            "BALL IS WIN . . .",
+            ". . . . . .",
+            ". ball . baba . .",
+            ". . . . . KEY",
+            "BABA IS YOU . . .",
+        ]
+    )
     assert describe_balrog(state).splitlines() == [
         "Active rules:",
         "ball is win",
@@ -298,19 +305,23 @@ def test_babaisai_win_is_checked_with_the_previous_rules() -> None:
 
     # standing on a WIN object wins at once under the current-rules check; the original game
     # counts only a move into a cell whose object was WIN before the move
-    on_ball = state_from_map([
-        "BALL IS WIN . .",
-        ". . . . .",
-        ". ball+baba . . .",
-        "BABA IS YOU . .",
-    ])
+    on_ball = state_from_map(
+        [
+            "BALL IS WIN . .",
+            ". . . . .",
+            ". ball+baba . . .",
+            "BABA IS YOU . .",
+        ]
+    )
     assert step(on_ball, "idle", "current").won and not step(on_ball, "idle", "previous").won
-    walk_in = state_from_map([
-        "BALL IS WIN . .",
-        ". . . . .",
-        ". baba ball . .",
-        "BABA IS YOU . .",
-    ])
+    walk_in = state_from_map(
+        [
+            "BALL IS WIN . .",
+            ". . . . .",
+            ". baba ball . .",
+            "BABA IS YOU . .",
+        ]
+    )
     assert step(walk_in, "right", "previous").won and step(walk_in, "right", "current").won
 
 
@@ -327,12 +338,14 @@ def test_babaisai_balrog_prints_an_empty_line_for_a_controlled_object_that_is_no
     from verlog.envs.babaisai import state_from_map
     from verlog.envs.babaisai.env import describe_balrog
 
-    state = state_from_map([
-        "BALL IS YOU . .",
-        ". . . . .",
-        ". key ball baba .",
-        "KEY IS WIN . .",
-    ])
+    state = state_from_map(
+        [
+            "BALL IS YOU . .",
+            ". . . . .",
+            ". key ball baba .",
+            "KEY IS WIN . .",
+        ]
+    )
     assert describe_balrog(state).split("Objects on the map:\n")[1].splitlines() == [
         "rule `ball` 2 step to the left and 2 step up",
         "rule `is` 1 step to the left and 2 step up",
@@ -349,14 +362,16 @@ def test_babaisai_balrog_starts_a_new_level_when_nothing_is_you_and_goes_on() ->
     from verlog.envs.babaisai import make, state_from_map
     from verlog.envs.babaisai.env import broken_you_text, describe_balrog
 
-    broken_rule = state_from_map([
-        "BALL IS WIN . .",
-        ". . . . .",
-        ". . baba . .",
-        ". BABA IS YOU .",
-        ". . . . .",
-        ". ball . . .",
-    ])
+    broken_rule = state_from_map(
+        [
+            "BALL IS WIN . .",
+            ". . . . .",
+            ". . baba . .",
+            ". BABA IS YOU .",
+            ". . . . .",
+            ". ball . . .",
+        ]
+    )
     observations = []
     for _ in range(2):
         env = make("goto_win", seed=5, protocol="balrog", max_steps=3)
@@ -372,11 +387,14 @@ def test_babaisai_balrog_starts_a_new_level_when_nothing_is_you_and_goes_on() ->
         assert last.truncated and last.info["step"] == 3  # the step count ran on: BALROG's cap holds
     assert observations[0] == observations[1]  # the new level is drawn from the episode's seed
     text = observations[0]
-    assert text.startswith("[...] IS YOU rule was broken, environment resetActive rules:\nball is win\n\n"
-                           "Objects on the map:\ndefaultdict(<function BabaIsAIWrapper.textworld_process_obsv.<locals>."
-                           "<lambda> at 0x7f0000000000>, {'text': {'long_term_context': 'Active rules:\\n")
-    assert text.endswith("'short_term_context': ''}, 'image': <PIL.Image.Image image mode=RGB size=256x256 at "
-                         "0x7F0000000000>})")
+    assert text.startswith(
+        "[...] IS YOU rule was broken, environment resetActive rules:\nball is win\n\n"
+        "Objects on the map:\ndefaultdict(<function BabaIsAIWrapper.textworld_process_obsv.<locals>."
+        "<lambda> at 0x7f0000000000>, {'text': {'long_term_context': 'Active rules:\\n"
+    )
+    assert text.endswith(
+        "'short_term_context': ''}, 'image': <PIL.Image.Image image mode=RGB size=256x256 at 0x7F0000000000>})"
+    )
 
 
 def _broken(state):
@@ -407,13 +425,15 @@ def test_babaisai_a_push_moves_the_upper_word_of_a_stack_alone() -> None:
     from verlog.envs.babaisai import state_from_map, step
     from verlog.envs.babaisai.env import describe_balrog
 
-    state = state_from_map([
-        "BALL IS WIN . .",
-        ". . . . .",
-        "baba KEY+WIN . . .",  # WIN lies on KEY
-        ". . . . .",
-        "BABA IS YOU . .",
-    ])
+    state = state_from_map(
+        [
+            "BALL IS WIN . .",
+            ". . . . .",
+            "baba KEY+WIN . . .",  # WIN lies on KEY
+            ". . . . .",
+            "BABA IS YOU . .",
+        ]
+    )
     assert "rule `win` 1 step to the right\n" in describe_balrog(state) and "`key`" not in describe_balrog(state)
     for rule in ("previous", "current"):
         first = step(state, "right", rule).state
@@ -430,17 +450,21 @@ def test_babaisai_balrog_plays_the_originals_stacks() -> None:
     from verlog.envs.babaisai.game import object_kind
 
     def things(state, cell):
-        return ([k for k, x, y in state.iter_buried() if (x, y) == cell],
-                [k for k, x, y in state.iter_objects() if (x, y) == cell])
+        return (
+            [k for k, x, y in state.iter_buried() if (x, y) == cell],
+            [k for k, x, y in state.iter_objects() if (x, y) == cell],
+        )
 
     ball, key = object_kind("ball"), object_kind("key")
-    state = state_from_map([
-        "BALL IS YOU . . .",
-        ". . . . . .",
-        ". key . . . .",
-        "KEY IS . BALL baba .",
-        "BABA IS YOU . . .",
-    ])
+    state = state_from_map(
+        [
+            "BALL IS YOU . . .",
+            ". . . . . .",
+            ". key . . . .",
+            "KEY IS . BALL baba .",
+            "BABA IS YOU . . .",
+        ]
+    )
     made = step(state, "left", "previous").state  # KEY IS BALL: a ball over the key
     assert things(made, (2, 3)) == ([key], [ball])
     moved = step(made, "up", "previous").state  # the ball (YOU) leaves: the key comes back, turned again
@@ -495,9 +519,23 @@ def test_crafter_balrog_settings_and_action_names() -> None:
     assert crafter.episodes_per_task == 10 and crafter.invalid_action == "Noop"
     assert dict(crafter.env_kwargs) == {"protocol": "balrog"}
     assert BALROG_ACTIONS == (
-        "Noop", "Move West", "Move East", "Move North", "Move South", "Do", "Sleep", "Place Stone", "Place Table",
-        "Place Furnace", "Place Plant", "Make Wood Pickaxe", "Make Stone Pickaxe", "Make Iron Pickaxe",
-        "Make Wood Sword", "Make Stone Sword", "Make Iron Sword",
+        "Noop",
+        "Move West",
+        "Move East",
+        "Move North",
+        "Move South",
+        "Do",
+        "Sleep",
+        "Place Stone",
+        "Place Table",
+        "Place Furnace",
+        "Place Plant",
+        "Make Wood Pickaxe",
+        "Make Stone Pickaxe",
+        "Make Iron Pickaxe",
+        "Make Wood Sword",
+        "Make Stone Sword",
+        "Make Iron Sword",
     )
     env = make_env("crafter", protocol="balrog")
     assert env.max_steps == 2000 and env.invalid_action_penalty == 0.0 and env.valid_actions() == list(BALROG_ACTIONS)
@@ -688,12 +726,18 @@ def test_crafter_balrog_graph_prompt_keeps_only_the_long_term_part() -> None:
 
     model = Recording(messages=iter(AIMessage(a) for a in ["Do", "!!", "Sleep"]))
     graph = load_graph_file(Path(__file__).resolve().parents[1] / "graphs" / "crafter.py").build(
-        model, protocol="balrog", history_turns=16, max_tokens=8192, max_steps=3)
+        model, protocol="balrog", history_turns=16, max_tokens=8192, max_steps=3
+    )
     state = asyncio.run(graph.ainvoke({"seed": 4}))
     assert state["steps"] == 3 and state["info"]["action"] == "Sleep"
     third = prompts[2]
-    assert [type(m).__name__ for m in third] == ["HumanMessage", "HumanMessage", "AIMessage", "HumanMessage",
-                                                "HumanMessage"]  # the empty answer ("!!" cleaned) adds no message
+    assert [type(m).__name__ for m in third] == [
+        "HumanMessage",
+        "HumanMessage",
+        "AIMessage",
+        "HumanMessage",
+        "HumanMessage",
+    ]  # the empty answer ("!!" cleaned) adds no message
     assert third[1].content.startswith("Observation:\nYou see") and "Your status" not in third[1].content
     assert third[3].content.startswith("Observation:\nYou see")
     # "!!" ran Noop: BALROG's note heads the long-term part, after the status and inventory
@@ -735,8 +779,12 @@ def test_balrog_prompt_leaves_empty_answers_out_and_textless_older_observations(
     assert observations[6] == "Observation:\nobs 9" and observations[-2] == "Observation:\nobs 23"
     assert observations[-1] == f"Current Observation:\nobs 24\n\n{balrog_protocol.ANSWER_RULE}"
     short = balrog_protocol.build_prompt("r", [("a", ""), ("b", "go")], "c")
-    assert [m.content for m in short[1:]] == ["Observation:\na", "Observation:\nb", "go",
-                                              f"Current Observation:\nc\n\n{balrog_protocol.ANSWER_RULE}"]
+    assert [m.content for m in short[1:]] == [
+        "Observation:\na",
+        "Observation:\nb",
+        "go",
+        f"Current Observation:\nc\n\n{balrog_protocol.ANSWER_RULE}",
+    ]
 
 
 def test_play_shows_only_what_the_model_reads() -> None:
@@ -775,8 +823,14 @@ def test_play_puts_balrogs_note_where_the_graph_does() -> None:
 
     lines: list[str] = []
     typed = iter(["zap", "quit"])
-    play("minihack:MazeWalk-9x9", seed=0, agent="human", input_fn=lambda _prompt: next(typed),
-         print_fn=lines.append, protocol="balrog")
+    play(
+        "minihack:MazeWalk-9x9",
+        seed=0,
+        agent="human",
+        input_fn=lambda _prompt: next(typed),
+        print_fn=lines.append,
+        protocol="balrog",
+    )
     second = next(line for line in lines if line.startswith(f"{RULE}\nTURN 2"))
     note = balrog_protocol.invalid_answer_note("north")
     before, after = second.split(note)
@@ -828,8 +882,18 @@ def test_babaisai_solver_wins_200_fresh_seeds_over_the_40_tasks_under_balrog() -
 def _record(env: str, task: str, seed: int, progression: float, status: str = "ok"):
     from verlog.evaluation.results import EpisodeRecord
 
-    return EpisodeRecord(episode_id=f"{env}/{task}/{seed}", env=env, task=task, seed=seed, status=status, turns=1,
-                         episode_return=0.0, success=progression == 100.0, progression=progression, seconds=0.0)
+    return EpisodeRecord(
+        episode_id=f"{env}/{task}/{seed}",
+        env=env,
+        task=task,
+        seed=seed,
+        status=status,
+        turns=1,
+        episode_return=0.0,
+        success=progression == 100.0,
+        progression=progression,
+        seconds=0.0,
+    )
 
 
 def test_scores_pool_an_environments_episodes_leave_crashes_out_and_use_balrogs_se() -> None:
@@ -837,10 +901,15 @@ def test_scores_pool_an_environments_episodes_leave_crashes_out_and_use_balrogs_
 
     from verlog.evaluation.results import summarize
 
-    records = [_record("babyai", "goto", 0, 100.0), _record("babyai", "goto", 1, 0.0),
-               _record("babyai", "open", 0, 100.0), _record("babyai", "open", 1, 100.0),
-               _record("babyai", "open", 2, 100.0), _record("babyai", "open", 3, 0.0, status="error"),
-               _record("crafter", "crafter", 0, 50.0)]
+    records = [
+        _record("babyai", "goto", 0, 100.0),
+        _record("babyai", "goto", 1, 0.0),
+        _record("babyai", "open", 0, 100.0),
+        _record("babyai", "open", 1, 100.0),
+        _record("babyai", "open", 2, 100.0),
+        _record("babyai", "open", 3, 0.0, status="error"),
+        _record("crafter", "crafter", 0, 50.0),
+    ]
     summary = summarize(records)
     goto, open_, _ = summary.tasks
     assert open_.episodes == 3 and open_.errors == 1 and open_.progression == 100.0
@@ -872,7 +941,9 @@ def test_tables_keep_whole_task_names_in_a_pipe() -> None:
 
     name = "two_room-maybe_break_stop-goto_win-distr_obj-irrelevant_rule"
     console = Console(file=io.StringIO(), force_terminal=False, width=80)
-    print_wide(console, summary_table(summarize([_record("babaisai", name, 0, 0.0), _record("babaisai", "goto_win", 0, 0.0)])))
+    print_wide(
+        console, summary_table(summarize([_record("babaisai", name, 0, 0.0), _record("babaisai", "goto_win", 0, 0.0)]))
+    )
     assert name in console.file.getvalue()  # type: ignore[attr-defined]
 
 
@@ -905,7 +976,8 @@ async def test_babyai_graph_under_balrog_plays_the_naive_agents_prompt() -> None
 
     model = Recording(messages=iter(AIMessage(a) for a in answers))
     graph = load_graph_file(Path(__file__).resolve().parents[1] / "graphs" / "babyai.py").build(
-        model, task="goto", protocol="balrog", history_turns=16, max_tokens=8192)
+        model, task="goto", protocol="balrog", history_turns=16, max_tokens=8192
+    )
     state = await asyncio.wait_for(graph.ainvoke({"seed": 7}, {"recursion_limit": 400}), 60)
     assert state["info"]["success"] and state["steps"] == len(answers)
     first, second = prompts[0], prompts[1]

@@ -34,8 +34,9 @@ def game(tmp_path_factory) -> Path:
     pytest.importorskip("textworld")
     from verlog.envs.textworld.games import build_game
 
-    path, _ = build_game("coin_collector", {"level": 5, "only_last_action": True}, 0,
-                         tmp_path_factory.mktemp("tw-cache"))
+    path, _ = build_game(
+        "coin_collector", {"level": 5, "only_last_action": True}, 0, tmp_path_factory.mktemp("tw-cache")
+    )
     return path
 
 
@@ -43,8 +44,9 @@ def game(tmp_path_factory) -> Path:
 def layout(tmp_path_factory, game: Path) -> Path:
     """The BALROG-like folder; TextWorld's coin collector has a Glulx stand-in (rebuilt from its
     .json) then a Z-machine copy of the same game: BALROG lists .ulx files first."""
-    return write_balrog_layout(tmp_path_factory.mktemp("BALROG"),
-                               {"coin_collector": [(game, "level_5_a.ulx"), (game, "level_5_b.z8")]})
+    return write_balrog_layout(
+        tmp_path_factory.mktemp("BALROG"), {"coin_collector": [(game, "level_5_a.ulx"), (game, "level_5_b.z8")]}
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +101,8 @@ async def test_prompts_equal_the_layouts_texts_verbatim(layout: Path, family: st
     model = Recording(messages=iter(AIMessage(a) for a in answers))
     model.prompts = []
     graph = load_graph_file(ROOT / "graphs" / f"{graph_name}.py").build(
-        model, protocol="balrog", max_steps=2, balrog_source=str(layout), **settings)
+        model, protocol="balrog", max_steps=2, balrog_source=str(layout), **settings
+    )
     state = await asyncio.wait_for(graph.ainvoke({"seed": SEED}), 120)
     first, second = model.prompts
     assert first[0] == HumanMessage(_expected_instruction(family, settings))
@@ -177,8 +180,11 @@ def test_provenance_names_every_file_and_follows_their_content(tmp_path: Path, l
     assert provenance["path"] == str(layout.resolve())
     assert source.rule_files() == []  # the layout has only what verlog reads
     assert set(provenance["files"]) == {str(p) for p in source.text_files()} | {
-        "tw_games/coin_collector/level_5_a.ulx", "tw_games/coin_collector/level_5_a.json",
-        "tw_games/coin_collector/level_5_b.z8", "tw_games/coin_collector/level_5_b.json"}
+        "tw_games/coin_collector/level_5_a.ulx",
+        "tw_games/coin_collector/level_5_a.json",
+        "tw_games/coin_collector/level_5_b.z8",
+        "tw_games/coin_collector/level_5_b.json",
+    }
     assert provenance["textworld_games"] == {"coin_collector": 2} and len(provenance["sha256"]) == 64
     copy = write_balrog_layout(tmp_path / "copy")
     before = BalrogSource(copy).provenance()["sha256"]
@@ -195,8 +201,10 @@ def test_provenance_names_every_file_and_follows_their_content(tmp_path: Path, l
     (copy / "balrog/environments/nle/achievements.json").write_text('{"dlvl": [1, 2]}')
     (copy / "balrog/environments/nle/Tiles16x16.png").write_bytes(b"an image decides no text")
     source = BalrogSource(copy)
-    assert [str(p) for p in source.rule_files()] == ["balrog/environments/textworld/base.py",
-                                                      "balrog/environments/nle/achievements.json"]
+    assert [str(p) for p in source.rule_files()] == [
+        "balrog/environments/textworld/base.py",
+        "balrog/environments/nle/achievements.json",
+    ]
     assert set(source.rule_files()) <= {Path(name) for name in source.provenance()["files"]}
     assert source.provenance()["sha256"] != edited
     wrapper.write_text(wrapper.read_text() + "# changed\n")
@@ -209,14 +217,37 @@ def test_resuming_after_a_games_json_was_edited_is_refused_naming_it(tmp_path: P
     digest, and the same ``--out`` refuses the episodes played before, naming the file."""
     from verlog.cli import main
 
-    copy = write_balrog_layout(tmp_path / "BALROG", {"coin_collector": [(game, "level_5_a.ulx"), (game, "level_5_b.z8")]})
+    copy = write_balrog_layout(
+        tmp_path / "BALROG", {"coin_collector": [(game, "level_5_a.ulx"), (game, "level_5_b.z8")]}
+    )
     suite = tmp_path / "tw.yaml"
-    suite.write_text(yaml.safe_dump({"textworld": {
-        "config": str(ROOT / "configs" / "textworld.yaml"), "overrides": {"rollout.episode_timeout_s": None},
-        "graph_kwargs": {"protocol": "balrog", "history_turns": 16, "max_tokens": 8192, "max_steps": 80},
-        "tasks": [{"name": "coin_collector", "graph_kwargs": {"game": "coin_collector"}}]}}))
-    run = ["eval", "--suite", str(suite), "model.path=tiny", "--episodes", "1", "--no-chart", "--balrog", str(copy),
-           "--graph-kwargs", '{"max_steps": 1, "max_tokens": 4}', "--out", str(tmp_path / "out")]
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "textworld": {
+                    "config": str(ROOT / "configs" / "textworld.yaml"),
+                    "overrides": {"rollout.episode_timeout_s": None},
+                    "graph_kwargs": {"protocol": "balrog", "history_turns": 16, "max_tokens": 8192, "max_steps": 80},
+                    "tasks": [{"name": "coin_collector", "graph_kwargs": {"game": "coin_collector"}}],
+                }
+            }
+        )
+    )
+    run = [
+        "eval",
+        "--suite",
+        str(suite),
+        "model.path=tiny",
+        "--episodes",
+        "1",
+        "--no-chart",
+        "--balrog",
+        str(copy),
+        "--graph-kwargs",
+        '{"max_steps": 1, "max_tokens": 4}',
+        "--out",
+        str(tmp_path / "out"),
+    ]
     before = BalrogSource(copy).provenance()
     assert main(run) == 0
     assert json.loads((tmp_path / "out" / "balrog_source.json").read_text()) == before
@@ -229,8 +260,10 @@ def test_resuming_after_a_games_json_was_edited_is_refused_naming_it(tmp_path: P
     assert main(run) == 2
     said = capsys.readouterr()
     message = said.out + said.err
-    assert (f"played with other settings (the BALROG files at {copy.resolve()} changed since they were played: "
-            "tw_games/coin_collector/level_5_a.json;") in " ".join(message.split())
+    assert (
+        f"played with other settings (the BALROG files at {copy.resolve()} changed since they were played: "
+        "tw_games/coin_collector/level_5_a.json;"
+    ) in " ".join(message.split())
     assert "model, sampling or graph" not in message and "Traceback" not in message
     assert main([*run[:-1], str(tmp_path / "out"), "--fresh"]) == 0  # --fresh discards them, as the message says
     assert json.loads((tmp_path / "out" / "balrog_source.json").read_text())["sha256"] != before["sha256"]
@@ -257,15 +290,23 @@ def test_the_environment_variable_names_the_users_balrog(monkeypatch, layout: Pa
 
 def _mini_suite(tmp_path: Path) -> Path:
     suite = tmp_path / "mini.yaml"
-    suite.write_text(yaml.safe_dump({
-        "babyai": {"config": str(ROOT / "configs" / "babyai.yaml"),
-                   "overrides": {"rollout.episode_timeout_s": None},
-                   "graph_kwargs": {"protocol": "balrog", "history_turns": 16, "max_tokens": 8192, "max_steps": None},
-                   "tasks": [{"name": "goto", "graph_kwargs": {"task": "goto"}}]},
-        "crafter": {"config": str(ROOT / "configs" / "crafter.yaml"),
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "babyai": {
+                    "config": str(ROOT / "configs" / "babyai.yaml"),
                     "overrides": {"rollout.episode_timeout_s": None},
-                    "graph_kwargs": {"protocol": "balrog", "history_turns": 16, "max_tokens": 8192, "max_steps": 2000}},
-    }))
+                    "graph_kwargs": {"protocol": "balrog", "history_turns": 16, "max_tokens": 8192, "max_steps": None},
+                    "tasks": [{"name": "goto", "graph_kwargs": {"task": "goto"}}],
+                },
+                "crafter": {
+                    "config": str(ROOT / "configs" / "crafter.yaml"),
+                    "overrides": {"rollout.episode_timeout_s": None},
+                    "graph_kwargs": {"protocol": "balrog", "history_turns": 16, "max_tokens": 8192, "max_steps": 2000},
+                },
+            }
+        )
+    )
     return suite
 
 
@@ -273,8 +314,17 @@ def test_eval_records_the_wordings_source_in_the_summary(tmp_path: Path, layout:
     from verlog.cli import main
 
     suite = _mini_suite(tmp_path)
-    common = ["eval", "--suite", str(suite), "model.path=tiny", "--episodes", "1", "--no-chart",
-              "--graph-kwargs", '{"max_steps": 2, "max_tokens": 4}']
+    common = [
+        "eval",
+        "--suite",
+        str(suite),
+        "model.path=tiny",
+        "--episodes",
+        "1",
+        "--no-chart",
+        "--graph-kwargs",
+        '{"max_steps": 2, "max_tokens": 4}',
+    ]
     assert main([*common, "--balrog", str(layout), "--out", str(tmp_path / "balrog")]) == 0
     said = capsys.readouterr().out
     provenance = BalrogSource(layout).provenance()
@@ -292,7 +342,10 @@ def test_eval_records_the_wordings_source_in_the_summary(tmp_path: Path, layout:
     assert summary["balrog_wording"] == "verlog" and "balrog_source" not in summary
     # without --balrog the prompts are verlog's paraphrase: flagged like any other difference
     assert summary["not_the_suites_protocol"] == ["balrog_source", "max_steps", "max_tokens"]
-    assert "not the suite's protocol: balrog_source, max_steps, max_tokens differ from it (balrog_source: no --balrog" in said
+    assert (
+        "not the suite's protocol: balrog_source, max_steps, max_tokens differ from it (balrog_source: no --balrog"
+        in said
+    )
     assert "evaluation of tiny (not the suite's protocol)" in said  # the score table is marked
 
     assert main([*common, "--balrog", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
@@ -304,7 +357,14 @@ def test_play_shows_the_users_balrog_wording(layout: Path) -> None:
     from verlog.envs.play import play
 
     lines: list[str] = []
-    play("babyai:goto", seed=SEED, agent="bot", max_steps=3, print_fn=lines.append, protocol="balrog",
-         balrog_source=str(layout))
+    play(
+        "babyai:goto",
+        seed=SEED,
+        agent="bot",
+        max_steps=3,
+        print_fn=lines.append,
+        protocol="balrog",
+        balrog_source=str(layout),
+    )
     assert lines[0].endswith(_expected_instruction("babyai", {}))
     assert lines[1].endswith(f"\n\n{RULE}")

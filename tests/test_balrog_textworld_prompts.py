@@ -33,8 +33,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED = 1_000_000  # verlog eval's first seed; with one game per task every seed plays it
 #: verlog's task -> (BALROG's task folder, generator settings of the test's small game)
 GAMES = {
-    "cooking": ("the_cooking_game", {"recipe": 2, "take": 2, "go": 6, "open": True, "cook": True, "cut": True,
-                                     "drop": False, "split": "test", "recipe_seed": 0}),
+    "cooking": (
+        "the_cooking_game",
+        {
+            "recipe": 2,
+            "take": 2,
+            "go": 6,
+            "open": True,
+            "cook": True,
+            "cut": True,
+            "drop": False,
+            "split": "test",
+            "recipe_seed": 0,
+        },
+    ),
     "coin_collector": ("coin_collector", {"level": 5, "only_last_action": True}),
     "treasure_hunter": ("treasure_hunter", {"level": 5, "only_last_action": True}),
 }
@@ -112,8 +124,10 @@ def balrogs_prompts(game: Path, instruction: str, answers: list[str], max_steps:
 
 
 def _pairs(messages) -> list[tuple[str, str]]:
-    return [("user" if isinstance(m, HumanMessage) else "assistant" if isinstance(m, AIMessage) else m.type, m.content)
-            for m in messages]
+    return [
+        ("user" if isinstance(m, HumanMessage) else "assistant" if isinstance(m, AIMessage) else m.type, m.content)
+        for m in messages
+    ]
 
 
 @pytest.mark.parametrize("family", list(GAMES))
@@ -126,7 +140,8 @@ def test_textworld_prompts_are_balrogs_for_its_zmachine_games(layout: Path, fami
     model = Recording(messages=iter(AIMessage(a) for a in answers))
     model.prompts = []
     graph = load_graph_file(ROOT / "graphs" / "textworld.py").build(
-        model, game=family, protocol="balrog", max_steps=max_steps, balrog_source=str(layout))
+        model, game=family, protocol="balrog", max_steps=max_steps, balrog_source=str(layout)
+    )
     state = asyncio.run(asyncio.wait_for(graph.ainvoke({"seed": SEED}), 300))
     assert state["info"]["game_file"] == game.name and state["info"]["won"]
 
@@ -138,5 +153,6 @@ def test_textworld_prompts_are_balrogs_for_its_zmachine_games(layout: Path, fami
     first = next((i for i, (a, b) in enumerate(zip(ours, expected)) if a != b), None)
     assert identical == len(expected), (first, ours[first], expected[first])
     # the Z-machine status line is part of what BALROG's model reads after every command
-    assert all(m[-1][1].split("\n\n" + RULE)[0].rstrip().splitlines()[-1].lstrip().startswith(">")
-               for m in expected[1:])
+    assert all(
+        m[-1][1].split("\n\n" + RULE)[0].rstrip().splitlines()[-1].lstrip().startswith(">") for m in expected[1:]
+    )

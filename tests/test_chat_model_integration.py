@@ -85,8 +85,7 @@ class TestVerlogChatModelIntegrationSmolLM2(integration.ChatModelIntegrationTest
     @property
     def chat_model_params(self) -> dict:
         engine, tokenizer = _engine("smollm2")
-        return {"engine": engine, "tokenizer": tokenizer, "model_name": "smollm2", "max_tokens": 256,
-                "temperature": 0}
+        return {"engine": engine, "tokenizer": tokenizer, "model_name": "smollm2", "max_tokens": 256, "temperature": 0}
 
     @property
     def supports_json_mode(self) -> bool:

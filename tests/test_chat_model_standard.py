@@ -46,8 +46,10 @@ async def test_structured_output_through_a_forced_tool_call():
     assert raw.tool_calls[0]["args"] == {"value": 42}
     meta = raw.response_metadata
     prefix_ids = _TOKENIZER('<tool_call>\n{"name": "Answer", "arguments": ', add_special_tokens=False)["input_ids"]
-    assert meta["prompt_ids"][-len(prefix_ids):] == prefix_ids  # forced tokens: prompt, not response
-    assert meta["response_ids"][:-1] == _TOKENIZER('{"value": 42}}\n</tool_call>', add_special_tokens=False)["input_ids"]
+    assert meta["prompt_ids"][-len(prefix_ids) :] == prefix_ids  # forced tokens: prompt, not response
+    assert (
+        meta["response_ids"][:-1] == _TOKENIZER('{"value": 42}}\n</tool_call>', add_special_tokens=False)["input_ids"]
+    )
     assert len(meta["logprobs"]) == len(meta["response_ids"])
 
 
@@ -67,8 +69,12 @@ def test_tool_call_content_blocks_render_as_calls():
 
     model = VerlogChatModel(engine=ScriptedEngine(_TOKENIZER, ["ok"]), tokenizer=_TOKENIZER)
     call = {"name": "Answer", "args": {"value": 3}, "id": "abc", "type": "tool_call"}
-    as_blocks = AIMessage([{"type": "text", "text": "let me see"},
-                           {"type": "tool_use", "id": "abc", "name": "Answer", "input": {"value": 3}}])
+    as_blocks = AIMessage(
+        [
+            {"type": "text", "text": "let me see"},
+            {"type": "tool_use", "id": "abc", "name": "Answer", "input": {"value": 3}},
+        ]
+    )
     as_calls = AIMessage("let me see", tool_calls=[call])
     rest = [ToolMessage("3", tool_call_id="abc")]
     rendered = model.render_prompt_ids([HumanMessage("?"), as_blocks, *rest])

@@ -66,7 +66,9 @@ async def test_tool_calls_come_whole_in_the_last_chunk(tiny_tokenizer):
     streamed = joined([c async for c in bound.astream(MESSAGES)])
     assert streamed.content == whole.content == "Let me see."
     assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [("calculate", {"expression": "2+2"})]
-    assert [c["id"] for c in streamed.tool_calls] == [c["id"] for c in whole.tool_calls] or len(streamed.tool_calls) == 1
+    assert [c["id"] for c in streamed.tool_calls] == [c["id"] for c in whole.tool_calls] or len(
+        streamed.tool_calls
+    ) == 1
 
 
 async def test_a_streamed_call_in_a_graph_is_recorded_exactly(engine, tiny_tokenizer):

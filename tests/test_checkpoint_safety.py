@@ -49,8 +49,14 @@ def _trained(steps: int = 3, seed: int = 0) -> tuple[torch.nn.Module, dict[str, 
 
 def _save(run_dir, optimizers, rng=None, update=1):
     return ckpt.save_checkpoint(
-        run_dir, update, save_actor=lambda d: (d / "actor").mkdir(), critic=None,
-        optimizers=optimizers, rng=rng if rng is not None else ckpt.get_rng_state(), state={"runner": {}}, keep=2,
+        run_dir,
+        update,
+        save_actor=lambda d: (d / "actor").mkdir(),
+        critic=None,
+        optimizers=optimizers,
+        rng=rng if rng is not None else ckpt.get_rng_state(),
+        state={"runner": {}},
+        keep=2,
     )
 
 
@@ -77,8 +83,13 @@ def test_optimizer_state_round_trips_exactly(tmp_path):
     models, optimizers = _trained()
     saved = _save(tmp_path, optimizers)
     assert not list(saved.glob("*.pt"))  # no pickle written
-    assert {p.name for p in saved.iterdir()} >= {"optimizers.json", "optimizers.safetensors", "rng.json",
-                                                  "rng.safetensors", "state.json"}
+    assert {p.name for p in saved.iterdir()} >= {
+        "optimizers.json",
+        "optimizers.safetensors",
+        "rng.json",
+        "rng.safetensors",
+        "state.json",
+    }
 
     fresh_models, fresh = _trained(steps=0, seed=1)
     fresh_models.load_state_dict(models.state_dict())
@@ -106,14 +117,26 @@ def test_rng_states_round_trip_exactly(tmp_path):
     random.gauss(0, 1), np.random.randn()  # python and numpy hold a cached gaussian now
     rng = ckpt.get_rng_state({"engine": g})
     saved = _save(tmp_path, {}, rng=rng)
-    draws = (random.random(), random.gauss(0, 1), np.random.rand(3), np.random.randn(), torch.rand(3),
-             torch.rand(3, generator=g))
+    draws = (
+        random.random(),
+        random.gauss(0, 1),
+        np.random.rand(3),
+        np.random.randn(),
+        torch.rand(3),
+        torch.rand(3, generator=g),
+    )
 
     loaded = ckpt.load_rng(saved)
     _assert_same(rng, loaded)  # the very same values and types (tuples stay tuples)
     ckpt.set_rng_state(loaded, {"engine": g})
-    again = (random.random(), random.gauss(0, 1), np.random.rand(3), np.random.randn(), torch.rand(3),
-             torch.rand(3, generator=g))
+    again = (
+        random.random(),
+        random.gauss(0, 1),
+        np.random.rand(3),
+        np.random.randn(),
+        torch.rand(3),
+        torch.rand(3, generator=g),
+    )
     assert draws[0] == again[0] and draws[1] == again[1] and draws[3] == again[3]
     assert np.array_equal(draws[2], again[2])
     assert torch.equal(draws[4], again[4]) and torch.equal(draws[5], again[5])
@@ -190,10 +213,20 @@ def test_resuming_from_a_pickled_checkpoint_is_one_error_line(tmp_path, capsys):
     from verlog.models import toy_model_dir
 
     run_dir, marker = tmp_path / "run", tmp_path / "marker"
-    args = ["train", str(ROOT / "configs" / "cue_corridor.yaml"), f"model.path={toy_model_dir()}",
-            f"trainer.run_dir={run_dir}", "wandb.mode=disabled", "trainer.total_updates=1", "trainer.num_envs=2",
-            "trainer.turns_per_env=2", "critic_warmup.buffer_multiplier=0", "eval.at_start=false",
-            "eval.at_end=false", "algorithm.mini_batch_turns=4"]
+    args = [
+        "train",
+        str(ROOT / "configs" / "cue_corridor.yaml"),
+        f"model.path={toy_model_dir()}",
+        f"trainer.run_dir={run_dir}",
+        "wandb.mode=disabled",
+        "trainer.total_updates=1",
+        "trainer.num_envs=2",
+        "trainer.turns_per_env=2",
+        "critic_warmup.buffer_multiplier=0",
+        "eval.at_start=false",
+        "eval.at_end=false",
+        "algorithm.mini_batch_turns=4",
+    ]
     assert main(args) == 0
     saved = ckpt.latest_checkpoint(run_dir)
     for name in ("optimizers.json", "optimizers.safetensors"):

@@ -37,8 +37,14 @@ SERVING = ("serve-model", "eval")
 #: tamperings only this run's models can tell (the critic's and adapters' shapes against the
 #: base model, the slots' counters): a resume finds them once the checkpoint is known to be the
 #: run's and its config.yaml has been written again
-FOUND_AT_LOAD = {"slot counters of another run", "critic of another shape", "adapters missing a tensor",
-                 "adapters of another rank", "weights all NaN", "adapters all NaN"}
+FOUND_AT_LOAD = {
+    "slot counters of another run",
+    "critic of another shape",
+    "adapters missing a tensor",
+    "adapters of another rank",
+    "weights all NaN",
+    "adapters all NaN",
+}
 
 
 class _Payload:
@@ -54,10 +60,21 @@ class _Payload:
 def _overrides(run_dir: Path, *extra: str) -> list[str]:
     from verlog.models import toy_model_dir
 
-    return [f"model.path={toy_model_dir()}", f"trainer.run_dir={run_dir}", "wandb.mode=disabled",
-            "trainer.total_updates=1", "trainer.num_envs=2", "trainer.turns_per_env=2", "trainer.save_every=1",
-            "critic_warmup.buffer_multiplier=0", "eval.at_start=false", "eval.at_end=false",
-            "algorithm.mini_batch_turns=4", "eval.episodes=1", *extra]
+    return [
+        f"model.path={toy_model_dir()}",
+        f"trainer.run_dir={run_dir}",
+        "wandb.mode=disabled",
+        "trainer.total_updates=1",
+        "trainer.num_envs=2",
+        "trainer.turns_per_env=2",
+        "trainer.save_every=1",
+        "critic_warmup.buffer_multiplier=0",
+        "eval.at_start=false",
+        "eval.at_end=false",
+        "algorithm.mini_batch_turns=4",
+        "eval.episodes=1",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -114,85 +131,255 @@ def _write(name: str, text: str) -> Callable[[Path, Path, Path], None]:
 
 #: (name, run kind, loaders that read the tampered part, the file the error must name, tampering(run, checkpoint, marker))
 TAMPERINGS: list[tuple[str, str, tuple[str, ...], str, Callable[[Path, Path, Path], None]]] = [
-    ("weights without tensors", "full", LOADERS, "model.safetensors",
-     lambda run, c, m: save_file({}, _weights(c))),
-    ("weights missing a tensor", "full", LOADERS, "model.safetensors",
-     lambda run, c, m: _edit_tensors(_weights(c), _drop_one)),
-    ("weights with an extra tensor", "full", LOADERS, "model.safetensors",
-     lambda run, c, m: _edit_tensors(_weights(c), lambda t: {**t, "model.backdoor.weight": torch.zeros(2)})),
-    ("a tensor of another shape", "full", LOADERS, "model.safetensors",
-     lambda run, c, m: _edit_tensors(_weights(c), lambda t: {k: (v[:-1] if k == "model.norm.weight" else v)
-                                                           for k, v in t.items()})),
-    ("weights that are a pickle", "full", LOADERS, "model.safetensors",
-     lambda run, c, m: _pickle_to(_weights(c), m)),
-    ("pickled weights instead", "full", LOADERS, "pytorch_model.bin",
-     lambda run, c, m: (_weights(c).unlink(), _pickle_to(c / "actor" / "pytorch_model.bin", m))),
-    ("truncated weights", "full", LOADERS, "model.safetensors",
-     lambda run, c, m: _weights(c).write_bytes(_weights(c).read_bytes()[:1000])),
+    ("weights without tensors", "full", LOADERS, "model.safetensors", lambda run, c, m: save_file({}, _weights(c))),
+    (
+        "weights missing a tensor",
+        "full",
+        LOADERS,
+        "model.safetensors",
+        lambda run, c, m: _edit_tensors(_weights(c), _drop_one),
+    ),
+    (
+        "weights with an extra tensor",
+        "full",
+        LOADERS,
+        "model.safetensors",
+        lambda run, c, m: _edit_tensors(_weights(c), lambda t: {**t, "model.backdoor.weight": torch.zeros(2)}),
+    ),
+    (
+        "a tensor of another shape",
+        "full",
+        LOADERS,
+        "model.safetensors",
+        lambda run, c, m: _edit_tensors(
+            _weights(c), lambda t: {k: (v[:-1] if k == "model.norm.weight" else v) for k, v in t.items()}
+        ),
+    ),
+    ("weights that are a pickle", "full", LOADERS, "model.safetensors", lambda run, c, m: _pickle_to(_weights(c), m)),
+    (
+        "pickled weights instead",
+        "full",
+        LOADERS,
+        "pytorch_model.bin",
+        lambda run, c, m: (_weights(c).unlink(), _pickle_to(c / "actor" / "pytorch_model.bin", m)),
+    ),
+    (
+        "truncated weights",
+        "full",
+        LOADERS,
+        "model.safetensors",
+        lambda run, c, m: _weights(c).write_bytes(_weights(c).read_bytes()[:1000]),
+    ),
     ("config nested 100k deep", "full", LOADERS, "config.json", _write("actor/config.json", _nested(100_000))),
     ("config not JSON", "full", LOADERS, "config.json", _write("actor/config.json", "{not json")),
-    ("config over the size limit", "full", LOADERS, "config.json",
-     _write("actor/config.json", json.dumps({"model_type": "qwen2", "pad": "x" * (17 << 20)}))),
-    ("config asking for remote code", "full", LOADERS, "config.json",
-     _write("actor/config.json", json.dumps({"model_type": "evil", "auto_map": {"AutoConfig": "evil.Config"}}))),
-    ("tokenizer linked to /dev/zero", "full", LOADERS, "tokenizer.json",
-     lambda run, c, m: ((c / "actor" / "tokenizer.json").unlink(), os.symlink("/dev/zero", c / "actor" / "tokenizer.json"))),
-    ("tokenizer config a pipe", "full", LOADERS, "tokenizer_config.json",
-     lambda run, c, m: ((c / "actor" / "tokenizer_config.json").unlink(), os.mkfifo(c / "actor" / "tokenizer_config.json"))),
+    (
+        "config over the size limit",
+        "full",
+        LOADERS,
+        "config.json",
+        _write("actor/config.json", json.dumps({"model_type": "qwen2", "pad": "x" * (17 << 20)})),
+    ),
+    (
+        "config asking for remote code",
+        "full",
+        LOADERS,
+        "config.json",
+        _write("actor/config.json", json.dumps({"model_type": "evil", "auto_map": {"AutoConfig": "evil.Config"}})),
+    ),
+    (
+        "tokenizer linked to /dev/zero",
+        "full",
+        LOADERS,
+        "tokenizer.json",
+        lambda run, c, m: (
+            (c / "actor" / "tokenizer.json").unlink(),
+            os.symlink("/dev/zero", c / "actor" / "tokenizer.json"),
+        ),
+    ),
+    (
+        "tokenizer config a pipe",
+        "full",
+        LOADERS,
+        "tokenizer_config.json",
+        lambda run, c, m: (
+            (c / "actor" / "tokenizer_config.json").unlink(),
+            os.mkfifo(c / "actor" / "tokenizer_config.json"),
+        ),
+    ),
     ("tokenizer not a tokenizer", "full", SERVING, "tokenizer.json", _write("actor/tokenizer.json", '{"version": 7}')),
-    ("chat template that does not parse", "full", SERVING, "chat_template.jinja",
-     _write("actor/chat_template.jinja", "{% if messages %}{{ messages[0]")),
-    ("chat template that raises", "full", SERVING, "chat_template.jinja",
-     _write("actor/chat_template.jinja", "{{ raise_exception('no') }}")),
-    ("weights linked to another model outside", "full", LOADERS, "model.safetensors",
-     lambda run, c, m: _link_out(c, "actor/model.safetensors")),
-    ("actor folder linked outside", "full", LOADERS, "actor",
-     lambda run, c, m: _link_out(c, "actor")),
-    ("checkpoint folder linked outside", "full", LOADERS, "update_000001",
-     lambda run, c, m: _link_out(c.parent, "update_000001")),
-    ("latest naming an absolute path outside", "full", LOADERS, "latest",
-     lambda run, c, m: (c.parent / "latest").write_text(str(_outside_copy(c.parent, "update_000001")))),
-    ("latest naming a path up and out", "full", LOADERS, "latest",
-     lambda run, c, m: (c.parent / "latest").write_text("../../elsewhere")),
-    ("latest naming a missing checkpoint", "full", LOADERS, "update_000009",
-     lambda run, c, m: (c.parent / "latest").write_text("update_000009")),
+    (
+        "chat template that does not parse",
+        "full",
+        SERVING,
+        "chat_template.jinja",
+        _write("actor/chat_template.jinja", "{% if messages %}{{ messages[0]"),
+    ),
+    (
+        "chat template that raises",
+        "full",
+        SERVING,
+        "chat_template.jinja",
+        _write("actor/chat_template.jinja", "{{ raise_exception('no') }}"),
+    ),
+    (
+        "weights linked to another model outside",
+        "full",
+        LOADERS,
+        "model.safetensors",
+        lambda run, c, m: _link_out(c, "actor/model.safetensors"),
+    ),
+    ("actor folder linked outside", "full", LOADERS, "actor", lambda run, c, m: _link_out(c, "actor")),
+    (
+        "checkpoint folder linked outside",
+        "full",
+        LOADERS,
+        "update_000001",
+        lambda run, c, m: _link_out(c.parent, "update_000001"),
+    ),
+    (
+        "latest naming an absolute path outside",
+        "full",
+        LOADERS,
+        "latest",
+        lambda run, c, m: (c.parent / "latest").write_text(str(_outside_copy(c.parent, "update_000001"))),
+    ),
+    (
+        "latest naming a path up and out",
+        "full",
+        LOADERS,
+        "latest",
+        lambda run, c, m: (c.parent / "latest").write_text("../../elsewhere"),
+    ),
+    (
+        "latest naming a missing checkpoint",
+        "full",
+        LOADERS,
+        "update_000009",
+        lambda run, c, m: (c.parent / "latest").write_text("update_000009"),
+    ),
     ("state.json missing", "full", LOADERS, "state.json", lambda run, c, m: (c / "state.json").unlink()),
     ("state.json not JSON", "full", LOADERS, "state.json", _write("state.json", "\xff\xfe garbage")),
     ("state.json nested 100k deep", "full", LOADERS, "state.json", _write("state.json", _nested(100_000))),
-    ("state.json of another update", "full", LOADERS, "state.json",
-     lambda run, c, m: (c / "state.json").write_text(json.dumps({**json.loads((c / "state.json").read_text()),
-                                                                  "update": 7}))),
-    ("optimizers pickled", "full", LOADERS, "optimizers.pt",
-     lambda run, c, m: ((c / "optimizers.json").unlink(), (c / "optimizers.safetensors").unlink(),
-                        _pickle_to(c / "optimizers.pt", m))),
-    ("critic linked outside", "full", LOADERS, "critic.safetensors",
-     lambda run, c, m: _link_out(c, "critic.safetensors")),
-    ("slot counters of another run", "full", ("resume",), "state.json",
-     lambda run, c, m: (c / "state.json").write_text(json.dumps({"update": 1, "warmup_done": True, "runner": [5]}))),
+    (
+        "state.json of another update",
+        "full",
+        LOADERS,
+        "state.json",
+        lambda run, c, m: (c / "state.json").write_text(
+            json.dumps({**json.loads((c / "state.json").read_text()), "update": 7})
+        ),
+    ),
+    (
+        "optimizers pickled",
+        "full",
+        LOADERS,
+        "optimizers.pt",
+        lambda run, c, m: (
+            (c / "optimizers.json").unlink(),
+            (c / "optimizers.safetensors").unlink(),
+            _pickle_to(c / "optimizers.pt", m),
+        ),
+    ),
+    (
+        "critic linked outside",
+        "full",
+        LOADERS,
+        "critic.safetensors",
+        lambda run, c, m: _link_out(c, "critic.safetensors"),
+    ),
+    (
+        "slot counters of another run",
+        "full",
+        ("resume",),
+        "state.json",
+        lambda run, c, m: (c / "state.json").write_text(json.dumps({"update": 1, "warmup_done": True, "runner": [5]})),
+    ),
     ("RNG states nested 100k deep", "full", ("resume",), "rng.json", _write("rng.json", _nested(100_000))),
-    ("RNG states of the wrong kind", "full", ("resume",), "rng.json",
-     lambda run, c, m: (c / "rng.json").write_text(json.dumps({"format": "verlog-checkpoint", "version": 1,
-                                                                "part": "rng", "tree": {"torch": [1], "python": 2,
-                                                                                        "numpy": 3, "generators": {}}}))),
-    ("critic of another shape", "full", ("resume",), "critic.safetensors",
-     lambda run, c, m: _edit_tensors(c / "critic.safetensors", _drop_one)),
-    ("adapters missing a tensor", "lora", LOADERS, "adapter_model.safetensors",
-     lambda run, c, m: _edit_tensors(c / "actor_adapter" / "adapter_model.safetensors", _drop_one)),
-    ("adapters that are a pickle", "lora", LOADERS, "adapter_model.safetensors",
-     lambda run, c, m: _pickle_to(c / "actor_adapter" / "adapter_model.safetensors", m)),
-    ("pickled adapters instead", "lora", LOADERS, "adapter_model.bin",
-     lambda run, c, m: ((c / "actor_adapter" / "adapter_model.safetensors").unlink(),
-                        _pickle_to(c / "actor_adapter" / "adapter_model.bin", m))),
-    ("adapters of another rank", "lora", LOADERS, "adapter_model.safetensors",
-     lambda run, c, m: _edit_tensors(c / "actor_adapter" / "adapter_model.safetensors",
-                                     lambda t: {k: torch.cat([v, v], dim=0 if "lora_A" in k else 1) for k, v in t.items()})),
-    ("weights all NaN", "full", LOADERS, "holds NaN",
-     lambda run, c, m: _edit_tensors(_weights(c), lambda t: {k: torch.full_like(v, float("nan")) for k, v in t.items()})),
-    ("adapters all NaN", "lora", LOADERS, "holds NaN",
-     lambda run, c, m: _edit_tensors(c / "actor_adapter" / "adapter_model.safetensors",
-                                     lambda t: {k: torch.full_like(v, float("nan")) for k, v in t.items()})),
-    ("adapter settings of another method", "lora", LOADERS, "adapter_config.json",
-     lambda run, c, m: (c / "actor_adapter" / "adapter_config.json").write_text(json.dumps({"peft_type": "PROMPT_TUNING"}))),
+    (
+        "RNG states of the wrong kind",
+        "full",
+        ("resume",),
+        "rng.json",
+        lambda run, c, m: (c / "rng.json").write_text(
+            json.dumps(
+                {
+                    "format": "verlog-checkpoint",
+                    "version": 1,
+                    "part": "rng",
+                    "tree": {"torch": [1], "python": 2, "numpy": 3, "generators": {}},
+                }
+            )
+        ),
+    ),
+    (
+        "critic of another shape",
+        "full",
+        ("resume",),
+        "critic.safetensors",
+        lambda run, c, m: _edit_tensors(c / "critic.safetensors", _drop_one),
+    ),
+    (
+        "adapters missing a tensor",
+        "lora",
+        LOADERS,
+        "adapter_model.safetensors",
+        lambda run, c, m: _edit_tensors(c / "actor_adapter" / "adapter_model.safetensors", _drop_one),
+    ),
+    (
+        "adapters that are a pickle",
+        "lora",
+        LOADERS,
+        "adapter_model.safetensors",
+        lambda run, c, m: _pickle_to(c / "actor_adapter" / "adapter_model.safetensors", m),
+    ),
+    (
+        "pickled adapters instead",
+        "lora",
+        LOADERS,
+        "adapter_model.bin",
+        lambda run, c, m: (
+            (c / "actor_adapter" / "adapter_model.safetensors").unlink(),
+            _pickle_to(c / "actor_adapter" / "adapter_model.bin", m),
+        ),
+    ),
+    (
+        "adapters of another rank",
+        "lora",
+        LOADERS,
+        "adapter_model.safetensors",
+        lambda run, c, m: _edit_tensors(
+            c / "actor_adapter" / "adapter_model.safetensors",
+            lambda t: {k: torch.cat([v, v], dim=0 if "lora_A" in k else 1) for k, v in t.items()},
+        ),
+    ),
+    (
+        "weights all NaN",
+        "full",
+        LOADERS,
+        "holds NaN",
+        lambda run, c, m: _edit_tensors(
+            _weights(c), lambda t: {k: torch.full_like(v, float("nan")) for k, v in t.items()}
+        ),
+    ),
+    (
+        "adapters all NaN",
+        "lora",
+        LOADERS,
+        "holds NaN",
+        lambda run, c, m: _edit_tensors(
+            c / "actor_adapter" / "adapter_model.safetensors",
+            lambda t: {k: torch.full_like(v, float("nan")) for k, v in t.items()},
+        ),
+    ),
+    (
+        "adapter settings of another method",
+        "lora",
+        LOADERS,
+        "adapter_config.json",
+        lambda run, c, m: (c / "actor_adapter" / "adapter_config.json").write_text(
+            json.dumps({"peft_type": "PROMPT_TUNING"})
+        ),
+    ),
 ]
 
 
@@ -221,8 +408,20 @@ def _run_loader(loader: str, run_dir: Path, kind: str, monkeypatch) -> int:
         assert code != 0 or served, "serve-model returned 0 without serving"
         return code
     if loader == "eval":
-        return main(["eval", CONFIG, *_overrides(run_dir, *extra), "--checkpoint", str(run_dir), "--episodes", "1",
-                     "--no-chart", "--out", str(run_dir.parent / f"eval-out-{kind}")])
+        return main(
+            [
+                "eval",
+                CONFIG,
+                *_overrides(run_dir, *extra),
+                "--checkpoint",
+                str(run_dir),
+                "--episodes",
+                "1",
+                "--no-chart",
+                "--out",
+                str(run_dir.parent / f"eval-out-{kind}"),
+            ]
+        )
     return main(["train", CONFIG, *_overrides(run_dir, *extra), "trainer.total_updates=2", "--resume"])
 
 
@@ -243,8 +442,9 @@ def test_an_untampered_run_loads_in_every_loader(runs, tmp_path, loader, monkeyp
 
 
 @pytest.mark.parametrize("what,kind,readers,names,tamper", TAMPERINGS, ids=[t[0] for t in TAMPERINGS])
-def test_a_tampered_checkpoint_is_refused_in_one_line(runs, tmp_path, what, kind, readers, names, tamper,
-                                                      monkeypatch, capsys):
+def test_a_tampered_checkpoint_is_refused_in_one_line(
+    runs, tmp_path, what, kind, readers, names, tamper, monkeypatch, capsys
+):
     root = tmp_path / "root"
     run_dir = root / "runs" / kind
     shutil.copytree(runs[kind], run_dir)
@@ -260,8 +460,9 @@ def test_a_tampered_checkpoint_is_refused_in_one_line(runs, tmp_path, what, kind
         assert not marker.exists(), f"{loader}: the pickle payload ran"
         after = _snapshot(root)
         rewritten = {f"runs/{kind}/config.yaml"} if loader == "resume" and what in FOUND_AT_LOAD else set()
-        assert {k: v for k, v in after.items() if k in before and k not in rewritten} == \
-            {k: v for k, v in before.items() if k not in rewritten}, f"{loader} changed the run's files"
+        assert {k: v for k, v in after.items() if k in before and k not in rewritten} == {
+            k: v for k, v in before.items() if k not in rewritten
+        }, f"{loader} changed the run's files"
         new = {k for k in set(after) - set(before) if not k.startswith("runs/eval-out-")}
         assert not new, (loader, new)
 
@@ -284,7 +485,19 @@ def test_a_linked_actor_named_by_its_own_path_is_refused_too(runs, tmp_path, loa
     if loader == "serve-model":
         code = serve_commands.main(["serve-model", actor, "--device", "cpu"])
     else:
-        code = main(["eval", CONFIG, *_overrides(run_dir), "--checkpoint", actor, "--episodes", "1", "--no-chart",
-                     "--out", str(tmp_path / "eval-out")])
+        code = main(
+            [
+                "eval",
+                CONFIG,
+                *_overrides(run_dir),
+                "--checkpoint",
+                actor,
+                "--episodes",
+                "1",
+                "--no-chart",
+                "--out",
+                str(tmp_path / "eval-out"),
+            ]
+        )
     line = _one_error_line(capsys)
     assert code == 2 and not served and "is a symbolic link" in line and "actor" in line, line

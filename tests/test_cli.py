@@ -12,16 +12,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def verlog(*args: str, stdin: str = "", cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "verlog.cli", *args], input=stdin, capture_output=True, text=True,
-        cwd=cwd, timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+        [sys.executable, "-m", "verlog.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
     )
 
 
 def test_rollout_prints_turns_and_writes_json(tmp_path):
     out = tmp_path / "turns.json"
-    result = verlog("rollout", "configs/guess_number.yaml", "rollout.episodes=2",
-                    "multi_turn.langgraph.graph_kwargs.max_tokens=8",
-                    "--json", str(out))
+    result = verlog(
+        "rollout",
+        "configs/guess_number.yaml",
+        "rollout.episodes=2",
+        "multi_turn.langgraph.graph_kwargs.max_tokens=8",
+        "--json",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr + result.stdout
     assert "rollout summary" in result.stdout and "turn 0 node=policy" in result.stdout
     episodes = json.loads(out.read_text())
@@ -68,7 +78,12 @@ def test_play_random_agent_and_clear_errors():
 
 def test_examples_run():
     for script in ("examples/programmatic_rollout.py", "examples/sglang_protocol.py"):
-        result = subprocess.run([sys.executable, script, *(["--episodes", "2"] if "programmatic" in script else [])],
-                                capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = subprocess.run(
+            [sys.executable, script, *(["--episodes", "2"] if "programmatic" in script else [])],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr
         assert ": ok," in result.stdout, result.stdout

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "cue_corridor.yaml")
 
 #: a graph file whose build_graph, make_input and node are fine unless told otherwise
-GRAPH = '''
+GRAPH = """
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
@@ -44,7 +44,7 @@ def build_graph(model, **graph_kwargs):
     graph.add_edge(START, "policy")
     graph.add_edge("policy", END)
     return graph.compile()
-'''
+"""
 
 
 def graph_file(tmp_path: Path, *, build: str = "pass", node: str = "pass", make_input: bool = True) -> Path:
@@ -62,10 +62,19 @@ def command(kind: str, tmp_path: Path, *overrides: str) -> list[str]:
 
     common = [CONFIG, f"model.path={toy_model_dir()}", "multi_turn.langgraph.graph_kwargs={}", *overrides]
     if kind == "train":
-        return ["train", *common, f"trainer.run_dir={tmp_path / 'run'}", "wandb.mode=disabled",
-                "trainer.total_updates=1", "trainer.num_envs=2", "trainer.turns_per_env=2",
-                "critic_warmup.buffer_multiplier=0", "eval.at_start=false", "eval.at_end=false",
-                "algorithm.mini_batch_turns=4"]
+        return [
+            "train",
+            *common,
+            f"trainer.run_dir={tmp_path / 'run'}",
+            "wandb.mode=disabled",
+            "trainer.total_updates=1",
+            "trainer.num_envs=2",
+            "trainer.turns_per_env=2",
+            "critic_warmup.buffer_multiplier=0",
+            "eval.at_start=false",
+            "eval.at_end=false",
+            "algorithm.mini_batch_turns=4",
+        ]
     if kind == "rollout":
         return ["rollout", *common, "--episodes", "2"]
     return ["eval", *common, "--episodes", "2", "--out", str(tmp_path / "eval"), "--no-chart"]
@@ -102,12 +111,15 @@ def test_graph_file_without_make_input(kind, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("kind", COMMANDS)
-@pytest.mark.parametrize("key, value, says", [
-    ("multi_turn.langgraph.graph_kwargs", "[4, 10]", "must be a mapping of keyword arguments of build_graph"),
-    ("multi_turn.langgraph.graph_kwargs", "{1: 2}", "keys must be argument names"),
-    ("eval.tasks", "[{name: a, graph_kwargs: [1]}]", "must be a mapping of keyword arguments of build_graph"),
-    ("multi_turn.chat_template_kwargs", "[enable_thinking]", "must be a mapping of keyword arguments of the chat"),
-])
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("multi_turn.langgraph.graph_kwargs", "[4, 10]", "must be a mapping of keyword arguments of build_graph"),
+        ("multi_turn.langgraph.graph_kwargs", "{1: 2}", "keys must be argument names"),
+        ("eval.tasks", "[{name: a, graph_kwargs: [1]}]", "must be a mapping of keyword arguments of build_graph"),
+        ("multi_turn.chat_template_kwargs", "[enable_thinking]", "must be a mapping of keyword arguments of the chat"),
+    ],
+)
 def test_kwargs_of_the_wrong_type(kind, key, value, says, tmp_path, capsys):
     assert main([*command(kind, tmp_path), f"{key}={value}"]) == 2
     line = one_error_line(capsys)
@@ -157,10 +169,14 @@ def test_overrides_may_follow_options(tmp_path, capsys):
 @pytest.mark.parametrize("split", ["test", "validation"])
 def test_eval_split_on_a_config_without_data_is_one_error_line(split, tmp_path, capsys):
     """The seed-made episodes of cue_corridor have no splits: --split is a mistake, not seeds played quietly."""
-    assert main(["eval", CONFIG, "--split", split, "--episodes", "2", "--out", str(tmp_path / "eval"), "--no-chart"]) == 2
+    assert (
+        main(["eval", CONFIG, "--split", split, "--episodes", "2", "--out", str(tmp_path / "eval"), "--no-chart"]) == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: --split {split}: {CONFIG} has no data rows to split (its episodes come from "
-                   "make_input(seed)); drop --split, or add a data section with the split's file"]
+    assert err == [
+        f"error: --split {split}: {CONFIG} has no data rows to split (its episodes come from "
+        "make_input(seed)); drop --split, or add a data section with the split's file"
+    ]
     assert not (tmp_path / "eval").exists()
 
 

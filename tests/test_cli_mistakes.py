@@ -20,6 +20,7 @@ from verlog.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def neighbour_graph(folder: Path, *, raise_in_input: bool = False) -> Path:
     """``test_cli_errors``' graph file, put in ``folder`` (not a ``graphs/`` folder) and importing
     its prompt from ``prompts_beside.py`` beside it; its ``make_input`` raises if told to."""
@@ -28,7 +29,9 @@ def neighbour_graph(folder: Path, *, raise_in_input: bool = False) -> Path:
     text = "from prompts_beside import PROMPT\n" + GRAPH.format(build="pass", node="pass")
     text = text.replace('model.ainvoke("Say yes.")', "model.ainvoke(PROMPT)")
     if raise_in_input:
-        text = text.replace("def make_input(seed):\n", 'def make_input(seed):\n    raise RuntimeError("no task for this seed")\n')
+        text = text.replace(
+            "def make_input(seed):\n", 'def make_input(seed):\n    raise RuntimeError("no task for this seed")\n'
+        )
     path = folder / "my_agent.py"
     path.write_text(text)
     assert "PROMPT)" in text and ("RuntimeError" in text) == raise_in_input
@@ -143,19 +146,36 @@ def test_resume_after_changing_num_envs_or_lora_is_one_line(tmp_path, capsys):
     checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir()) if (run / "checkpoints").is_dir() else None
     assert "estimator: gae" in saved
     for other in ("grpo", "rloo"):
-        args = [*command("train", tmp_path), f"algorithm.estimator={other}", "trainer.group_size=2",
-                "trainer.total_updates=2", "--resume"]
+        args = [
+            *command("train", tmp_path),
+            f"algorithm.estimator={other}",
+            "trainer.group_size=2",
+            "trainer.total_updates=2",
+            "--resume",
+        ]
         assert main(args) == 2
         line = one_error_line(capsys)
-        assert line == (f"error: algorithm.estimator: the run in {str(run)!r} was trained with 'gae', not {other!r}: "
-                        "resume with algorithm.estimator=gae (or start a new run in another trainer.run_dir)")
+        assert line == (
+            f"error: algorithm.estimator: the run in {str(run)!r} was trained with 'gae', not {other!r}: "
+            "resume with algorithm.estimator=gae (or start a new run in another trainer.run_dir)"
+        )
     assert (run / "config.yaml").read_text() == saved
     if checkpoints is not None:
         assert sorted(p.name for p in (run / "checkpoints").iterdir()) == checkpoints
     # a config.yaml edited by hand does not hide it: the checkpoint holds a critic grpo does not have
     (run / "config.yaml").write_text(saved.replace("estimator: gae", "estimator: grpo"))
-    assert main([*command("train", tmp_path), "algorithm.estimator=grpo", "trainer.group_size=2",
-                 "trainer.total_updates=2", "--resume"]) == 2
+    assert (
+        main(
+            [
+                *command("train", tmp_path),
+                "algorithm.estimator=grpo",
+                "trainer.group_size=2",
+                "trainer.total_updates=2",
+                "--resume",
+            ]
+        )
+        == 2
+    )
     assert "algorithm.estimator: update_000001 holds a critic but 'grpo' has none" in one_error_line(capsys)
 
 
@@ -190,8 +210,21 @@ def test_serve_takes_a_relative_state_dir(tmp_path):
     state folder) finds its ``langgraph.json`` and keeps its threads there."""
     pytest.importorskip("langgraph_api")
     port = free_port()
-    cmd = [sys.executable, "-m", "verlog.cli", "serve", str(ROOT / "graphs" / "guess_number.py"),
-           "--base-url", "http://127.0.0.1:9/v1", "--model", "x", "--port", str(port), "--state-dir", "state/here"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "verlog.cli",
+        "serve",
+        str(ROOT / "graphs" / "guess_number.py"),
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "x",
+        "--port",
+        str(port),
+        "--state-dir",
+        "state/here",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with running(cmd, env, tmp_path, port, tmp_path / "serve.log"):
         assert (tmp_path / "state" / "here" / "langgraph.json").is_file()
@@ -205,8 +238,10 @@ def test_serve_takes_a_relative_state_dir(tmp_path):
 def test_help_and_usage_errors_do_not_load_torch(argv):
     """``verlog --help`` (and a command's help, a missing argument) answers without importing torch,
     transformers or LangChain: the commands import them when they run."""
-    code = ("import sys\nfrom verlog.cli import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('torch', 'transformers', 'langchain_core') if m in sys.modules))") % (argv,)
+    code = (
+        "import sys\nfrom verlog.cli import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'langchain_core') if m in sys.modules))"
+    ) % (argv,)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
 

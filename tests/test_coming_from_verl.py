@@ -28,14 +28,20 @@ def gsm8k_rows(split: str, n: int) -> list[dict]:
     for i in range(n):
         question = f"Tom has {i + 3} apples and buys {2 * i + 1} more. How many apples does he have?"
         answer = str(3 * i + 4)
-        rows.append({
-            "data_source": "openai/gsm8k",
-            "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": answer},
-            "extra_info": {"split": split, "index": i, "answer": f"{i + 3} + {2 * i + 1} = {answer}\n#### {answer}",
-                           "question": question},
-        })
+        rows.append(
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": answer},
+                "extra_info": {
+                    "split": split,
+                    "index": i,
+                    "answer": f"{i + 3} + {2 * i + 1} = {answer}\n#### {answer}",
+                    "question": question,
+                },
+            }
+        )
     return rows
 
 
@@ -65,7 +71,9 @@ def verl_user(tmp_path, monkeypatch) -> Path:
 
 
 def verl_trajectory(answer: str, row: dict) -> Trajectory:
-    return Trajectory(state={"messages": [HumanMessage(row["prompt"][0]["content"]), AIMessage(answer)]}, row=row, key=0)
+    return Trajectory(
+        state={"messages": [HumanMessage(row["prompt"][0]["content"]), AIMessage(answer)]}, row=row, key=0
+    )
 
 
 # ------------------------------------------------------------------ the reward function
@@ -109,24 +117,43 @@ def test_verls_signature_without_a_ground_truth_is_refused_naming_where_verl_rea
 
 def test_custom_reward_function_is_an_entry_of_reward_functions_at_either_place():
     graph = {"langgraph": {"path": "graphs/calculator.py"}}
-    top = config_from_dict({"multi_turn": graph, "custom_reward_function": {"path": "my_reward.py", "name": "compute_score"}})
-    inside = config_from_dict({"multi_turn": graph, "reward": {"custom_reward_function": {
-        "path": "my_reward.py", "reward_kwargs": {"strict": True}}}})
+    top = config_from_dict(
+        {"multi_turn": graph, "custom_reward_function": {"path": "my_reward.py", "name": "compute_score"}}
+    )
+    inside = config_from_dict(
+        {
+            "multi_turn": graph,
+            "reward": {"custom_reward_function": {"path": "my_reward.py", "reward_kwargs": {"strict": True}}},
+        }
+    )
     assert [f.function for f in top.reward.functions] == ["my_reward.py:compute_score"]
     assert inside.reward.functions[0].function == "my_reward.py:compute_score"  # verl's default name
     assert inside.reward.functions[0].kwargs == {"strict": True}
     unset = config_from_dict({"multi_turn": graph, "custom_reward_function": {"path": None, "name": None}})
     assert unset.reward.functions == []  # verl's defaults: no custom function
     with pytest.raises(ConfigError, match="given twice"):
-        config_from_dict({"multi_turn": graph, "custom_reward_function": {"path": "a.py"},
-                          "reward": {"custom_reward_function": {"path": "b.py"}}})
+        config_from_dict(
+            {
+                "multi_turn": graph,
+                "custom_reward_function": {"path": "a.py"},
+                "reward": {"custom_reward_function": {"path": "b.py"}},
+            }
+        )
 
 
 def test_verls_data_keys_are_the_splits_and_the_prompt_column(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     graph = {"langgraph": {"path": "graphs/calculator.py"}}
-    data = config_from_dict({"multi_turn": graph, "data": {
-        "train_files": "~/data/gsm8k/train.parquet", "val_files": ["~/data/gsm8k/test.parquet"], "prompt_key": "question"}}).data
+    data = config_from_dict(
+        {
+            "multi_turn": graph,
+            "data": {
+                "train_files": "~/data/gsm8k/train.parquet",
+                "val_files": ["~/data/gsm8k/test.parquet"],
+                "prompt_key": "question",
+            },
+        }
+    ).data
     assert data.train.path == str(tmp_path / "data/gsm8k/train.parquet")
     assert data.validation.path == str(tmp_path / "data/gsm8k/test.parquet") and data.input.prompt == "question"
     with pytest.raises(ConfigError, match=r"^invalid config <config>: data: train_files and train both name"):
@@ -146,16 +173,28 @@ def test_the_docs_embedded_config_trains_three_updates_on_verls_files(verl_user)
     config.write_text(doc_blocks(DOC.name, "yaml")[1])
     run_dir = verl_user / "run"
     overrides = [
-        "model.path=tiny", "model.dtype=float32", f"trainer.run_dir={run_dir}", "trainer.total_updates=3",
-        "trainer.num_envs=8", "trainer.group_size=4", "trainer.turns_per_env=2", "trainer.torch_threads=1",
-        "trainer.save_every=0", "sampling.max_tokens=12", "wandb.mode=disabled", "algorithm.mini_batch_turns=16",
-        "eval.at_start=false", "eval.at_end=false", "multi_turn.langgraph.graph_config={recursion_limit: 8}",
+        "model.path=tiny",
+        "model.dtype=float32",
+        f"trainer.run_dir={run_dir}",
+        "trainer.total_updates=3",
+        "trainer.num_envs=8",
+        "trainer.group_size=4",
+        "trainer.turns_per_env=2",
+        "trainer.torch_threads=1",
+        "trainer.save_every=0",
+        "sampling.max_tokens=12",
+        "wandb.mode=disabled",
+        "algorithm.mini_batch_turns=16",
+        "eval.at_start=false",
+        "eval.at_end=false",
+        "multi_turn.langgraph.graph_config={recursion_limit: 8}",
     ]
     assert main(["train", str(config), *overrides]) == 0
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["data"]["train"]["path"] == str(verl_user / "data/gsm8k/train.parquet")
-    assert saved["reward"]["functions"] == [{"function": "my_reward.py:compute_score", "name": None, "weight": 1.0,
-                                             "timeout_s": 60.0, "kwargs": {}}]  # the custom_reward_function block
+    assert saved["reward"]["functions"] == [
+        {"function": "my_reward.py:compute_score", "name": None, "weight": 1.0, "timeout_s": 60.0, "kwargs": {}}
+    ]  # the custom_reward_function block
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in records if r.get("kind", "update") == "update" and "episode_return" in r]
     assert len(updates) == 3
@@ -194,11 +233,16 @@ def test_the_docs_verl_config_composes_with_the_users_files_and_function(verl_us
     assert spec.settings.validation_episodes() == 4  # verl's validation plays every row of val_files
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("verlog.data.train=data/gsm8k/train.parquet",
-     r"^data\.train_files and verlog\.data\.train both name the train rows: keep one$"),
-    ("data.train_files=[a.parquet, b.parquet]", r"^data\.train_files: verlog reads one file.*got 2 files"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "verlog.data.train=data/gsm8k/train.parquet",
+            r"^data\.train_files and verlog\.data\.train both name the train rows: keep one$",
+        ),
+        ("data.train_files=[a.parquet, b.parquet]", r"^data\.train_files: verlog reads one file.*got 2 files"),
+    ],
+)
 def test_a_data_key_given_both_ways_is_refused_in_one_line(verl_user, override, message):
     from verlog.integrations.verl.launch import compose_verl_config
 

@@ -54,7 +54,9 @@ def test_missing_langgraph_path():
 
 def test_bad_graph_config_keys():
     bad = {"multi_turn": {"langgraph": {"path": "x.py", "graph_config": {"recursion_limt": 5}}}}
-    with pytest.raises(ConfigError, match=r"multi_turn.langgraph.graph_config.*recursion_limt.*allowed: recursion_limit"):
+    with pytest.raises(
+        ConfigError, match=r"multi_turn.langgraph.graph_config.*recursion_limt.*allowed: recursion_limit"
+    ):
         config_from_dict(bad)
     bad["multi_turn"]["langgraph"]["graph_config"] = {"recursion_limit": 0}
     with pytest.raises(ConfigError, match="recursion_limit must be an integer >= 1"):

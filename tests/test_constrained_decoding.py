@@ -110,19 +110,28 @@ async def _structured(chat: VerlogChatModel, method: str, seed: int) -> dict:
 async def test_json_mode_and_dict_schemas(chat):
     for seed in range(5):
         model = chat.model_copy(update={"seed": seed})
-        anything = await model.with_structured_output(Weather.model_json_schema(), method="json_mode",
-                                                      include_raw=True).ainvoke("JSON please")
+        anything = await model.with_structured_output(
+            Weather.model_json_schema(), method="json_mode", include_raw=True
+        ).ainvoke("JSON please")
         assert anything["parsing_error"] is None and isinstance(anything["parsed"], dict)
         as_dict = await model.with_structured_output(Weather.model_json_schema(), method="json_schema").ainvoke("?")
         jsonschema.validate(as_dict, Weather.model_json_schema())
-    raw = await chat.bind(response_format={"type": "json_schema", "json_schema": {
-        "name": "pick", "schema": {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, "required": ["n"]}}},
+    raw = await chat.bind(
+        response_format={
+            "type": "json_schema",
+            "json_schema": {
+                "name": "pick",
+                "schema": {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, "required": ["n"]},
+            },
+        },
     ).ainvoke("pick", seed=3)
     assert json.loads(raw.content)["n"] in (1, 2, 3)
     with pytest.raises(ValueError, match="unsupported response_format"):
         await chat.bind(response_format={"type": "xml"}).ainvoke("?")
     with pytest.raises(ValueError, match="cannot be combined"):
-        await chat.bind_tools([Weather], tool_choice="Weather").bind(response_format={"type": "json_object"}).ainvoke("?")
+        await (
+            chat.bind_tools([Weather], tool_choice="Weather").bind(response_format={"type": "json_object"}).ainvoke("?")
+        )
 
 
 async def test_structured_output_streams(chat):
@@ -137,8 +146,14 @@ async def test_unconstrained_calls_are_not_masked(engine, chat, tiny_tokenizer):
     prompt = tiny_tokenizer("tell me something", add_special_tokens=False)["input_ids"]
     plain = SamplingParams(temperature=1.0, max_new_tokens=30, seed=11)
     alone = await engine.generate(prompt, plain)
-    constrained = SamplingParams(temperature=1.0, max_new_tokens=30, seed=12, constraint=Constraint.json_schema(
-        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}))
+    constrained = SamplingParams(
+        temperature=1.0,
+        max_new_tokens=30,
+        seed=12,
+        constraint=Constraint.json_schema(
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+        ),
+    )
     together, _ = await asyncio.gather(engine.generate(prompt, plain), engine.generate(prompt, constrained))
     assert together.token_ids == alone.token_ids
     auto = await chat.bind_tools([Weather]).ainvoke("hi", seed=2)
@@ -152,8 +167,9 @@ async def test_logprobs_are_those_of_the_masked_distribution(engine, tiny_model,
     temperature = 0.7
     constraint = Constraint.json_schema(Weather.model_json_schema())
     prompt = tiny_tokenizer("the weather:", add_special_tokens=False)["input_ids"]
-    gen = await engine.generate(prompt, SamplingParams(temperature=temperature, max_new_tokens=120, seed=1,
-                                                       constraint=constraint))
+    gen = await engine.generate(
+        prompt, SamplingParams(temperature=temperature, max_new_tokens=120, seed=1, constraint=constraint)
+    )
     assert gen.finish_reason == "stop"
     Weather.model_validate_json(tiny_tokenizer.decode(gen.token_ids[:-1]))
     ids = torch.tensor([prompt + gen.token_ids])
@@ -177,8 +193,9 @@ async def test_engine_constraint_errors(engine, tiny_tokenizer):
     prompt = tiny_tokenizer("x", add_special_tokens=False)["input_ids"]
     with pytest.raises(InvalidConstraintError, match="invalid lark constraint"):
         await engine.generate(prompt, SamplingParams(constraint=Constraint("lark", "start: (")))
-    regex = await engine.generate(prompt, SamplingParams(max_new_tokens=20, seed=0,
-                                                         constraint=Constraint("regex", "(yes|no)")))
+    regex = await engine.generate(
+        prompt, SamplingParams(max_new_tokens=20, seed=0, constraint=Constraint("regex", "(yes|no)"))
+    )
     assert tiny_tokenizer.decode(regex.token_ids, skip_special_tokens=True) in ("yes", "no")
     with pytest.raises(ValueError, match="kind must be one of"):
         Constraint("ebnf", "root ::= 'a'")
@@ -199,13 +216,19 @@ async def test_engines_that_cannot_enforce_a_constraint_refuse_it(tiny_tokenizer
     # SGLang's /generate enforces JSON schemas and regexes itself: they are passed through
     sglang = SGLangEngine("http://127.0.0.1:9")
     schema = Constraint.json_schema({"type": "object"})
-    assert sglang.build_payload([1], SamplingParams(constraint=schema))["sampling_params"]["json_schema"] == schema.grammar
-    assert sglang.build_payload([1], SamplingParams(constraint=Constraint("regex", "a+")))["sampling_params"]["regex"] == "a+"
+    assert (
+        sglang.build_payload([1], SamplingParams(constraint=schema))["sampling_params"]["json_schema"] == schema.grammar
+    )
+    assert (
+        sglang.build_payload([1], SamplingParams(constraint=Constraint("regex", "a+")))["sampling_params"]["regex"]
+        == "a+"
+    )
     with pytest.raises(UnsupportedConstraintError, match="cannot enforce a 'lark'"):
         await sglang.generate([1], SamplingParams(constraint=Constraint("lark", 'start: "a"')))
     # ... so a forced tool call on SGLang is held to the call's JSON schema
     plan = VerlogChatModel(engine=sglang, tokenizer=tiny_tokenizer).plan_call(
-        [HumanMessage("?")], [t for t in tool_schemas_of(Weather)], "required")
+        [HumanMessage("?")], [t for t in tool_schemas_of(Weather)], "required"
+    )
     assert plan.constraint.kind == "json_schema" and plan.prefix == "<tool_call>\n"
     await sglang.aclose()
 
@@ -245,15 +268,18 @@ async def test_serve_model_takes_sglangs_regex_field_from_chat_openai(engine, ti
     openai = pytest.importorskip("openai")
     langchain_openai = pytest.importorskip("langchain_openai")
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as server:
-        model = langchain_openai.ChatOpenAI(base_url=server.base_url, api_key="unused", model="tiny", max_tokens=12,
-                                            max_retries=0)
-        answers = await asyncio.gather(*[model.bind(extra_body={"regex": "(yes|no)"}, seed=s).ainvoke("Agree?")
-                                         for s in SEEDS])
+        model = langchain_openai.ChatOpenAI(
+            base_url=server.base_url, api_key="unused", model="tiny", max_tokens=12, max_retries=0
+        )
+        answers = await asyncio.gather(
+            *[model.bind(extra_body={"regex": "(yes|no)"}, seed=s).ainvoke("Agree?") for s in SEEDS]
+        )
         assert {a.content for a in answers} <= {"yes", "no"}
         oai = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
         with pytest.raises(openai.BadRequestError) as err:
-            await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "?"}],
-                                              extra_body={"regex": "(unclosed"})
+            await oai.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "?"}], extra_body={"regex": "(unclosed"}
+            )
         assert err.value.body["param"] == "regex" and "invalid regex" in err.value.body["message"]
 
 
@@ -264,9 +290,19 @@ async def test_serve_model_forced_tool_calls_with_the_openai_client(engine, tiny
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as server:
         oai = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
         for choice in ("required", {"type": "function", "function": {"name": "Weather"}}):
-            replies = await asyncio.gather(*[oai.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=tools,
-                tool_choice=choice, seed=s, max_tokens=200) for s in SEEDS])
+            replies = await asyncio.gather(
+                *[
+                    oai.chat.completions.create(
+                        model="tiny",
+                        messages=[{"role": "user", "content": "weather?"}],
+                        tools=tools,
+                        tool_choice=choice,
+                        seed=s,
+                        max_tokens=200,
+                    )
+                    for s in SEEDS
+                ]
+            )
             for reply in replies:
                 c = reply.choices[0]
                 assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
@@ -275,23 +311,48 @@ async def test_serve_model_forced_tool_calls_with_the_openai_client(engine, tiny
                     assert call.name == "Weather"
                 assert_valid_call({"name": call.name, "args": json.loads(call.arguments)}, parameters)
         # response_format json_schema, with the client's own parse helper
-        replies = await asyncio.gather(*[oai.chat.completions.parse(
-            model="tiny", messages=[{"role": "user", "content": "weather?"}], response_format=Weather,
-            seed=s, max_tokens=200) for s in SEEDS])
+        replies = await asyncio.gather(
+            *[
+                oai.chat.completions.parse(
+                    model="tiny",
+                    messages=[{"role": "user", "content": "weather?"}],
+                    response_format=Weather,
+                    seed=s,
+                    max_tokens=200,
+                )
+                for s in SEEDS
+            ]
+        )
         assert all(isinstance(r.choices[0].message.parsed, Weather) for r in replies)
         # streamed: the pieces join into the same valid object
         stream = await oai.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "weather?"}], seed=4, max_tokens=200, stream=True,
-            response_format={"type": "json_schema", "json_schema": {"name": "Weather",
-                                                                    "schema": Weather.model_json_schema()}})
+            model="tiny",
+            messages=[{"role": "user", "content": "weather?"}],
+            seed=4,
+            max_tokens=200,
+            stream=True,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "Weather", "schema": Weather.model_json_schema()},
+            },
+        )
         pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
         assert len([p for p in pieces if p]) > 1
         Weather.model_validate_json("".join(pieces))
         # json_object: any object (a random model rarely closes one within the budget; when the
         # budget ends first, finish_reason says "length")
-        replies = await asyncio.gather(*[oai.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "json"}], response_format={"type": "json_object"},
-            seed=s, max_tokens=60) for s in SEEDS])
+        replies = await asyncio.gather(
+            *[
+                oai.chat.completions.create(
+                    model="tiny",
+                    messages=[{"role": "user", "content": "json"}],
+                    response_format={"type": "json_object"},
+                    seed=s,
+                    max_tokens=60,
+                )
+                for s in SEEDS
+            ]
+        )
         for reply in replies:
             c = reply.choices[0]
             assert c.message.content.startswith("{")
@@ -303,12 +364,16 @@ async def test_serve_model_structured_output_with_chat_openai(engine, tiny_token
     langchain_openai = pytest.importorskip("langchain_openai")
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as server:
         for method in ("json_schema", "function_calling"):
-            results = await asyncio.gather(*[
-                langchain_openai.ChatOpenAI(base_url=server.base_url, api_key="unused", model="tiny", seed=s,
-                                            max_tokens=200, max_retries=0)
-                .with_structured_output(Weather, method=method).ainvoke("Forecast?")
-                for s in SEEDS
-            ])
+            results = await asyncio.gather(
+                *[
+                    langchain_openai.ChatOpenAI(
+                        base_url=server.base_url, api_key="unused", model="tiny", seed=s, max_tokens=200, max_retries=0
+                    )
+                    .with_structured_output(Weather, method=method)
+                    .ainvoke("Forecast?")
+                    for s in SEEDS
+                ]
+            )
             assert all(isinstance(r, Weather) for r in results), method
 
 
@@ -317,26 +382,33 @@ async def test_serve_model_refuses_formats_it_cannot_enforce(tiny_tokenizer):
     async with OpenAIServer(ScriptedEngine(tiny_tokenizer, ["{}"]), tiny_tokenizer, model_name="tiny") as server:
         oai = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
         with pytest.raises(openai.BadRequestError) as err:
-            await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "?"}],
-                                              response_format={"type": "json_object"})
+            await oai.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "?"}], response_format={"type": "json_object"}
+            )
         assert err.value.body["param"] == "response_format" and "constrained decoding" in err.value.body["message"]
         with pytest.raises(openai.BadRequestError) as err:
-            await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "?"}],
-                                              response_format={"type": "json_schema"})
+            await oai.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "?"}], response_format={"type": "json_schema"}
+            )
         assert err.value.body["param"] == "response_format"
-
 
 
 async def test_serve_model_refuses_a_schema_that_does_not_compile(engine, tiny_tokenizer):
     openai = pytest.importorskip("openai")
-    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
-        "a": {"$ref": "#/$defs/missing"}}, "required": ["a"]}}}
+    bad = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "x",
+            "schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}, "required": ["a"]},
+        },
+    }
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as server:
         oai = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
         for stream in (False, True):
             with pytest.raises(openai.BadRequestError) as err:
-                await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "?"}],
-                                                  response_format=bad, stream=stream)
+                await oai.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "?"}], response_format=bad, stream=stream
+                )
             assert err.value.body["param"] == "response_format" and "invalid" in err.value.body["message"]
         ok = await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "?"}], max_tokens=4)
         assert ok.choices[0].message.content is not None  # the server keeps serving
@@ -371,8 +443,15 @@ async def test_a_training_graph_that_forces_a_tool_call_records_constrained_turn
         g.add_edge("policy", END)
         return g.compile()
 
-    runner = SlotRunner(engine, build, lambda seed: {"seed": seed}, num_envs=2, turns_per_env=2,
-                        graph_config={"recursion_limit": 10}, seed=0)
+    runner = SlotRunner(
+        engine,
+        build,
+        lambda seed: {"seed": seed},
+        num_envs=2,
+        turns_per_env=2,
+        graph_config={"recursion_limit": 10},
+        seed=0,
+    )
     try:
         batch = await runner.collect()
     finally:
@@ -385,8 +464,10 @@ async def test_a_training_graph_that_forces_a_tool_call_records_constrained_turn
         text = tiny_tokenizer.decode(turn.response_ids, skip_special_tokens=True)
         assert text.endswith("}\n</tool_call>")
         arguments = json.loads(text.removesuffix("}\n</tool_call>"))
-        jsonschema.validate(arguments, closed_schema(tool_parameters(VerlogChatModel(
-            engine=engine, tokenizer=tiny_tokenizer))["get_time"]))
+        jsonschema.validate(
+            arguments,
+            closed_schema(tool_parameters(VerlogChatModel(engine=engine, tokenizer=tiny_tokenizer))["get_time"]),
+        )
         # the closing tag is the only token the grammar allows there: probability 1 once masked
         close = turn.response_ids.index(tiny_tokenizer.convert_tokens_to_ids("</tool_call>"))
         assert turn.logprobs[close] == pytest.approx(0.0, abs=1e-6)
@@ -395,9 +476,11 @@ async def test_a_training_graph_that_forces_a_tool_call_records_constrained_turn
 def test_closed_schema_closes_objects_that_do_not_say():
     schema = {
         "type": "object",
-        "properties": {"properties": {"type": "object", "properties": {"x": {"type": "integer"}}},
-                       "open": {"type": "object", "properties": {}, "additionalProperties": True},
-                       "items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+        "properties": {
+            "properties": {"type": "object", "properties": {"x": {"type": "integer"}}},
+            "open": {"type": "object", "properties": {}, "additionalProperties": True},
+            "items": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+        },
         "$defs": {"Item": {"type": "object", "properties": {"y": {"type": "string"}}}},
     }
     closed = closed_schema(schema)

@@ -66,8 +66,11 @@ def test_unreadable_sources_are_one_clear_error(tmp_path, files):
         read_rows(DataSourceConfig(path=str(tmp_path / "rows.txt")), "train")
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n{not json\n{"prompt": "c"}\n')
     bad = tmp_path / "bad.jsonl"
-    with pytest.raises(DataError, match=rf"^data.train.path: .*bad.jsonl' could not be read as json: {bad}:4:2: not valid "
-                                        r"JSON: Expecting property name enclosed in double quotes$"):
+    with pytest.raises(
+        DataError,
+        match=rf"^data.train.path: .*bad.jsonl' could not be read as json: {bad}:4:2: not valid "
+        r"JSON: Expecting property name enclosed in double quotes$",
+    ):
         read_rows(DataSourceConfig(path=str(bad)), "train")
     (tmp_path / "list.jsonl").write_text('{"prompt": "a"}\n["b"]\n')
     with pytest.raises(DataError, match=r"list.jsonl:2: a JSONL row must be a JSON object .* got list"):
@@ -77,7 +80,9 @@ def test_unreadable_sources_are_one_clear_error(tmp_path, files):
         read_rows(DataSourceConfig(path=str(tmp_path / "array.json")), "train")
     for name, text in (("empty.jsonl", ""), ("blank.jsonl", "\n  \n"), ("empty.csv", "")):
         (tmp_path / name).write_text(text)
-        with pytest.raises(DataError, match=rf"^data.validation.path: '.*{name}' is empty: a split needs at least one row$"):
+        with pytest.raises(
+            DataError, match=rf"^data.validation.path: '.*{name}' is empty: a split needs at least one row$"
+        ):
             read_rows(DataSourceConfig(path=str(tmp_path / name)), "validation")
 
 
@@ -97,11 +102,18 @@ def test_rows_become_a_messages_input(tmp_path):
     to_input = input_maker(graph_file, spec, ["prompt", "answer"], "train")
     state = to_input({"prompt": "What is 2 + 2?", "answer": "4"})
     assert state == {"messages": [SystemMessage("Be brief."), HumanMessage("What is 2 + 2?")], "target": "4"}
-    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "2+2?"}]
+    chat = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "2+2?"},
+    ]
     state = to_input({"prompt": chat, "answer": "4"})
     assert [type(m) for m in state["messages"]] == [SystemMessage, HumanMessage, AIMessage, HumanMessage]
-    with pytest.raises(DataError, match=r"data.input.prompt: column 'question' is not in data.train \(its columns: "
-                                        r"prompt, answer\); name the column"):
+    with pytest.raises(
+        DataError,
+        match=r"data.input.prompt: column 'question' is not in data.train \(its columns: "
+        r"prompt, answer\); name the column",
+    ):
         input_maker(graph_file, DataInputConfig(prompt="question"), ["prompt", "answer"], "train")
     with pytest.raises(ValueError, match="must hold a string or a non-empty list"):
         to_input({"prompt": 3, "answer": "4"})
@@ -124,8 +136,10 @@ def test_make_input_of_a_row_or_of_a_seed():
 def test_load_tasks_plays_training_rows_in_epochs_and_evaluation_rows_in_order(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", ROWS)
     test = write_jsonl(tmp_path / "test.jsonl", [{"prompt": "What is 100 + 1?", "answer": "101", "tags": []}])
-    config = load_config(ROOT / "configs" / "calculator.yaml", [f"data.train={train}", f"data.test={test}",
-                                                               "data.validation=null", "data.seed=5"])
+    config = load_config(
+        ROOT / "configs" / "calculator.yaml",
+        [f"data.train={train}", f"data.test={test}", "data.validation=null", "data.seed=5"],
+    )
     graph_file = load_graph_file(config.multi_turn.langgraph.path)
     tasks = load_tasks(config, graph_file, "train")
     assert isinstance(tasks, RowTasks) and tasks.size == 7
@@ -143,7 +157,12 @@ def test_load_tasks_plays_training_rows_in_epochs_and_evaluation_rows_in_order(t
 
 def test_shared_rows_are_counted(tmp_path):
     a = read_rows(DataSourceConfig(path=str(write_jsonl(tmp_path / "a.jsonl", ROWS))), "train")
-    b = read_rows(DataSourceConfig(path=str(write_jsonl(tmp_path / "b.jsonl", ROWS[2:4] + [{"prompt": "x", "answer": "y", "tags": []}]))), "test")
+    b = read_rows(
+        DataSourceConfig(
+            path=str(write_jsonl(tmp_path / "b.jsonl", ROWS[2:4] + [{"prompt": "x", "answer": "y", "tags": []}]))
+        ),
+        "test",
+    )
     assert shared_rows(a, b) == 2
 
 
@@ -152,7 +171,10 @@ def test_shipped_calculator_splits_are_disjoint():
     train = split_rows(config, "train")
     sizes = {s: len(split_rows(config, s)) for s in ("train", "validation", "test")}
     assert sizes == {"train": 1000, "validation": 64, "test": 200}
-    assert shared_rows(train, split_rows(config, "test")) == 0 and shared_rows(train, split_rows(config, "validation")) == 0
+    assert (
+        shared_rows(train, split_rows(config, "test")) == 0
+        and shared_rows(train, split_rows(config, "validation")) == 0
+    )
 
 
 def test_config_paths_resolve_from_the_config_folder(tmp_path, monkeypatch):

@@ -139,8 +139,10 @@ def test_a_row_samples_the_same_tokens_in_any_batch():
 
 
 def test_outputs_stop_ids_and_limits_are_tracked_per_row():
-    rows = DecodeRows([RowSpec(0.0, -1, 1.0, 0, limit=3, stop_ids=(7,)),
-                       RowSpec(0.0, -1, 1.0, 1, limit=100, stop_ids=(7,))], torch.device("cpu"))
+    rows = DecodeRows(
+        [RowSpec(0.0, -1, 1.0, 0, limit=3, stop_ids=(7,)), RowSpec(0.0, -1, 1.0, 1, limit=100, stop_ids=(7,))],
+        torch.device("cpu"),
+    )
     picks = [(1, 2), (7, 2), (4, 5)]
     for a, b in picks:
         logits = torch.full((2, 10), -5.0)

@@ -57,7 +57,10 @@ async def test_greedy_is_the_same_alone_and_in_any_batch(cache_bytes, tiny_token
 async def test_sampled_logprobs_match_a_teacher_forced_pass(engine, tiny_tokenizer, tiny_model):
     prompts = [prompt(tiny_tokenizer, f"step {i}") for i in range(6)]
     gens = await asyncio.gather(
-        *(engine.generate(p, SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=16, seed=i)) for i, p in enumerate(prompts))
+        *(
+            engine.generate(p, SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=16, seed=i))
+            for i, p in enumerate(prompts)
+        )
     )
     for p, gen in zip(prompts, gens):
         lm_logits = None

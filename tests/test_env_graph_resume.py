@@ -20,8 +20,20 @@ from langgraph.checkpoint.memory import MemorySaver
 from verlog.envs.agent_graph import GameTable, build_game_graph, recursion_limit_for
 from verlog.envs.base import StepResult, TextEnv
 
-ANSWERS = ("ACTION: turn left", "ACTION: turn right", "ACTION: go forward", "ACTION: pick up", "ACTION: toggle",
-           "ACTION: move left", "ACTION: move up", "ACTION: do", "I am not sure.", "north", "east", "south")
+ANSWERS = (
+    "ACTION: turn left",
+    "ACTION: turn right",
+    "ACTION: go forward",
+    "ACTION: pick up",
+    "ACTION: toggle",
+    "ACTION: move left",
+    "ACTION: move up",
+    "ACTION: do",
+    "I am not sure.",
+    "north",
+    "east",
+    "south",
+)
 
 
 class PromptHashPolicy(BaseChatModel):
@@ -52,13 +64,16 @@ async def play_until(graph, thread: dict, seed: int, steps: int) -> dict:
     return (await graph.aget_state(thread)).values
 
 
-@pytest.mark.parametrize("env_name, protocol, max_steps", [
-    ("babyai:goto", "verlog", 24),
-    ("babyai:putnext", "balrog", 24),  # BALROG's note before an invalid answer's observation
-    ("crafter", "verlog", 24),
-    ("babaisai:goto_win", "verlog", 24),
-    ("minihack:MazeWalk-9x9", "balrog", 24),  # the note heads the long-term part, after the inventory
-])
+@pytest.mark.parametrize(
+    "env_name, protocol, max_steps",
+    [
+        ("babyai:goto", "verlog", 24),
+        ("babyai:putnext", "balrog", 24),  # BALROG's note before an invalid answer's observation
+        ("crafter", "verlog", 24),
+        ("babaisai:goto_win", "verlog", 24),
+        ("minihack:MazeWalk-9x9", "balrog", 24),  # the note heads the long-term part, after the inventory
+    ],
+)
 async def test_a_thread_resumed_by_a_fresh_graph_ends_as_an_uninterrupted_run(env_name, protocol, max_steps):
     whole = await graph_of(env_name, protocol=protocol, max_steps=max_steps).ainvoke({"seed": 3})
     assert whole["steps"] == max_steps or whole["done"]
@@ -131,13 +146,16 @@ def test_game_table_closes_the_least_recently_used_and_the_idle(monkeypatch):
     assert d.closed and len(table) == 0
 
 
-@pytest.mark.parametrize("env_name, protocol, cap", [
-    ("babyai:goto", "verlog", 128),
-    ("babyai:goto", "balrog", 64),  # minigrid's cap, set when the level is generated
-    ("babyai:putnext", "balrog", 128),
-    ("crafter", "balrog", 2000),
-    ("textworld:treasure_hunter", "balrog", 80),
-])
+@pytest.mark.parametrize(
+    "env_name, protocol, cap",
+    [
+        ("babyai:goto", "verlog", 128),
+        ("babyai:goto", "balrog", 64),  # minigrid's cap, set when the level is generated
+        ("babyai:putnext", "balrog", 128),
+        ("crafter", "balrog", 2000),
+        ("textworld:treasure_hunter", "balrog", 80),
+    ],
+)
 def test_each_game_graph_carries_the_recursion_limit_of_its_longest_episode(env_name, protocol, cap):
     assert graph_of(env_name, protocol=protocol).config["recursion_limit"] == recursion_limit_for(cap)
     assert graph_of(env_name, protocol=protocol, max_steps=10).config["recursion_limit"] == recursion_limit_for(10)

@@ -46,7 +46,9 @@ async def play(graph_name: str, answers, seed: int, max_steps: int | None = None
     model = VerlogChatModel(engine=ScriptedEngine(tokenizer, answers), tokenizer=tokenizer, max_tokens=128)
     graph = graph_file.build(model, max_steps=max_steps, **graph_kwargs)
     return await run_episode(
-        graph, graph_file.episode_input(seed), graph_config={"recursion_limit": recursion_limit_for(max_steps or 128)},
+        graph,
+        graph_file.episode_input(seed),
+        graph_config={"recursion_limit": recursion_limit_for(max_steps or 128)},
         keep_messages=True,
     )
 
@@ -137,11 +139,17 @@ async def test_constrained_answers_are_always_an_action(tiny_model, tiny_tokeniz
     try:
         graph_file = load_graph_file(ROOT / "graphs" / "babyai.py")
         model = VerlogChatModel(engine=engine, tokenizer=tiny_tokenizer, max_tokens=16)
-        graph = graph_file.build(model, task="goto", protocol=protocol, max_steps=6, constrain_answers=True,
-                                 history_turns=0)
-        episodes = await asyncio.gather(*[run_episode(graph, graph_file.episode_input(seed),
-                                                      graph_config={"recursion_limit": recursion_limit_for(6)})
-                                          for seed in range(4)])
+        graph = graph_file.build(
+            model, task="goto", protocol=protocol, max_steps=6, constrain_answers=True, history_turns=0
+        )
+        episodes = await asyncio.gather(
+            *[
+                run_episode(
+                    graph, graph_file.episode_input(seed), graph_config={"recursion_limit": recursion_limit_for(6)}
+                )
+                for seed in range(4)
+            ]
+        )
     finally:
         engine.close()
     actions = BabyAITextEnv("goto").actions

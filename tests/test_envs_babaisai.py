@@ -47,36 +47,42 @@ def _play(state, actions):
 
 
 def test_rules_form_horizontally_and_vertically() -> None:
-    state = state_from_map([
-        "BABA IS YOU . KEY",
-        ". . . . IS",
-        "baba . . . WIN",
-        ". key . . .",
-    ])
+    state = state_from_map(
+        [
+            "BABA IS YOU . KEY",
+            ". . . . IS",
+            "baba . . . WIN",
+            ". key . . .",
+        ]
+    )
     assert set(state.rules.texts()) == {"baba is you", "key is win"}
     assert state.you_positions() == [(1, 3)]
 
 
 def test_non_rules_are_ignored() -> None:
-    state = state_from_map([
-        "YOU IS BABA . .",  # wrong order
-        ". . . . .",
-        "BABA . IS . WIN",  # not adjacent
-        ". IS . . .",
-        "KEY . WIN . baba",  # diagonal
-    ])
+    state = state_from_map(
+        [
+            "YOU IS BABA . .",  # wrong order
+            ". . . . .",
+            "BABA . IS . WIN",  # not adjacent
+            ". IS . . .",
+            "KEY . WIN . baba",  # diagonal
+        ]
+    )
     assert state.rules.texts() == []
     assert state.is_lost()
 
 
 def test_rule_is_recomputed_after_pushing_a_word_into_line() -> None:
     # pushing WIN left into "KEY IS _" forms "key is win"
-    state = state_from_map([
-        "BABA IS YOU . .",
-        "KEY IS . WIN baba",
-        ". . . . .",
-        "key . . . .",
-    ])
+    state = state_from_map(
+        [
+            "BABA IS YOU . .",
+            "KEY IS . WIN baba",
+            ". . . . .",
+            "key . . . .",
+        ]
+    )
     assert "key is win" not in state.rules.texts()
     out = step(state, "left")
     assert _words(out.state)[(3, 2)] == "win"
@@ -87,50 +93,60 @@ def test_rule_is_recomputed_after_pushing_a_word_into_line() -> None:
 
 
 def test_push_chain_moves_every_word_in_line() -> None:
-    state = state_from_map([
-        "BABA IS YOU . . .",
-        ". . . . . .",
-        "baba KEY BALL . . .",
-    ])
+    state = state_from_map(
+        [
+            "BABA IS YOU . . .",
+            ". . . . . .",
+            "baba KEY BALL . . .",
+        ]
+    )
     out = step(state, "right")
     assert _objects(out.state)[(2, 3)] == ["baba"]
     assert _words(out.state)[(3, 3)] == "key" and _words(out.state)[(4, 3)] == "ball"
 
 
 def test_push_chain_against_border_blocks_everything() -> None:
-    state = state_from_map([
-        "BABA IS YOU . .",
-        ". . . . .",
-        ". . baba KEY BALL",
-    ])
+    state = state_from_map(
+        [
+            "BABA IS YOU . .",
+            ". . . . .",
+            ". . baba KEY BALL",
+        ]
+    )
     out = step(state, "right")
     assert out.state == state  # nothing moved: the chain hits the border
 
 
 def test_stop_blocks_walking_and_pushing() -> None:
-    state = state_from_map([
-        "BABA IS YOU . .",
-        "WALL IS STOP . .",
-        ". baba wall . .",
-        ". baba KEY wall .",
-    ])
+    state = state_from_map(
+        [
+            "BABA IS YOU . .",
+            "WALL IS STOP . .",
+            ". baba wall . .",
+            ". baba KEY wall .",
+        ]
+    )
     assert step(state, "right").state == state  # walls are STOP
     # a word pushed into a STOP wall does not move either (and baba 2 stays too)
-    state2 = state_from_map([
-        "BABA IS YOU . .",
-        "WALL IS STOP . .",
-        ". . . . .",
-        ". baba KEY wall .",
-    ])
+    state2 = state_from_map(
+        [
+            "BABA IS YOU . .",
+            "WALL IS STOP . .",
+            ". . . . .",
+            ". baba KEY wall .",
+        ]
+    )
     assert step(state2, "right").state == state2
 
 
 def test_objects_without_rules_can_be_walked_over() -> None:
-    state = state_from_map([
-        "BABA IS YOU . .",
-        ". . . . .",
-        "baba wall key . .",
-    ])
+    state = state_from_map(
+        [
+            "BABA IS YOU . .",
+            ". . . . .",
+            "baba wall key . .",
+        ]
+    )
     state = _play(state, ["right"]).state
     assert sorted(_objects(state)[(2, 3)]) == ["baba", "wall"]
     state = _play(state, ["right"]).state
@@ -138,11 +154,13 @@ def test_objects_without_rules_can_be_walked_over() -> None:
 
 
 def test_push_property_on_objects() -> None:
-    state = state_from_map([
-        "BABA IS YOU . .",
-        "BALL IS PUSH . .",
-        "baba ball ball . .",
-    ])
+    state = state_from_map(
+        [
+            "BABA IS YOU . .",
+            "BALL IS PUSH . .",
+            "baba ball ball . .",
+        ]
+    )
     out = step(state, "right")
     assert _objects(out.state) == {(2, 3): ["baba"], (3, 3): ["ball"], (4, 3): ["ball"]}
 
@@ -176,11 +194,13 @@ def test_breaking_wall_is_stop_lets_you_through() -> None:
 
 
 def test_win_by_walking_onto_win_object() -> None:
-    state = state_from_map([
-        "BABA IS YOU .",
-        "KEY IS WIN .",
-        "baba . key .",
-    ])
+    state = state_from_map(
+        [
+            "BABA IS YOU .",
+            "KEY IS WIN .",
+            "baba . key .",
+        ]
+    )
     out = _play(state, ["right"])
     assert not out.won
     out = step(out.state, "right")
@@ -190,12 +210,14 @@ def test_win_by_walking_onto_win_object() -> None:
 
 def test_loss_when_nothing_is_you() -> None:
     # pushing KEY into "BABA IS _" forms "baba is key": baba turns into a key, nothing is YOU
-    state = state_from_map([
-        "BABA IS YOU . .",
-        ". . . . .",
-        "BABA IS . KEY .",
-        ". . . . baba",
-    ])
+    state = state_from_map(
+        [
+            "BABA IS YOU . .",
+            ". . . . .",
+            "BABA IS . KEY .",
+            ". . . . baba",
+        ]
+    )
     out = _play(state, ["up", "left"])
     assert "baba is key" in out.state.rules.texts()
     assert out.lost and not out.won
@@ -203,11 +225,13 @@ def test_loss_when_nothing_is_you() -> None:
 
 
 def test_defeat_destroys_you() -> None:
-    state = state_from_map([
-        "BABA IS YOU .",
-        "DOOR IS DEFEAT .",
-        "baba door . .",
-    ])
+    state = state_from_map(
+        [
+            "BABA IS YOU .",
+            "DOOR IS DEFEAT .",
+            "baba door . .",
+        ]
+    )
     out = step(state, "right")
     assert out.lost and _objects(out.state) == {(2, 3): ["door"]}
 
@@ -221,9 +245,7 @@ def test_env_win_and_loss_rewards() -> None:
     with pytest.raises(RuntimeError):
         env.step("ACTION: left")
 
-    env.reset_to(
-        state_from_map(["BABA IS YOU . .", ". . . . .", "BABA IS . KEY .", ". . . . baba"])
-    )
+    env.reset_to(state_from_map(["BABA IS YOU . .", ". . . . .", "BABA IS . KEY .", ". . . . baba"]))
     env.step("ACTION: up")
     res = env.step("ACTION: left")
     assert (res.reward, res.terminated, res.info["success"]) == (0.0, True, False)
@@ -274,12 +296,14 @@ def test_invalid_answer_idles_with_penalty() -> None:
 
 
 def test_observation_lists_rules_and_relative_positions() -> None:
-    state = state_from_map([
-        "BABA IS YOU . .",
-        ". . . . .",
-        ". . baba . ball",
-        "BALL IS WIN . .",
-    ])
+    state = state_from_map(
+        [
+            "BABA IS YOU . .",
+            ". . . . .",
+            ". . baba . ball",
+            "BALL IS WIN . .",
+        ]
+    )
     text = describe(state)
     lines = text.splitlines()
     assert lines[0] == "Active rules: baba is you, ball is win"
@@ -291,9 +315,7 @@ def test_observation_lists_rules_and_relative_positions() -> None:
     assert "rule `win` 1 step down" in lines
     assert "rule `ball` 2 steps to the left and 1 step down" in lines
     assert not any(line.startswith("baba ") for line in lines)  # the player is the reference
-    assert "border is 3 steps to the left, 3 steps to the right, 3 steps up and 2 steps down" in (
-        text
-    )
+    assert "border is 3 steps to the left, 3 steps to the right, 3 steps up and 2 steps down" in (text)
     assert relative_position(0, 0) == "at your position"
     assert relative_position(-1, 1) == "1 step to the left and 1 step down"
 
@@ -413,6 +435,7 @@ def test_solver_is_shortest_and_detects_unsolvable() -> None:
 #: tasks whose levels the solver wins in well under a second (the two-room make-win, make-you and
 #: make-wall-win levels take seconds each: their runs are marked slow)
 QUICK_TASKS = tuple(t for t in TASKS if not (t.startswith("two_room") and "make_" in t))
+
 
 def _bot_win_rate(task: str, seeds: range) -> tuple[float, float]:
     # ensure_solvable=False: the bot plays the raw generated levels, so the rate also checks that

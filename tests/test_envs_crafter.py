@@ -47,8 +47,14 @@ def test_actions_and_instruction(env: CrafterTextEnv) -> None:
 
 def test_observation_contents_match_the_world(env: CrafterTextEnv) -> None:
     observation = env.reset(0)
-    for line in ("You see", "Next to you:", "You are facing", "Status: health 9/9, food 9/9",
-                 "drink 9/9, energy 9/9", "Inventory: empty."):
+    for line in (
+        "You see",
+        "Next to you:",
+        "You are facing",
+        "Status: health 9/9, food 9/9",
+        "drink 9/9, energy 9/9",
+        "Inventory: empty.",
+    ):
         assert line in observation
     facts = parse_observation(observation)
     world, player = env.game._world, env.game._player

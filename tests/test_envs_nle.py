@@ -91,11 +91,28 @@ def make_obs(blstats: dict[str, int] | None = None) -> dict[str, np.ndarray]:
 
     stats = np.zeros(nethack.NLE_BLSTATS_SIZE, dtype=np.int64)
     values = {
-        "NLE_BL_X": 12, "NLE_BL_Y": 7, "NLE_BL_HP": 9, "NLE_BL_HPMAX": 14, "NLE_BL_ENE": 2,
-        "NLE_BL_ENEMAX": 5, "NLE_BL_AC": 6, "NLE_BL_XP": 3, "NLE_BL_EXP": 25, "NLE_BL_DEPTH": 4,
-        "NLE_BL_DLEVEL": 4, "NLE_BL_GOLD": 17, "NLE_BL_TIME": 321, "NLE_BL_HUNGER": 2,
-        "NLE_BL_CAP": 1, "NLE_BL_CONDITION": nethack.BL_MASK_CONF, "NLE_BL_STR25": 19,
-        "NLE_BL_DEX": 14, "NLE_BL_CON": 13, "NLE_BL_INT": 9, "NLE_BL_WIS": 10, "NLE_BL_CHA": 8,
+        "NLE_BL_X": 12,
+        "NLE_BL_Y": 7,
+        "NLE_BL_HP": 9,
+        "NLE_BL_HPMAX": 14,
+        "NLE_BL_ENE": 2,
+        "NLE_BL_ENEMAX": 5,
+        "NLE_BL_AC": 6,
+        "NLE_BL_XP": 3,
+        "NLE_BL_EXP": 25,
+        "NLE_BL_DEPTH": 4,
+        "NLE_BL_DLEVEL": 4,
+        "NLE_BL_GOLD": 17,
+        "NLE_BL_TIME": 321,
+        "NLE_BL_HUNGER": 2,
+        "NLE_BL_CAP": 1,
+        "NLE_BL_CONDITION": nethack.BL_MASK_CONF,
+        "NLE_BL_STR25": 19,
+        "NLE_BL_DEX": 14,
+        "NLE_BL_CON": 13,
+        "NLE_BL_INT": 9,
+        "NLE_BL_WIS": 10,
+        "NLE_BL_CHA": 8,
         "NLE_BL_ALIGN": -1,
     }
     values.update(blstats or {})
@@ -112,8 +129,13 @@ def make_obs(blstats: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     tty = np.full((24, 80), ord(" "), dtype=np.uint8)
     tty[8, 9:18] = np.frombuffer(b"|.@.d..|.", dtype=np.uint8)[:9]
     return {
-        "glyphs": glyphs, "screen_descriptions": descriptions, "blstats": stats,
-        "inv_letters": inv_letters, "inv_strs": inv_strs, "message": message, "tty_chars": tty,
+        "glyphs": glyphs,
+        "screen_descriptions": descriptions,
+        "blstats": stats,
+        "inv_letters": inv_letters,
+        "inv_strs": inv_strs,
+        "message": message,
+        "tty_chars": tty,
     }
 
 
@@ -160,7 +182,10 @@ def test_status_inventory_and_message_render() -> None:
         "Status: HP 9 of 14, power 2 of 5, armor class 6, experience level 3 (25 points), "
         "dungeon level 4 (depth 4), gold 17, turn 321, hungry, burdened, confused." in text
     )
-    assert "Attributes: strength 18/01, dexterity 14, constitution 13, intelligence 9, wisdom 10, charisma 8, chaotic." in text
+    assert (
+        "Attributes: strength 18/01, dexterity 14, constitution 13, intelligence 9, wisdom 10, charisma 8, chaotic."
+        in text
+    )
     assert "Position: column 12, row 7." in text
     assert "Inventory:\n- a: a +0 short sword (weapon in hand)\n- f: 2 uncursed food rations" in text
     assert "Map (" not in text
@@ -185,7 +210,9 @@ def test_observation_parser_reads_back_the_text() -> None:
 
 
 def test_named_actions_expand_and_resolve() -> None:
-    concrete = T.expand_actions(["north", "kick <direction>", "eat <item>", "zap <item> <direction>", "wield <item>"], ["$", "a", "f"])
+    concrete = T.expand_actions(
+        ["north", "kick <direction>", "eat <item>", "zap <item> <direction>", "wield <item>"], ["$", "a", "f"]
+    )
     assert concrete[:1] == ["north"]
     assert "kick southwest" in concrete and "eat f" in concrete and "zap a northeast" in concrete
     assert not any("$" in a for a in concrete)  # gold: "drop $" would read as a bare "drop"
@@ -368,7 +395,13 @@ def test_search_agent_solves_navigation_tasks_short(task: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "task,max_steps",
-    [("MazeWalk-9x9", 100), ("MazeWalk-15x15", 100), ("MazeWalk-9x9", 200), ("MazeWalk-15x15", 1000), ("Corridor-R3", 1000)],
+    [
+        ("MazeWalk-9x9", 100),
+        ("MazeWalk-15x15", 100),
+        ("MazeWalk-9x9", 200),
+        ("MazeWalk-15x15", 1000),
+        ("Corridor-R3", 1000),
+    ],
 )
 def test_search_agent_solves_navigation_tasks(task: str, max_steps: int) -> None:
     """>= 95% of 100 seeds, through the text alone (caps: BALROG's 100 for the mazes, and
@@ -430,7 +463,9 @@ async def _run_graph(name: str, script, seed: int, max_steps: int, **kwargs):
     engine_script = script(tokenizer) if callable(script) else script
     model = VerlogChatModel(engine=ScriptedEngine(tokenizer, engine_script), tokenizer=tokenizer, max_tokens=64)
     graph = graph_file.build(model, max_steps=max_steps, **kwargs)
-    return await run_episode(graph, graph_file.episode_input(seed), graph_config={"recursion_limit": recursion_limit_for(max_steps)})
+    return await run_episode(
+        graph, graph_file.episode_input(seed), graph_config={"recursion_limit": recursion_limit_for(max_steps)}
+    )
 
 
 async def test_search_agent_reading_the_prompt_solves_a_maze_through_the_graph() -> None:
@@ -442,6 +477,7 @@ async def test_search_agent_reading_the_prompt_solves_a_maze_through_the_graph()
             prompt = tokenizer.decode(prompt_ids, skip_special_tokens=False)
             observation = prompt.rsplit("Current Observation:\n", 1)[1].split("<|im_end|>", 1)[0]
             return f"Exploring.\n{agent.act(observation)}"
+
         return answer
 
     episode = await _run_graph("minihack", script, seed=2, max_steps=100, task="MazeWalk-9x9")

@@ -34,8 +34,12 @@ MOVES = ["north", "east", "south", "west", "northeast", "southeast", "southwest"
 def test_balrog_settings_are_pinned() -> None:
     """balrog/config/config.yaml (minihack_kwargs, nle_kwargs, tasks) and the wrappers it uses."""
     assert BALROG_MINIHACK_KWARGS == {
-        "character": "@", "max_episode_steps": 100, "penalty_step": -0.01, "penalty_time": 0.0,
-        "penalty_mode": "constant", "autopickup": False,
+        "character": "@",
+        "max_episode_steps": 100,
+        "penalty_step": -0.01,
+        "penalty_time": 0.0,
+        "penalty_mode": "constant",
+        "autopickup": False,
     }
     assert BALROG_NETHACK_KWARGS == {"character": "@", "max_episode_steps": 100_000, "no_progress_timeout": 150}
     minihack = make_minihack("MazeWalk-9x9", protocol="balrog")
@@ -50,8 +54,12 @@ def test_balrog_settings_are_pinned() -> None:
 
     mh = get_family("minihack").balrog
     assert mh is not None and mh.task_names() == (
-        "MiniHack-MazeWalk-9x9-v0", "MiniHack-MazeWalk-15x15-v0", "MiniHack-Corridor-R3-v0",
-        "MiniHack-CorridorBattle-Dark-v0", "MiniHack-Quest-Easy-v0", "MiniHack-Quest-Medium-v0",
+        "MiniHack-MazeWalk-9x9-v0",
+        "MiniHack-MazeWalk-15x15-v0",
+        "MiniHack-Corridor-R3-v0",
+        "MiniHack-CorridorBattle-Dark-v0",
+        "MiniHack-Quest-Easy-v0",
+        "MiniHack-Quest-Medium-v0",
     )
     assert set(mh.left_out) == {"MiniHack-Boxoban-Hard-v0", "MiniHack-Boxoban-Medium-v0"}
     assert mh.history_length == 16 and mh.max_tokens == 8192 and mh.episodes_per_task == 5
@@ -100,17 +108,39 @@ def test_positions_in_words() -> None:
     assert L.position_words(1, 4) == ("near", "northnortheast")
     assert L.position_words(0, -6) == ("far", "south")
     assert L.position_words(-25, 3) == ("very far", "westnorthwest")
-    assert [L.distance_words(d) for d in (1, 2, 5, 6, 19, 20)] == ["adjacent", "very near", "near", "far", "far", "very far"]
+    assert [L.distance_words(d) for d in (1, 2, 5, 6, 19, 20)] == [
+        "adjacent",
+        "very near",
+        "near",
+        "far",
+        "far",
+        "very far",
+    ]
 
 
 def test_plurals_and_direction_lists() -> None:
     assert [L.pluralize(n) for n in ("dark area", "fly", "wolf", "staff", "lenses", "lava", "box", "lich")] == [
-        "dark areas", "flies", "wolves", "staves", "lenses", "area of lava", "boxes", "lichs",
+        "dark areas",
+        "flies",
+        "wolves",
+        "staves",
+        "lenses",
+        "area of lava",
+        "boxes",
+        "lichs",
     ]
-    items = [("wall", "near", "north"), ("wall", "near", "east"), ("wall", "near", "south"),
-             ("fountain", "far", "east"), ("fountain", "far", "east"), ("fountain", "far", "west")]
+    items = [
+        ("wall", "near", "north"),
+        ("wall", "near", "east"),
+        ("wall", "near", "south"),
+        ("fountain", "far", "east"),
+        ("fountain", "far", "east"),
+        ("fountain", "far", "west"),
+    ]
     assert L._group(items) == [
-        ("wall", "near", "north, east, and south"), ("fountain", "far", "west"), ("fountains", "far", "east"),
+        ("wall", "near", "north, east, and south"),
+        ("fountain", "far", "west"),
+        ("fountains", "far", "east"),
     ]
 
 
@@ -124,7 +154,9 @@ def _screen(*rows: str) -> np.ndarray:
 def test_message_rules_on_synthetic_screens() -> None:
     assert L.text_message(_screen("You see here a dagger.", "  |..@..|")) == "You see here a dagger."
     assert L.text_message(_screen()) == ""
-    window = _screen("          Things that are here:", "          a dagger", "          an apple", "          --More--")
+    window = _screen(
+        "          Things that are here:", "          a dagger", "          an apple", "          --More--"
+    )
     assert L.text_message(window) == "Things that are here:\na dagger\nan apple\n--More--"
     menu = _screen(" Weapons", " a - a long sword", " (end)")
     assert L.text_message(menu) == "Weapons\na - a long sword\n(end)"
@@ -206,8 +238,10 @@ def test_invalid_answers_run_the_default_action_at_no_cost_as_in_balrog() -> Non
         assert result.info["action"] == "north" and not result.info["valid_action"] and played.info["valid_action"]
         assert result.reward == played.reward and result.observation == played.observation
     assert env.step("  south. ").info["valid_action"]
-    for make in (lambda **kw: make_minihack("MazeWalk-9x9", protocol="balrog", **kw),
-                 lambda **kw: make_nethack(1, protocol="balrog", **kw)):
+    for make in (
+        lambda **kw: make_minihack("MazeWalk-9x9", protocol="balrog", **kw),
+        lambda **kw: make_nethack(1, protocol="balrog", **kw),
+    ):
         assert make().invalid_action_penalty == 0.0
         costly = make(invalid_action_penalty=0.1)  # a penalty given on purpose is paid
         free = make()
@@ -309,7 +343,9 @@ def test_minihack_goal_gives_balrogs_progression() -> None:
     assert all(r.info["progression"] == 0.0 for r in results[:-1])
 
 
-@pytest.mark.parametrize("name,cls", [("minihack:Corridor-R3", BalrogMiniHackTextEnv), ("nethack", BalrogNetHackTextEnv)])
+@pytest.mark.parametrize(
+    "name,cls", [("minihack:Corridor-R3", BalrogMiniHackTextEnv), ("nethack", BalrogNetHackTextEnv)]
+)
 def test_registry_builds_balrogs_variant_under_its_protocol(name: str, cls: type) -> None:
     from verlog.envs.registry import make_env
 
@@ -333,8 +369,9 @@ async def test_the_invalid_answer_note_heads_the_long_term_part_as_in_balrog() -
             return await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
 
     answers = ["Let me think.", "south", "east"]
-    graph = build_game_graph(Recording(messages=iter(AIMessage(a) for a in answers)), "minihack:MazeWalk-9x9",
-                             protocol="balrog", max_steps=3)
+    graph = build_game_graph(
+        Recording(messages=iter(AIMessage(a) for a in answers)), "minihack:MazeWalk-9x9", protocol="balrog", max_steps=3
+    )
     state = await graph.ainvoke({"seed": 0})
     note = balrog_protocol.invalid_answer_note("north")
     current = prompts[1][-1].content  # after the invalid answer

@@ -133,9 +133,13 @@ def test_games_built_from_several_threads_at_once(tmp_path: Path) -> None:
 
 
 def test_settings_and_names_are_checked() -> None:
-    with pytest.raises(ValueError, match="valid names: .*textworld:treasure_hunter, textworld:coin_collector, textworld:cooking"):
+    with pytest.raises(
+        ValueError, match="valid names: .*textworld:treasure_hunter, textworld:coin_collector, textworld:cooking"
+    ):
         make_env("textworld:zork")
-    with pytest.raises(ValueError, match="valid names: textworld:treasure_hunter, textworld:coin_collector, textworld:cooking"):
+    with pytest.raises(
+        ValueError, match="valid names: textworld:treasure_hunter, textworld:coin_collector, textworld:cooking"
+    ):
         TextWorldTextEnv("zork")
     with pytest.raises(ValueError, match="unknown setting 'levels'"):
         TextWorldTextEnv("coin_collector", levels=3)
@@ -190,7 +194,9 @@ async def test_walkthrough_wins_through_the_agent_graph() -> None:
     graph_file = load_graph_file(Path(__file__).resolve().parents[1] / "graphs" / "textworld.py")
     model = VerlogChatModel(engine=ScriptedEngine(tokenizer, answers), tokenizer=tokenizer, max_tokens=64)
     graph = graph_file.build(model, game="coin_collector")
-    episode = await run_episode(graph, graph_file.episode_input(1), graph_config={"recursion_limit": recursion_limit_for(80)})
+    episode = await run_episode(
+        graph, graph_file.episode_input(1), graph_config={"recursion_limit": recursion_limit_for(80)}
+    )
     assert episode.status == "ok", episode.error
     assert len(episode.turns) == len(answers)
     assert [t.reward for t in episode.turns] == [0.0] * (len(answers) - 1) + [1.0]

@@ -39,8 +39,15 @@ def test_balrog_settings_are_pinned() -> None:
     assert SETTINGS["balrog"]["treasure_hunter"] == {"level": 30, "only_last_action": True, "walkthrough_length": 20}
     assert SETTINGS["balrog"]["coin_collector"] == {"level": 220, "only_last_action": True}
     assert SETTINGS["balrog"]["cooking"] == {
-        "recipe": 5, "take": 5, "go": 12, "open": True, "cook": True, "cut": True, "drop": False,
-        "split": "test", "recipe_seed": 0,
+        "recipe": 5,
+        "take": 5,
+        "go": 12,
+        "open": True,
+        "cook": True,
+        "cut": True,
+        "drop": False,
+        "split": "test",
+        "recipe_seed": 0,
     }
     assert BALROG_POOL_SIZE == 25 and DEFAULT_MAX_STEPS == 80
     assert list(BALROG_TASK_NAMES.values()) == ["treasure_hunter", "the_cooking_game", "coin_collector"]
@@ -165,10 +172,16 @@ async def _run_16_episodes(protocol: str, max_steps: int) -> list:
     model = VerlogChatModel(engine=ScriptedEngine(tokenizer, [answer]), tokenizer=tokenizer, max_tokens=16)
     graph_file = load_graph_file(Path(__file__).resolve().parents[1] / "graphs" / "textworld.py")
     graph = graph_file.build(model, game="coin_collector", protocol=protocol, max_steps=max_steps, max_tokens=16)
-    episodes = await asyncio.gather(*[
-        run_episode(graph, graph_file.episode_input(seed % 4), graph_config={"recursion_limit": recursion_limit_for(max_steps)})
-        for seed in range(16)
-    ])
+    episodes = await asyncio.gather(
+        *[
+            run_episode(
+                graph,
+                graph_file.episode_input(seed % 4),
+                graph_config={"recursion_limit": recursion_limit_for(max_steps)},
+            )
+            for seed in range(16)
+        ]
+    )
     assert [e.status for e in episodes] == ["ok"] * 16, [e.error for e in episodes if e.status != "ok"]
     assert all(len(e.turns) == max_steps and e.turns[-1].truncated for e in episodes)
     return episodes
@@ -196,7 +209,9 @@ async def test_16_concurrent_full_episodes_through_the_agent_graph(protocol: str
 def test_balrog_walkthrough_wins_99_percent_of_200_fresh_games(family: str) -> None:
     """BALROG's game settings and cap, 200 games (no pool: every seed its own game)."""
     env = TextWorldTextEnv(family, protocol="balrog", pool_size=None)
-    wins = sum(bool(play_steps(env, TextWorldWalkthroughAgent(env), seed)[-1].info.get("success")) for seed in range(200))
+    wins = sum(
+        bool(play_steps(env, TextWorldWalkthroughAgent(env), seed)[-1].info.get("success")) for seed in range(200)
+    )
     assert wins >= 198, f"{family}: {wins}/200"
 
 
@@ -211,8 +226,9 @@ def test_balrog_treasure_hunter_walkthrough_wins_every_winnable_game_of_200_fres
     for seed in range(100_000, 100_200):
         results = play_steps(env, TextWorldWalkthroughAgent(env), seed)
         if not results[-1].info["won"]:
-            options = [r.observation.split(AMBIGUOUS, 1)[1].split("?", 1)[0]
-                       for r in results if AMBIGUOUS in r.observation]
+            options = [
+                r.observation.split(AMBIGUOUS, 1)[1].split("?", 1)[0] for r in results if AMBIGUOUS in r.observation
+            ]
             # "Which do you mean, portal or non-euclidean portal?": the untypeable "-" tells them apart
             assert options and all(re.search(r"[^A-Za-z\s,]", o) for o in options), (seed, options)
             lost.append(seed)
@@ -267,12 +283,24 @@ def test_walkthrough_agent_drops_each_key_after_its_last_use() -> None:
     from verlog.envs.textworld.env import keys_dropped_after_use
 
     plan = [
-        "take key", "unlock gate with key", "open gate", "take non-euclidean key from box",
-        "unlock gateway with non-euclidean key", "open gateway", "take keycard",
+        "take key",
+        "unlock gate with key",
+        "open gate",
+        "take non-euclidean key from box",
+        "unlock gateway with non-euclidean key",
+        "open gateway",
+        "take keycard",
     ]
     assert keys_dropped_after_use(plan) == [
-        "take key", "unlock gate with key", "drop key", "open gate", "take non-euclidean key from box",
-        "unlock gateway with non-euclidean key", "drop non-euclidean key", "open gateway", "take keycard",
+        "take key",
+        "unlock gate with key",
+        "drop key",
+        "open gate",
+        "take non-euclidean key from box",
+        "unlock gateway with non-euclidean key",
+        "drop non-euclidean key",
+        "open gateway",
+        "take keycard",
     ]
     # a key used again is dropped after its last use only
     twice = ["take latchkey", "unlock box with latchkey", "go west", "unlock door with latchkey", "go west"]
@@ -311,10 +339,25 @@ def test_walkthrough_plan_drops_steps_that_change_nothing() -> None:
     from verlog.envs.textworld.env import shortened_walkthrough
 
     walkthrough = [
-        "inventory", "examine cookbook", "go north", "go south", "go east", "take knife from table",
-        "dice carrot with knife", "drop knife", "take knife", "slice onion with knife", "drop knife", "prepare meal",
+        "inventory",
+        "examine cookbook",
+        "go north",
+        "go south",
+        "go east",
+        "take knife from table",
+        "dice carrot with knife",
+        "drop knife",
+        "take knife",
+        "slice onion with knife",
+        "drop knife",
+        "prepare meal",
     ]
     assert shortened_walkthrough(walkthrough) == [
-        "examine cookbook", "go east", "take knife from table", "dice carrot with knife",
-        "slice onion with knife", "drop knife", "prepare meal",
+        "examine cookbook",
+        "go east",
+        "take knife from table",
+        "dice carrot with knife",
+        "slice onion with knife",
+        "drop knife",
+        "prepare meal",
     ]

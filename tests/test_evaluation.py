@@ -25,9 +25,21 @@ from verlog.evaluation.runner import episode_progression
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def record(env: str, task: str, seed: int, progression: float, *, status: str = "ok", ret: float = 0.0) -> EpisodeRecord:
-    return EpisodeRecord(f"{env}/{task}/{seed}", env, task, seed, status, turns=3, episode_return=ret,
-                         success=status == "ok" and progression == 100.0, progression=progression, seconds=0.1)
+def record(
+    env: str, task: str, seed: int, progression: float, *, status: str = "ok", ret: float = 0.0
+) -> EpisodeRecord:
+    return EpisodeRecord(
+        f"{env}/{task}/{seed}",
+        env,
+        task,
+        seed,
+        status,
+        turns=3,
+        episode_return=ret,
+        success=status == "ok" and progression == 100.0,
+        progression=progression,
+        seconds=0.1,
+    )
 
 
 def _said(capsys) -> str:
@@ -40,7 +52,9 @@ def hand_made() -> list[EpisodeRecord]:
     return [
         *(record("a", "a1", s, p) for s, p in enumerate([100.0, 0.0, 100.0, 0.0])),
         *(record("a", "a2", s, 50.0, ret=1.0) for s in range(2)),
-        record("b", "b", 0, 10.0), record("b", "b", 1, 20.0), record("b", "b", 2, 30.0, status="timeout"),
+        record("b", "b", 0, 10.0),
+        record("b", "b", 1, 20.0),
+        record("b", "b", 2, 30.0, status="timeout"),
     ]
 
 
@@ -70,9 +84,12 @@ def test_progression_is_averaged_per_task_then_environment_then_overall():
 
 def test_episode_progression_follows_balrog():
     assert episode_progression("crafter", {"achievements": ["collect_wood", "place_table"]}, False) == pytest.approx(
-        100 * 2 / 22)
+        100 * 2 / 22
+    )
     assert episode_progression("textworld", {"score": 3, "max_score": 12, "won": False}, False) == 25.0
-    assert episode_progression("nethack", {"max_depth": 2, "max_experience_level": 1}, False) == pytest.approx(1.54, abs=0.01)
+    assert episode_progression("nethack", {"max_depth": 2, "max_experience_level": 1}, False) == pytest.approx(
+        1.54, abs=0.01
+    )
     assert episode_progression("minihack", {"progression": 1.0}, True) == 100.0
     # a game without a BALROG definition scores its goal
     assert episode_progression("guess_number", {"success": True}, True) == 100.0
@@ -115,8 +132,14 @@ def test_summary_table_json_and_chart(tmp_path):
 
 def test_balrog_suite_names_six_environments():
     tasks = plan_tasks([], ["eval.episodes=2"], suite="balrog")
-    assert list(dict.fromkeys(t.env for t in tasks)) == ["babyai", "babaisai", "crafter", "textworld", "minihack",
-                                                         "nethack"]
+    assert list(dict.fromkeys(t.env for t in tasks)) == [
+        "babyai",
+        "babaisai",
+        "crafter",
+        "textworld",
+        "minihack",
+        "nethack",
+    ]
     cooking = next(t for t in tasks if t.name == "the_cooking_game")
     assert cooking.graph_kwargs["game"] == "cooking" and cooking.config.eval.episodes == 2
     with pytest.raises(ConfigError, match="known suites: balrog"):
@@ -139,8 +162,19 @@ def test_unreachable_endpoint_is_one_clear_line(tmp_path, capsys):
     from serve_load import free_port
 
     url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
-    code = main(["eval", str(ROOT / "configs" / "guess_number.yaml"), "--base-url", url, "--model", "tiny",
-                 "--out", str(tmp_path / "out"), "--no-chart"])
+    code = main(
+        [
+            "eval",
+            str(ROOT / "configs" / "guess_number.yaml"),
+            "--base-url",
+            url,
+            "--model",
+            "tiny",
+            "--out",
+            str(tmp_path / "out"),
+            "--no-chart",
+        ]
+    )
     out = _said(capsys)
     assert code == 2
     [error] = [line for line in out.splitlines() if "error" in line]
@@ -159,7 +193,8 @@ def served_tiny():
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "verlog.serve", "serve-model", "tiny", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT, stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
     )
     try:
         asyncio.run(wait_healthy(f"http://127.0.0.1:{port}", server, timeout_s=120))
@@ -189,8 +224,14 @@ def _lines(path: Path) -> list[dict]:
 def _start_and_kill(cmd: list[str], episodes: Path, at_least: int, sig: int) -> subprocess.Popen:
     # a shell starts background jobs with SIGINT ignored, and Python keeps an inherited "ignore":
     # the command gets the disposition a user's terminal gives it
-    process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + HANG_S  # a bound against a hang, not a speed: a busy machine is slow
     while len(_lines(episodes)) < at_least:
         assert process.poll() is None, process.stdout.read()
@@ -206,9 +247,24 @@ def test_eval_against_serve_model_resumes_after_a_kill(served_tiny, tmp_path, ca
     out = tmp_path / "eval"
     episodes = out / "episodes.jsonl"
     total = 24
-    cmd = [sys.executable, "-m", "verlog.cli", "eval", "configs/guess_number.yaml",
-           "multi_turn.langgraph.graph_kwargs.max_guesses=3", "--base-url", served_tiny, "--model", "tiny",
-           "--episodes", str(total), "--concurrency", "2", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "verlog.cli",
+        "eval",
+        "configs/guess_number.yaml",
+        "multi_turn.langgraph.graph_kwargs.max_guesses=3",
+        "--base-url",
+        served_tiny,
+        "--model",
+        "tiny",
+        "--episodes",
+        str(total),
+        "--concurrency",
+        "2",
+        "--out",
+        str(out),
+    ]
 
     # Ctrl-C: a clean stop that says how to go on
     first = _start_and_kill(cmd, episodes, 2, signal.SIGINT)
@@ -228,7 +284,7 @@ def test_eval_against_serve_model_resumes_after_a_kill(served_tiny, tmp_path, ca
     ids = [r["episode_id"] for r in after]
     assert len(ids) == len(set(ids)) == total  # nothing was played twice
     assert after[: len(before)] == before  # the finished episodes are untouched ...
-    assert all(r["finished_at"] >= killed_at for r in after[len(before):])  # ... and only the rest was played
+    assert all(r["finished_at"] >= killed_at for r in after[len(before) :])  # ... and only the rest was played
     assert {r["seed"] for r in after} == set(range(1_000_000, 1_000_000 + total))
     assert all(r["status"] == "ok" and r["turns"] == 3 and r["progression"] in (0.0, 100.0) for r in after)
 
@@ -239,7 +295,7 @@ def test_eval_against_serve_model_resumes_after_a_kill(served_tiny, tmp_path, ca
     assert "guess_number" in done.stdout and "±" in done.stdout
 
     # run again, a finished evaluation plays nothing; other settings in the same folder are refused
-    args = cmd[cmd.index("eval"):]
+    args = cmd[cmd.index("eval") :]
     assert main([*args, "--no-chart"]) == 0
     assert f"{total} finished earlier, 0 to play" in _said(capsys) and len(_lines(episodes)) == total
     assert main([*args, "--temperature", "0.2"]) == 2
@@ -250,18 +306,44 @@ def test_graph_kwargs_win_over_a_suites_and_say_the_run_is_not_its_protocol(serv
     """``--graph-kwargs`` (a smoke run: short caps and answers) update every task's graph settings
     last; a suite setting they change is named on the console and in the summary."""
     suite = tmp_path / "mini.yaml"
-    suite.write_text(yaml.safe_dump({"babyai": {
-        "config": str(ROOT / "configs" / "babyai.yaml"),
-        "overrides": {"rollout.episode_timeout_s": None},
-        "graph_kwargs": {"protocol": "balrog", "history_turns": 16, "max_tokens": 8192, "max_steps": None},
-        "tasks": [{"name": "goto", "graph_kwargs": {"task": "goto"}}, {"name": "open", "graph_kwargs": {"task": "open"}}],
-    }}))
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "babyai": {
+                    "config": str(ROOT / "configs" / "babyai.yaml"),
+                    "overrides": {"rollout.episode_timeout_s": None},
+                    "graph_kwargs": {"protocol": "balrog", "history_turns": 16, "max_tokens": 8192, "max_steps": None},
+                    "tasks": [
+                        {"name": "goto", "graph_kwargs": {"task": "goto"}},
+                        {"name": "open", "graph_kwargs": {"task": "open"}},
+                    ],
+                }
+            }
+        )
+    )
     out = tmp_path / "out"
-    args = ["eval", "--suite", str(suite), "--base-url", served_tiny, "--model", "tiny", "--episodes", "2",
-            "--graph-kwargs", '{"max_steps": 3, "max_tokens": 4}', "--out", str(out), "--no-chart"]
+    args = [
+        "eval",
+        "--suite",
+        str(suite),
+        "--base-url",
+        served_tiny,
+        "--model",
+        "tiny",
+        "--episodes",
+        "2",
+        "--graph-kwargs",
+        '{"max_steps": 3, "max_tokens": 4}',
+        "--out",
+        str(out),
+        "--no-chart",
+    ]
     assert main(args) == 0
     said = _said(capsys)
-    assert "not the suite's protocol: balrog_source, max_steps, max_tokens differ from it (balrog_source: no --balrog" in said
+    assert (
+        "not the suite's protocol: balrog_source, max_steps, max_tokens differ from it (balrog_source: no --balrog"
+        in said
+    )
     records = _lines(out / "episodes.jsonl")
     assert len(records) == 4 and all(r["status"] == "ok" and r["turns"] == 3 for r in records)
     summary = json.loads((out / "summary.json").read_text())

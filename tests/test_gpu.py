@@ -29,12 +29,17 @@ def _apply(marks):
         for mark in reversed(marks):
             fn = mark(fn)
         return fn
+
     return wrap
 
 
 def prompts(tokenizer, n: int) -> list[list[int]]:
-    return [tokenizer(f"game {i}: the agent walks to the {['red', 'blue', 'green'][i % 3]} door and",
-                      add_special_tokens=False)["input_ids"] for i in range(n)]
+    return [
+        tokenizer(
+            f"game {i}: the agent walks to the {['red', 'blue', 'green'][i % 3]} door and", add_special_tokens=False
+        )["input_ids"]
+        for i in range(n)
+    ]
 
 
 @pytest.fixture
@@ -53,9 +58,13 @@ def test_greedy_engine_on_cuda_equals_hf_generate(cuda_model, tiny_tokenizer):
     engine.close()
     for p, g in zip(batch, gens):
         with torch.inference_mode():
-            out = cuda_model.generate(torch.tensor([p], device=CUDA), do_sample=False, max_new_tokens=12,
-                                      pad_token_id=tiny_tokenizer.pad_token_id or 0)
-        expected = out[0, len(p):].tolist()
+            out = cuda_model.generate(
+                torch.tensor([p], device=CUDA),
+                do_sample=False,
+                max_new_tokens=12,
+                pad_token_id=tiny_tokenizer.pad_token_id or 0,
+            )
+        expected = out[0, len(p) :].tolist()
         assert g.token_ids == expected[: len(g.token_ids)]
 
 
@@ -64,7 +73,9 @@ def test_sampled_logprobs_under_bf16_autocast_match_a_teacher_forced_pass_on_cud
     engine = EmbeddedEngine(cuda_model, tiny_tokenizer, autocast=torch.bfloat16)
     batch = prompts(tiny_tokenizer, 6)
     gens = asyncio.run(_gather(engine, batch, SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=16, seed=5)))
-    again = asyncio.run(_gather(engine, batch[:1], SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=16, seed=5)))
+    again = asyncio.run(
+        _gather(engine, batch[:1], SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=16, seed=5))
+    )
     engine.close()
     assert again[0].token_ids == gens[0].token_ids  # a seeded request's stream is its own, batched or alone
     for p, g in zip(batch, gens):
@@ -89,8 +100,13 @@ def test_stop_strings_and_grammars_on_cuda(cuda_model, tiny_tokenizer):
     cut = asyncio.run(_gather(engine, [p], SamplingParams(temperature=0, max_new_tokens=20, stop=(stop,))))[0]
     assert cut.finish_reason == "stop" and stop in tiny_tokenizer.decode(cut.token_ids)
     assert cut.token_ids == free.token_ids[: len(cut.token_ids)] and len(cut.token_ids) < len(free.token_ids)
-    shaped = asyncio.run(_gather(engine, [p] * 3, SamplingParams(temperature=1.0, max_new_tokens=60, seed=2,
-                                                                constraint=Constraint.json_schema(schema))))
+    shaped = asyncio.run(
+        _gather(
+            engine,
+            [p] * 3,
+            SamplingParams(temperature=1.0, max_new_tokens=60, seed=2, constraint=Constraint.json_schema(schema)),
+        )
+    )
     engine.close()
     for g in shaped:
         if g.finish_reason == "stop":
@@ -118,7 +134,10 @@ def test_gpu_check_dry_runs_on_the_cpu(tmp_path):
         pytest.skip("a CUDA device is present: make gpu-check runs for real")
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--work-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]

@@ -63,8 +63,9 @@ def test_bad_graph_kwargs_and_missing_make_input(tmp_path):
 
 def test_build_graph_that_raises_is_a_graph_file_error(tmp_path):
     path = tmp_path / "raising.py"
-    path.write_text("def build_graph(model, task='goto'):\n"
-                    "    raise ValueError(f'unknown task {task!r}\\nvalid: goto, pickup')\n")
+    path.write_text(
+        "def build_graph(model, task='goto'):\n    raise ValueError(f'unknown task {task!r}\\nvalid: goto, pickup')\n"
+    )
     with pytest.raises(GraphFileError) as info:
         load_graph_file(path).build(model=None, task="fly")
     message = str(info.value)

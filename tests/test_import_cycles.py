@@ -31,7 +31,9 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]) if node.level else node.module
+            base = (
+                ".".join(package[: len(package) - node.level + 1] + [node.module or ""]) if node.level else node.module
+            )
             base = (base or "").strip(".")
             for alias in node.names:
                 sub = f"{base}.{alias.name}"

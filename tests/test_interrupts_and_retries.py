@@ -25,8 +25,9 @@ RESPONDER = f"{ROOT / 'examples' / 'follow_up_user.py'}:ask"
 RETRY_JOIN = ROOT / "tests" / "graphs" / "retry_join.py"
 
 
-def write_config(tmp_path: Path, name: str, graph: Path, *, updates: int = 2, num_envs: int = 2,
-                 turns_per_env: int = 3, **langgraph) -> tuple[Path, Path]:
+def write_config(
+    tmp_path: Path, name: str, graph: Path, *, updates: int = 2, num_envs: int = 2, turns_per_env: int = 3, **langgraph
+) -> tuple[Path, Path]:
     """A small training config of ``graph`` on the tiny model: its file and run folder."""
     run_dir = tmp_path / name
     config = {
@@ -35,10 +36,18 @@ def write_config(tmp_path: Path, name: str, graph: Path, *, updates: int = 2, nu
         "sampling": {"temperature": 1.0, "max_tokens": 8},
         "multi_turn": {"langgraph": {"path": str(graph), **langgraph}},
         "rollout": {"episode_timeout_s": 120, "seed": 0, "episodes": 4},
-        "trainer": {"run_dir": str(run_dir), "total_updates": updates, "num_envs": num_envs,
-                    "turns_per_env": turns_per_env, "save_every": 0, "eval_every": 0, "torch_threads": 1,
-                    "max_consecutive_failures": 3},
-        "actor": {"lr": 1.0e-4}, "critic": {"lr": 1.0e-3},
+        "trainer": {
+            "run_dir": str(run_dir),
+            "total_updates": updates,
+            "num_envs": num_envs,
+            "turns_per_env": turns_per_env,
+            "save_every": 0,
+            "eval_every": 0,
+            "torch_threads": 1,
+            "max_consecutive_failures": 3,
+        },
+        "actor": {"lr": 1.0e-4},
+        "critic": {"lr": 1.0e-3},
         "algorithm": {"mini_batch_turns": num_envs * turns_per_env, "kl_coef": 0.0, "ppo_epochs": 1},
         "critic_warmup": {"buffer_multiplier": 0},
         "eval": {"episodes": 2, "at_start": False, "at_end": False},
@@ -105,8 +114,15 @@ def test_without_a_responder_episodes_are_interrupted_never_ok_nor_trained(tmp_p
 def test_interrupted_episodes_are_left_out_of_training_like_failed_ones(tmp_path):
     """Odd seeds pause at interrupt() (nobody answers), even seeds play 2 steps: training goes on
     with the finished episodes only, the paused ones counted as failed."""
-    config, run_dir = write_config(tmp_path, "mixed", RETRY_JOIN, graph_kwargs={"style": "pause", "steps": 2},
-                                   updates=3, num_envs=2, turns_per_env=4)
+    config, run_dir = write_config(
+        tmp_path,
+        "mixed",
+        RETRY_JOIN,
+        graph_kwargs={"style": "pause", "steps": 2},
+        updates=3,
+        num_envs=2,
+        turns_per_env=4,
+    )
     with pytest.warns(RuntimeWarning, match=r"stopped at interrupt\(\) and are not trained.*on_interrupt"):
         assert main(["train", str(config)]) == 0
     rows = update_rows(run_dir)
@@ -121,8 +137,9 @@ def test_interrupted_episodes_are_counted_apart_and_not_scored():
     def record(i: int, status: str, success: bool) -> EpisodeRecord:
         return EpisodeRecord(f"e{i}", "env", "task", i, status, 1, float(success), success, 100.0 * success, 0.1)
 
-    result = TaskResult.from_records("env", "task", [record(0, "ok", True), record(1, "interrupted", False),
-                                                     record(2, "interrupted", False)])
+    result = TaskResult.from_records(
+        "env", "task", [record(0, "ok", True), record(1, "interrupted", False), record(2, "interrupted", False)]
+    )
     assert (result.episodes, result.win_rate, result.interrupted, result.errors) == (1, 1.0, 2, 0)
 
 
@@ -130,7 +147,9 @@ def test_on_interrupt_is_checked_with_a_one_line_error_naming_the_key(tmp_path):
     config, _ = write_config(tmp_path, "bad", FOLLOW_UP, on_interrupt="follow_up_user")
     with pytest.raises(ConfigError, match=r"multi_turn\.langgraph\.on_interrupt.*file\.py:function"):
         load_config(config)
-    config, _ = write_config(tmp_path, "missing", FOLLOW_UP, on_interrupt=f"{ROOT / 'examples' / 'follow_up_user.py'}:nope")
+    config, _ = write_config(
+        tmp_path, "missing", FOLLOW_UP, on_interrupt=f"{ROOT / 'examples' / 'follow_up_user.py'}:nope"
+    )
     from verlog.rollout.interrupts import InterruptResponder
 
     with pytest.raises(ConfigError, match=r"multi_turn\.langgraph\.on_interrupt.*no function 'nope'.*ask"):
@@ -151,8 +170,11 @@ async def test_a_responder_that_raises_fails_its_episode_saying_so():
         raise KeyError("no question left")
 
     graph_file = load_graph_file(FOLLOW_UP)
-    episode = await run_episode(graph_file.build(FakeListChatModel(responses=["an answer"])), graph_file.make_input(0),
-                                interrupts=InterruptResponder(respond))
+    episode = await run_episode(
+        graph_file.build(FakeListChatModel(responses=["an answer"])),
+        graph_file.make_input(0),
+        interrupts=InterruptResponder(respond),
+    )
     assert episode.status == "error"
     assert "on_interrupt: respond raised KeyError" in episode.error and episode.trainable_turns() == []
 
@@ -167,8 +189,11 @@ async def test_a_graph_that_always_pauses_stops_after_max_resumes(tmp_path):
     graph_file = load_graph_file(FOLLOW_UP)
     graph = graph_file.build(FakeListChatModel(responses=["an answer"]), max_follow_ups=1000)
     calls = []
-    episode = await run_episode(graph, graph_file.make_input(0),
-                                interrupts=InterruptResponder(lambda value, state: calls.append(value) or "more?", 3))
+    episode = await run_episode(
+        graph,
+        graph_file.make_input(0),
+        interrupts=InterruptResponder(lambda value, state: calls.append(value) or "more?", 3),
+    )
     assert episode.status == "interrupted" and episode.resumes == 3 and len(calls) == 3
     assert "max_resumes" in episode.error and episode.model_calls == 4
 
@@ -207,8 +232,14 @@ async def test_parallel_pauses_are_answered_each_by_interrupt_id():
 def test_retry_policy_graph_trains_without_the_discarded_calls(tmp_path, keep):
     """Each of the 2 steps makes a call whose node attempt then raises and a call in the retry: by
     default an episode trains 2 turns and counts 2 discarded calls; with train_discarded_calls 4."""
-    config, run_dir = write_config(tmp_path, f"retry{keep}", RETRY_JOIN, train_discarded_calls=keep,
-                                   graph_kwargs={"style": "retry_policy", "steps": 2}, turns_per_env=4)
+    config, run_dir = write_config(
+        tmp_path,
+        f"retry{keep}",
+        RETRY_JOIN,
+        train_discarded_calls=keep,
+        graph_kwargs={"style": "retry_policy", "steps": 2},
+        turns_per_env=4,
+    )
     assert main(["train", str(config)]) == 0
     rows = update_rows(run_dir)
     assert [r["update"] for r in rows] == [1, 2]
@@ -218,10 +249,15 @@ def test_retry_policy_graph_trains_without_the_discarded_calls(tmp_path, keep):
     assert all(r["discarded_calls"] == 2 * r["episodes"] for r in ended)
 
 
-@pytest.mark.parametrize("style,calls,discarded", [
-    ("retry_policy", 4, 2), ("with_retry", 4, 2), ("with_fallbacks", 4, 2),
-    ("errored_call", 6, 0),  # 2 calls per step errored themselves: never turns, nothing to discard
-])
+@pytest.mark.parametrize(
+    "style,calls,discarded",
+    [
+        ("retry_policy", 4, 2),
+        ("with_retry", 4, 2),
+        ("with_fallbacks", 4, 2),
+        ("errored_call", 6, 0),  # 2 calls per step errored themselves: never turns, nothing to discard
+    ],
+)
 def test_calls_of_failed_attempts_never_become_turns_in_rollout(tmp_path, style, calls, discarded):
     config, _ = write_config(tmp_path, style, RETRY_JOIN, graph_kwargs={"style": style, "steps": 2})
     episodes = rollout_json(config, tmp_path, 2)
@@ -290,8 +326,9 @@ async def test_a_call_made_before_interrupt_in_the_same_node_is_discarded_not_tr
     builder.add_node("draft", draft)
     builder.add_edge(START, "draft")
     builder.add_edge("draft", END)
-    episode = await run_episode(builder.compile(), {"i": 0, "said": []},
-                                interrupts=InterruptResponder(lambda value, state: "approved"))
+    episode = await run_episode(
+        builder.compile(), {"i": 0, "said": []}, interrupts=InterruptResponder(lambda value, state: "approved")
+    )
     assert episode.status == "ok" and episode.output["said"] == ["approved"]
     assert (episode.model_calls, len(episode.turns), episode.discarded_calls) == (2, 1, 1)
     assert episode.turns[0].reward == 1.0
@@ -338,8 +375,9 @@ def test_a_join_graph_trains_with_every_join_reward_on_a_trained_turn(tmp_path):
     """verlog train on the join graph: each episode is 3 parallel calls and one join reward of 1;
     with 3 turns per slot every batch holds whole episodes and its mean turn reward is exactly 1/3
     (no reward lost to a batch boundary or given twice)."""
-    config, run_dir = write_config(tmp_path, "join_train", RETRY_JOIN, turns_per_env=3,
-                                   graph_kwargs={"style": "join", "steps": 1, "branches": 3})
+    config, run_dir = write_config(
+        tmp_path, "join_train", RETRY_JOIN, turns_per_env=3, graph_kwargs={"style": "join", "steps": 1, "branches": 3}
+    )
     assert main(["train", str(config)]) == 0
     rows = update_rows(run_dir)
     assert [r["update"] for r in rows] == [1, 2]

@@ -37,7 +37,9 @@ class CountingEngine(Engine):
     def stop_token_ids(self, sampling: SamplingParams) -> list[int]:
         return self.inner.stop_token_ids(sampling)
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> Generation:
         if request_id is None:
             self.other_calls += 1
         else:
@@ -75,8 +77,14 @@ async def test_a_judge_on_the_policys_engine_never_makes_a_training_turn(tiny_mo
     def build(gated):
         return one_call_graph(VerlogChatModel(engine=gated, tokenizer=tiny_tokenizer, max_tokens=6))
 
-    runner = SlotRunner(engine, build, lambda seed: {"messages": [HumanMessage(f"question {seed}")]},
-                        num_envs=4, turns_per_env=3, on_episode_end=on_episode_end)
+    runner = SlotRunner(
+        engine,
+        build,
+        lambda seed: {"messages": [HumanMessage(f"question {seed}")]},
+        num_envs=4,
+        turns_per_env=3,
+        on_episode_end=on_episode_end,
+    )
     try:
         batches = [await runner.collect() for _ in range(2)]
     finally:
@@ -104,11 +112,23 @@ def test_verlog_train_with_a_policy_judge(tmp_path):
     judge = {**JUDGE, "reference_column": "answer"}
     run_dir = tmp_path / "run"
     args = [
-        f"data.train={train}", "data.validation=null", "data.test=null", "reward.functions=[]",
-        f"reward.judges=[{json.dumps(judge)}]", f"trainer.run_dir={run_dir}", "trainer.total_updates=2",
-        "trainer.num_envs=4", "trainer.group_size=2", "trainer.turns_per_env=4", "trainer.save_every=0",
-        "trainer.torch_threads=1", "sampling.max_tokens=8", "eval.at_start=false", "eval.at_end=false",
-        "wandb.mode=disabled", "algorithm.mini_batch_turns=16",
+        f"data.train={train}",
+        "data.validation=null",
+        "data.test=null",
+        "reward.functions=[]",
+        f"reward.judges=[{json.dumps(judge)}]",
+        f"trainer.run_dir={run_dir}",
+        "trainer.total_updates=2",
+        "trainer.num_envs=4",
+        "trainer.group_size=2",
+        "trainer.turns_per_env=4",
+        "trainer.save_every=0",
+        "trainer.torch_threads=1",
+        "sampling.max_tokens=8",
+        "eval.at_start=false",
+        "eval.at_end=false",
+        "wandb.mode=disabled",
+        "algorithm.mini_batch_turns=16",
     ]
     assert main(["train", str(ROOT / "configs" / "calculator.yaml"), *args]) == 0
     updates = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -37,8 +37,9 @@ MAX_UPDATES = 120
 def learned(tmp_path_factory):
     """PPO on the corridor, stopped early once a validation evaluation reaches 0.95."""
     run_dir = tmp_path_factory.mktemp("ppo")
-    config = corridor_config(run_dir, "trainer.eval_every=5", "trainer.stop_at_win_rate=0.95",
-                             f"trainer.total_updates={MAX_UPDATES}")
+    config = corridor_config(
+        run_dir, "trainer.eval_every=5", "trainer.stop_at_win_rate=0.95", f"trainer.total_updates={MAX_UPDATES}"
+    )
     return train(config, console=Console(quiet=True))
 
 
@@ -57,8 +58,12 @@ def test_ppo_learns_the_cue_corridor(learned):
 @pytest.mark.timeout(1500)  # as many updates as the learning run took
 def test_zero_advantages_do_not_learn(learned, tmp_path):
     control = train(
-        corridor_config(tmp_path / "zero", "algorithm.estimator=zero", "eval.at_start=false",
-                        f"trainer.total_updates={learned.updates}"),
+        corridor_config(
+            tmp_path / "zero",
+            "algorithm.estimator=zero",
+            "eval.at_start=false",
+            f"trainer.total_updates={learned.updates}",
+        ),
         console=Console(quiet=True),
     )
     print(f"\nzero advantages, {control.updates} updates: success -> {control.eval_end[0].win_rate:.3f}")

@@ -100,11 +100,15 @@ def _two_slots() -> TurnBatch:
     a turn cut by a time limit (truncation value 7), then a new episode's turn, also going on."""
     rewards = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64).unsqueeze(-1)
     values = torch.tensor([[[0.5, 0.0], [1.0, 0.0]], [[2.0, 0.0], [0.25, 0.0]]], dtype=torch.float64)
-    return TurnBatch(rewards, torch.ones_like(rewards, dtype=torch.bool), torch.zeros(2, 2, dtype=torch.bool),
-                     torch.tensor([[False, False], [True, False]]), values=values,
-                     bootstrap_values=torch.tensor([5.0, 6.0], dtype=torch.float64),
-                     truncation_values=torch.tensor([[float("nan"), float("nan")], [7.0, float("nan")]],
-                                                    dtype=torch.float64))
+    return TurnBatch(
+        rewards,
+        torch.ones_like(rewards, dtype=torch.bool),
+        torch.zeros(2, 2, dtype=torch.bool),
+        torch.tensor([[False, False], [True, False]]),
+        values=values,
+        bootstrap_values=torch.tensor([5.0, 6.0], dtype=torch.float64),
+        truncation_values=torch.tensor([[float("nan"), float("nan")], [7.0, float("nan")]], dtype=torch.float64),
+    )
 
 
 @pytest.mark.parametrize("bootstrap", [True, False])
@@ -117,8 +121,9 @@ def test_bootstrap_cuts_off_treats_every_cut_as_an_end(bootstrap):
     boot, trunc = (5.0, 7.0) if bootstrap else (0.0, 0.0)
     last0 = 2.0 + g * boot - 1.0
     last1 = 4.0 + g * (6.0 if bootstrap else 0.0) - 0.25
-    expected = torch.tensor([[1.0 + g * 1.0 - 0.5 + g * lam * last0, last0],
-                             [3.0 + g * trunc - 2.0, last1]], dtype=torch.float64)
+    expected = torch.tensor(
+        [[1.0 + g * 1.0 - 0.5 + g * lam * last0, last0], [3.0 + g * trunc - 2.0, last1]], dtype=torch.float64
+    )
     assert torch.allclose(adv, expected)
 
 
@@ -144,8 +149,8 @@ def test_every_row_is_a_valid_config_of_the_same_recipe():
     assert base.critic_warmup.buffer_multiplier > 0 and base.algorithm.estimator == "gae"
     rows = {row: load_config(bench.CONFIG, bench.row_overrides(row, 32)) for row in bench.ROW_NAMES}
     assert rows["b"].critic_warmup.buffer_multiplier == 0
-    assert rows["c"].algorithm.gamma_step == pytest.approx(0.99 ** 33, abs=1e-6)
-    assert rows["c"].algorithm.lam_step == pytest.approx(0.95 ** 33, abs=1e-6)
+    assert rows["c"].algorithm.gamma_step == pytest.approx(0.99**33, abs=1e-6)
+    assert rows["c"].algorithm.lam_step == pytest.approx(0.95**33, abs=1e-6)
     assert rows["d"].algorithm.bootstrap_cuts is False
     for row in ("e", "e-gigpo"):
         assert rows[row].trainer.turns_per_env == 400 and rows[row].trainer.group_size > 1
@@ -158,12 +163,33 @@ def test_every_row_is_a_valid_config_of_the_same_recipe():
 
 def test_one_tiny_run_writes_its_result_and_the_table(tmp_path):
     bench = _bench()
-    small = ["trainer.num_envs=4", "trainer.turns_per_env=4", "multi_turn.langgraph.graph_kwargs.max_steps=12",
-             "eval.episodes=2", "eval.concurrency=4", "critic_warmup.buffer_multiplier=1", "critic_warmup.iterations=1",
-             "algorithm.mini_batch_turns=16"]
+    small = [
+        "trainer.num_envs=4",
+        "trainer.turns_per_env=4",
+        "multi_turn.langgraph.graph_kwargs.max_steps=12",
+        "eval.episodes=2",
+        "eval.concurrency=4",
+        "critic_warmup.buffer_multiplier=1",
+        "critic_warmup.iterations=1",
+        "algorithm.mini_batch_turns=16",
+    ]
     results = tmp_path / "results"
-    bench.main(["run", "a", "--seed", "0", "--steps", "32", "--out", str(tmp_path / "runs"), "--results", str(results),
-                "--set", *small])
+    bench.main(
+        [
+            "run",
+            "a",
+            "--seed",
+            "0",
+            "--steps",
+            "32",
+            "--out",
+            str(tmp_path / "runs"),
+            "--results",
+            str(results),
+            "--set",
+            *small,
+        ]
+    )
     result = json.loads((results / "a" / "seed0.json").read_text())
     assert result["env_steps"] == 32 and result["updates"] == 1 and result["batch_turns"] == 16
     assert result["before"] is not None and result["after"]["episodes"] == 2
@@ -183,13 +209,21 @@ def test_times_of_a_run_in_two_sittings_restart_with_each_sittings_clock():
     """A resumed run appends to metrics.jsonl with its clock from 0: each record's seconds are
     counted within its own sitting, for the evaluations and for training alike."""
     bench = _bench()
-    task = {"episodes": 2, "progression": 50.0, "progression_se": 0.0, "return_mean": 1.0, "return_se": 0.0,
-            "length_mean": 3.0}
-    records = [{"kind": "eval", "update": 0, "elapsed_s": 10.0, "tasks": [task]},
-               {"kind": "critic_warmup", "update": 1, "elapsed_s": 12.0},
-               {"kind": "update", "update": 1, "elapsed_s": 20.0},
-               {"kind": "update", "update": 2, "elapsed_s": 4.0},  # resumed: a new clock
-               {"kind": "eval", "update": 2, "elapsed_s": 9.0, "tasks": [dict(task, progression=100.0)]}]
+    task = {
+        "episodes": 2,
+        "progression": 50.0,
+        "progression_se": 0.0,
+        "return_mean": 1.0,
+        "return_se": 0.0,
+        "length_mean": 3.0,
+    }
+    records = [
+        {"kind": "eval", "update": 0, "elapsed_s": 10.0, "tasks": [task]},
+        {"kind": "critic_warmup", "update": 1, "elapsed_s": 12.0},
+        {"kind": "update", "update": 1, "elapsed_s": 20.0},
+        {"kind": "update", "update": 2, "elapsed_s": 4.0},  # resumed: a new clock
+        {"kind": "eval", "update": 2, "elapsed_s": 9.0, "tasks": [dict(task, progression=100.0)]},
+    ]
     assert bench.training_wall(records) == 2.0 + 8.0 + 4.0
     evals = bench.evaluations(records)
     assert evals["seconds"] == 10.0 + 5.0
@@ -201,14 +235,36 @@ def test_a_grouped_row_plays_until_its_steps_reach_the_budget(tmp_path):
     steps played (``trainer.stop_at_env_steps``) reach the budget, well before its ceiling of updates,
     and reports the steps it played, not a count of full batches."""
     bench = _bench()
-    small = ["trainer.num_envs=4", "trainer.group_size=2", "trainer.turns_per_env=12",
-             "multi_turn.langgraph.graph_kwargs.max_steps=12", "eval.episodes=2", "eval.concurrency=4",
-             "algorithm.mini_batch_turns=48"]
+    small = [
+        "trainer.num_envs=4",
+        "trainer.group_size=2",
+        "trainer.turns_per_env=12",
+        "multi_turn.langgraph.graph_kwargs.max_steps=12",
+        "eval.episodes=2",
+        "eval.concurrency=4",
+        "algorithm.mini_batch_turns=48",
+    ]
     results = tmp_path / "results"
-    bench.main(["run", "e", "--seed", "0", "--steps", "100", "--out", str(tmp_path / "runs"), "--results",
-                str(results), "--set", *small])
+    bench.main(
+        [
+            "run",
+            "e",
+            "--seed",
+            "0",
+            "--steps",
+            "100",
+            "--out",
+            str(tmp_path / "runs"),
+            "--results",
+            str(results),
+            "--set",
+            *small,
+        ]
+    )
     result = json.loads((results / "e" / "seed0.json").read_text())
-    records = [json.loads(line) for line in (tmp_path / "runs" / "e" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / "runs" / "e" / "seed0" / "metrics.jsonl").read_text().splitlines()
+    ]
     totals = [r["turns_total"] for r in records if r["kind"] == "update"]
     assert result["budget_steps"] == 100
     assert totals[-1] >= 100 > totals[-2]  # the first update reaching the budget is the last

@@ -58,9 +58,7 @@ TOOL_CONVERSATION = [
     {
         "role": "assistant",
         "content": "Let me compute it.",
-        "tool_calls": [
-            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "6 * 7"}}}
-        ],
+        "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "6 * 7"}}}],
     },
     {"role": "tool", "content": "42"},
     {"role": "assistant", "content": "6 * 7 = 42."},
@@ -277,9 +275,7 @@ def test_tiny_build_is_deterministic(tmp_path, tiny_dir):
 def test_tiny_round_trip_lossless(tiny_tok, text):
     ids = tiny_tok.encode(text, add_special_tokens=False)
     assert tiny_tok.decode(ids) == text
-    assert tiny_tok.decode(ids, skip_special_tokens=True) == text.replace("<|im_start|>", "").replace(
-        "<|im_end|>", ""
-    )
+    assert tiny_tok.decode(ids, skip_special_tokens=True) == text.replace("<|im_start|>", "").replace("<|im_end|>", "")
     assert tiny_tok.batch_decode([ids, ids]) == [text, text]
 
 
@@ -403,10 +399,7 @@ def test_load_causal_lm_dtype(tiny_dir):
 # SmolLM2-135M-Instruct (slow: ~30 s to convert, ~540 MB)
 # --------------------------------------------------------------------------------------------
 
-SMOLLM2_SYSTEM = (
-    "<|im_start|>system\n"
-    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-)
+SMOLLM2_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 
 
 @pytest.fixture(scope="module")

@@ -34,18 +34,25 @@ def batch(vocab: int, num_envs: int = 4, turns_per_env: int = 4, seed: int = 0) 
         slot = []
         for k in range(turns_per_env):
             response = torch.randint(4, vocab, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
-            slot.append(Turn(
-                episode_id=f"e{i}", turn_index=k, prompt_ids=torch.randint(4, vocab, (12,), generator=g).tolist(),
-                response_ids=response, logprobs=[-1.0] * len(response), reward=float(torch.rand(1, generator=g)),
-                terminated=k == turns_per_env - 1,
-            ))
+            slot.append(
+                Turn(
+                    episode_id=f"e{i}",
+                    turn_index=k,
+                    prompt_ids=torch.randint(4, vocab, (12,), generator=g).tolist(),
+                    response_ids=response,
+                    logprobs=[-1.0] * len(response),
+                    reward=float(torch.rand(1, generator=g)),
+                    terminated=k == turns_per_env - 1,
+                )
+            )
         turns.append(slot)
     bootstrap = [torch.randint(4, vocab, (5,), generator=g).tolist() for _ in range(num_envs)]
     return SlotBatch(turns, bootstrap, [True] * num_envs, [[i] * turns_per_env for i in range(num_envs)])
 
 
-def one_recipe_step(lm: torch.nn.Module, *, weights: torch.dtype, compute: torch.dtype | None,
-                    device: torch.device = CPU) -> tuple[list, list, dict]:
+def one_recipe_step(
+    lm: torch.nn.Module, *, weights: torch.dtype, compute: torch.dtype | None, device: torch.device = CPU
+) -> tuple[list, list, dict]:
     """One PPO update of the actor (and critic) at the recipe's learning rate on ``device``; the
     actor's weights before and after, in float32 on the CPU, and the metrics."""
     torch.manual_seed(0)
@@ -54,9 +61,19 @@ def one_recipe_step(lm: torch.nn.Module, *, weights: torch.dtype, compute: torch
     opts = AlgorithmConfig().model_copy()  # the defaults: clip, entropy, whitened GAE
     algo = opts.model_copy(update={"kl_coef": 0.0, "mini_batch_turns": 16, "ppo_epochs": 1})
     lr = type("Opts", (), {"lr": RECIPE_LR, "betas": (0.9, 0.999), "weight_decay": 0.0})
-    learner = Learner(actor, critic, adamw(actor, lr), adamw(critic, lr), None, algo, pad_id=0, device=device,
-                      autocast=compute, actor_scaler=grad_scaler(device, compute),
-                      critic_scaler=grad_scaler(device, compute))
+    learner = Learner(
+        actor,
+        critic,
+        adamw(actor, lr),
+        adamw(critic, lr),
+        None,
+        algo,
+        pad_id=0,
+        device=device,
+        autocast=compute,
+        actor_scaler=grad_scaler(device, compute),
+        critic_scaler=grad_scaler(device, compute),
+    )
     before = [p.detach().float().cpu().clone() for p in actor.parameters()]
     s = RolloutStorage.from_batch(batch(lm.config.vocab_size))
     metrics = score_batch(s, learner)
@@ -139,15 +156,21 @@ def test_the_engine_generates_under_autocast(tiny_model, tiny_tokenizer):
 def test_training_refuses_weights_below_float32(dtype, tmp_path):
     from verlog.train import train
 
-    config = load_config(ROOT / "configs" / "cue_corridor.yaml",
-                         [f"model.dtype={dtype}", "model.autocast=bfloat16", f"trainer.run_dir={tmp_path}"])
-    with pytest.raises(ConfigError, match=r"model.dtype: training keeps float32 master weights.*model.autocast: bfloat16"):
+    config = load_config(
+        ROOT / "configs" / "cue_corridor.yaml",
+        [f"model.dtype={dtype}", "model.autocast=bfloat16", f"trainer.run_dir={tmp_path}"],
+    )
+    with pytest.raises(
+        ConfigError, match=r"model.dtype: training keeps float32 master weights.*model.autocast: bfloat16"
+    ):
         train(config)
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
 def test_autocast_is_validated():
-    with pytest.raises(ConfigError, match=r"model.autocast.*'none', 'bfloat16' or 'float16'|model.autocast.*none.*bfloat16"):
+    with pytest.raises(
+        ConfigError, match=r"model.autocast.*'none', 'bfloat16' or 'float16'|model.autocast.*none.*bfloat16"
+    ):
         load_config(ROOT / "configs" / "cue_corridor.yaml", ["model.autocast=int8"])
 
 
@@ -190,11 +213,23 @@ def test_bf16_autocast_training_saves_and_reloads_float32_master_weights(lora, t
         return real_save(run_dir, update, save_actor=save_actor, critic=critic, **kwargs)
 
     monkeypatch.setattr(ckpt, "save_checkpoint", save_and_keep)
-    overrides = [f"trainer.run_dir={tmp_path / 'run'}", "wandb.mode=disabled", "model.autocast=bfloat16",
-                 "trainer.total_updates=2", "trainer.save_every=1", "trainer.num_envs=4", "trainer.turns_per_env=3",
-                 "critic_warmup.buffer_multiplier=1", "critic_warmup.iterations=1", "algorithm.mini_batch_turns=6",
-                 "eval.at_start=false", "eval.at_end=false", "actor.lr=1e-2", "critic.lr=1e-2",
-                 *(["actor.lora.rank=4"] if lora else [])]
+    overrides = [
+        f"trainer.run_dir={tmp_path / 'run'}",
+        "wandb.mode=disabled",
+        "model.autocast=bfloat16",
+        "trainer.total_updates=2",
+        "trainer.save_every=1",
+        "trainer.num_envs=4",
+        "trainer.turns_per_env=3",
+        "critic_warmup.buffer_multiplier=1",
+        "critic_warmup.iterations=1",
+        "algorithm.mini_batch_turns=6",
+        "eval.at_start=false",
+        "eval.at_end=false",
+        "actor.lr=1e-2",
+        "critic.lr=1e-2",
+        *(["actor.lora.rank=4"] if lora else []),
+    ]
     config = load_config(ROOT / "configs" / "cue_corridor.yaml", overrides)
     start = _weights(_load_toy(config))
     train(config, console=Console(quiet=True))
@@ -206,8 +241,11 @@ def test_bf16_autocast_training_saves_and_reloads_float32_master_weights(lora, t
 
     # on disk: float32 tensors equal to the trained ones
     files = {"critic": latest / ckpt.CRITIC_FILE}
-    files["adapter" if lora else "actor"] = (latest / ckpt.ADAPTER_FOLDER / "adapter_model.safetensors" if lora
-                                             else latest / ckpt.ACTOR_FOLDER / "model.safetensors")
+    files["adapter" if lora else "actor"] = (
+        latest / ckpt.ADAPTER_FOLDER / "adapter_model.safetensors"
+        if lora
+        else latest / ckpt.ACTOR_FOLDER / "model.safetensors"
+    )
     for name, path in files.items():
         with safe_open(str(path), "pt") as f:
             saved = {k: f.get_tensor(k) for k in f.keys()}

@@ -18,13 +18,17 @@ from verlog.backends.base import Generation, SamplingParams
 from verlog.backends.embedded import EmbeddedEngine
 from verlog.backends.prefix_cache import PrefixCache
 
-SYSTEM = ("<|im_start|>system\nYou are an agent in a grid world. Valid actions: turn left, turn right, "
-          "go forward, pick up, drop, toggle. End with ACTION: <action>.<|im_end|>\n")
+SYSTEM = (
+    "<|im_start|>system\nYou are an agent in a grid world. Valid actions: turn left, turn right, "
+    "go forward, pick up, drop, toggle. End with ACTION: <action>.<|im_end|>\n"
+)
 GREEDY = SamplingParams(temperature=0, max_new_tokens=10)
 
 
 def user(tokenizer, text: str) -> list[int]:
-    return tokenizer(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    return tokenizer(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)[
+        "input_ids"
+    ]
 
 
 def system(tokenizer) -> list[int]:
@@ -61,6 +65,7 @@ def test_tree_matches_splits_and_serves_the_kv_of_each_token():
         def kv_for(start, end):
             asked.append((start, end))
             return torch.stack([kv(1, float(t)) for t in tokens[start:end]], dim=3)[:, :, :, :, 0]
+
         return kv_for
 
     assert cache.insert(seq, source(seq)) == 6
@@ -97,11 +102,14 @@ def test_tree_stays_within_its_bytes_evicting_least_recently_used_leaves():
 async def test_greedy_outputs_and_logprobs_equal_with_and_without_the_cache(engines, tiny_tokenizer, tiny_model):
     on, off = engines
     sys_ids = system(tiny_tokenizer)
-    prompts = [sys_ids + user(tiny_tokenizer, f"You see a {c} ball {i} steps ahead.") for i, c in
-               enumerate(["red", "blue", "green", "grey", "purple", "yellow"])]
+    prompts = [
+        sys_ids + user(tiny_tokenizer, f"You see a {c} ball {i} steps ahead.")
+        for i, c in enumerate(["red", "blue", "green", "grey", "purple", "yellow"])
+    ]
 
     async def run(engine):
         first = [await engine.generate(p, GREEDY) for p in prompts[:2]]  # fills the cache one by one
+
         # a batch mixing fully cached prompts, prompts sharing only the cached system prompt, and
         # requests joining a running batch
         async def late(p, delay):
@@ -139,8 +147,13 @@ async def test_a_chat_turn_extending_the_previous_one_computes_only_its_new_toke
 
 
 async def test_a_small_cache_stays_within_its_bytes_and_still_gives_the_same_answers(tiny_model, tiny_tokenizer):
-    per_token = 2 * tiny_model.config.num_hidden_layers * tiny_model.config.num_key_value_heads * (
-        tiny_model.config.hidden_size // tiny_model.config.num_attention_heads) * 4
+    per_token = (
+        2
+        * tiny_model.config.num_hidden_layers
+        * tiny_model.config.num_key_value_heads
+        * (tiny_model.config.hidden_size // tiny_model.config.num_attention_heads)
+        * 4
+    )
     small = EmbeddedEngine(tiny_model, tiny_tokenizer, prefix_cache_bytes=60 * per_token)
     off = EmbeddedEngine(tiny_model, tiny_tokenizer, prefix_cache_bytes=0)
     prompts = [system(tiny_tokenizer)[: 20 + 7 * i] + user(tiny_tokenizer, f"turn {i}") for i in range(8)] * 2

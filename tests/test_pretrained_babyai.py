@@ -38,20 +38,36 @@ def test_difference_in_standard_errors():
 @pytest.mark.timeout(600)
 def test_one_tiny_update_writes_the_result_with_its_profile(tmp_path, capsys):
     bench = _bench()
-    small = ["model.path=tiny", "model.device=cpu", "trainer.num_envs=4", "trainer.turns_per_env=3",
-             "multi_turn.langgraph.graph_kwargs.max_steps=5", "eval.episodes=2", "critic_warmup.buffer_multiplier=1",
-             "critic_warmup.iterations=1", "algorithm.mini_batch_turns=6", "trainer.torch_threads=1",
-             "actor.train_layers=1", "critic.train_layers=1"]
+    small = [
+        "model.path=tiny",
+        "model.device=cpu",
+        "trainer.num_envs=4",
+        "trainer.turns_per_env=3",
+        "multi_turn.langgraph.graph_kwargs.max_steps=5",
+        "eval.episodes=2",
+        "critic_warmup.buffer_multiplier=1",
+        "critic_warmup.iterations=1",
+        "algorithm.mini_batch_turns=6",
+        "trainer.torch_threads=1",
+        "actor.train_layers=1",
+        "critic.train_layers=1",
+    ]
     results = tmp_path / "results"
-    assert bench.main(["run", "--updates", "1", "--out", str(tmp_path / "runs"), "--results", str(results),
-                       "--set", *small]) == 0
+    assert (
+        bench.main(
+            ["run", "--updates", "1", "--out", str(tmp_path / "runs"), "--results", str(results), "--set", *small]
+        )
+        == 0
+    )
     result = json.loads((results / "result.json").read_text())
     assert result["updates"] == 1 and result["batch_turns"] == 12
     for player in ("before", "after", "random"):
         assert result[player]["episodes"] == 2 and 0 <= result[player]["win_rate"] <= 1
     profile = result["seconds_per_update"]
     assert all(profile[key] > 0 for key in ("rollout_s", "trunk_s", "logprob_s", "value_s", "actor_s", "critic_s"))
-    assert profile["update_s"] >= sum(profile[key] for key in ("trunk_s", "logprob_s", "value_s", "actor_s", "critic_s"))
+    assert profile["update_s"] >= sum(
+        profile[key] for key in ("trunk_s", "logprob_s", "value_s", "actor_s", "critic_s")
+    )
     assert 0 < result["training_wall_s"] <= result["wall_s"] and result["load"]["samples"] >= 1
     said = capsys.readouterr().out
     assert "| random valid actions |" in said and "seconds per update:" in said

@@ -26,7 +26,7 @@ PAGE = ROOT / "docs" / "production_loop.md"
 
 def _script() -> str:
     text = PAGE.read_text()
-    section = text[text.index("### The whole loop in one script"):]
+    section = text[text.index("### The whole loop in one script") :]
     return re.search(r"```bash\n(.*?)```", section, re.S).group(1)
 
 
@@ -34,15 +34,19 @@ def _script() -> str:
 def test_the_pages_script_runs_as_written(tmp_path):
     for name in ("configs", "graphs"):
         (tmp_path / name).symlink_to(ROOT / name)
-    env = {**os.environ, "PORT": str(free_port()), "PYTHONPATH": str(ROOT),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(["bash", "-c", _script()], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=840)
+    env = {
+        **os.environ,
+        "PORT": str(free_port()),
+        "PYTHONPATH": str(ROOT),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    done = subprocess.run(["bash", "-c", _script()], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-5000:])
     # the server said at start who may do what: with an API key and no admin key, its holders do all
     assert "open to: chat and models: API key; feedback: API key; reload: API key" in done.stderr, done.stderr[-3000:]
-    assert '"swapped": true' in done.stdout and '"version": "from-traces/update_000001"' in done.stdout, \
-        done.stdout[-3000:]
+    assert '"swapped": true' in done.stdout and '"version": "from-traces/update_000001"' in done.stdout, done.stdout[
+        -3000:
+    ]
     store = open_store(tmp_path / "traces", create=False)
     episodes = {r.episode_id: r for r in store.episodes()}
     assert sorted(episodes) == [f"session-{i}" for i in range(4)]  # one episode per session, every turn in it

@@ -48,7 +48,9 @@ def test_nethack_progress_keeps_the_episode_maximum() -> None:
 
 def test_crafter_counts_distinct_achievements_over_22() -> None:
     assert P.crafter_progression({"achievements": []}) == 0.0
-    assert P.crafter_progression({"achievements": ["collect_wood", "collect_wood", "place_table"]}) == pytest.approx(2 / 22)
+    assert P.crafter_progression({"achievements": ["collect_wood", "collect_wood", "place_table"]}) == pytest.approx(
+        2 / 22
+    )
     assert P.crafter_value(11) == pytest.approx(0.5)
     assert P.crafter_value(22) == 1.0
 

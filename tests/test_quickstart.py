@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def quickstart(run_dir: Path, *overrides: str):
-    return load_config(ROOT / "configs" / "quickstart.yaml",
-                       [f"trainer.run_dir={run_dir}", "wandb.mode=disabled", *overrides])
+    return load_config(
+        ROOT / "configs" / "quickstart.yaml", [f"trainer.run_dir={run_dir}", "wandb.mode=disabled", *overrides]
+    )
 
 
 def margin(a, b) -> float:
@@ -59,10 +60,15 @@ def test_baseline_command_prints_beside_the_runs_evaluations(tmp_path, capsys):
     config_text = (ROOT / "configs" / "quickstart.yaml").read_text().replace("episodes: 128", "episodes: 3")
     (run_dir / "config.yaml").write_text(config_text)
     row = {"task": "babyai", "episodes": 3, "failed": 0, "return_mean": 0.0, "return_se": 0.0, "length_mean": 9.0}
-    (run_dir / "eval.json").write_text(json.dumps({
-        "updates": 2, "before": [{**row, "win_rate": 0.0, "win_rate_se": 0.0}],
-        "after": [{**row, "win_rate": 1.0, "win_rate_se": 0.0}],
-    }))
+    (run_dir / "eval.json").write_text(
+        json.dumps(
+            {
+                "updates": 2,
+                "before": [{**row, "win_rate": 0.0, "win_rate_se": 0.0}],
+                "after": [{**row, "win_rate": 1.0, "win_rate_se": 0.0}],
+            }
+        )
+    )
     assert main([str(run_dir)], console=Console(width=120, force_terminal=False)) == 0
     out = capsys.readouterr().out
     assert "random valid actions" in out and "before training" in out and "after 2 updates" in out
@@ -78,9 +84,11 @@ def test_quickstart_learns_goto_beyond_random_valid_actions(tmp_path):
     learned = train(config, console=Console(quiet=True))
     (before,), (after,) = learned.eval_start, learned.eval_end
     (rand,) = asyncio.run(evaluate_random(config))
-    print(f"\nquick start, {learned.updates} updates in {learned.seconds:.0f} s, win rate on 64 held-out levels: "
-          f"random valid actions {rand.win_rate:.2f}±{rand.win_rate_se:.2f}, "
-          f"before {before.win_rate:.2f}±{before.win_rate_se:.2f}, after {after.win_rate:.2f}±{after.win_rate_se:.2f}")
+    print(
+        f"\nquick start, {learned.updates} updates in {learned.seconds:.0f} s, win rate on 64 held-out levels: "
+        f"random valid actions {rand.win_rate:.2f}±{rand.win_rate_se:.2f}, "
+        f"before {before.win_rate:.2f}±{before.win_rate_se:.2f}, after {after.win_rate:.2f}±{after.win_rate_se:.2f}"
+    )
     assert before.episodes == after.episodes == rand.episodes == 64
     assert margin(after, before) > 3
     assert margin(after, rand) > 3

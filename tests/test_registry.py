@@ -52,18 +52,25 @@ def test_builtins_are_registered_once_and_clashes_are_refused() -> None:
     with pytest.raises(TypeError, match="must be a function"):
         register_policy_loss("not_a_function", 3)  # type: ignore[arg-type]
     # the registry itself loads its built-ins before a registration, whoever registers
-    fresh: Registry[object] = Registry("policy loss", builtins=lambda r: r.register_lazy("own", "json:dumps", source="verlog"))
+    fresh: Registry[object] = Registry(
+        "policy loss", builtins=lambda r: r.register_lazy("own", "json:dumps", source="verlog")
+    )
     with pytest.raises(ValueError, match=r"the policy loss 'own' is already registered \(by verlog\)"):
         fresh.register("own", json.loads)
 
 
 def test_register_calls_reach_the_config_and_the_lookups() -> None:
-    estimator = AdvantageEstimator(name="zero_test", summary="test", needs_critic=False, needs=frozenset(),
-                                   compute=_zero)
+    estimator = AdvantageEstimator(
+        name="zero_test", summary="test", needs_critic=False, needs=frozenset(), compute=_zero
+    )
     register_estimator(estimator)
     register_policy_loss("ppo_test", ppo_policy_loss)
-    family = EnvFamily(name="toy-registry", tasks=("a",), make=lambda task, seed, **kw: None,  # type: ignore[arg-type,return-value]
-                       progression=lambda info: 0.0)
+    family = EnvFamily(
+        name="toy-registry",
+        tasks=("a",),
+        make=lambda task, seed, **kw: None,  # type: ignore[arg-type,return-value]
+        progression=lambda info: 0.0,
+    )
     register_family(family)
     try:
         config = AlgorithmConfig(estimator="zero_test", policy_loss="ppo_test")
@@ -90,7 +97,7 @@ def test_a_family_checks_its_task_names_with_one_rule() -> None:
         make_env("crafter:x")
 
 
-USER_PACKAGE = '''
+USER_PACKAGE = """
 import torch
 from verlog.algo.estimators import AdvantageEstimator, Estimate
 from verlog.algo.losses import ppo_policy_loss
@@ -113,7 +120,7 @@ def my_loss(*args, **kwargs):
 
 FAMILY = EnvFamily(name="mygame", tasks=("goto",), make=lambda task, seed, **kw: BabyAITextEnv(task, seed, **kw),
                    progression=lambda info: float(bool(info.get("success"))))
-'''
+"""
 
 ENTRY_POINTS = """
 [verlog.estimators]
@@ -126,7 +133,7 @@ doubled = my_verlog_plugins:my_loss
 mygame = my_verlog_plugins:FAMILY
 """
 
-CHILD = '''
+CHILD = """
 import json, torch
 from verlog.config import AlgorithmConfig
 from verlog.algo import TurnBatch, policy_loss_fn
@@ -143,7 +150,7 @@ observation = env.reset()
 print(json.dumps({"estimators": list(estimator_names()), "advantages": estimate.advantages.tolist(),
                   "doubled": metrics["doubled"], "envs": [n for n in list_envs() if n.startswith("mygame")],
                   "observation": bool(observation)}))
-'''
+"""
 
 
 def test_a_package_plugs_in_through_entry_points(tmp_path: Path) -> None:

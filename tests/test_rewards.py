@@ -19,7 +19,7 @@ from verlog.rollout import Episode, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 
-REWARDS = '''
+REWARDS = """
 import asyncio, time
 from verlog.rewards import RewardResult
 
@@ -60,7 +60,7 @@ def infinite(completion):
 
 def _private():
     return 0
-'''
+"""
 
 
 @pytest.fixture
@@ -77,8 +77,14 @@ def fn(path: Path, name: str, **extra) -> RewardFunction:
 def trajectory(answer: str = "42", turns: int = 2, row: dict | None = None) -> Trajectory:
     messages = [HumanMessage("What is 6 * 7?"), AIMessage(answer)]
     recorded = [Turn("ep", i, [1, 2], [3], [-0.5]) for i in range(turns)]
-    return Trajectory(state={"messages": messages}, row=row or {"answer": "42", "kind": "multiply"}, key=7,
-                      turns=recorded, info={"steps": 2}, episode_id="ep")
+    return Trajectory(
+        state={"messages": messages},
+        row=row or {"answer": "42", "kind": "multiply"},
+        key=7,
+        turns=recorded,
+        info={"steps": 2},
+        episode_id="ep",
+    )
 
 
 async def test_functions_get_the_arguments_they_name(reward_file):
@@ -108,12 +114,15 @@ async def test_a_sync_function_runs_off_the_event_loop(reward_file):
     assert time.perf_counter() - started < 1.5 and ticks >= 10  # the loop kept running meanwhile
 
 
-@pytest.mark.parametrize("name, message", [
-    ("broken", r"reward function broken \(.*:broken\) raised KeyError: 'answer'"),
-    ("nonsense", r"returned str; return a real number, a bool, a dict with 'reward'.*verl's dict with 'score'"),
-    ("wrong_turns", r"turn_rewards has 1 values for 2 recorded turns"),
-    ("infinite", r"must be finite"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("broken", r"reward function broken \(.*:broken\) raised KeyError: 'answer'"),
+        ("nonsense", r"returned str; return a real number, a bool, a dict with 'reward'.*verl's dict with 'score'"),
+        ("wrong_turns", r"turn_rewards has 1 values for 2 recorded turns"),
+        ("infinite", r"must be finite"),
+    ],
+)
 async def test_a_failing_function_is_a_reward_error(reward_file, name, message):
     with pytest.raises(RewardError, match=message):
         await fn(reward_file, name)(trajectory())
@@ -124,10 +133,18 @@ def _value_types():
     import torch
 
     return [
-        (np.float32(0.25), 0.25, None), (np.float64(-1.5), -1.5, None), (np.int64(3), 3.0, None),
-        (np.bool_(True), 1.0, True), (np.bool_(False), 0.0, False), (np.array(0.5), 0.5, None),
-        (torch.tensor(0.75), 0.75, None), (torch.tensor([2.0]), 2.0, None), (torch.tensor(True), 1.0, True),
-        (Fraction(1, 4), 0.25, None), (True, 1.0, True), (7, 7.0, None),
+        (np.float32(0.25), 0.25, None),
+        (np.float64(-1.5), -1.5, None),
+        (np.int64(3), 3.0, None),
+        (np.bool_(True), 1.0, True),
+        (np.bool_(False), 0.0, False),
+        (np.array(0.5), 0.5, None),
+        (torch.tensor(0.75), 0.75, None),
+        (torch.tensor([2.0]), 2.0, None),
+        (torch.tensor(True), 1.0, True),
+        (Fraction(1, 4), 0.25, None),
+        (True, 1.0, True),
+        (7, 7.0, None),
         ({"score": np.float32(0.5), "acc": np.bool_(True), "pred": "42"}, 0.5, None),  # verl's dict
         ({"reward": torch.tensor(1.0), "success": np.bool_(True)}, 1.0, True),
     ]
@@ -141,11 +158,17 @@ def test_any_real_number_type_is_a_reward(value, reward, success):
         assert result.info == {"acc": True, "pred": "42"} and type(result.info["acc"]) is bool
 
 
-@pytest.mark.parametrize("value, message", [
-    (float("nan"), "must be finite, got nan"), (np.float32("inf"), "must be finite, got inf"),
-    ({"score": float("-inf")}, "the dict's 'score' must be finite"), ("1.0", "returned str"),
-    ({"score": 1.0, "reward": 1.0}, r"unknown keys \['score'\]"), (np.array([1.0, 2.0]), "returned ndarray"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (float("nan"), "must be finite, got nan"),
+        (np.float32("inf"), "must be finite, got inf"),
+        ({"score": float("-inf")}, "the dict's 'score' must be finite"),
+        ("1.0", "returned str"),
+        ({"score": 1.0, "reward": 1.0}, r"unknown keys \['score'\]"),
+        (np.array([1.0, 2.0]), "returned ndarray"),
+    ],
+)
 def test_non_finite_and_non_numbers_are_refused_with_the_reason(value, message):
     with pytest.raises((TypeError, ValueError), match=message):
         as_result(value, turns=0)
@@ -153,15 +176,22 @@ def test_non_finite_and_non_numbers_are_refused_with_the_reason(value, message):
 
 async def test_absurd_rewards_fail_the_episode_unless_clipped(reward_file, tmp_path):
     path = tmp_path / "huge.py"
-    path.write_text("import numpy as np\ndef huge(completion):\n    return np.float32(1e30)\n"
-                    "def per_turn(turns):\n    return {'reward': -5.0, 'turn_rewards': [1e7] * len(turns)}\n")
+    path.write_text(
+        "import numpy as np\ndef huge(completion):\n    return np.float32(1e30)\n"
+        "def per_turn(turns):\n    return {'reward': -5.0, 'turn_rewards': [1e7] * len(turns)}\n"
+    )
     scorer = RewardScorer(RewardConfig(functions=[f"{path}:huge"]))
-    with pytest.raises(RewardError, match=r"^huge: reward 1e\+30 is beyond reward.max_abs \(1e\+06\); scale the reward, "
-                                          r"set reward.clip to clip it, or raise reward.max_abs$"):
+    with pytest.raises(
+        RewardError,
+        match=r"^huge: reward 1e\+30 is beyond reward.max_abs \(1e\+06\); scale the reward, "
+        r"set reward.clip to clip it, or raise reward.max_abs$",
+    ):
         await scorer.score(trajectory())
     with pytest.raises(RewardError, match=r"reward 1e\+07 is beyond"):  # turn rewards are bounded too
         await RewardScorer(RewardConfig(functions=[f"{path}:per_turn"])).score(trajectory())
-    clipped = await RewardScorer(RewardConfig(functions=[f"{path}:huge", f"{path}:per_turn"], clip=2.0)).score(trajectory())
+    clipped = await RewardScorer(RewardConfig(functions=[f"{path}:huge", f"{path}:per_turn"], clip=2.0)).score(
+        trajectory()
+    )
     assert clipped.components == {"huge": 2.0, "per_turn": -2.0} and clipped.turn_rewards == [2.0, 2.0]
     unbounded = await RewardScorer(RewardConfig(functions=[f"{path}:huge"], max_abs=None)).score(trajectory())
     assert unbounded.reward == pytest.approx(1e30, rel=1e-6)
@@ -170,8 +200,11 @@ async def test_absurd_rewards_fail_the_episode_unless_clipped(reward_file, tmp_p
 
 
 def test_loading_mistakes_name_the_key(reward_file, tmp_path):
-    with pytest.raises(ConfigError, match=r"reward.functions: .*my_rewards.py has no function 'exactly' \(its functions: "
-                                          r"broken, by_columns, everything, exact, infinite, later"):
+    with pytest.raises(
+        ConfigError,
+        match=r"reward.functions: .*my_rewards.py has no function 'exactly' \(its functions: "
+        r"broken, by_columns, everything, exact, infinite, later",
+    ):
         fn(reward_file, "exactly")
     with pytest.raises(ConfigError, match=r"reward file .*nowhere.py' does not exist"):
         fn(tmp_path / "nowhere.py", "f")
@@ -181,17 +214,22 @@ def test_loading_mistakes_name_the_key(reward_file, tmp_path):
         RewardFunctionConfig(function="rewards.py")
     needs = fn(reward_file, "needs")
     needs.check_arguments(["answer_text"])  # a column provides it
-    with pytest.raises(ConfigError, match=r"needs 'answer_text', which is neither an episode field \(state, messages, "
-                                          r"completion.*\), a column of the rows \(answer, kind\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"needs 'answer_text', which is neither an episode field \(state, messages, "
+        r"completion.*\), a column of the rows \(answer, kind\)",
+    ):
         needs.check_arguments(["answer", "kind"])
 
 
 async def test_the_scorer_weights_and_combines(reward_file):
-    config = RewardConfig(functions=[
-        {"function": f"{reward_file}:exact", "weight": 1.0},
-        {"function": f"{reward_file}:by_columns", "weight": 0.1, "name": "length"},
-        {"function": f"{reward_file}:per_turn", "weight": 2.0},
-    ])
+    config = RewardConfig(
+        functions=[
+            {"function": f"{reward_file}:exact", "weight": 1.0},
+            {"function": f"{reward_file}:by_columns", "weight": 0.1, "name": "length"},
+            {"function": f"{reward_file}:per_turn", "weight": 2.0},
+        ]
+    )
     scorer = RewardScorer(config)
     outcome = await scorer.score(trajectory())
     assert outcome.reward == pytest.approx(1.0 + 0.2)

@@ -106,8 +106,11 @@ class ScriptedJudgeServer(LocalServer):
         try:
             step = self.script.pop(0) if self.script else self.default
             if isinstance(step, tuple) and step[0] == "status":
-                return web.json_response({"error": {"message": f"scripted {step[1]}"}}, status=step[1],
-                                         headers=step[2] if len(step) > 2 else None)
+                return web.json_response(
+                    {"error": {"message": f"scripted {step[1]}"}},
+                    status=step[1],
+                    headers=step[2] if len(step) > 2 else None,
+                )
             if isinstance(step, tuple) and step[0] == "slow":
                 await asyncio.sleep(step[1])
                 content = verdict_for(body)
@@ -116,11 +119,20 @@ class ScriptedJudgeServer(LocalServer):
             else:
                 await asyncio.sleep(0.05)  # long enough for concurrent requests to overlap
                 content = step(body)
-            return web.json_response({
-                "id": "x", "object": "chat.completion", "model": body["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                             "finish_reason": "length" if isinstance(step, tuple) and step[0] == "cut" else "stop"}],
-            })
+            return web.json_response(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "model": body["model"],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": content},
+                            "finish_reason": "length" if isinstance(step, tuple) and step[0] == "cut" else "stop",
+                        }
+                    ],
+                }
+            )
         finally:
             self.in_flight -= 1
 
@@ -141,9 +153,14 @@ def engine(tiny_model, tiny_tokenizer):
 # ------------------------------------------------------------------------------- (1) rubric judge
 async def test_rubric_judge_sends_task_transcript_reference_rubric_and_schema(server, monkeypatch):
     monkeypatch.setenv("JUDGE_KEY", "sk-test")
-    config = JudgeConfig(kind="rubric", name="correct", weight=2.0, reference_column="answer",
-                         rubric="Full marks only for the number 84.",
-                         endpoint={"base_url": server.base_url, "model": "judge-model", "api_key_env": "JUDGE_KEY"})
+    config = JudgeConfig(
+        kind="rubric",
+        name="correct",
+        weight=2.0,
+        reference_column="answer",
+        rubric="Full marks only for the number 84.",
+        endpoint={"base_url": server.base_url, "model": "judge-model", "api_key_env": "JUDGE_KEY"},
+    )
     judge = build_judge(config, index=0)
     assert isinstance(judge, RubricJudge) and (judge.name, judge.weight) == ("correct", 2.0)
     result = await judge.score(episode("The answer is 84."))
@@ -157,20 +174,31 @@ async def test_rubric_judge_sends_task_transcript_reference_rubric_and_schema(se
     assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
     assert fmt["json_schema"]["schema"]["properties"]["score"] == {"type": "integer", "minimum": 0, "maximum": 10}
     prompt = body["messages"][1]["content"]
-    for shown in ("What is (3 + 4) * 12?", 'calls tool calculate({"expression": "(3 + 4) * 12"})',
-                  "[tool result of calculate]\n84", "The answer is 84.", "## Reference answer\n84",
-                  "Full marks only for the number 84."):
+    for shown in (
+        "What is (3 + 4) * 12?",
+        'calls tool calculate({"expression": "(3 + 4) * 12"})',
+        "[tool result of calculate]\n84",
+        "The answer is 84.",
+        "## Reference answer\n84",
+        "Full marks only for the number 84.",
+    ):
         assert shown in prompt
     assert DEFAULT_RUBRIC not in prompt
 
 
 async def test_rubric_judge_default_rubric_and_missing_reference_column(server):
     judge = build_judge(judge_config(url=server.base_url, reference_column="solution"), index=3)
-    with pytest.raises(RewardError, match=r"reward\.judges\[3\] \(judge_rubric\): the episode's row has no "
-                                          r"column 'solution'.*answer"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward\.judges\[3\] \(judge_rubric\): the episode's row has no "
+        r"column 'solution'.*answer",
+    ):
         await judge.score(episode("84"))
-    with pytest.raises(ConfigError, match=r"reward\.judges\[3\]\.reference_column: the rows have no column "
-                                          r"'solution' \(their columns: question, answer\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"reward\.judges\[3\]\.reference_column: the rows have no column "
+        r"'solution' \(their columns: question, answer\)",
+    ):
         judge.check_columns(["question", "answer"])
     plain = build_judge(judge_config(url=server.base_url), index=0)
     await plain.score(episode("84"))
@@ -180,12 +208,15 @@ async def test_rubric_judge_default_rubric_and_missing_reference_column(server):
 def test_transcripts_are_bounded_keeping_the_task_and_the_final_answer():
     chatter = []
     for i in range(40):
-        chatter += [AIMessage(f"step {i}", tool_calls=[{"name": "look", "args": {"i": i}, "id": f"c{i}"}]),
-                    ToolMessage("x" * 3000, tool_call_id=f"c{i}", name="look")]
+        chatter += [
+            AIMessage(f"step {i}", tool_calls=[{"name": "look", "args": {"i": i}, "id": f"c{i}"}]),
+            ToolMessage("x" * 3000, tool_call_id=f"c{i}", name="look"),
+        ]
     messages = [HumanMessage("Find the key."), *chatter, AIMessage("FINAL: the key is under the mat")]
     task, transcript = split_task(messages)
-    prompt = ranking_prompt([task], [transcript], rubric=None, reference=None,
-                            transcript_chars=4000, explanation_chars=50)
+    prompt = ranking_prompt(
+        [task], [transcript], rubric=None, reference=None, transcript_chars=4000, explanation_chars=50
+    )
     text = prompt.messages[1]["content"]
     assert "Find the key." in text and text.rstrip().endswith("Reply with the JSON verdict only.")
     assert "FINAL: the key is under the mat" in text  # the last messages are always kept
@@ -199,8 +230,14 @@ def test_transcripts_are_bounded_keeping_the_task_and_the_final_answer():
 async def test_ranking_judge_on_serve_model_scores_a_group(engine, tiny_tokenizer):
     group = [episode("The answer is 84."), episode("It is 48."), episode("I do not know.")]
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as served:
-        config = JudgeConfig(kind="ranking", endpoint={"base_url": served.base_url, "model": "tiny"},
-                             max_tokens=200, explanation_chars=24, retries=0, cache=False)
+        config = JudgeConfig(
+            kind="ranking",
+            endpoint={"base_url": served.base_url, "model": "tiny"},
+            max_tokens=200,
+            explanation_chars=24,
+            retries=0,
+            cache=False,
+        )
         judge = build_judge(config, index=1)
         assert isinstance(judge, RankingJudge)
         results = await judge.rank(group)
@@ -215,10 +252,17 @@ async def test_ranking_judge_on_serve_model_scores_a_group(engine, tiny_tokenize
         client = EndpointClient(served.base_url, "tiny")
         client.send_schema = False
         task, _ = split_task(group[0].messages)
-        prompt = ranking_prompt([task] * 3, [split_task(e.messages)[1] for e in group], rubric=None,
-                                reference=None, transcript_chars=12000, explanation_chars=24)
-        answer = await client.complete(prompt.messages, temperature=0.0, max_tokens=200,
-                                       response_format={"type": "json_schema"}, timeout_s=30)
+        prompt = ranking_prompt(
+            [task] * 3,
+            [split_task(e.messages)[1] for e in group],
+            rubric=None,
+            reference=None,
+            transcript_chars=12000,
+            explanation_chars=24,
+        )
+        answer = await client.complete(
+            prompt.messages, temperature=0.0, max_tokens=200, response_format={"type": "json_schema"}, timeout_s=30
+        )
         with pytest.raises(VerdictError):
             parse_ranking(answer.text, 3, 24)
 
@@ -232,9 +276,12 @@ async def test_embedded_policy_judge_inside_a_graph_is_never_recorded(engine, ti
         asked.append(name)
         return policy
 
-    judge = build_judge(JudgeConfig(kind="rubric", embedded="policy", max_tokens=48, explanation_chars=16,
-                                    reference_column="answer"), index=0, cache_dir=None,
-                        chat_model_for=chat_model_for)
+    judge = build_judge(
+        JudgeConfig(kind="rubric", embedded="policy", max_tokens=48, explanation_chars=16, reference_column="answer"),
+        index=0,
+        cache_dir=None,
+        chat_model_for=chat_model_for,
+    )
     assert judge.cache is None  # the policy's weights change: its verdicts are never reused
     verdicts = []
 
@@ -255,8 +302,10 @@ async def test_embedded_policy_judge_inside_a_graph_is_never_recorded(engine, ti
 
     recorder = TurnRecorder("episode-0")
     with recording(recorder):  # as run_episode records: every run started in this context is seen
-        await graph.ainvoke({"messages": [HumanMessage("What is (3 + 4) * 12?")]},
-                            config={"callbacks": [recorder], "recursion_limit": 10})
+        await graph.ainvoke(
+            {"messages": [HumanMessage("What is (3 + 4) * 12?")]},
+            config={"callbacks": [recorder], "recursion_limit": 10},
+        )
     assert asked == ["policy"]
     assert judge.calls >= 1 and len(verdicts) == 1 and 0.0 <= verdicts[0].reward <= 1.0
     # only the answer is a training turn: the judge's call (constrained JSON) was never seen
@@ -299,8 +348,11 @@ async def test_no_verdict_within_timeout_s(server):
     server.script = [("slow", 10.0)] * 3
     judge = build_judge(judge_config(url=server.base_url, name="slowpoke", retries=2, timeout_s=1.5), index=4)
     started = time.monotonic()
-    with pytest.raises(RewardError, match=r"reward\.judges\[4\] \(slowpoke\): no verdict after 3 attempts "
-                                          r"\(retries=2, timeout_s=1\.5\): no answer within"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward\.judges\[4\] \(slowpoke\): no verdict after 3 attempts "
+        r"\(retries=2, timeout_s=1\.5\): no answer within",
+    ):
         await judge.score(episode("84"))
     assert time.monotonic() - started < 2.5
 
@@ -315,8 +367,10 @@ async def test_a_retry_after_beyond_the_time_left_fails_at_once(server):
 
 
 async def test_unparseable_answers_are_retried_hotter_then_read_leniently(server):
-    server.script = [("text", "I think it deserves a good score."),
-                     ("text", 'Verdict:\n```json\n{"score": "9", "explanation": "right"}\n```')]
+    server.script = [
+        ("text", "I think it deserves a good score."),
+        ("text", 'Verdict:\n```json\n{"score": "9", "explanation": "right"}\n```'),
+    ]
     judge = build_judge(judge_config(url=server.base_url, retries=2), index=0)
     result = await judge.score(episode("84"))
     assert result.reward == pytest.approx(0.9) and len(server.requests) == 2
@@ -329,11 +383,17 @@ async def test_a_judge_answering_garbage_fails_episodes_with_the_reason_then_sto
     server.default = lambda body: "Great job, 10/10!"
     judge = build_judge(judge_config(url=server.base_url, retries=0, cache=False, max_consecutive_failures=3), index=0)
     for i in range(2):  # each episode fails, saying why
-        with pytest.raises(RewardError, match=r"^reward\.judges\[0\] \(judge_rubric\): no verdict after 1 attempt "
-                                              r"\(retries=0, .*\): .*JSON"):
+        with pytest.raises(
+            RewardError,
+            match=r"^reward\.judges\[0\] \(judge_rubric\): no verdict after 1 attempt "
+            r"\(retries=0, .*\): .*JSON",
+        ):
             await judge.score(episode(str(i)))
-    with pytest.raises(SlotFailureError, match=r"^reward\.judges\[0\] \(judge_rubric\): 3 verdicts in a row failed "
-                                               r"\(reward\.judges\[0\]\.max_consecutive_failures=3\); last: .*no verdict"):
+    with pytest.raises(
+        SlotFailureError,
+        match=r"^reward\.judges\[0\] \(judge_rubric\): 3 verdicts in a row failed "
+        r"\(reward\.judges\[0\]\.max_consecutive_failures=3\); last: .*no verdict",
+    ):
         await judge.score(episode("2"))
     assert judge.take_failures() == {"unparsable": 3} and judge.take_failures() == {}  # counted by reason
     server.default = lambda body: verdict_for(body, 8)  # a verdict given resets the count
@@ -347,8 +407,11 @@ async def test_a_judge_answering_garbage_fails_episodes_with_the_reason_then_sto
 async def test_client_errors_are_not_retried(server):
     server.script = [("status", 401)]
     judge = build_judge(judge_config(url=server.base_url, retries=3), index=1)
-    with pytest.raises(RewardError, match=r"reward\.judges\[1\] \(judge_rubric\): .*rejected the request "
-                                          r"\(HTTP 401\): scripted 401"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward\.judges\[1\] \(judge_rubric\): .*rejected the request "
+        r"\(HTTP 401\): scripted 401",
+    ):
         await judge.score(episode("84"))
     assert len(server.requests) == 1
     assert judge.take_failures() == {"refused": 1}
@@ -362,9 +425,11 @@ async def test_failed_verdicts_are_counted_by_reason_as_training_metrics(server)
     for answer in ("1", "2", "3"):
         with pytest.raises(RewardError):
             await scorer.score(episode(answer))
-    assert scorer.take_judge_failures() == {"judge_failures/judge_rubric/refused": 1.0,
-                                            "judge_failures/judge_rubric/unavailable": 1.0,
-                                            "judge_failures/judge_rubric/unparsable": 1.0}
+    assert scorer.take_judge_failures() == {
+        "judge_failures/judge_rubric/refused": 1.0,
+        "judge_failures/judge_rubric/unavailable": 1.0,
+        "judge_failures/judge_rubric/unparsable": 1.0,
+    }
     assert (await scorer.score(episode("84"))).reward == pytest.approx(0.7)
     assert scorer.take_judge_failures() == {}
 
@@ -403,8 +468,9 @@ async def test_verdicts_are_cached_on_disk_and_a_second_judge_pays_nothing(serve
     assert after == before and len(server.requests) == 3  # no HTTP call at all
 
     # a changed setting (here the rubric) is another verdict; it is appended on a line of its own
-    third = build_judge(judge_config(url=server.base_url, name="quality", rubric="Be strict."), index=0,
-                        cache_dir=tmp_path)
+    third = build_judge(
+        judge_config(url=server.base_url, name="quality", rubric="Be strict."), index=0, cache_dir=tmp_path
+    )
     await third.score(group[0])
     assert len(server.requests) == 4
     assert build_judge(config, index=0, cache_dir=tmp_path).cache.skipped_lines == 1
@@ -421,13 +487,17 @@ async def test_identical_requests_in_flight_share_one_call(server):
 # ------------------------------------------------------------------------------- (6) no valid verdict
 async def test_a_judge_that_never_gets_a_valid_verdict_names_itself(server):
     def scores_attempt_one_twice(body: dict) -> str:
-        return '{"scores": [{"trajectory": 1, "score": 5}, {"trajectory": 1, "score": 6}, ' \
-               '{"trajectory": 2, "score": 1}]}'
+        return (
+            '{"scores": [{"trajectory": 1, "score": 5}, {"trajectory": 1, "score": 6}, {"trajectory": 2, "score": 1}]}'
+        )
 
     server.default = scores_attempt_one_twice
     judge = build_judge(judge_config("ranking", url=server.base_url, name="ruler", retries=2), index=2)
-    with pytest.raises(RewardError, match=r"reward\.judges\[2\] \(ruler\): no verdict after 3 attempts.*"
-                                          r"scores attempt 1 twice"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward\.judges\[2\] \(ruler\): no verdict after 3 attempts.*"
+        r"scores attempt 1 twice",
+    ):
         await judge.rank([episode("84"), episode("48"), episode("12")])
     assert len(server.requests) == 3
 
@@ -435,8 +505,11 @@ async def test_a_judge_that_never_gets_a_valid_verdict_names_itself(server):
 async def test_a_verdict_cut_by_max_tokens_says_so(server):
     server.script = [("cut", '{"explanation": "the agent calls the calculator and')] * 2
     judge = build_judge(judge_config(url=server.base_url, retries=1, max_tokens=12), index=5)
-    with pytest.raises(RewardError, match=r"reward\.judges\[5\] \(judge_rubric\): no verdict after 2 attempts.*"
-                                          r"cut at max_tokens=12 .*raise reward\.judges\[5\]\.max_tokens"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward\.judges\[5\] \(judge_rubric\): no verdict after 2 attempts.*"
+        r"cut at max_tokens=12 .*raise reward\.judges\[5\]\.max_tokens",
+    ):
         await judge.score(episode("84"))
 
 
@@ -449,8 +522,11 @@ def test_lenient_verdict_reading():
     assert [v.score for v in listed] == [10, 1]
     keyed = parse_ranking('{"scores": {"Attempt 1": {"score": 4, "explanation": "a"}, "2": {"score": 0}}}', 2, 50)
     assert [(v.score, v.explanation) for v in keyed] == [(4, "a"), (0, "")]
-    for bad, message in [('{"score": 11}', "outside 0..10"), ('{"score": true}', "not a number"),
-                         ("no json", "holds no JSON object")]:
+    for bad, message in [
+        ('{"score": 11}', "outside 0..10"),
+        ('{"score": true}', "not a number"),
+        ("no json", "holds no JSON object"),
+    ]:
         with pytest.raises(VerdictError, match=message):
             parse_rubric(bad, 100)
     with pytest.raises(VerdictError, match="does not score attempts 2, 3 of 3"):
@@ -467,28 +543,41 @@ async def test_judges_are_checked_against_their_endpoint_before_the_first_episod
     from verlog.rewards import RewardScorer
 
     def scorer(url: str, model: str) -> RewardScorer:
-        return RewardScorer(RewardConfig(judges=[{"endpoint": {"base_url": url, "model": "x"}},
-                                                 {"endpoint": {"base_url": url, "model": model}}]))
+        return RewardScorer(
+            RewardConfig(
+                judges=[{"endpoint": {"base_url": url, "model": "x"}}, {"endpoint": {"base_url": url, "model": model}}]
+            )
+        )
 
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as served:
-        with pytest.raises(ConfigError, match=rf"^reward\.judges\[0\]\.endpoint\.model: {served.base_url} does not "
-                                              r"serve 'x'; it serves: tiny$"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"^reward\.judges\[0\]\.endpoint\.model: {served.base_url} does not "
+            r"serve 'x'; it serves: tiny$",
+        ):
             await asyncio.to_thread(scorer(served.base_url, "tiny").check_judges)
         good = RewardScorer(RewardConfig(judges=[{"endpoint": {"base_url": served.base_url, "model": "tiny"}}]))
         await asyncio.to_thread(good.check_judges)
     await asyncio.to_thread(scorer(server.base_url, "anything").check_judges)  # no GET /models there: it answers
     down = f"http://127.0.0.1:{free_port()}/v1"
-    with pytest.raises(ConfigError, match=rf"^reward\.judges\[0\]\.endpoint\.base_url: the judge's endpoint {down} "
-                                          r"does not answer \(.*\); start its server or fix base_url"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^reward\.judges\[0\]\.endpoint\.base_url: the judge's endpoint {down} "
+        r"does not answer \(.*\); start its server or fix base_url",
+    ):
         scorer(down, "x").check_judges()
 
 
 def test_judge_config_errors(monkeypatch):
     monkeypatch.delenv("NO_SUCH_JUDGE_KEY", raising=False)
-    config = JudgeConfig(endpoint={"base_url": "http://127.0.0.1:1/v1", "model": "m",
-                                   "api_key_env": "NO_SUCH_JUDGE_KEY"})
-    with pytest.raises(ConfigError, match=r"reward\.judges\[0\]\.endpoint\.api_key_env: the environment variable "
-                                          r"NO_SUCH_JUDGE_KEY is not set"):
+    config = JudgeConfig(
+        endpoint={"base_url": "http://127.0.0.1:1/v1", "model": "m", "api_key_env": "NO_SUCH_JUDGE_KEY"}
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"reward\.judges\[0\]\.endpoint\.api_key_env: the environment variable "
+        r"NO_SUCH_JUDGE_KEY is not set",
+    ):
         build_judge(config, index=0)
     with pytest.raises(ValueError, match="give exactly one of endpoint"):
         RewardConfig.model_validate({"judges": [{"kind": "rubric"}]})

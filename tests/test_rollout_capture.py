@@ -75,7 +75,9 @@ async def test_trimming_graph_is_captured_exactly(model, tiny_tokenizer, tiny_mo
     graph_file = load_graph_file(ROOT / "graphs" / "guess_number.py")
     graph = graph_file.build(model, history_turns=1, max_guesses=4, max_tokens=12)
     episodes = await run_episodes(
-        graph, [graph_file.episode_input(s) for s in range(3)], graph_config={"recursion_limit": 40},
+        graph,
+        [graph_file.episode_input(s) for s in range(3)],
+        graph_config={"recursion_limit": 40},
         keep_messages=True,
     )
     assert check_turns_exact(episodes, tiny_tokenizer, tiny_model) >= 6
@@ -144,7 +146,9 @@ async def test_subgraph_calls_are_captured(model, tiny_tokenizer, tiny_model):
     outer.add_edge(START, "research")
     outer.add_edge("research", "answer")
     outer.add_edge("answer", END)
-    episodes = await run_episodes(outer.compile(), [{"messages": [HumanMessage("Why is the sky blue?")]}], keep_messages=True)
+    episodes = await run_episodes(
+        outer.compile(), [{"messages": [HumanMessage("Why is the sky blue?")]}], keep_messages=True
+    )
     assert check_turns_exact(episodes, tiny_tokenizer, tiny_model) == 2
     assert [t.node for t in episodes[0].turns] == ["think", "answer"]
 
@@ -215,8 +219,9 @@ async def test_real_instruct_model_answers_and_is_captured_exactly():
     g.add_node("ask", ask)
     g.add_edge(START, "ask")
     g.add_edge("ask", END)
-    episodes = await run_episodes(g.compile(), [{"messages": [HumanMessage("What is the capital of France?")]}],
-                                  keep_messages=True)
+    episodes = await run_episodes(
+        g.compile(), [{"messages": [HumanMessage("What is the capital of France?")]}], keep_messages=True
+    )
     engine.close()
     assert check_turns_exact(episodes, tokenizer, lm) == 1
     assert "Paris" in answers_of(episodes[0])[0].content

@@ -79,8 +79,16 @@ def tag_of(tokenizer, turn) -> str:
     return TAG.search(tokenizer.decode(turn.response_ids, skip_special_tokens=True)).group(0)
 
 
-async def play(tokenizer, styles, seed: int, *, batches: int = 4, judge: bool = False, checkpointer: bool = False,
-               max_delay: float = 0.01):
+async def play(
+    tokenizer,
+    styles,
+    seed: int,
+    *,
+    batches: int = 4,
+    judge: bool = False,
+    checkpointer: bool = False,
+    max_delay: float = 0.01,
+):
     """Collect ``batches`` batches of a random slot layout, an "update" with evaluation episodes
     after each; returns (batches, witness, runner)."""
     rng = random.Random(seed)
@@ -89,9 +97,15 @@ async def play(tokenizer, styles, seed: int, *, batches: int = 4, judge: bool = 
     kwargs = dict(styles=styles, max_delay=max_delay, judge=judge, checkpointer=checkpointer)
     group_size = rng.choice([1, 2])
     runner = SlotRunner(
-        engine, lambda gated: GRAPH.build(VerlogChatModel(engine=gated, tokenizer=tokenizer), **kwargs),
-        GRAPH.episode_input, num_envs=group_size * rng.randint(1, 2), turns_per_env=rng.randint(2, 6),
-        group_size=group_size, graph_config={"recursion_limit": 200}, seed=rng.randint(0, 50), timeout_s=60,
+        engine,
+        lambda gated: GRAPH.build(VerlogChatModel(engine=gated, tokenizer=tokenizer), **kwargs),
+        GRAPH.episode_input,
+        num_envs=group_size * rng.randint(1, 2),
+        turns_per_env=rng.randint(2, 6),
+        group_size=group_size,
+        graph_config={"recursion_limit": 200},
+        seed=rng.randint(0, 50),
+        timeout_s=60,
     )
     evaluation = GRAPH.build(VerlogChatModel(engine=engine, tokenizer=tokenizer), **kwargs)  # the raw engine
     collected: list[SlotBatch] = []
@@ -101,7 +115,8 @@ async def play(tokenizer, styles, seed: int, *, batches: int = 4, judge: bool = 
             inputs = [GRAPH.episode_input(EVAL_SEED + 10 * b + i) for i in range(2)]
             update = asyncio.sleep(rng.random() * 0.06)
             evaluated = await asyncio.wait_for(
-                asyncio.gather(update, run_episodes(evaluation, inputs, graph_config={"recursion_limit": 200})), 30)
+                asyncio.gather(update, run_episodes(evaluation, inputs, graph_config={"recursion_limit": 200})), 30
+            )
             assert all(e.status == "ok" for e in evaluated[1]), [e.error for e in evaluated[1]]
     finally:
         await runner.aclose()
@@ -125,9 +140,15 @@ def check_each_call_once(tokenizer, batches: list[SlotBatch], witness: Witness, 
 
 
 CASES = [
-    ("send", ["send"]), ("send_sync", ["send_sync"]), ("batch", ["batch"]), ("abatch", ["abatch"]),
-    ("gather", ["gather"]), ("late", ["late"]), ("late_sync", ["late_sync"]),
-    ("blocking", list(ANY_CALL.BLOCKING)), ("mixed", list(ANY_CALL.STYLES)),
+    ("send", ["send"]),
+    ("send_sync", ["send_sync"]),
+    ("batch", ["batch"]),
+    ("abatch", ["abatch"]),
+    ("gather", ["gather"]),
+    ("late", ["late"]),
+    ("late_sync", ["late_sync"]),
+    ("blocking", list(ANY_CALL.BLOCKING)),
+    ("mixed", list(ANY_CALL.STYLES)),
 ]
 
 
@@ -143,8 +164,14 @@ async def test_parallel_calls_are_trained_once_each(tiny_tokenizer, name, styles
 async def test_parallel_calls_stress_many_seeds(tiny_tokenizer, seed):
     rng = random.Random(seed)
     styles = rng.sample(list(ANY_CALL.STYLES), rng.randint(1, 4))
-    batches, witness, runner = await play(tiny_tokenizer, styles, seed=seed, batches=6,
-                                          checkpointer=rng.random() < 0.3, max_delay=rng.choice([0.0, 0.005, 0.03]))
+    batches, witness, runner = await play(
+        tiny_tokenizer,
+        styles,
+        seed=seed,
+        batches=6,
+        checkpointer=rng.random() < 0.3,
+        max_delay=rng.choice([0.0, 0.005, 0.03]),
+    )
     check_each_call_once(tiny_tokenizer, batches, witness, runner)
 
 
@@ -164,9 +191,12 @@ async def test_streamed_and_own_callback_calls_are_captured(tiny_tokenizer):
     assert nodes == set(styles)
     # under verlog rollout too: every call is a turn, none uncaptured
     witness = Witness(tiny_tokenizer)
-    graph = GRAPH.build(VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, witness), tokenizer=tiny_tokenizer),
-                        styles=styles)
-    episodes = await run_episodes(graph, [GRAPH.episode_input(s) for s in range(6)], graph_config={"recursion_limit": 100})
+    graph = GRAPH.build(
+        VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, witness), tokenizer=tiny_tokenizer), styles=styles
+    )
+    episodes = await run_episodes(
+        graph, [GRAPH.episode_input(s) for s in range(6)], graph_config={"recursion_limit": 100}
+    )
     assert sum(len(e.turns) for e in episodes) == len(witness.answers) > 0
     assert all(e.status == "ok" and e.uncaptured_calls == 0 for e in episodes)
 
@@ -175,9 +205,13 @@ async def test_blocking_calls_in_async_nodes_are_captured_once_in_rollout(tiny_t
     """``verlog rollout`` and ``verlog eval`` (``run_episodes`` on the raw engine): a sync call inside
     an ``async def`` node runs as in production, each call one turn."""
     witness = Witness(tiny_tokenizer)
-    graph = GRAPH.build(VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, witness), tokenizer=tiny_tokenizer),
-                        styles=list(ANY_CALL.BLOCKING))
-    episodes = await run_episodes(graph, [GRAPH.episode_input(s) for s in range(6)], graph_config={"recursion_limit": 100})
+    graph = GRAPH.build(
+        VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, witness), tokenizer=tiny_tokenizer),
+        styles=list(ANY_CALL.BLOCKING),
+    )
+    episodes = await run_episodes(
+        graph, [GRAPH.episode_input(s) for s in range(6)], graph_config={"recursion_limit": 100}
+    )
     assert all(e.status == "ok" and e.uncaptured_calls == 0 for e in episodes), [e.error for e in episodes]
     tags = [tag_of(tiny_tokenizer, t) for e in episodes for t in e.turns]
     assert sorted(tags) == sorted(tag for _, tag in witness.answers) and len(set(tags)) == len(tags) > 6
@@ -197,8 +231,9 @@ async def test_judge_calls_are_never_turns_and_their_score_reaches_the_answer(ti
     scored = 0
     for batch in batches:
         for turn in batch.flat_turns():
-            seed, step, call = map(int, re.search(r"seed (\d+) step (\d+) call (\d+)",
-                                                  tiny_tokenizer.decode(turn.prompt_ids)).groups())
+            seed, step, call = map(
+                int, re.search(r"seed (\d+) step (\d+) call (\d+)", tiny_tokenizer.decode(turn.prompt_ids)).groups()
+            )
             if call < ANY_CALL.calls_at(seed, step) - 1:
                 assert turn.reward == 0.0  # not the step's answer
             elif tag_of(tiny_tokenizer, turn) in verdicts:  # the answer: the latest trained turn before the judge
@@ -214,9 +249,15 @@ async def test_a_slot_blocked_at_the_boundary_keeps_no_other_from_it(tiny_tokeni
     witness = Witness(tiny_tokenizer)
     runner = SlotRunner(
         ScriptedEngine(tiny_tokenizer, witness),
-        lambda gated: GRAPH.build(VerlogChatModel(engine=gated, tokenizer=tiny_tokenizer),
-                                  styles=["invoke_in_async", "ainvoke", "stream_in_async"], max_delay=0.02),
-        GRAPH.episode_input, num_envs=4, turns_per_env=3, graph_config={"recursion_limit": 200},
+        lambda gated: GRAPH.build(
+            VerlogChatModel(engine=gated, tokenizer=tiny_tokenizer),
+            styles=["invoke_in_async", "ainvoke", "stream_in_async"],
+            max_delay=0.02,
+        ),
+        GRAPH.episode_input,
+        num_envs=4,
+        turns_per_env=3,
+        graph_config={"recursion_limit": 200},
     )
     try:
         batches = []
@@ -234,8 +275,13 @@ async def test_closing_the_runner_stops_every_slot_thread(tiny_tokenizer):
     before = {t.name for t in threading.enumerate()}
     runner = SlotRunner(
         ScriptedEngine(tiny_tokenizer, ["go"]),
-        lambda gated: GRAPH.build(VerlogChatModel(engine=gated, tokenizer=tiny_tokenizer), styles=list(ANY_CALL.BLOCKING)),
-        GRAPH.episode_input, num_envs=3, turns_per_env=2, graph_config={"recursion_limit": 200},
+        lambda gated: GRAPH.build(
+            VerlogChatModel(engine=gated, tokenizer=tiny_tokenizer), styles=list(ANY_CALL.BLOCKING)
+        ),
+        GRAPH.episode_input,
+        num_envs=3,
+        turns_per_env=2,
+        graph_config={"recursion_limit": 200},
     )
     await asyncio.wait_for(runner.collect(), 30)  # every slot now holds a call, its thread blocked in it
     await asyncio.wait_for(runner.aclose(), 30)
@@ -249,7 +295,9 @@ async def test_a_training_call_that_bypasses_the_gate_stops_the_run(tiny_tokeniz
     runner = SlotRunner(
         ScriptedEngine(tiny_tokenizer, ["go"]),
         lambda gated: GRAPH.build(VerlogChatModel(engine=other, tokenizer=tiny_tokenizer), styles=["ainvoke"]),
-        GRAPH.episode_input, num_envs=1, turns_per_env=2,
+        GRAPH.episode_input,
+        num_envs=1,
+        turns_per_env=2,
     )
     try:
         with pytest.raises(SlotFailureError, match="without passing the training gate"):
@@ -270,8 +318,11 @@ async def test_a_graph_that_never_calls_the_model_is_an_error_episode(tiny_token
 async def test_each_run_of_an_episode_gets_a_thread_of_its_own(tiny_tokenizer):
     """A graph with a persistent checkpointer played twice under the same episode id (as repeated
     evaluations play their seeds) starts afresh each time instead of continuing the first run."""
-    graph = GRAPH.build(VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, ["go"]), tokenizer=tiny_tokenizer),
-                        styles=["ainvoke"], checkpointer=True)
+    graph = GRAPH.build(
+        VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, ["go"]), tokenizer=tiny_tokenizer),
+        styles=["ainvoke"],
+        checkpointer=True,
+    )
     first = await run_episode(graph, GRAPH.episode_input(5), episode_id="eval/5", graph_config={"recursion_limit": 50})
     again = await run_episode(graph, GRAPH.episode_input(5), episode_id="eval/5", graph_config={"recursion_limit": 50})
     assert first.status == again.status == "ok"
@@ -285,6 +336,7 @@ async def test_a_reward_reported_after_its_turn_was_cut_is_counted_and_warned(ti
     """Two ``Send`` branches each call the model and report their own reward 0.1 s later: with a
     quota of one call the first is admitted and the second held, the batch is cut at once, and
     the first branch's reward arrives for a turn already trained: counted, with a warning."""
+
     def build(gated):
         model = VerlogChatModel(engine=gated, tokenizer=tiny_tokenizer)
 
@@ -300,8 +352,13 @@ async def test_a_reward_reported_after_its_turn_was_cut_is_counted_and_warned(ti
         g.add_edge("branch", END)
         return g.compile()
 
-    runner = SlotRunner(ScriptedEngine(tiny_tokenizer, ["go"]), build, lambda seed: {"seed": seed, "done": []},
-                        num_envs=1, turns_per_env=1)
+    runner = SlotRunner(
+        ScriptedEngine(tiny_tokenizer, ["go"]),
+        build,
+        lambda seed: {"seed": seed, "done": []},
+        num_envs=1,
+        turns_per_env=1,
+    )
     try:
         with pytest.warns(RuntimeWarning, match="already given to a batch"):
             await asyncio.wait_for(runner.collect(), 10)

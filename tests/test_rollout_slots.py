@@ -71,9 +71,13 @@ def build_graph(model, fail_seeds=(), hang_seeds=(), sync=False, cap=None):
         t, terminated, truncated = outcome(state)
         if state["seed"] in hang_seeds and t == 2:
             await asyncio.sleep(3600)
-        await areport_reward(float(t), terminated=terminated, truncated=truncated,
-                             info={"success": terminated, "valid_action": True},
-                             next_messages=prompt(state["seed"], t) if truncated else None)
+        await areport_reward(
+            float(t),
+            terminated=terminated,
+            truncated=truncated,
+            info={"success": terminated, "valid_action": True},
+            next_messages=prompt(state["seed"], t) if truncated else None,
+        )
         return {"t": t, "done": terminated or truncated}
 
     def sync_policy(state: State) -> dict:
@@ -86,9 +90,13 @@ def build_graph(model, fail_seeds=(), hang_seeds=(), sync=False, cap=None):
             import time
 
             time.sleep(3)
-        report_reward(float(t), terminated=terminated, truncated=truncated,
-                      info={"success": terminated, "valid_action": True},
-                      next_messages=prompt(state["seed"], t) if truncated else None)
+        report_reward(
+            float(t),
+            terminated=terminated,
+            truncated=truncated,
+            info={"success": terminated, "valid_action": True},
+            next_messages=prompt(state["seed"], t) if truncated else None,
+        )
         return {"t": t, "done": terminated or truncated}
 
     if sync:
@@ -103,8 +111,7 @@ def build_graph(model, fail_seeds=(), hang_seeds=(), sync=False, cap=None):
     return g.compile()
 
 
-def make_runner(tokenizer, *, num_envs=3, turns_per_env=4, timeout_s=None, max_consecutive_failures=20,
-                **graph_kwargs):
+def make_runner(tokenizer, *, num_envs=3, turns_per_env=4, timeout_s=None, max_consecutive_failures=20, **graph_kwargs):
     engine = ScriptedEngine(tokenizer, ["go"])
     models = []
 
@@ -113,8 +120,14 @@ def make_runner(tokenizer, *, num_envs=3, turns_per_env=4, timeout_s=None, max_c
         return build_graph(models[-1], **graph_kwargs)
 
     runner = SlotRunner(
-        engine, build, make_input, num_envs=num_envs, turns_per_env=turns_per_env,
-        graph_config={"recursion_limit": 100}, timeout_s=timeout_s, seed=0,
+        engine,
+        build,
+        make_input,
+        num_envs=num_envs,
+        turns_per_env=turns_per_env,
+        graph_config={"recursion_limit": 100},
+        timeout_s=timeout_s,
+        seed=0,
         max_consecutive_failures=max_consecutive_failures,
         render_prompt=lambda messages, tools: models[0].render_prompt_ids(messages, tools),
     )
@@ -155,7 +168,9 @@ async def test_quota_continuation_bootstrap_and_new_episodes(tiny_tokenizer, syn
             for prev, nxt in zip(turns, turns[1:]):
                 if prev.done:
                     assert nxt.turn_index == 0
-                    assert state_of(tiny_tokenizer, nxt.prompt_ids)[0] == next_seed(state_of(tiny_tokenizer, prev.prompt_ids)[0])
+                    assert state_of(tiny_tokenizer, nxt.prompt_ids)[0] == next_seed(
+                        state_of(tiny_tokenizer, prev.prompt_ids)[0]
+                    )
                 else:
                     assert (nxt.episode_id, nxt.turn_index) == (prev.episode_id, prev.turn_index + 1)
             # the held call at the boundary is the slot's next prompt
@@ -249,8 +264,9 @@ async def test_resume_counters_continue_seeds(tiny_tokenizer):
 
 
 async def test_a_graph_that_always_fails_stops_the_run(tiny_tokenizer):
-    runner, _ = make_runner(tiny_tokenizer, num_envs=2, turns_per_env=2, max_consecutive_failures=3,
-                            fail_seeds=set(range(1000)))
+    runner, _ = make_runner(
+        tiny_tokenizer, num_envs=2, turns_per_env=2, max_consecutive_failures=3, fail_seeds=set(range(1000))
+    )
     with pytest.raises(SlotFailureError, match="3 episodes in a row"):
         await collect_batches(runner, 1)
 
@@ -258,8 +274,13 @@ async def test_a_graph_that_always_fails_stops_the_run(tiny_tokenizer):
 async def test_seed_dependent_failures_are_spread_over_the_slots(tiny_tokenizer):
     # every seed divisible by 3 fails: with seeds pinned to slots (slot i: seeds = i mod 3) slot 0
     # would fail every episode and stop the run; rotated, no slot fails twice in a row
-    runner, _ = make_runner(tiny_tokenizer, num_envs=3, turns_per_env=4, max_consecutive_failures=2,
-                            fail_seeds={s for s in range(1000) if s % 3 == 0})
+    runner, _ = make_runner(
+        tiny_tokenizer,
+        num_envs=3,
+        turns_per_env=4,
+        max_consecutive_failures=2,
+        fail_seeds={s for s in range(1000) if s % 3 == 0},
+    )
     batches = await collect_batches(runner, 6)
     failed = [e for batch in batches for e in batch.failed]
     assert failed and runner.counters.failed == {"error": len(failed)}

@@ -28,7 +28,7 @@ CALCULATOR = load_graph_file(ROOT / "graphs" / "calculator.py")
 
 
 def tool_call(expression: str) -> str:
-    return f'<tool_call>\n{json.dumps({"name": "calculate", "arguments": {"expression": expression}})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': 'calculate', 'arguments': {'expression': expression}})}\n</tool_call>"
 
 
 def scripted_model(tokenizer, script) -> VerlogChatModel:
@@ -99,6 +99,7 @@ async def test_graph_exception_is_a_failed_episode(tiny_tokenizer):
 
 def looping_graph(model, own_time_s: float = 0.0):
     """A graph that never ends; each step spends ``own_time_s`` in its own code besides the model call."""
+
     async def policy(state: MessagesState) -> dict:
         await asyncio.sleep(own_time_s)
         return {"messages": [await model.ainvoke(state["messages"][-2:])]}
@@ -133,8 +134,10 @@ async def test_episode_timeout_is_a_failed_episode(tiny_tokenizer):
     """The graph's own code runs past timeout_s (0.05 s a step, 0.3 s allowed)."""
     model = VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, ["again"]), tokenizer=tiny_tokenizer)
     episode = await run_episode(
-        looping_graph(model, own_time_s=0.05), {"messages": [HumanMessage("go")]},
-        graph_config={"recursion_limit": 1000}, timeout_s=0.3,
+        looping_graph(model, own_time_s=0.05),
+        {"messages": [HumanMessage("go")]},
+        graph_config={"recursion_limit": 1000},
+        timeout_s=0.3,
     )
     assert episode.status == "timeout" and "its graph's own code ran 0.3 s" in episode.error
     assert 1 <= len(episode.turns) <= 7 and episode.trainable_turns() == []
@@ -148,7 +151,9 @@ async def test_a_slow_engine_never_times_an_episode_out(tiny_tokenizer):
     model = VerlogChatModel(engine=engine, tokenizer=tiny_tokenizer)
     started = time.perf_counter()
     episode = await run_episode(
-        looping_graph(model), {"messages": [HumanMessage("go")]}, graph_config={"recursion_limit": 12},
+        looping_graph(model),
+        {"messages": [HumanMessage("go")]},
+        graph_config={"recursion_limit": 12},
         timeout_s=0.3,
     )
     assert time.perf_counter() - started >= 12 * 0.1  # far past the timeout in wall time
@@ -183,8 +188,9 @@ async def test_episode_id_is_the_engine_request_id(tiny_tokenizer):
             return await super().generate(prompt_ids, sampling, request_id=request_id)
 
     model = VerlogChatModel(engine=Recording(tiny_tokenizer, ["a"]), tokenizer=tiny_tokenizer)
-    await run_episode(looping_graph(model), {"messages": [HumanMessage("go")]}, episode_id="ep-7",
-                      graph_config={"recursion_limit": 3})
+    await run_episode(
+        looping_graph(model), {"messages": [HumanMessage("go")]}, episode_id="ep-7", graph_config={"recursion_limit": 3}
+    )
     assert seen == ["ep-7"] * 3
 
 
@@ -197,8 +203,9 @@ async def test_the_calculator_can_require_a_tool_call_first(tiny_model, tiny_tok
     try:
         model = VerlogChatModel(engine=engine, tokenizer=tiny_tokenizer, max_tokens=48)
         graph = CALCULATOR.build(model, max_tool_rounds=1, require_tool=True)
-        episode = await run_episode(graph, {"messages": [HumanMessage(calculator_row(2)["prompt"])]},
-                                    graph_config={"recursion_limit": 20})
+        episode = await run_episode(
+            graph, {"messages": [HumanMessage(calculator_row(2)["prompt"])]}, graph_config={"recursion_limit": 20}
+        )
     finally:
         engine.close()
     assert episode.status == "ok", episode.error

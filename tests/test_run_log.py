@@ -27,11 +27,21 @@ class _LogFile(io.StringIO):
 
 
 def _train(tmp_path, console: Console) -> None:
-    config = load_config(ROOT / "configs" / "cue_corridor.yaml", [
-        f"trainer.run_dir={tmp_path / 'run'}", "wandb.mode=disabled", "trainer.total_updates=3",
-        "trainer.num_envs=8", "trainer.turns_per_env=4", "eval.episodes=4", "eval.concurrency=4",
-        "critic_warmup.buffer_multiplier=1", "critic_warmup.iterations=1", "algorithm.mini_batch_turns=32",
-    ])
+    config = load_config(
+        ROOT / "configs" / "cue_corridor.yaml",
+        [
+            f"trainer.run_dir={tmp_path / 'run'}",
+            "wandb.mode=disabled",
+            "trainer.total_updates=3",
+            "trainer.num_envs=8",
+            "trainer.turns_per_env=4",
+            "eval.episodes=4",
+            "eval.concurrency=4",
+            "critic_warmup.buffer_multiplier=1",
+            "critic_warmup.iterations=1",
+            "algorithm.mini_batch_turns=32",
+        ],
+    )
     train(config, console=console)
 
 
@@ -44,11 +54,15 @@ def test_a_log_file_gets_a_plain_flushed_line_per_update_and_evaluation(tmp_path
     assert [line.split()[2] for line in updates] == ["1/3", "2/3", "3/3"]
     for line in updates:  # the headline figures, on one line however long (no wrapping at 80 columns)
         assert " v_loss " in line and " kl " in line and " turns/s " in line
-    assert any(re.match(r"\[[\d:]+\] eval at update 0: cue_corridor win \S+ return \S+ .*\(4 episodes, 0 failed\)$",
-                        line) for line in lines)
+    assert any(
+        re.match(r"\[[\d:]+\] eval at update 0: cue_corridor win \S+ return \S+ .*\(4 episodes, 0 failed\)$", line)
+        for line in lines
+    )
     assert any(re.match(r"\[[\d:]+\] eval at update 3: cue_corridor win ", line) for line in lines)
     assert any(line.endswith("critic warm-up: collecting batch 1/1") for line in lines)
-    assert not any(line.endswith((" rollout", " update")) for line in lines)  # per-update phases: the update line says it
+    assert not any(
+        line.endswith((" rollout", " update")) for line in lines
+    )  # per-update phases: the update line says it
     assert not re.search(r"training .*\d/3", log.getvalue())  # no progress bar drawn into the file
     # each update's line was flushed before the next update began
     for first, then in zip(updates, updates[1:]):

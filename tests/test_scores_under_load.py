@@ -35,8 +35,9 @@ class BusyEngine(EmbeddedEngine):
 
 @pytest.mark.timeout(600)
 def test_the_quickstart_evaluation_scores_the_same_on_a_slowed_engine():
-    config = load_config(ROOT / "configs" / "quickstart.yaml",
-                         [f"rollout.episode_timeout_s={TIMEOUT_S}", "eval.concurrency=2"])
+    config = load_config(
+        ROOT / "configs" / "quickstart.yaml", [f"rollout.episode_timeout_s={TIMEOUT_S}", "eval.concurrency=2"]
+    )
     path = resolve_model_path(config.model.path)
     tokenizer = load_tokenizer(path)
     model = load_causal_lm(path)

@@ -72,23 +72,33 @@ def test_a_long_prompt_is_refused_having_tokenized_a_bounded_part(tiny_tokenizer
         # a prompt within the limit is tokenized whole and served, its ids exactly the chat template's
         answer = post(_prompt(1_200))
         assert answer.status_code == 200, answer.text
-        ids = tiny_tokenizer.apply_chat_template([{"role": "user", "content": _prompt(1_200)}], tokenize=False,
-                                                 add_generation_prompt=True)
-        assert answer.json()["usage"]["prompt_tokens"] == len(tiny_tokenizer(ids, add_special_tokens=False)["input_ids"])
+        ids = tiny_tokenizer.apply_chat_template(
+            [{"role": "user", "content": _prompt(1_200)}], tokenize=False, add_generation_prompt=True
+        )
+        assert answer.json()["usage"]["prompt_tokens"] == len(
+            tiny_tokenizer(ids, add_special_tokens=False)["input_ids"]
+        )
 
 
 async def test_large_bodies_do_not_hold_the_small_requests_workers_or_places(tiny_tokenizer):
     # each large body takes 0.3 s to render (twice: measured, then tokenized), and the paced lane
     # rests three times as long after it: two of them keep the large lane busy for ~3 s
     tokenizer = _MeasuredTokenizer(tiny_tokenizer, slow_over=70_000, delay_s=0.3)
-    limits = ServerLimits(max_prompt_tokens=100_000, max_body_bytes=1 << 20, large_body_bytes=64 << 10,
-                          max_large_queue=2, max_queue=8, max_concurrency=2)
+    limits = ServerLimits(
+        max_prompt_tokens=100_000,
+        max_body_bytes=1 << 20,
+        large_body_bytes=64 << 10,
+        max_large_queue=2,
+        max_queue=8,
+        max_concurrency=2,
+    )
     server = OpenAIServer(ScriptedEngine(tiny_tokenizer, ["ok"] * 100), tokenizer, model_name="tiny", limits=limits)
     large = json.dumps({**SMALL, "messages": [{"role": "user", "content": _prompt(80_000)}]}).encode()
     answered: list[tuple[str, int]] = []  # in the order the answers came
     with serve_in_thread(server):
         url = f"{server.base_url}/chat/completions"
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+
             async def post(data: bytes, name: str) -> int:
                 async with session.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
                     await r.read()

@@ -22,9 +22,26 @@ def test_add_serve_commands_registers_both_on_verlogs_subparsers():
     add_serve_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["serve-model", "tiny"])
     assert (args.command, args.checkpoint, args.host, args.api_key) == ("serve-model", "tiny", "127.0.0.1", None)
-    args = parser.parse_args(["serve", "graphs/calculator.py", "--base-url", "http://127.0.0.1:8000/v1",
-                              "--model", "tiny", "--api-key", "k", "--graph-kwargs", '{"max_tool_rounds": 2}'])
-    assert (args.command, args.host, args.graph_kwargs, args.api_key) == ("serve", "127.0.0.1", {"max_tool_rounds": 2}, "k")
+    args = parser.parse_args(
+        [
+            "serve",
+            "graphs/calculator.py",
+            "--base-url",
+            "http://127.0.0.1:8000/v1",
+            "--model",
+            "tiny",
+            "--api-key",
+            "k",
+            "--graph-kwargs",
+            '{"max_tool_rounds": 2}',
+        ]
+    )
+    assert (args.command, args.host, args.graph_kwargs, args.api_key) == (
+        "serve",
+        "127.0.0.1",
+        {"max_tool_rounds": 2},
+        "k",
+    )
     assert callable(args.func)
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "graphs/calculator.py"])  # --base-url and --model are required
@@ -44,8 +61,20 @@ def test_serve_refuses_a_taken_port_instead_of_printing_an_address_it_will_not_b
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        code = main(["serve", str(ROOT / "graphs" / "calculator.py"), "--base-url", "http://127.0.0.1:1/v1",
-                     "--model", "x", "--port", str(port), "--state-dir", str(tmp_path)])
+        code = main(
+            [
+                "serve",
+                str(ROOT / "graphs" / "calculator.py"),
+                "--base-url",
+                "http://127.0.0.1:1/v1",
+                "--model",
+                "x",
+                "--port",
+                str(port),
+                "--state-dir",
+                str(tmp_path),
+            ]
+        )
     err = capsys.readouterr().err
     assert code == 2
     assert f"error: cannot serve on 127.0.0.1:{port}: the port is taken" in err and "--port" in err
@@ -54,9 +83,15 @@ def test_serve_refuses_a_taken_port_instead_of_printing_an_address_it_will_not_b
 
 def test_serve_settings_keep_the_key_off_the_disk(tmp_path):
     uri = "postgresql://agent:pa55@db:5432/threads"
-    settings = GraphServeSettings(graph=ROOT / "graphs" / "calculator.py", base_url="http://127.0.0.1:8000/v1",
-                                  model="tiny", api_key="s3cret", temperature=0.0, state_dir=tmp_path,
-                                  postgres_uri=uri)
+    settings = GraphServeSettings(
+        graph=ROOT / "graphs" / "calculator.py",
+        base_url="http://127.0.0.1:8000/v1",
+        model="tiny",
+        api_key="s3cret",
+        temperature=0.0,
+        state_dir=tmp_path,
+        postgres_uri=uri,
+    )
     config = langgraph_config(settings)
     assert config["graphs"] == {"calculator": "verlog.serve.langgraph_app:graph"}
     assert config["checkpointer"] == {"path": "verlog.serve.durable.checkpointer"}  # durable threads
@@ -92,9 +127,24 @@ def test_langgraph_app_builds_graphs_with_chat_openai(monkeypatch):
 def test_load_test_from_a_second_process(monkeypatch):
     """benchmarks/serve_load.py starts `serve-model tiny` and loads it over loopback."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "serve_load.py"), "--requests", "60", "--concurrency", "8",
-         "--max-tokens", "8", "--duration-s", "60", "--bad-fraction", "0.2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "serve_load.py"),
+            "--requests",
+            "60",
+            "--concurrency",
+            "8",
+            "--max-tokens",
+            "8",
+            "--duration-s",
+            "60",
+            "--bad-fraction",
+            "0.2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "requests/s (good)" in out.stdout and "latency p50/p90/p99" in out.stdout

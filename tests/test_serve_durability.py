@@ -42,15 +42,34 @@ def test_kill_9_under_16_clients_loses_no_acknowledged_completion():
 @pytest.mark.timeout(300)
 def test_sigterm_writes_the_write_behind_window(tmp_path):
     store, port = tmp_path / "traces", free_port()
-    command = [sys.executable, "-m", "verlog.serve", "serve-model", "tiny", "--port", str(port), "--device", "cpu",
-               "--record", str(store), "--record-write-behind-s", "30"]
-    with server_process(command, dict(os.environ), ROOT, port, tmp_path / "server.log", ready="/health",
-                        ready_timeout_s=120) as (url, process):
+    command = [
+        sys.executable,
+        "-m",
+        "verlog.serve",
+        "serve-model",
+        "tiny",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--record",
+        str(store),
+        "--record-write-behind-s",
+        "30",
+    ]
+    with server_process(
+        command, dict(os.environ), ROOT, port, tmp_path / "server.log", ready="/health", ready_timeout_s=120
+    ) as (url, process):
+
         async def send() -> None:
             async with aiohttp.ClientSession() as session:
                 for i in range(5):
-                    body = {"model": "tiny", "max_tokens": 4, "user": f"w{i}",
-                            "messages": [{"role": "user", "content": "hi"}]}
+                    body = {
+                        "model": "tiny",
+                        "max_tokens": 4,
+                        "user": f"w{i}",
+                        "messages": [{"role": "user", "content": "hi"}],
+                    }
                     async with session.post(f"{url}/v1/chat/completions", json=body) as r:
                         assert r.status == 200
                 async with session.get(f"{url}/health") as r:  # answered, not all written yet (30 s window)

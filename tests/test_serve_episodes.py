@@ -71,13 +71,18 @@ async def test_a_served_babyai_episode_runs_to_its_cap_under_wait_and_event_stre
 
         thread = await client.threads.create()
         rewards, ends, errors = 0, [], []
-        async for part in client.runs.stream(thread["thread_id"], "babyai", input={"seed": 1},
-                                             stream_mode=["events"]):
-            if part.event == "events" and part.data.get("event") == "on_custom_event" \
-                    and part.data.get("name") == "verlog.reward":
+        async for part in client.runs.stream(thread["thread_id"], "babyai", input={"seed": 1}, stream_mode=["events"]):
+            if (
+                part.event == "events"
+                and part.data.get("event") == "on_custom_event"
+                and part.data.get("name") == "verlog.reward"
+            ):
                 rewards += 1
-            elif part.event == "events" and part.data.get("event") == "on_chain_end" \
-                    and part.data.get("name") == "babyai":
+            elif (
+                part.event == "events"
+                and part.data.get("event") == "on_chain_end"
+                and part.data.get("name") == "babyai"
+            ):
                 ends.append(part.data["data"]["output"])
             elif part.event == "error":
                 errors.append(part.data)
@@ -162,8 +167,10 @@ async def test_episodes_survive_a_sigkill_of_the_server(slow_endpoint, tmp_path)
         assert 0 < await _steps(client, fresh) < cap
         fresh_state = await client.runs.wait(fresh, "babyai", input=None)
         # both end as their uninterrupted episodes
-        whole = {seed: await client.runs.wait((await client.threads.create())["thread_id"], "babyai",
-                                              input={"seed": seed}) for seed in (2, 3)}
+        whole = {
+            seed: await client.runs.wait((await client.threads.create())["thread_id"], "babyai", input={"seed": seed})
+            for seed in (2, 3)
+        }
     assert "restored from the checkpointer" in (tmp_path / "second.log").read_text()
     for state, seed in ((cut_state, 2), (fresh_state, 3)):
         assert "__error__" not in state, state

@@ -97,16 +97,34 @@ async def test_verlog_serve_runs_babyai_with_the_turns_of_training(engine, tiny_
     graph_kwargs = {"max_steps": 4, "max_tokens": 24}
     seeds = [0, 1]
     episodes = await training_turns(engine, tiny_tokenizer, graph_path, seeds, graph_kwargs, temperature=0)
-    answers = {s: [tiny_tokenizer.decode(t.response_ids, skip_special_tokens=True) for t in e.turns]
-               for s, e in episodes.items()}
+    answers = {
+        s: [tiny_tokenizer.decode(t.response_ids, skip_special_tokens=True) for t in e.turns]
+        for s, e in episodes.items()
+    }
 
     recorder = RecordingEngine(engine)
     server = OpenAIServer(recorder, tiny_tokenizer, model_name="tiny")
     port = free_port()
     with serve_in_thread(server) as base_url:
-        cmd = [sys.executable, "-m", "verlog.serve", "serve", str(graph_path), "--base-url", base_url,
-               "--model", "tiny", "--temperature", "0", "--port", str(port), "--state-dir", str(tmp_path / "state"),
-               "--graph-kwargs", json.dumps(graph_kwargs)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "verlog.serve",
+            "serve",
+            str(graph_path),
+            "--base-url",
+            base_url,
+            "--model",
+            "tiny",
+            "--temperature",
+            "0",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--graph-kwargs",
+            json.dumps(graph_kwargs),
+        ]
         env = {**os.environ, "VERLOG_API_KEY": ""}
         with running(cmd, env, ROOT, port, tmp_path / "server.log") as url:
             graph_file = load_graph_file(graph_path)
@@ -123,10 +141,11 @@ async def test_verlog_serve_runs_babyai_with_the_turns_of_training(engine, tiny_
 
             # streaming graph updates: node by node, the same answers
             nodes, streamed_answers = [], []
-            async for part in client.runs.stream(None, "babyai", input=graph_file.episode_input(0),
-                                                 stream_mode="updates"):
+            async for part in client.runs.stream(
+                None, "babyai", input=graph_file.episode_input(0), stream_mode="updates"
+            ):
                 if part.event == "updates":
-                    (node, update), = part.data.items()
+                    ((node, update),) = part.data.items()
                     nodes.append(node)
                     if node == "policy":
                         streamed_answers.append(update["answer"])
@@ -154,15 +173,32 @@ async def test_repo_langgraph_json_serves_the_graphs(engine, tiny_tokenizer, tmp
     server = OpenAIServer(recorder, tiny_tokenizer, model_name="tiny")
     port = free_port()
     with serve_in_thread(server) as base_url:
-        cmd = [sys.executable, "-m", "langgraph_cli", "dev", "--config", str(ROOT / "langgraph.json"),
-               "--port", str(port), "--no-browser", "--no-reload"]
-        env = {**os.environ, "VERLOG_BASE_URL": base_url, "VERLOG_MODEL": "tiny", "VERLOG_TEMPERATURE": "1",
-               "VERLOG_SEED": "7",
-               "VERLOG_GRAPHS_DIR": str(ROOT / "graphs"), "LANGGRAPH_CLI_NO_ANALYTICS": "1"}
+        cmd = [
+            sys.executable,
+            "-m",
+            "langgraph_cli",
+            "dev",
+            "--config",
+            str(ROOT / "langgraph.json"),
+            "--port",
+            str(port),
+            "--no-browser",
+            "--no-reload",
+        ]
+        env = {
+            **os.environ,
+            "VERLOG_BASE_URL": base_url,
+            "VERLOG_MODEL": "tiny",
+            "VERLOG_TEMPERATURE": "1",
+            "VERLOG_SEED": "7",
+            "VERLOG_GRAPHS_DIR": str(ROOT / "graphs"),
+            "LANGGRAPH_CLI_NO_ANALYTICS": "1",
+        }
         with running(cmd, env, tmp_path, port, tmp_path / "server.log") as url:  # state stays in tmp_path
             graph_file = load_graph_file(graph_path)
             client, served = await served_runs(
-                url, "guess_number", {s: graph_file.episode_input(s) for s in seeds}, recorder)
+                url, "guess_number", {s: graph_file.episode_input(s) for s in seeds}, recorder
+            )
             assistants = await client.assistants.search(limit=50)
     assert {a["graph_id"] for a in assistants} >= set(json.loads((ROOT / "langgraph.json").read_text())["graphs"])
     assert_same_turns(episodes, served)
@@ -187,9 +223,25 @@ async def test_verlog_serve_smollm2_greedy_guesses_match_training(tmp_path):
         recorder = RecordingEngine(engine)
         port = free_port()
         with serve_in_thread(OpenAIServer(recorder, tokenizer, model_name="smollm2")) as base_url:
-            cmd = [sys.executable, "-m", "verlog.serve", "serve", str(graph_path), "--base-url", base_url,
-                   "--model", "smollm2", "--temperature", "0", "--port", str(port),
-                   "--state-dir", str(tmp_path / "state"), "--graph-kwargs", json.dumps(graph_kwargs)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "verlog.serve",
+                "serve",
+                str(graph_path),
+                "--base-url",
+                base_url,
+                "--model",
+                "smollm2",
+                "--temperature",
+                "0",
+                "--port",
+                str(port),
+                "--state-dir",
+                str(tmp_path / "state"),
+                "--graph-kwargs",
+                json.dumps(graph_kwargs),
+            ]
             with running(cmd, dict(os.environ), ROOT, port, tmp_path / "server.log") as url:
                 graph_file = load_graph_file(graph_path)
                 _, served = await served_runs(url, "guess_number", {0: graph_file.episode_input(0)}, recorder)

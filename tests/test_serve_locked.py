@@ -43,8 +43,9 @@ def _nan_model(model):
     return broken
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: dict | str | None = None, key: str | None = None
-                ) -> tuple[int, dict]:
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: dict | str | None = None, key: str | None = None
+) -> tuple[int, dict]:
     """POST ``body`` (a dict as JSON, a string as it is) with ``key`` as the bearer token."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     if isinstance(body, str):
@@ -63,8 +64,9 @@ async def test_feedback_and_reload_are_closed_without_a_key(engine, tiny_tokeniz
         return None, tiny_tokenizer, "tiny"
 
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", recorder=recorder, reloader=reloader) as server:
-        assert server.access() == ("chat and models: anyone who can connect to 127.0.0.1; feedback: closed (no key); "
-                                   "reload: closed (no key)")
+        assert server.access() == (
+            "chat and models: anyone who can connect to 127.0.0.1; feedback: closed (no key); reload: closed (no key)"
+        )
         oai = openai.AsyncOpenAI(base_url=server.base_url, api_key="anything", max_retries=0)
         await oai.chat.completions.create(model="tiny", messages=HI, max_tokens=2, user="e1")  # chat stays open
         async with aiohttp.ClientSession() as session:
@@ -80,8 +82,15 @@ async def test_the_admin_key_guards_reload_and_either_key_feedback(engine, tiny_
     def reloader():
         return None, tiny_tokenizer, "tiny"
 
-    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", recorder=recorder, reloader=reloader,
-                            api_key="user", admin_key="admin") as server:
+    async with OpenAIServer(
+        engine,
+        tiny_tokenizer,
+        model_name="tiny",
+        recorder=recorder,
+        reloader=reloader,
+        api_key="user",
+        admin_key="admin",
+    ) as server:
         assert server.access() == "chat and models: API key; feedback: API key or admin key; reload: admin key"
         oai = openai.AsyncOpenAI(base_url=server.base_url, api_key="user", max_retries=0)
         await oai.chat.completions.create(model="tiny", messages=HI, max_tokens=2, user="e1")
@@ -89,14 +98,17 @@ async def test_the_admin_key_guards_reload_and_either_key_feedback(engine, tiny_
             reload, feedback = f"{server.base_url}/admin/reload", f"{server.base_url}/feedback"
             assert (await _post(session, reload, key="user"))[0] == 401  # the API key does not reload
             assert (await _post(session, reload))[0] == 401
-            assert (await _post(session, reload, key="admin")) == (200, {"object": "reload", "version": "tiny",
-                                                                         "swapped": False})
+            assert (await _post(session, reload, key="admin")) == (
+                200,
+                {"object": "reload", "version": "tiny", "swapped": False},
+            )
             for key in ("user", "admin"):
                 assert (await _post(session, feedback, {"episode_id": "e1", "reward": 0.5}, key))[0] == 200
             assert (await _post(session, feedback, {"episode_id": "e1", "reward": 9}))[0] == 401
     assert recorder.store.episode("e1").reward == 0.5
-    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", recorder=recorder, reloader=reloader,
-                            api_key="user") as server:  # no admin key: the API key's holders may reload
+    async with OpenAIServer(
+        engine, tiny_tokenizer, model_name="tiny", recorder=recorder, reloader=reloader, api_key="user"
+    ) as server:  # no admin key: the API key's holders may reload
         assert server.access() == "chat and models: API key; feedback: API key; reload: API key"
         async with aiohttp.ClientSession() as session:
             assert (await _post(session, f"{server.base_url}/admin/reload", key="user"))[0] == 200
@@ -104,15 +116,15 @@ async def test_the_admin_key_guards_reload_and_either_key_feedback(engine, tiny_
 
 #: feedback bodies that must be refused with a 400 naming the field
 BAD_FEEDBACK = [
-    ('{"episode_id": "e1", "reward": 1e309}', "reward"),                    # parses as inf
+    ('{"episode_id": "e1", "reward": 1e309}', "reward"),  # parses as inf
     ('{"episode_id": "e1", "reward": -1e309}', "reward"),
-    ({"episode_id": "e1", "reward": int("9" * 400)}, "reward"),             # no float holds it
-    ({"episode_id": "e1", "reward": -(10 ** 400)}, "reward"),
+    ({"episode_id": "e1", "reward": int("9" * 400)}, "reward"),  # no float holds it
+    ({"episode_id": "e1", "reward": -(10**400)}, "reward"),
     ({"episode_id": "e1", "reward": REWARD_MAX_ABS * 10}, "reward"),
     ({"episode_id": "e1", "reward": "1.0"}, "reward"),
     ({"episode_id": "e1", "reward": True}, "reward"),
     ({"episode_id": "e1", "reward": [1]}, "reward"),
-    ({"episode_id": "e1", "turn": 10 ** 400, "reward": 1}, "turn"),
+    ({"episode_id": "e1", "turn": 10**400, "reward": 1}, "turn"),
     ({"episode_id": "e1", "turn": -1, "reward": 1}, "turn"),
     ({"episode_id": "e\x00", "reward": 1}, "episode_id"),
     ({"episode_id": "", "reward": 1}, "episode_id"),
@@ -131,12 +143,17 @@ async def test_bad_feedback_is_a_400_naming_the_field_and_changes_nothing(engine
                 assert status == 400 and answer["error"]["param"] == field, (body, answer)
                 assert "\n" not in answer["error"]["message"]
             for raw in (b'{"episode_id": "e1", "reward": NaN}', b'{"episode_id": "e1", "reward": Infinity}'):
-                async with session.post(url, data=raw, headers={"Authorization": "Bearer k",
-                                                                "Content-Type": "application/json"}) as r:
+                async with session.post(
+                    url, data=raw, headers={"Authorization": "Bearer k", "Content-Type": "application/json"}
+                ) as r:
                     assert r.status == 400
             assert (await _post(session, url, {"episode_id": "e1", "reward": -REWARD_MAX_ABS}, "k"))[0] == 200
-            status, answer = await _post(session, f"{server.base_url}/chat/completions",  # a chat's episode too
-                                         {"model": "tiny", "messages": HI, "max_tokens": 2, "user": "a\x00b"}, "k")
+            status, answer = await _post(
+                session,
+                f"{server.base_url}/chat/completions",  # a chat's episode too
+                {"model": "tiny", "messages": HI, "max_tokens": 2, "user": "a\x00b"},
+                "k",
+            )
             assert status == 400 and answer["error"]["param"] == "user"
         assert not any(code >= 500 for code in server.responses), server.responses
     assert recorder.store.episode("e1").reward == -REWARD_MAX_ABS
@@ -185,13 +202,16 @@ async def test_nan_weights_are_refused_at_start_and_by_reload(tiny_model, tiny_t
         closed.append(fresh)
         return fresh, tiny_tokenizer, "nan-version"
 
-    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", reloader=reloader, admin_key="a",
-                            check_at_start=True) as server:
+    async with OpenAIServer(
+        engine, tiny_tokenizer, model_name="tiny", reloader=reloader, admin_key="a", check_at_start=True
+    ) as server:
         async with aiohttp.ClientSession() as session:
             for _ in range(2):  # refused, and refused again: the good version keeps serving
                 status, answer = await _post(session, f"{server.base_url}/admin/reload", key="a")
                 assert status == 409 and answer["error"]["code"] == "reload_failed", answer
-                assert "nan-version" in answer["error"]["message"] and "still serving 'tiny'" in answer["error"]["message"]
+                assert (
+                    "nan-version" in answer["error"]["message"] and "still serving 'tiny'" in answer["error"]["message"]
+                )
             oai = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
             assert (await oai.chat.completions.create(model="tiny", messages=HI, max_tokens=3)).choices
             async with session.get(f"{server.url}/health") as r:
@@ -230,14 +250,16 @@ async def test_every_answered_completion_is_already_in_the_store(engine, tiny_to
         oai = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
         for i in range(6):
             stream = i % 2 == 1
-            answer = await oai.chat.completions.create(model="tiny", messages=HI, max_tokens=3, user=f"d{i}",
-                                                       stream=stream)
+            answer = await oai.chat.completions.create(
+                model="tiny", messages=HI, max_tokens=3, user=f"d{i}", stream=stream
+            )
             if stream:
                 _ = [c async for c in answer]
             assert len(reader.turns(f"d{i}")) == 1, i
             async with aiohttp.ClientSession() as session:  # feedback right after: the turn is there
-                assert (await _post(session, f"{server.base_url}/feedback", {"episode_id": f"d{i}", "reward": 1},
-                                    "a"))[0] == 200
+                assert (await _post(session, f"{server.base_url}/feedback", {"episode_id": f"d{i}", "reward": 1}, "a"))[
+                    0
+                ] == 200
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{server.url}/health") as r:
                 assert (await r.json())["recording"] == {"written": 6, "dropped": 0, "late": 0, "durable": True}
@@ -265,8 +287,10 @@ def test_store_and_run_folder_mistakes_are_one_line(tmp_path, capsys):
     (run / "config.yaml").write_text("trainer: {}\n")
     assert main(["serve-model", str(run), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: no checkpoint in {str(run)!r}: this training run has saved none yet (one is written "
-                   "every trainer.save_every updates)"]
+    assert err == [
+        f"error: no checkpoint in {str(run)!r}: this training run has saved none yet (one is written "
+        "every trainer.save_every updates)"
+    ]
     assert json.loads(json.dumps(err))  # one plain line
 
 

@@ -31,10 +31,20 @@ MESSAGES = [{"role": "user", "content": "position 1 cue red"}]
 def _overrides(run_dir: Path) -> list[str]:
     from verlog.models import toy_model_dir
 
-    return [f"model.path={toy_model_dir()}", f"trainer.run_dir={run_dir}", "wandb.mode=disabled",
-            "trainer.total_updates=2", "trainer.num_envs=4", "trainer.turns_per_env=3", "critic_warmup.buffer_multiplier=0",
-            "eval.at_start=false", "eval.at_end=false", "algorithm.mini_batch_turns=6", "actor.lora.rank=4",
-            "actor.lr=5e-2"]
+    return [
+        f"model.path={toy_model_dir()}",
+        f"trainer.run_dir={run_dir}",
+        "wandb.mode=disabled",
+        "trainer.total_updates=2",
+        "trainer.num_envs=4",
+        "trainer.turns_per_env=3",
+        "critic_warmup.buffer_multiplier=0",
+        "eval.at_start=false",
+        "eval.at_end=false",
+        "algorithm.mini_batch_turns=6",
+        "actor.lora.rank=4",
+        "actor.lr=5e-2",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +77,19 @@ def _served_answer(base_url: str, name: str) -> tuple[str, list[float]]:
 async def test_serve_model_answers_a_lora_run_as_eval_plays_it(lora_run, tmp_path):
     port = free_port()
     log = tmp_path / "serve.log"
-    command = [sys.executable, "-m", "verlog.serve", "serve-model", str(lora_run), "--device", "cpu", "--port", str(port),
-               "--served-model-name", "agent"]
+    command = [
+        sys.executable,
+        "-m",
+        "verlog.serve",
+        "serve-model",
+        str(lora_run),
+        "--device",
+        "cpu",
+        "--port",
+        str(port),
+        "--served-model-name",
+        "agent",
+    ]
     with server_process(command, dict(os.environ), ROOT, port, log, ready="/health", ready_timeout_s=120) as (url, _):
         served = _served_answer(f"{url}/v1", "agent")
     assert "with the LoRA adapters of" in log.read_text()
@@ -86,8 +107,11 @@ def test_run_checkpoint_and_adapter_folder_give_the_same_merged_weights(lora_run
         model, tokenizer = load_policy(source)
         assert tokenizer.chat_template
         merged.append(model.state_dict())
-    base = load_policy(find_policy(json.loads((checkpoint / "actor_adapter" / "adapter_config.json").read_text())
-                                   ["base_model_name_or_path"]))[0].state_dict()
+    base = load_policy(
+        find_policy(
+            json.loads((checkpoint / "actor_adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+        )
+    )[0].state_dict()
     assert merged[0].keys() == merged[1].keys() == merged[2].keys() == base.keys()
     for name in merged[0]:
         assert torch.equal(merged[0][name], merged[1][name]) and torch.equal(merged[0][name], merged[2][name])

@@ -71,7 +71,11 @@ async def test_openai_client_streams_tokens(engine, tiny_tokenizer):
         oai = client(server)
         whole = await oai.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=40)
         stream = await oai.chat.completions.create(
-            model="tiny", messages=messages, temperature=0, max_tokens=40, stream=True,
+            model="tiny",
+            messages=messages,
+            temperature=0,
+            max_tokens=40,
+            stream=True,
             stream_options={"include_usage": True},
         )
         pieces, finish, usage = [], None, None
@@ -93,9 +97,11 @@ async def test_stop_strings_are_cut_while_streaming(tiny_tokenizer):
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as server:
         oai = client(server)
         whole = await oai.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "hi"}], stop=["STOP"])
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stop=["STOP"]
+        )
         stream = await oai.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "hi"}], stop="STOP", stream=True)
+            model="tiny", messages=[{"role": "user", "content": "hi"}], stop="STOP", stream=True
+        )
         streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert whole.choices[0].message.content == streamed == "alpha beta "
 
@@ -121,7 +127,8 @@ async def test_openai_client_tool_calls(tiny_tokenizer):
     assert json.loads(call.function.arguments) == {"expression": "(3 + 4) * 12"}
     assert finish == "tool_calls"
     assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == [
-        ("calculate", {"expression": "(3 + 4) * 12"})]
+        ("calculate", {"expression": "(3 + 4) * 12"})
+    ]
     # the tools reached the model through the chat template, exactly as in training
     trained = VerlogChatModel(engine=engine, tokenizer=tiny_tokenizer)
     assert engine.calls[0] == trained.render_prompt_ids([HumanMessage("What is (3 + 4) * 12?")], [CALCULATE])
@@ -133,12 +140,13 @@ async def test_forced_tool_choice_prefills_the_call(tiny_tokenizer):
     forced = {"type": "function", "function": {"name": "calculate"}}
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as server:
         answer = await client(server).chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "6 times 7?"}], tools=[CALCULATE], tool_choice=forced)
+            model="tiny", messages=[{"role": "user", "content": "6 times 7?"}], tools=[CALCULATE], tool_choice=forced
+        )
     (call,) = answer.choices[0].message.tool_calls
     assert (call.function.name, json.loads(call.function.arguments)) == ("calculate", {"expression": "6 * 7"})
     prefix = '<tool_call>\n{"name": "calculate", "arguments": '
     prefix_ids = tiny_tokenizer(prefix, add_special_tokens=False)["input_ids"]
-    assert engine.calls[0][-len(prefix_ids):] == prefix_ids  # forced tokens are prompt, not response
+    assert engine.calls[0][-len(prefix_ids) :] == prefix_ids  # forced tokens are prompt, not response
 
 
 async def test_chat_openai_unmodified_chat_stream_and_tools(engine, tiny_tokenizer):
@@ -171,7 +179,8 @@ def test_sync_clients_against_a_server_thread(engine, tiny_tokenizer):
     with serve_in_thread(server) as base_url:
         sync = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
         first = sync.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=8)
+            model="tiny", messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=8
+        )
         again = ChatOpenAI(base_url=base_url, model="tiny", api_key="unused", temperature=0, max_tokens=8).invoke("hi")
     assert first.choices[0].message.content == again.content
 
@@ -207,23 +216,29 @@ async def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(engine
     limits = ServerLimits(max_body_bytes=20_000, max_prompt_tokens=200, max_tokens_cap=64, default_max_tokens=16)
     ok = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     cases = [
-        ({"model": "tiny"}, 400, "messages"),                                              # missing field
+        ({"model": "tiny"}, 400, "messages"),  # missing field
         ({**ok, "messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role"),  # wrong schema
         ({**ok, "messages": []}, 400, "messages"),
         ({**ok, "temperature": "hot"}, 400, "temperature"),
         ({**ok, "max_tokens": 0}, 400, "max_tokens"),
-        ({**ok, "frobnicate": True}, 400, "frobnicate"),                                   # unknown field
-        ({**ok, "n": 3}, 400, "n"),                                                        # cannot honour
-        ({**ok, "max_tokens": 5000}, 400, "max_tokens"),                                   # over the cap
-        ({**ok, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-         400, "messages[0].content[0].type"),
+        ({**ok, "frobnicate": True}, 400, "frobnicate"),  # unknown field
+        ({**ok, "n": 3}, 400, "n"),  # cannot honour
+        ({**ok, "max_tokens": 5000}, 400, "max_tokens"),  # over the cap
+        (
+            {**ok, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            400,
+            "messages[0].content[0].type",
+        ),
         ({**ok, "messages": [{"role": "user", "content": "word " * 400}]}, 400, "messages"),  # prompt too long
-        ({**ok, "model": "gpt-9"}, 404, "model"),                                          # unknown model
-        ({**ok, "tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [CALCULATE]},
-         400, "tool_choice"),
+        ({**ok, "model": "gpt-9"}, 404, "model"),  # unknown model
+        (
+            {**ok, "tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [CALCULATE]},
+            400,
+            "tool_choice",
+        ),
         (b"{not json", 400, None),
         ([1, 2, 3], 400, None),
-        ({**ok, "messages": [{"role": "user", "content": "x" * 30_000}]}, 413, None),     # body too large
+        ({**ok, "messages": [{"role": "user", "content": "x" * 30_000}]}, 413, None),  # body too large
     ]
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", limits=limits) as server:
         url = f"{server.base_url}/chat/completions"
@@ -250,7 +265,9 @@ async def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(engine
             await oai.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
         with pytest.raises(openai.BadRequestError, match="context_length_exceeded|at most 200"):
             await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "word " * 400}])
-        done = await oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        done = await oai.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
         assert done.choices[0].message.role == "assistant"
 
 
@@ -260,9 +277,11 @@ async def test_api_key(engine, tiny_tokenizer):
             await client(server, "wrong").models.list()
         with pytest.raises(openai.AuthenticationError):
             await client(server, "wrong").chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": "hi"}])
+                model="tiny", messages=[{"role": "user", "content": "hi"}]
+            )
         answer = await client(server, "s3cret").chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
         assert answer.choices[0].message.role == "assistant"
         async with aiohttp.ClientSession() as session, session.get(f"{server.url}/health") as r:
             assert r.status == 200  # health checks need no key
@@ -362,16 +381,20 @@ async def test_server_streams_through_engine_stream(tiny_tokenizer):
     streaming = Streaming(tiny_tokenizer, ["one two three four five six"])
     async with OpenAIServer(streaming, tiny_tokenizer, model_name="tiny") as server:
         stream = await client(server).chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "count"}], stream=True)
+            model="tiny", messages=[{"role": "user", "content": "count"}], stream=True
+        )
         pieces = [c.choices[0].delta.content async for c in stream if c.choices and c.choices[0].delta.content]
     assert len(pieces) > 1 and "".join(pieces) == "one two three four five six"
 
 
 async def test_invalid_tool_call_text_is_returned_as_content(tiny_tokenizer):
-    engine = ScriptedEngine(tiny_tokenizer, ['Let me see. <tool_call>\n{"name": "calculate", "arguments": [1]}\n</tool_call>'])
+    engine = ScriptedEngine(
+        tiny_tokenizer, ['Let me see. <tool_call>\n{"name": "calculate", "arguments": [1]}\n</tool_call>']
+    )
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as server:
         answer = await client(server).chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "hi"}], tools=[CALCULATE])
+            model="tiny", messages=[{"role": "user", "content": "hi"}], tools=[CALCULATE]
+        )
     message = answer.choices[0].message
     assert not message.tool_calls and answer.choices[0].finish_reason == "stop"
     # verbatim: nothing moved, no `</tool_call>` the model did not write
@@ -387,13 +410,23 @@ def test_messages_convert_to_the_training_prompt(tiny_tokenizer):
         "messages": [
             {"role": "system", "content": "sys"},
             {"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "2+2?"}]},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "2+2"}'}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "calculate", "arguments": '{"expression": "2+2"}'},
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": "call_1", "content": "4"},
         ],
     }
     expected = [
-        SystemMessage("sys"), HumanMessage("What is 2+2?"),
+        SystemMessage("sys"),
+        HumanMessage("What is 2+2?"),
         AIMessage("", tool_calls=[{"name": "calculate", "args": {"expression": "2+2"}, "id": "call_1"}]),
     ]
     from langchain_core.messages import ToolMessage

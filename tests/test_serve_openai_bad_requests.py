@@ -55,12 +55,16 @@ def _big_body(messages: int, width: int, limit: int = 1 << 20) -> bytes:
 HANG_S = 60.0
 
 
-async def _health_during(session: aiohttp.ClientSession, server: OpenAIServer, raw: bytes) -> tuple[int, dict, list[float]]:
+async def _health_during(
+    session: aiohttp.ClientSession, server: OpenAIServer, raw: bytes
+) -> tuple[int, dict, list[float]]:
     """POST ``raw`` and poll ``/health`` until it is answered: (status, body, when each /health
     answer arrived, on ``time.perf_counter``'s clock)."""
+
     async def post() -> tuple[int, dict]:
-        async with session.post(f"{server.base_url}/chat/completions", data=raw,
-                                headers={"Content-Type": "application/json"}) as r:
+        async with session.post(
+            f"{server.base_url}/chat/completions", data=raw, headers={"Content-Type": "application/json"}
+        ) as r:
             return r.status, await r.json()
 
     task = asyncio.ensure_future(post())
@@ -149,7 +153,7 @@ def _closed_within(sock: socket.socket, seconds: float, *, trickle: bytes = b"")
     while time.monotonic() - start < seconds:
         if sent < len(trickle):
             try:
-                sock.send(trickle[sent:sent + 1])
+                sock.send(trickle[sent : sent + 1])
                 sent += 1
             except OSError:  # reset by the server
                 return time.monotonic() - start
@@ -166,8 +170,12 @@ def _closed_within(sock: socket.socket, seconds: float, *, trickle: bytes = b"")
 def _good_request(port: int) -> dict:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        conn.request("POST", "/v1/chat/completions", json.dumps({"model": "tiny", "messages": HI, "max_tokens": 4}),
-                     {"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            json.dumps({"model": "tiny", "messages": HI, "max_tokens": 4}),
+            {"Content-Type": "application/json"},
+        )
         response = conn.getresponse()
         assert response.status == 200
         return json.loads(response.read())
@@ -259,8 +267,9 @@ async def test_logprob_bytes_of_partial_utf8_tokens(tiny_tokenizer):
         oai = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
         whole = await oai.chat.completions.create(model="tiny", messages=HI, logprobs=True)
         stream = await oai.chat.completions.create(model="tiny", messages=HI, logprobs=True, stream=True)
-        streamed = [e async for c in stream if c.choices and c.choices[0].logprobs
-                    for e in c.choices[0].logprobs.content]
+        streamed = [
+            e async for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content
+        ]
     assert whole.choices[0].message.content == text
     for entries in (whole.choices[0].logprobs.content, streamed):
         answer = entries[:-1]  # the last is the end-of-sequence token
@@ -272,11 +281,14 @@ async def test_logprob_bytes_of_partial_utf8_tokens(tiny_tokenizer):
 
 
 # ------------------------------------------------------------------------ malformed tool calls
-@pytest.mark.parametrize("answer", [
-    'Let me see. <tool_call>\n{"name": "calculate", "arguments": {"expression": "1+"\n</tool_call>',  # bad JSON
-    'Checking.\n\n<tool_call>\n{"name": "calculate", "arguments": {"expression"',  # cut, never closed
-    '<tool_call>\n{"name": "calculate", "arguments": [1]}\n</tool_call>  trailing',  # arguments not an object
-])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        'Let me see. <tool_call>\n{"name": "calculate", "arguments": {"expression": "1+"\n</tool_call>',  # bad JSON
+        'Checking.\n\n<tool_call>\n{"name": "calculate", "arguments": {"expression"',  # cut, never closed
+        '<tool_call>\n{"name": "calculate", "arguments": [1]}\n</tool_call>  trailing',  # arguments not an object
+    ],
+)
 async def test_a_malformed_tool_call_is_returned_verbatim(tiny_tokenizer, answer):
     engine = ScriptedEngine(tiny_tokenizer, [answer])
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as server:
@@ -316,8 +328,11 @@ def _without(name: str) -> dict:
 
 
 def _assistant_call(arguments: str) -> dict:
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": arguments}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": arguments}}],
+    }
 
 
 def _optional(n: int) -> dict:
@@ -345,9 +360,13 @@ BAD_REQUESTS: list[tuple[str, Any, dict[str, str], int, str | None]] = [
     ("an array", [1, 2, 3], {}, 400, None),
     ("a string", "hello", {}, 400, None),
     ("100k nested lists", NESTED, {}, 400, None),
-    ("nested tool schema", _with(tools=[{"type": "function", "function": {"name": "deep",
-                                                                          "parameters": _nested(MAX_JSON_DEPTH)}}]),
-     {}, 400, "tools[0].function.parameters*"),
+    (
+        "nested tool schema",
+        _with(tools=[{"type": "function", "function": {"name": "deep", "parameters": _nested(MAX_JSON_DEPTH)}}]),
+        {},
+        400,
+        "tools[0].function.parameters*",
+    ),
     ("no model", _without("model"), {}, 400, "model"),
     ("model not a string", _with(model=5), {}, 400, "model"),
     ("unknown model", _with(model="gpt-9"), {}, 404, "model"),
@@ -358,21 +377,56 @@ BAD_REQUESTS: list[tuple[str, Any, dict[str, str], int, str | None]] = [
     ("message role unknown", _with(messages=[{"role": "robot", "content": "hi"}]), {}, 400, "messages[0].role"),
     ("message without role", _with(messages=[{"content": "hi"}]), {}, 400, "messages[0].role"),
     ("content a number", _with(messages=[{"role": "user", "content": 42}]), {}, 400, "messages[0].content"),
-    ("content an image", _with(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
-     {}, 400, "messages[0].content[0].type"),
+    (
+        "content an image",
+        _with(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+        {},
+        400,
+        "messages[0].content[0].type",
+    ),
     ("user content null", _with(messages=[{"role": "user", "content": None}]), {}, 400, "messages[0].content"),
-    ("message extra field", _with(messages=[{"role": "user", "content": "hi", "mood": "sad"}]), {}, 400,
-     "messages[0].mood"),
-    ("tool message without id", _with(messages=[*HI, {"role": "tool", "content": "4"}]), {}, 400,
-     "messages[1].tool_call_id"),
-    ("tool call arguments not JSON", _with(messages=[*HI, _assistant_call("{oops")]), {}, 400,
-     "messages[1].tool_calls[0].function.arguments"),
-    ("tool call arguments nested 100k deep", _with(messages=[*HI, _assistant_call("[" * 100_000 + "]" * 100_000)]),
-     {}, 400, "messages[1].tool_calls[0].function.arguments"),
-    ("content part text a number", _with(messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}]),
-     {}, 400, "messages[0].content[0].text"),
-    ("content a lone surrogate", b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]}', {}, 400,
-     "messages[0].content"),
+    (
+        "message extra field",
+        _with(messages=[{"role": "user", "content": "hi", "mood": "sad"}]),
+        {},
+        400,
+        "messages[0].mood",
+    ),
+    (
+        "tool message without id",
+        _with(messages=[*HI, {"role": "tool", "content": "4"}]),
+        {},
+        400,
+        "messages[1].tool_call_id",
+    ),
+    (
+        "tool call arguments not JSON",
+        _with(messages=[*HI, _assistant_call("{oops")]),
+        {},
+        400,
+        "messages[1].tool_calls[0].function.arguments",
+    ),
+    (
+        "tool call arguments nested 100k deep",
+        _with(messages=[*HI, _assistant_call("[" * 100_000 + "]" * 100_000)]),
+        {},
+        400,
+        "messages[1].tool_calls[0].function.arguments",
+    ),
+    (
+        "content part text a number",
+        _with(messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}]),
+        {},
+        400,
+        "messages[0].content[0].text",
+    ),
+    (
+        "content a lone surrogate",
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]}',
+        {},
+        400,
+        "messages[0].content",
+    ),
     ("too many messages", _with(messages=HI * 51), {}, 400, "messages"),
     ("prompt too long", _with(messages=[{"role": "user", "content": "word " * 400}]), {}, 400, "messages"),
     ("temperature a string", _with(temperature="hot"), {}, 400, "temperature"),
@@ -404,49 +458,144 @@ BAD_REQUESTS: list[tuple[str, Any, dict[str, str], int, str | None]] = [
     ("unknown field", _with(frobnicate=True), {}, 400, "frobnicate"),
     ("tools a string", _with(tools="calculate"), {}, 400, "tools"),
     ("tool without function", _with(tools=[{"type": "function"}]), {}, 400, "tools[0].function"),
-    ("tool of another type", _with(tools=[{"type": "retrieval", "function": CALCULATE["function"]}]), {}, 400,
-     "tools[0].type"),
-    ("tool name invalid", _with(tools=[{"type": "function", "function": {"name": "bad name!"}}]), {}, 400,
-     "tools[0].function.name"),
+    (
+        "tool of another type",
+        _with(tools=[{"type": "retrieval", "function": CALCULATE["function"]}]),
+        {},
+        400,
+        "tools[0].type",
+    ),
+    (
+        "tool name invalid",
+        _with(tools=[{"type": "function", "function": {"name": "bad name!"}}]),
+        {},
+        400,
+        "tools[0].function.name",
+    ),
     ("tool parameters a list", _with(tools=_tool([1])), {}, 400, "tools[0].function.parameters"),
-    ("tool properties a number", _with(tools=_tool({"type": "object", "properties": 5})), {}, 400,
-     "tools[0].function.parameters"),
-    ("tool schema type a number", _with(tools=_tool({"type": 5}), tool_choice="required"), {}, 400,
-     "tools[0].function.parameters"),
-    ("forced tool with a dangling $ref", _with(tools=_tool({"type": "object", "properties": {"a": {"$ref": "#/x"}}}),
-                                               tool_choice="required"), {}, 400, "tools"),
+    (
+        "tool properties a number",
+        _with(tools=_tool({"type": "object", "properties": 5})),
+        {},
+        400,
+        "tools[0].function.parameters",
+    ),
+    (
+        "tool schema type a number",
+        _with(tools=_tool({"type": 5}), tool_choice="required"),
+        {},
+        400,
+        "tools[0].function.parameters",
+    ),
+    (
+        "forced tool with a dangling $ref",
+        _with(tools=_tool({"type": "object", "properties": {"a": {"$ref": "#/x"}}}), tool_choice="required"),
+        {},
+        400,
+        "tools",
+    ),
     ("tool_choice unknown", _with(tools=[CALCULATE], tool_choice="always"), {}, 400, "tool_choice"),
     ("tool_choice without tools", _with(tool_choice="required"), {}, 400, "tool_choice"),
-    ("tool_choice names no tool", _with(tools=[CALCULATE], tool_choice={"type": "function", "function": {"name": "x"}}),
-     {}, 400, "tool_choice"),
+    (
+        "tool_choice names no tool",
+        _with(tools=[CALCULATE], tool_choice={"type": "function", "function": {"name": "x"}}),
+        {},
+        400,
+        "tool_choice",
+    ),
     ("tool_choice malformed", _with(tools=[CALCULATE], tool_choice={"type": "function"}), {}, 400, "tool_choice"),
-    ("tool_choice function a string", _with(tools=[CALCULATE], tool_choice={"type": "function", "function": "f"}),
-     {}, 400, "tool_choice"),
+    (
+        "tool_choice function a string",
+        _with(tools=[CALCULATE], tool_choice={"type": "function", "function": "f"}),
+        {},
+        400,
+        "tool_choice",
+    ),
     ("response_format unknown", _with(response_format={"type": "xml"}), {}, 400, "response_format.type"),
     ("response_format a string", _with(response_format="json"), {}, 400, "response_format"),
-    ("response_format schema a number", _with(response_format={"type": "json_schema", "json_schema": {"schema": 5}}),
-     {}, 400, "response_format.json_schema.schema"),
-    ("response_format schema bad regex", _with(response_format={"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "string", "pattern": "(("}}}), {}, 400, "response_format"),
-    ("response_format with a forced call",
-     _with(tools=[CALCULATE], tool_choice="required", response_format={"type": "json_object"}), {}, 400,
-     "response_format"),
+    (
+        "response_format schema a number",
+        _with(response_format={"type": "json_schema", "json_schema": {"schema": 5}}),
+        {},
+        400,
+        "response_format.json_schema.schema",
+    ),
+    (
+        "response_format schema bad regex",
+        _with(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(("}},
+            }
+        ),
+        {},
+        400,
+        "response_format",
+    ),
+    (
+        "response_format with a forced call",
+        _with(tools=[CALCULATE], tool_choice="required", response_format={"type": "json_object"}),
+        {},
+        400,
+        "response_format",
+    ),
     # schemas the constrained decoder would give up on mid-answer: refused before any token
-    ("response_format with 501 optional properties", _with(response_format=_json_schema(_optional(501))), {}, 400,
-     "response_format.json_schema.schema"),
-    ("streamed, 501 optional properties", _with(stream=True, response_format=_json_schema(_optional(501))), {}, 400,
-     "response_format.json_schema.schema"),
-    ("response_format oneOf 2,500 objects", _with(response_format=_json_schema({"oneOf": _objects(2500)})), {}, 400,
-     "response_format.json_schema.schema"),
-    ("streamed, anyOf 2,500 objects", _with(stream=True, response_format=_json_schema({"anyOf": _objects(2500)})),
-     {}, 400, "response_format.json_schema.schema"),
-    ("anyOf through $refs", _with(response_format=_json_schema({
-        "$defs": {"a": {"anyOf": _objects(200)}, "b": {"anyOf": _objects(200)}},
-        "anyOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}]})), {}, 400, "response_format.json_schema.schema"),
-    ("forced tool with 501 optional arguments", _with(tools=_tool(_optional(501)), tool_choice="required"), {}, 400,
-     "tools[0].function.parameters"),
-    ("129 tools", _with(tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]), {}, 400,
-     "tools"),
+    (
+        "response_format with 501 optional properties",
+        _with(response_format=_json_schema(_optional(501))),
+        {},
+        400,
+        "response_format.json_schema.schema",
+    ),
+    (
+        "streamed, 501 optional properties",
+        _with(stream=True, response_format=_json_schema(_optional(501))),
+        {},
+        400,
+        "response_format.json_schema.schema",
+    ),
+    (
+        "response_format oneOf 2,500 objects",
+        _with(response_format=_json_schema({"oneOf": _objects(2500)})),
+        {},
+        400,
+        "response_format.json_schema.schema",
+    ),
+    (
+        "streamed, anyOf 2,500 objects",
+        _with(stream=True, response_format=_json_schema({"anyOf": _objects(2500)})),
+        {},
+        400,
+        "response_format.json_schema.schema",
+    ),
+    (
+        "anyOf through $refs",
+        _with(
+            response_format=_json_schema(
+                {
+                    "$defs": {"a": {"anyOf": _objects(200)}, "b": {"anyOf": _objects(200)}},
+                    "anyOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
+                }
+            )
+        ),
+        {},
+        400,
+        "response_format.json_schema.schema",
+    ),
+    (
+        "forced tool with 501 optional arguments",
+        _with(tools=_tool(_optional(501)), tool_choice="required"),
+        {},
+        400,
+        "tools[0].function.parameters",
+    ),
+    (
+        "129 tools",
+        _with(tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]),
+        {},
+        400,
+        "tools",
+    ),
     # bodies that do not decode
     ("gzip that is not gzip", json.dumps(OK).encode(), {"Content-Encoding": "gzip"}, 400, None),
     ("deflate that is not deflate", json.dumps(OK).encode(), {"Content-Encoding": "deflate"}, 400, None),
@@ -462,15 +611,27 @@ BAD_REQUESTS: list[tuple[str, Any, dict[str, str], int, str | None]] = [
 
 
 async def test_bad_request_suite(engine, tiny_tokenizer):
-    limits = ServerLimits(max_body_bytes=256_000, max_prompt_tokens=200, max_tokens_cap=64, default_max_tokens=16,
-                          max_messages=50, read_timeout_s=5.0)
+    limits = ServerLimits(
+        max_body_bytes=256_000,
+        max_prompt_tokens=200,
+        max_tokens_cap=64,
+        default_max_tokens=16,
+        max_messages=50,
+        read_timeout_s=5.0,
+    )
     key = {"Authorization": "Bearer s3cret"}
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", api_key="s3cret", limits=limits) as server:
         url = f"{server.base_url}/chat/completions"
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
+
             async def post(body: Any, headers: dict[str, str]) -> tuple[int, dict]:
-                data = body if isinstance(body, bytes) else body.encode() if isinstance(body, str) and \
-                    headers.get("Content-Type") else json.dumps(body).encode()
+                data = (
+                    body
+                    if isinstance(body, bytes)
+                    else body.encode()
+                    if isinstance(body, str) and headers.get("Content-Type")
+                    else json.dumps(body).encode()
+                )
                 sent = {"Content-Type": "application/json", **key, **headers}
                 async with session.post(url, data=data, headers={k: v for k, v in sent.items() if v}) as r:
                     assert r.content_type == "application/json", (r.status, await r.text())
@@ -487,8 +648,11 @@ async def test_bad_request_suite(engine, tiny_tokenizer):
                     assert (error["param"] or "").startswith(param[:-1]), (what, payload)
                 elif param is not None:
                     assert error["param"] == param, (what, payload)
-            for path, method, want in (("/v2/nothing", "GET", 404), ("/v1/chat/completions", "GET", 405),
-                                       ("/v1/models/gpt-9", "GET", 404)):
+            for path, method, want in (
+                ("/v2/nothing", "GET", 404),
+                ("/v1/chat/completions", "GET", 405),
+                ("/v1/models/gpt-9", "GET", 404),
+            ):
                 async with session.request(method, f"{server.url}{path}", headers=key) as r:
                     assert r.status == want and "error" in await r.json()
             # after all that, the next good request is served, and answers as before
@@ -504,8 +668,27 @@ def test_every_bad_request_names_a_reason():
     from verlog.serve.openai_protocol import ChatCompletionRequest
 
     named = {(param or "").split(".")[0].split("[")[0] for *_, param in BAD_REQUESTS}
-    main = {"model", "messages", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "seed",
-            "stop", "stream", "stream_options", "n", "tools", "tool_choice", "logprobs", "top_logprobs",
-            "response_format", "logit_bias", "presence_penalty", "metadata"}
+    main = {
+        "model",
+        "messages",
+        "temperature",
+        "top_p",
+        "top_k",
+        "max_tokens",
+        "max_completion_tokens",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "n",
+        "tools",
+        "tool_choice",
+        "logprobs",
+        "top_logprobs",
+        "response_format",
+        "logit_bias",
+        "presence_penalty",
+        "metadata",
+    }
     assert main <= set(ChatCompletionRequest.model_fields)
     assert main <= named, main - named

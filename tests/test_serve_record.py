@@ -31,16 +31,26 @@ def _client(server: OpenAIServer, key: str = "k") -> "openai.AsyncOpenAI":
 async def test_completions_are_recorded_token_exact_and_feedback_attaches(tiny_model, tiny_tokenizer, recorder):
     engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
     messages = [{"role": "user", "content": "Name a colour."}]
-    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", api_key="k", recorder=recorder,
-                            model_version="v0") as server:
+    async with OpenAIServer(
+        engine, tiny_tokenizer, model_name="tiny", api_key="k", recorder=recorder, model_version="v0"
+    ) as server:
         oai = _client(server)
         raw = await oai.chat.completions.with_raw_response.create(
-            model="tiny", messages=messages, max_tokens=12, temperature=0.8, seed=1, logprobs=True, user="episode-1")
+            model="tiny", messages=messages, max_tokens=12, temperature=0.8, seed=1, logprobs=True, user="episode-1"
+        )
         assert raw.headers[EPISODE_HEADER] == "episode-1" and raw.headers[VERSION_HEADER] == "v0"
         first = raw.parse()
         stream = await oai.chat.completions.create(  # the header names the episode too, and wins
-            model="tiny", messages=messages, max_tokens=12, temperature=0.8, seed=2, logprobs=True, stream=True,
-            extra_headers={EPISODE_HEADER: "episode-1"}, user="ignored")
+            model="tiny",
+            messages=messages,
+            max_tokens=12,
+            temperature=0.8,
+            seed=2,
+            logprobs=True,
+            stream=True,
+            extra_headers={EPISODE_HEADER: "episode-1"},
+            user="ignored",
+        )
         chunks = [c async for c in stream]
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         streamed_lps = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
@@ -51,10 +61,15 @@ async def test_completions_are_recorded_token_exact_and_feedback_attaches(tiny_m
             url, auth = f"{server.base_url}/feedback", {"Authorization": "Bearer k"}
             async with session.post(url, json={"episode_id": "episode-1", "reward": 1}) as r:
                 assert r.status == 401
-            async with session.post(url, json={"episode_id": "episode-1", "reward": 1, "success": True,
-                                               "info": {"source": "thumbs"}}, headers=auth) as r:
+            async with session.post(
+                url,
+                json={"episode_id": "episode-1", "reward": 1, "success": True, "info": {"source": "thumbs"}},
+                headers=auth,
+            ) as r:
                 assert r.status == 200, await r.text()
-            async with session.post(url, json={"episode_id": "episode-1", "turn": 0, "reward": -0.5}, headers=auth) as r:
+            async with session.post(
+                url, json={"episode_id": "episode-1", "turn": 0, "reward": -0.5}, headers=auth
+            ) as r:
                 assert r.status == 200
             async with session.post(url, json={"episode_id": "nobody", "reward": 1}, headers=auth) as r:
                 assert r.status == 404 and (await r.json())["error"]["param"] == "episode_id"
@@ -67,15 +82,18 @@ async def test_completions_are_recorded_token_exact_and_feedback_attaches(tiny_m
     store = recorder.store
     turns = store.turns("episode-1")
     assert [t.turn_index for t in turns] == [0, 1] and len(store.turns(alone)) == 1
-    for turn, text, entries in ((turns[0], first.choices[0].message.content, first.choices[0].logprobs.content),
-                                (turns[1], streamed, streamed_lps)):
+    for turn, text, entries in (
+        (turns[0], first.choices[0].message.content, first.choices[0].logprobs.content),
+        (turns[1], streamed, streamed_lps),
+    ):
         assert turn.model_version == "v0" and (turn.temperature, turn.top_p) == (0.8, 1.0)
         assert turn.response_text == text and turn.messages == messages
         # byte-equal to what the client received, token by token, and the same logprobs
         assert [e.logprob for e in entries] == turn.logprobs and len(entries) == len(turn.response_ids)
         assert b"".join(bytes(e.bytes) for e in entries) == text.encode()
         assert turn.logprobs == pytest.approx(
-            teacher_forced_logprobs(tiny_model, turn.prompt_ids, turn.response_ids, turn.temperature), abs=1e-4)
+            teacher_forced_logprobs(tiny_model, turn.prompt_ids, turn.response_ids, turn.temperature), abs=1e-4
+        )
         assert turn.latency_s > 0 and turn.info["max_tokens"] == 12
     record = store.episode("episode-1")
     assert (record.reward, record.success, record.info) == (1.0, True, {"source": "thumbs"})
@@ -88,14 +106,16 @@ async def test_ids_only_and_a_server_that_does_not_record(tiny_model, tiny_token
     store = open_store(tmp_path / "private", RecordingPolicy(privacy="ids_only"))
     recorder = TraceRecorder(store)
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", recorder=recorder) as server:
-        await _client(server).chat.completions.create(model="tiny", user="p", max_tokens=4,
-                                                      messages=[{"role": "user", "content": "secret"}])
+        await _client(server).chat.completions.create(
+            model="tiny", user="p", max_tokens=4, messages=[{"role": "user", "content": "secret"}]
+        )
     recorder.flush()
     (turn,) = store.turns("p")
     assert turn.response_text is None and turn.messages is None and turn.prompt_ids and turn.model_version == "tiny"
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny") as server:
         raw = await _client(server).chat.completions.with_raw_response.create(
-            model="tiny", user="p", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+            model="tiny", user="p", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+        )
         assert EPISODE_HEADER not in raw.headers and raw.headers[VERSION_HEADER] == "tiny"
         async with aiohttp.ClientSession() as session:
             async with session.post(f"{server.base_url}/feedback", json={"episode_id": "p", "reward": 1}) as r:
@@ -105,8 +125,9 @@ async def test_ids_only_and_a_server_that_does_not_record(tiny_model, tiny_token
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", admin_key="admin") as server:
         async with aiohttp.ClientSession() as session:
             admin = {"Authorization": "Bearer admin"}
-            async with session.post(f"{server.base_url}/feedback", json={"episode_id": "p", "reward": 1},
-                                    headers=admin) as r:
+            async with session.post(
+                f"{server.base_url}/feedback", json={"episode_id": "p", "reward": 1}, headers=admin
+            ) as r:
                 assert r.status == 404 and (await r.json())["error"]["code"] == "not_recording"
             async with session.post(f"{server.base_url}/admin/reload", headers=admin) as r:
                 assert r.status == 404 and (await r.json())["error"]["code"] == "not_reloadable"
@@ -129,11 +150,19 @@ async def test_swap_in_place_finishes_requests_in_flight_on_the_old_weights(tiny
         return (new_engine, tiny_tokenizer, "v1") if len(reloads) == 1 else (None, tiny_tokenizer, "v1")
 
     messages = [{"role": "user", "content": "Tell me a long story."}]
-    async with OpenAIServer(old_engine, tiny_tokenizer, model_name="tiny", recorder=recorder, model_version="v0",
-                            reloader=reloader, admin_key="admin") as server:
+    async with OpenAIServer(
+        old_engine,
+        tiny_tokenizer,
+        model_name="tiny",
+        recorder=recorder,
+        model_version="v0",
+        reloader=reloader,
+        admin_key="admin",
+    ) as server:
         oai = _client(server)
-        stream = await oai.chat.completions.create(model="tiny", messages=messages, max_tokens=200, temperature=1.0,
-                                                   seed=3, stream=True, user="in-flight")
+        stream = await oai.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=200, temperature=1.0, seed=3, stream=True, user="in-flight"
+        )
         chunks = [await stream.__anext__(), await stream.__anext__()]  # generating on v0
         async with aiohttp.ClientSession() as session:
             admin = {"Authorization": "Bearer admin"}
@@ -144,7 +173,8 @@ async def test_swap_in_place_finishes_requests_in_flight_on_the_old_weights(tiny
         assert swapped == {"object": "reload", "version": "v1", "previous": "v0", "swapped": True}
         assert again["swapped"] is False and server.model_version == "v1"
         after = await oai.chat.completions.with_raw_response.create(
-            model="tiny", messages=messages, max_tokens=8, temperature=1.0, seed=4, user="after")
+            model="tiny", messages=messages, max_tokens=8, temperature=1.0, seed=4, user="after"
+        )
         assert after.headers[VERSION_HEADER] == "v1"
         chunks += [c async for c in stream]  # the request in flight finishes, on v0
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
@@ -169,8 +199,9 @@ async def test_swap_refuses_another_tokenizer(tiny_model, tiny_tokenizer):
     other = copy.deepcopy(tiny_tokenizer)
     other.chat_template = "{{ messages }}"
     engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
-    async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny",
-                            reloader=lambda: (engine, other, "v9")) as server:
+    async with OpenAIServer(
+        engine, tiny_tokenizer, model_name="tiny", reloader=lambda: (engine, other, "v9")
+    ) as server:
         with pytest.raises(ValueError, match="another tokenizer"):
             await server.swap(engine, "v9", tokenizer=other)
         assert server.model_version == "tiny"
@@ -196,8 +227,11 @@ async def test_a_served_graph_files_each_thread_as_an_episode(tiny_model, tiny_t
 
     engine = EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0)
     async with OpenAIServer(engine, tiny_tokenizer, model_name="tiny", recorder=recorder) as server:
-        for name, value in (("VERLOG_BASE_URL", server.base_url), ("VERLOG_MODEL", "tiny"),
-                            ("VERLOG_GRAPHS_DIR", str(Path(__file__).parent / "graphs"))):
+        for name, value in (
+            ("VERLOG_BASE_URL", server.base_url),
+            ("VERLOG_MODEL", "tiny"),
+            ("VERLOG_GRAPHS_DIR", str(Path(__file__).parent / "graphs")),
+        ):
             monkeypatch.setenv(name, value)  # the module builds its graphs when imported
         from verlog.serve.langgraph_app import chat_model_from_env
 
@@ -232,8 +266,9 @@ async def test_a_tool_agents_turns_land_in_one_episode_through_bind_tools_and_a_
         service.add_edge("agent", END)
         app = service.compile()
         for session in ("session-1", "session-2"):
-            final = await app.ainvoke({"messages": [HumanMessage("What is 2+3?")]},
-                                      {"configurable": {"episode_id": session}})
+            final = await app.ainvoke(
+                {"messages": [HumanMessage("What is 2+3?")]}, {"configurable": {"episode_id": session}}
+            )
             assert final["messages"][-1].content == "5" and any(m.type == "tool" for m in final["messages"])
         # without an episode_id the LangGraph thread names it, as under `verlog serve`
         await app.ainvoke({"messages": [HumanMessage("What is 2+3?")]}, {"configurable": {"thread_id": "thread-9"}})

@@ -78,23 +78,46 @@ async def test_ids_logprobs_and_finish_reason_round_trip_exactly(scripted):
 
 async def test_sampling_params_reach_the_server(scripted):
     engine, server = scripted
-    sampling = SamplingParams(temperature=0.0, top_p=0.9, top_k=20, max_new_tokens=64,
-                              stop=("</tool>", "\n\n"), stop_token_ids=(7,), seed=1234)
+    sampling = SamplingParams(
+        temperature=0.0,
+        top_p=0.9,
+        top_k=20,
+        max_new_tokens=64,
+        stop=("</tool>", "\n\n"),
+        stop_token_ids=(7,),
+        seed=1234,
+    )
     async with client(server, eos_token_ids=(2, 3)) as sg:
         await sg.generate([5], sampling)
         await sg.generate([5], SamplingParams())
     sent = server.calls[0].body["sampling_params"]
-    assert sent == {"temperature": 0.0, "top_p": 0.9, "top_k": 20, "max_new_tokens": 64,
-                    "stop": ["</tool>", "\n\n"], "stop_token_ids": [2, 3, 7],
-                    "sampling_seed": 1234}
+    assert sent == {
+        "temperature": 0.0,
+        "top_p": 0.9,
+        "top_k": 20,
+        "max_new_tokens": 64,
+        "stop": ["</tool>", "\n\n"],
+        "stop_token_ids": [2, 3, 7],
+        "sampling_seed": 1234,
+    }
     received = engine.calls[0][1]
-    assert received == SamplingParams(temperature=0.0, top_p=0.9, top_k=20, max_new_tokens=64,
-                                      stop=("</tool>", "\n\n"), stop_token_ids=(2, 3, 7),
-                                      seed=1234)
+    assert received == SamplingParams(
+        temperature=0.0,
+        top_p=0.9,
+        top_k=20,
+        max_new_tokens=64,
+        stop=("</tool>", "\n\n"),
+        stop_token_ids=(2, 3, 7),
+        seed=1234,
+    )
     # defaults: top_k -1 (whole vocabulary), nothing optional sent
     assert server.calls[1].body["sampling_params"] == {
-        "temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 256,
-        "stop_token_ids": [2, 3]}
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "max_new_tokens": 256,
+        "stop_token_ids": [2, 3],
+    }
 
 
 async def test_request_id_is_forwarded_as_rid_and_routing_key(scripted):
@@ -107,8 +130,7 @@ async def test_request_id_is_forwarded_as_rid_and_routing_key(scripted):
     assert rids[0].startswith("episode-7_t") and rids[1].startswith("episode-7_t")
     assert rids[0] != rids[1]  # SGLang refuses two running requests with one rid
     assert rids[2] is None
-    assert [c.headers.get(ROUTING_KEY_HEADER) for c in server.calls] == [
-        "episode-7", "episode-7", None]
+    assert [c.headers.get(ROUTING_KEY_HEADER) for c in server.calls] == ["episode-7", "episode-7", None]
     assert engine.calls[0][2] == rids[0]
     assert first.info["id"] == rids[0]
 
@@ -133,8 +155,7 @@ async def test_transient_server_errors_are_retried():
 
 
 async def test_429_is_retried_and_exhausted_retries_name_the_error():
-    async with SGLangCompatServer(ScriptedEngine(), fault=fail_first(10, status=500,
-                                                                     message="CUDA OOM")) as srv:
+    async with SGLangCompatServer(ScriptedEngine(), fault=fail_first(10, status=500, message="CUDA OOM")) as srv:
         async with client(srv, max_retries=1) as sg:
             with pytest.raises(EngineError, match=r"2 attempts: HTTP 500: CUDA OOM"):
                 await sg.generate([1], SamplingParams())
@@ -181,8 +202,11 @@ async def test_server_validates_request_bodies(scripted):
                 assert resp.status == 400, raw
                 assert message in (await resp.json())["error"]["message"], raw
         # neutral values of unsupported params, and SGLang's "whole vocabulary" top_k, are fine
-        ok = {"input_ids": [1], "sampling_params": {"repetition_penalty": 1.0, "top_k": 1 << 30},
-              "return_hidden_states": False}
+        ok = {
+            "input_ids": [1],
+            "sampling_params": {"repetition_penalty": 1.0, "top_k": 1 << 30},
+            "return_hidden_states": False,
+        }
         async with http.post(server.url + "/generate", json=ok) as resp:
             assert resp.status == 200
             body = await resp.json()
@@ -222,8 +246,10 @@ async def test_unreachable_server_is_a_clear_error():
         assert await sg.health() is False
 
 
-GOOD_META = {"finish_reason": {"type": "stop", "matched": 2},
-             "output_token_logprobs": [[-0.5, 17, None], [-0.25, 2, None]]}
+GOOD_META = {
+    "finish_reason": {"type": "stop", "matched": 2},
+    "output_token_logprobs": [[-0.5, 17, None], [-0.25, 2, None]],
+}
 
 
 @pytest.mark.parametrize(
@@ -262,8 +288,11 @@ def test_ids_fall_back_to_the_logprob_entries_without_output_ids():
     gen = parse_generate_response({"text": "hi", "meta_info": GOOD_META})
     assert gen.token_ids == [17, 2] and gen.logprobs == [-0.5, -0.25]
     aborted = parse_generate_response(
-        {"meta_info": {"finish_reason": {"type": "abort", "message": "paused"},
-                       "output_token_logprobs": []}, "output_ids": []})
+        {
+            "meta_info": {"finish_reason": {"type": "abort", "message": "paused"}, "output_token_logprobs": []},
+            "output_ids": [],
+        }
+    )
     assert aborted.finish_reason == "abort" and aborted.token_ids == []
 
 
@@ -278,8 +307,7 @@ async def test_calls_from_other_event_loops_share_the_engine(scripted):
             assert not sg.sync_on_thread_loop
             return run_sync(sg.generate([2], SamplingParams(), request_id=rid), sync_bridge_loop())
 
-        from_threads = await asyncio.gather(
-            *(asyncio.to_thread(sync_call, f"thread-{i}") for i in range(3)))
+        from_threads = await asyncio.gather(*(asyncio.to_thread(sync_call, f"thread-{i}") for i in range(3)))
         assert in_loop.token_ids == IDS
         assert all(gen.token_ids == IDS for gen in from_threads)
         # one session for this loop, one for the sync bridge: sync calls share it, none leaks
@@ -289,8 +317,7 @@ async def test_calls_from_other_event_loops_share_the_engine(scripted):
     finally:
         await sg.aclose()
     assert sg.open_sessions == 0
-    assert {call[2].split("_t")[0] for call in engine.calls} == {
-        "main", "thread-0", "thread-1", "thread-2", "again"}
+    assert {call[2].split("_t")[0] for call in engine.calls} == {"main", "thread-0", "thread-1", "thread-2", "again"}
 
 
 async def test_aclose_closes_sessions_of_loops_running_in_other_threads(scripted):
@@ -316,7 +343,8 @@ async def test_fifty_concurrent_requests(scripted):
     engine, server = scripted
     async with client(server) as sg:
         gens = await asyncio.gather(
-            *(sg.generate([i, i + 1], SamplingParams(), request_id=f"ep-{i}") for i in range(50)))
+            *(sg.generate([i, i + 1], SamplingParams(), request_id=f"ep-{i}") for i in range(50))
+        )
     assert all(gen.token_ids == IDS and gen.logprobs == LOGPROBS for gen in gens)
     assert sorted(call[0][0] for call in engine.calls) == list(range(50))
     assert len({call.body["rid"] for call in server.calls}) == 50
@@ -414,8 +442,11 @@ async def test_stream_understands_incremental_chunks_and_retries_before_the_firs
     _, server = scripted
 
     def chunk(ids, lps, total, finish=None):
-        meta = {"completion_tokens": total, "finish_reason": finish,
-                "output_token_logprobs": [[lp, t, None] for t, lp in zip(ids, lps)]}
+        meta = {
+            "completion_tokens": total,
+            "finish_reason": finish,
+            "output_token_logprobs": [[lp, t, None] for t, lp in zip(ids, lps)],
+        }
         return "data: " + json.dumps({"output_ids": ids, "meta_info": meta}) + "\n\n"
 
     # SGLang launched with --incremental-streaming-output: each chunk holds only its new tokens
@@ -463,5 +494,7 @@ async def test_another_http_engine_reuses_the_retry_and_session_base(scripted):
     assert engine.open_sessions == 0
     server.fault = fail_first(server.stats.received + 5, status=503, message="still warming up")
     async with Minimal(server.url, retry_backoff_s=0.01, max_retries=1) as engine:
-        with pytest.raises(EngineError, match=r"Minimal request to .* failed after 2 attempts: HTTP 503: still warming"):
+        with pytest.raises(
+            EngineError, match=r"Minimal request to .* failed after 2 attempts: HTTP 503: still warming"
+        ):
             await engine.generate([1], SamplingParams())

@@ -60,8 +60,12 @@ async def shared_tasks_per_batch(tokenizer, runner_class, batches=6) -> list[int
     """For each batch, how many seeds both slots completed in it."""
     engine = ScriptedEngine(tokenizer, ["go"])
     runner = runner_class(
-        engine, lambda gated: build_graph(VerlogChatModel(engine=gated, tokenizer=tokenizer, max_tokens=4)),
-        lambda seed: {"seed": seed, "t": 0, "done": False}, num_envs=2, turns_per_env=6, group_size=2,
+        engine,
+        lambda gated: build_graph(VerlogChatModel(engine=gated, tokenizer=tokenizer, max_tokens=4)),
+        lambda seed: {"seed": seed, "t": 0, "done": False},
+        num_envs=2,
+        turns_per_env=6,
+        group_size=2,
     )
     shared = []
     try:
@@ -82,5 +86,5 @@ async def shared_tasks_per_batch(tokenizer, runner_class, batches=6) -> list[int
 async def test_a_group_stays_in_step(tiny_tokenizer):
     in_step = await shared_tasks_per_batch(tiny_tokenizer, SlotRunner)
     own_rounds = await shared_tasks_per_batch(tiny_tokenizer, OwnRounds)
-    assert all(n >= 1 for n in in_step[1:]), in_step     # every batch compares plays of one task
-    assert sum(own_rounds[2:]) == 0, own_rounds          # the control drifts apart for good
+    assert all(n >= 1 for n in in_step[1:]), in_step  # every batch compares plays of one task
+    assert sum(own_rounds[2:]) == 0, own_rounds  # the control drifts apart for good

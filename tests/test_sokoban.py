@@ -68,8 +68,15 @@ def test_verl_agent_rewards_and_limits() -> None:
 
 
 def test_verl_agent_text_symbols_and_layout() -> None:
-    assert SYMBOLS == {"wall": "#", "floor": "_", "target": "O", "box_on_target": "√", "box": "X",
-                       "player": "P", "player_on_target": "S"}
+    assert SYMBOLS == {
+        "wall": "#",
+        "floor": "_",
+        "target": "O",
+        "box_on_target": "√",
+        "box": "X",
+        "player": "P",
+        "player_on_target": "S",
+    }
     room, state = parse_grid("#####\n#PXO#\n#_√S#\n#####".replace("S", "O"))
     # a cell is " <symbol> \t", a row a line (verl-agent's text view)
     assert render_text(room, state).splitlines()[1] == " # \t P \t X \t O \t # \t"
@@ -141,8 +148,10 @@ def test_invalid_answer_runs_still_with_the_penalty() -> None:
     assert other.step("no idea").reward == pytest.approx(-0.5)
 
 
-@pytest.mark.parametrize(("key", "value"), [("dim_room", (3, 6)), ("num_boxes", 0), ("max_steps", 0),
-                                            ("search_depth", -1), ("dim_room", "6x6")])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("dim_room", (3, 6)), ("num_boxes", 0), ("max_steps", 0), ("search_depth", -1), ("dim_room", "6x6")],
+)
 def test_bad_settings_name_the_key_and_allowed_values(key, value) -> None:
     with pytest.raises(ValueError, match=f"Sokoban setting {key}=.* is invalid; allowed: "):
         make_env("sokoban", **{key: value})
@@ -182,8 +191,13 @@ def test_generation_is_deterministic_per_seed_and_varies_across_seeds() -> None:
 def test_generated_rooms_are_solvable_within_the_cap(settings) -> None:
     max_steps = settings.get("max_steps", MAX_STEPS)
     for seed in range(40):
-        level = generate(random.Random(seed), settings.get("dim_room", DIM_ROOM), settings.get("num_boxes", 1),
-                         SEARCH_DEPTH, max_steps)
+        level = generate(
+            random.Random(seed),
+            settings.get("dim_room", DIM_ROOM),
+            settings.get("num_boxes", 1),
+            SEARCH_DEPTH,
+            max_steps,
+        )
         room, state = level.room, level.state
         assert len(state.boxes) == len(room.targets) == settings.get("num_boxes", 1)
         assert not game.is_solved(room, state) and all(room.free(b) for b in state.boxes)
@@ -227,8 +241,12 @@ async def _play(answers: list[str], seed: int, **graph_kwargs):
     graph_file = load_graph_file(ROOT / "graphs" / "sokoban.py")
     model = VerlogChatModel(engine=ScriptedEngine(tokenizer, answers), tokenizer=tokenizer, max_tokens=64)
     graph = graph_file.build(model, **graph_kwargs)
-    return await run_episode(graph, graph_file.episode_input(seed),
-                             graph_config={"recursion_limit": recursion_limit_for(MAX_STEPS)}, keep_messages=True)
+    return await run_episode(
+        graph,
+        graph_file.episode_input(seed),
+        graph_config={"recursion_limit": recursion_limit_for(MAX_STEPS)},
+        keep_messages=True,
+    )
 
 
 async def test_oracle_wins_through_the_graph() -> None:
@@ -265,8 +283,14 @@ def _verlog(args: list[str], tmp_path: Path):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "verlog.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=600, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+    return subprocess.run(
+        [sys.executable, "-m", "verlog.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+    )
 
 
 def test_doc_play_command_runs_as_written(tmp_path) -> None:
@@ -280,7 +304,19 @@ def test_doc_play_command_runs_as_written(tmp_path) -> None:
 def test_doc_eval_command_runs_with_the_tiny_model(tmp_path) -> None:
     # as written, with the random-init tiny model, 2 episodes and a short answer budget appended
     command = next(c for c in _doc_commands() if c.startswith("verlog eval"))
-    result = _verlog([*command.split()[1:], "model.path=tiny", "--episodes", "2", "--max-tokens", "16",
-                      "--out", str(tmp_path / "eval"), "--no-chart"], tmp_path)
+    result = _verlog(
+        [
+            *command.split()[1:],
+            "model.path=tiny",
+            "--episodes",
+            "2",
+            "--max-tokens",
+            "16",
+            "--out",
+            str(tmp_path / "eval"),
+            "--no-chart",
+        ],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr + result.stdout
     assert "sokoban" in result.stdout and (tmp_path / "eval" / "summary.json").exists()

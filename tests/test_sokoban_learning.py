@@ -166,9 +166,17 @@ def test_too_few_held_out_rooms_is_refused_before_training(tmp_path):
 @pytest.mark.timeout(600)
 def test_one_tiny_update_writes_the_result_and_a_killed_run_resumes(tmp_path, capsys):
     bench = _bench()
-    small = ["model.device=cpu", "trainer.num_envs=4", "trainer.turns_per_env=4", "eval.episodes=3",
-             "eval.concurrency=4", "critic_warmup.buffer_multiplier=1", "critic_warmup.iterations=1",
-             "algorithm.mini_batch_turns=8", "trainer.save_every=1"]
+    small = [
+        "model.device=cpu",
+        "trainer.num_envs=4",
+        "trainer.turns_per_env=4",
+        "eval.episodes=3",
+        "eval.concurrency=4",
+        "critic_warmup.buffer_multiplier=1",
+        "critic_warmup.iterations=1",
+        "algorithm.mini_batch_turns=8",
+        "trainer.save_every=1",
+    ]
     results, runs = tmp_path / "results", tmp_path / "runs"
     doc = _doc_benchmark_commands()  # the doc's commands, as written, with a tiny budget appended
     args = [*doc["run"], "--out", str(runs), "--results", str(results), "--allow-few", "--set", *small]
@@ -202,14 +210,33 @@ def test_doc_train_and_baseline_commands_run_with_a_tiny_budget(tmp_path):
     assert "`verlog train configs/sokoban_words.yaml`" in text
     assert "`python -m verlog.evaluation.baseline runs/sokoban_words`" in text
     run_dir = tmp_path / "sokoban_words"
-    small = ["trainer.num_envs=4", "trainer.turns_per_env=4", "trainer.total_updates=1", "eval.episodes=2",
-             "critic_warmup.buffer_multiplier=1", "critic_warmup.iterations=1", "algorithm.mini_batch_turns=8",
-             "wandb.mode=disabled", f"trainer.run_dir={run_dir}"]
-    train = subprocess.run([sys.executable, "-m", "verlog.cli", "train", "configs/sokoban_words.yaml", *small],
-                           capture_output=True, text=True, cwd=ROOT, timeout=800)
+    small = [
+        "trainer.num_envs=4",
+        "trainer.turns_per_env=4",
+        "trainer.total_updates=1",
+        "eval.episodes=2",
+        "critic_warmup.buffer_multiplier=1",
+        "critic_warmup.iterations=1",
+        "algorithm.mini_batch_turns=8",
+        "wandb.mode=disabled",
+        f"trainer.run_dir={run_dir}",
+    ]
+    train = subprocess.run(
+        [sys.executable, "-m", "verlog.cli", "train", "configs/sokoban_words.yaml", *small],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=800,
+    )
     assert train.returncode == 0, train.stderr[-2000:] + train.stdout[-2000:]
     assert (run_dir / "eval.json").is_file()
-    baseline = subprocess.run([sys.executable, "-m", "verlog.evaluation.baseline", str(run_dir)], capture_output=True,
-                              text=True, cwd=ROOT, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    baseline = subprocess.run(
+        [sys.executable, "-m", "verlog.evaluation.baseline", str(run_dir)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert baseline.returncode == 0, baseline.stderr[-2000:] + baseline.stdout[-2000:]
     assert "random valid actions" in baseline.stdout and "after 1 updates" in baseline.stdout

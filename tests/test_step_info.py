@@ -15,8 +15,9 @@ from verlog.train.metrics import rollout_metrics
 
 
 def _episode(info: dict) -> Episode:
-    turn = Turn(episode_id="e", turn_index=0, prompt_ids=[1], response_ids=[2], logprobs=[0.0], terminated=True,
-                info=dict(info))
+    turn = Turn(
+        episode_id="e", turn_index=0, prompt_ids=[1], response_ids=[2], logprobs=[0.0], terminated=True, info=dict(info)
+    )
     return Episode(episode_id="e", turns=[turn])
 
 
@@ -32,8 +33,13 @@ def test_the_outcome_rule() -> None:
 
 def test_training_and_evaluation_count_the_same_wins() -> None:
     episodes = [_episode({"success": True}), _episode({"won": True}), _episode({"won": False}), _episode({"step": 9})]
-    batch = SlotBatch(turns=[[t for e in episodes for t in e.turns]], bootstrap_prompt_ids=[[]],
-                      starts_episode=[True], seeds=[[0, 1, 2, 3]], episodes=episodes)
+    batch = SlotBatch(
+        turns=[[t for e in episodes for t in e.turns]],
+        bootstrap_prompt_ids=[[]],
+        starts_episode=[True],
+        seeds=[[0, 1, 2, 3]],
+        episodes=episodes,
+    )
     # three episodes say how they ended (two won); the fourth does not and is not counted
     assert rollout_metrics(batch)["win_rate"] == pytest.approx(2 / 3)
     assert [episode_won(e.info) for e in episodes] == [True, True, False, False]
@@ -42,8 +48,7 @@ def test_training_and_evaluation_count_the_same_wins() -> None:
     assert progression("babaisai:goto_win", {"won": True}) == 1.0  # BALROG's, through the same rule
 
 
-@pytest.mark.parametrize("name", ["babyai:goto", "babaisai:goto_win", "crafter", "minihack:MazeWalk-9x9",
-                                  "sokoban"])
+@pytest.mark.parametrize("name", ["babyai:goto", "babaisai:goto_win", "crafter", "minihack:MazeWalk-9x9", "sokoban"])
 def test_every_step_reports_the_contract(name: str) -> None:
     assert name in list_envs()
     env = make_env(name, seed=0, max_steps=3)

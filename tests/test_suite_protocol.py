@@ -25,8 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _params(function, skip: int) -> list[inspect.Parameter]:
-    return [p for p in list(inspect.signature(function).parameters.values())[skip:]
-            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    return [
+        p
+        for p in list(inspect.signature(function).parameters.values())[skip:]
+        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    ]
 
 
 def accepted_keys(task) -> list[str]:
@@ -36,8 +39,11 @@ def accepted_keys(task) -> list[str]:
     if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(build_graph).parameters.values()):
         keys += [p.name for p in _params(build_game_graph, 2)]
         env_name = task.env if not task.graph_kwargs.get("task") else f"{task.env}:{task.graph_kwargs['task']}"
-        keys += [p.name for p in _params(type(make_env(env_name, protocol="balrog")).__init__, 1)
-                 if p.name not in ("task", "seed")]
+        keys += [
+            p.name
+            for p in _params(type(make_env(env_name, protocol="balrog")).__init__, 1)
+            if p.name not in ("task", "seed")
+        ]
     return sorted(set(keys) - PROVENANCE_KEYS)
 
 
@@ -102,19 +108,29 @@ def test_textworld_generator_settings_are_named_key_by_key() -> None:
 
 
 def test_config_overrides_and_the_configs_own_keys_are_named_too() -> None:
-    overrides = ["rollout.episode_timeout_s=600", "multi_turn.langgraph.graph_config.recursion_limit=50",
-                 "multi_turn.langgraph.graph_kwargs.default_action=\"turn left\""]
+    overrides = [
+        "rollout.episode_timeout_s=600",
+        "multi_turn.langgraph.graph_config.recursion_limit=50",
+        'multi_turn.langgraph.graph_kwargs.default_action="turn left"',
+    ]
     tasks = [t for t in suite_tasks(overrides) if t.env == "babyai"]
     assert protocol_differences(tasks, "balrog") == [
-        "default_action", "multi_turn.langgraph.graph_config.recursion_limit", "rollout.episode_timeout_s"]
+        "default_action",
+        "multi_turn.langgraph.graph_config.recursion_limit",
+        "rollout.episode_timeout_s",
+    ]
     assert "eval.episodes" in protocol_differences(tasks[:1], "balrog", episodes=2)  # BALROG's are minimums
 
 
 def test_explicit_defaults_and_the_wording_source_are_not_differences() -> None:
     tasks = {t.env: t for t in suite_tasks()}
     minihack = tasks["minihack"]
-    minihack.graph_kwargs = {**minihack.graph_kwargs, "show_map": False, "invalid_action_penalty": None,
-                             "balrog_source": "/somewhere/BALROG"}
+    minihack.graph_kwargs = {
+        **minihack.graph_kwargs,
+        "show_map": False,
+        "invalid_action_penalty": None,
+        "balrog_source": "/somewhere/BALROG",
+    }
     assert protocol_differences([minihack], "balrog") == []
     minihack.graph_kwargs["show_map"] = True
     assert protocol_differences([minihack], "balrog") == ["show_map"]

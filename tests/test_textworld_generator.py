@@ -105,15 +105,32 @@ def _game_json(family: str, settings: dict, seed: int) -> str:
 LEVEL_30 = {"level": 30, "only_last_action": True}
 
 
-@pytest.mark.parametrize("family,settings,seed", [
-    ("treasure_hunter", LEVEL_30, 100011),
-    pytest.param("treasure_hunter", LEVEL_30, 100006, marks=pytest.mark.slow),
-    pytest.param("treasure_hunter", LEVEL_30, 100105, marks=pytest.mark.slow),
-    pytest.param("treasure_hunter", {"level": 20}, 7, marks=pytest.mark.slow),
-    pytest.param("coin_collector", {"level": 220, "only_last_action": True}, 3, marks=pytest.mark.slow),
-    pytest.param("cooking", {"recipe": 5, "take": 5, "go": 12, "open": True, "cook": True, "cut": True,
-                             "drop": False, "split": "test", "recipe_seed": 0}, 3, marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "family,settings,seed",
+    [
+        ("treasure_hunter", LEVEL_30, 100011),
+        pytest.param("treasure_hunter", LEVEL_30, 100006, marks=pytest.mark.slow),
+        pytest.param("treasure_hunter", LEVEL_30, 100105, marks=pytest.mark.slow),
+        pytest.param("treasure_hunter", {"level": 20}, 7, marks=pytest.mark.slow),
+        pytest.param("coin_collector", {"level": 220, "only_last_action": True}, 3, marks=pytest.mark.slow),
+        pytest.param(
+            "cooking",
+            {
+                "recipe": 5,
+                "take": 5,
+                "go": 12,
+                "open": True,
+                "cook": True,
+                "cut": True,
+                "drop": False,
+                "split": "test",
+                "recipe_seed": 0,
+            },
+            3,
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
 def test_every_family_makes_the_same_game_with_either_check(monkeypatch, family, settings, seed) -> None:
     textworlds = _game_json(family, settings, seed)
     _install_for_this_test(monkeypatch)

@@ -43,9 +43,16 @@ def test_encode_plain_is_the_tokenizers_own_call(name) -> None:
 
     tokenizer = load_tokenizer(name)
     texts = [
-        tokenizer.apply_chat_template([{"role": "system", "content": "Play."}, {"role": "user", "content": "go left"}],
-                                      tokenize=False, add_generation_prompt=True),
-        "<|im_start|>user\nhi<|im_end|>\n", "  two  spaces\t\ttabs\n\n", "héllo wörld — ✓ 漢字 🙂", "", "a" * 3000,
+        tokenizer.apply_chat_template(
+            [{"role": "system", "content": "Play."}, {"role": "user", "content": "go left"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        ),
+        "<|im_start|>user\nhi<|im_end|>\n",
+        "  two  spaces\t\ttabs\n\n",
+        "héllo wörld — ✓ 漢字 🙂",
+        "",
+        "a" * 3000,
         '<tool_call>\n{"name": "f", "arguments": ',
     ]
     for text in texts:

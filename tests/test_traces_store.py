@@ -20,12 +20,25 @@ from verlog.traces import (
 )
 
 
-def _turn(episode: str, n: int = 3, version: str = "v0", text: str | None = "hello", created: float = 0.0) -> TracedTurn:
+def _turn(
+    episode: str, n: int = 3, version: str = "v0", text: str | None = "hello", created: float = 0.0
+) -> TracedTurn:
     return TracedTurn(
-        episode_id=episode, turn_index=-1, prompt_ids=list(range(1, 40)), response_ids=[7 + n, 8, 9][:n] + [5] * (n - 3),
-        logprobs=[-0.1234567890123, -1e-9, -17.000000001][:n] + [-0.5] * (n - 3), model_version=version,
-        temperature=0.7, top_p=0.9, top_k=20, constraint="json_schema", finish_reason="stop", latency_s=0.01,
-        created=created, response_text=text, messages=[{"role": "user", "content": "héllo"}] if text else None,
+        episode_id=episode,
+        turn_index=-1,
+        prompt_ids=list(range(1, 40)),
+        response_ids=[7 + n, 8, 9][:n] + [5] * (n - 3),
+        logprobs=[-0.1234567890123, -1e-9, -17.000000001][:n] + [-0.5] * (n - 3),
+        model_version=version,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=20,
+        constraint="json_schema",
+        finish_reason="stop",
+        latency_s=0.01,
+        created=created,
+        response_text=text,
+        messages=[{"role": "user", "content": "héllo"}] if text else None,
     )
 
 
@@ -118,7 +131,9 @@ def test_recording_policy_and_targets_are_checked(tmp_path):
     (tmp_path / "file.sqlite").write_text("not a database")
     with pytest.raises(TraceStoreError, match="file.sqlite"):
         open_store(tmp_path / "file.sqlite")
-    with pytest.raises(TraceStoreError, match="cannot connect to the trace store postgresql://u:\\*\\*\\*@127.0.0.1:1/x"):
+    with pytest.raises(
+        TraceStoreError, match="cannot connect to the trace store postgresql://u:\\*\\*\\*@127.0.0.1:1/x"
+    ):
         open_store("postgresql://u:secret@127.0.0.1:1/x?connect_timeout=2")
 
 
@@ -144,7 +159,7 @@ def test_a_submitted_turn_is_readable_elsewhere_once_its_future_is_done(store_ta
     futures = [recorder.submit(_turn(f"durable-{i}")) for i in range(5)]
     assert all(f.result(timeout=60) for f in futures)
     assert [len(reader.turns(f"durable-{i}")) for i in range(5)] == [1] * 5
-    for bad in (float("inf"), float("nan"), 10 ** 400, 2e6, True):
+    for bad in (float("inf"), float("nan"), 10**400, 2e6, True):
         with pytest.raises(ValueError, match="reward"):
             store.add_feedback("durable-0", bad)
     assert reader.episode("durable-0").reward is None

@@ -20,10 +20,19 @@ def short_run(run_dir: Path, *extra: str) -> list[str]:
     from verlog.models import toy_model_dir
 
     return [
-        CONFIG, f"model.path={toy_model_dir()}", f"trainer.run_dir={run_dir}", "wandb.mode=disabled",
-        "trainer.total_updates=2", "trainer.num_envs=4", "trainer.turns_per_env=3", "trainer.save_every=1",
-        "critic_warmup.buffer_multiplier=1", "critic_warmup.iterations=1", "eval.episodes=4",
-        "algorithm.mini_batch_turns=6", *extra,
+        CONFIG,
+        f"model.path={toy_model_dir()}",
+        f"trainer.run_dir={run_dir}",
+        "wandb.mode=disabled",
+        "trainer.total_updates=2",
+        "trainer.num_envs=4",
+        "trainer.turns_per_env=3",
+        "trainer.save_every=1",
+        "critic_warmup.buffer_multiplier=1",
+        "critic_warmup.iterations=1",
+        "eval.episodes=4",
+        "algorithm.mini_batch_turns=6",
+        *extra,
     ]
 
 
@@ -36,13 +45,26 @@ def test_train_then_eval_a_checkpoint(tmp_path, capsys):
     assert after["task"] == "cue_corridor" and after["episodes"] == 4
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     update = [r for r in lines if r["kind"] == "update"][-1]
-    for key in ("episode_return", "win_rate", "episode_length", "invalid_action_rate", "value_loss",
-                "explained_variance", "approx_kl", "clip_frac", "entropy", "turns_per_s", "memory_peak_rss_gb"):
+    for key in (
+        "episode_return",
+        "win_rate",
+        "episode_length",
+        "invalid_action_rate",
+        "value_loss",
+        "explained_variance",
+        "approx_kl",
+        "clip_frac",
+        "entropy",
+        "turns_per_s",
+        "memory_peak_rss_gb",
+    ):
         assert key in update, key
 
     result_file = tmp_path / "eval.json"
-    assert main(["eval", *short_run(run_dir), "--checkpoint", str(run_dir), "--episodes", "6",
-                 "--json", str(result_file)]) == 0
+    assert (
+        main(["eval", *short_run(run_dir), "--checkpoint", str(run_dir), "--episodes", "6", "--json", str(result_file)])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "update_000002" in out and "±" in out
     data = json.loads(result_file.read_text())
@@ -84,26 +106,64 @@ def test_lora_actor_trains_adapters_only_and_evaluates(tmp_path, capsys):
     from safetensors.torch import load_file
 
     run_dir = tmp_path / "lora"
-    assert main(["train", *short_run(run_dir, "actor.lora.rank=4", "actor.lr=1e-2", "trainer.total_updates=1",
-                                     "eval.at_end=false")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *short_run(
+                    run_dir, "actor.lora.rank=4", "actor.lr=1e-2", "trainer.total_updates=1", "eval.at_end=false"
+                ),
+            ]
+        )
+        == 0
+    )
     checkpoint = run_dir / "checkpoints" / "update_000001"
     adapters = load_file(checkpoint / "actor_adapter" / "adapter_model.safetensors")
     assert adapters and all("lora_" in name for name in adapters)
     assert not (checkpoint / "actor").exists()  # the base weights did not change: only adapters are saved
     assert any(t.abs().sum() > 0 for name, t in adapters.items() if "lora_B" in name)  # they were trained
-    assert main(["eval", *short_run(run_dir), "--checkpoint", str(checkpoint), "--episodes", "2",
-                 "--json", str(tmp_path / "e.json")]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                *short_run(run_dir),
+                "--checkpoint",
+                str(checkpoint),
+                "--episodes",
+                "2",
+                "--json",
+                str(tmp_path / "e.json"),
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "e.json").read_text())["tasks"][0]["episodes"] == 2
 
 
 def test_grpo_trains_without_a_critic(tmp_path):
     run_dir = tmp_path / "grpo"
-    assert main(["train", *short_run(run_dir, "algorithm.estimator=grpo", "trainer.group_size=2",
-                                     "trainer.total_updates=1", "eval.at_start=false", "eval.at_end=false",
-                                     "multi_turn.langgraph.graph_kwargs.max_turns=2")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *short_run(
+                    run_dir,
+                    "algorithm.estimator=grpo",
+                    "trainer.group_size=2",
+                    "trainer.total_updates=1",
+                    "eval.at_start=false",
+                    "eval.at_end=false",
+                    "multi_turn.langgraph.graph_kwargs.max_turns=2",
+                ),
+            ]
+        )
+        == 0
+    )
     checkpoint = run_dir / "checkpoints" / "update_000001"
     assert (checkpoint / "actor" / "model.safetensors").is_file() and not (checkpoint / "critic.safetensors").exists()
-    [update] = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "update"]
+    [update] = [
+        r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "update"
+    ]
     assert "policy_loss" in update and "value_loss" not in update and 0 < update["policy_token_frac"] <= 1
     # whole groups: the rows' groups were compared, every play of each begun and ended in the batch
     assert update["groups_compared"] >= 1 and update["groups_dropped"] + update["groups_compared"] >= 2

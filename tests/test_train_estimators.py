@@ -13,10 +13,21 @@ from verlog.cli import main
 
 CASES = {
     # rollout seed 1: its groups' returns are not all tied (tied groups are dropped: no policy loss at all)
-    "gigpo": ["algorithm.estimator=gigpo", "trainer.group_size=2", "algorithm.drop_uniform_groups=true", "rollout.seed=1"],
-    "rloo": ["algorithm.estimator=rloo", "trainer.group_size=2", "algorithm.policy_loss=gspo",
-             "algorithm.clip_eps=0.0003", "algorithm.clip_eps_high=0.0004", "algorithm.dual_clip=null",
-             "algorithm.loss_aggregation=sequence_mean"],
+    "gigpo": [
+        "algorithm.estimator=gigpo",
+        "trainer.group_size=2",
+        "algorithm.drop_uniform_groups=true",
+        "rollout.seed=1",
+    ],
+    "rloo": [
+        "algorithm.estimator=rloo",
+        "trainer.group_size=2",
+        "algorithm.policy_loss=gspo",
+        "algorithm.clip_eps=0.0003",
+        "algorithm.clip_eps_high=0.0004",
+        "algorithm.dual_clip=null",
+        "algorithm.loss_aggregation=sequence_mean",
+    ],
     "reinforce_pp": ["algorithm.estimator=reinforce_pp", "algorithm.clip_eps_high=0.28", "algorithm.kl_coef=0.001"],
     "reinforce_pp_baseline": ["algorithm.estimator=reinforce_pp_baseline", "trainer.group_size=2", "rollout.seed=1"],
 }
@@ -25,11 +36,27 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_estimator_trains_through_the_trainer(tmp_path, name):
     run_dir = tmp_path / name
-    assert main(["train", *short_run(run_dir, *CASES[name], "trainer.total_updates=1", "eval.at_start=false",
-                                     "eval.at_end=false", "multi_turn.langgraph.graph_kwargs.max_turns=2")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *short_run(
+                    run_dir,
+                    *CASES[name],
+                    "trainer.total_updates=1",
+                    "eval.at_start=false",
+                    "eval.at_end=false",
+                    "multi_turn.langgraph.graph_kwargs.max_turns=2",
+                ),
+            ]
+        )
+        == 0
+    )
     critic = (run_dir / "checkpoints" / "update_000001" / "critic.safetensors").exists()
     assert critic == get_estimator(name).needs_critic
-    [update] = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "update"]
+    [update] = [
+        r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "update"
+    ]
     assert "policy_loss" in update and "value_loss" not in update and 0 <= update["policy_token_frac"] <= 1
     if name == "gigpo":
         assert "step_group_frac" in update and "dropped_group_frac" in update

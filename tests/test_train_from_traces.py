@@ -35,8 +35,8 @@ def test_decoupled_ppo_is_ppo_against_the_proximal_policy_with_weighted_advantag
     ours, _ = ppo_policy_loss(logp, prox, scaled, mask, clip_eps=0.2, dual_clip=None)
     written = decoupled_policy_loss(logp, prox, behav, adv, mask, clip_eps=0.2, cap=1.5, turn_weights=turns)
     assert ours.item() == pytest.approx(written.item(), rel=1e-6)
-    g1, = torch.autograd.grad(ours, logp)
-    g2, = torch.autograd.grad(written, logp)
+    (g1,) = torch.autograd.grad(ours, logp)
+    (g2,) = torch.autograd.grad(written, logp)
     torch.testing.assert_close(g1, g2)
     w = torch.exp(prox - behav).clamp(max=1.5) * turns.unsqueeze(1)
     assert metrics["behaviour_weight"] == pytest.approx((w * mask).sum().item() / mask.sum().item(), rel=1e-6)
@@ -59,15 +59,24 @@ def test_staleness_rule_down_weights_and_drops():
 
 # ------------------------------------------------------------------------------- trace batches
 def _traced(episode: str, i: int, version: str) -> TracedTurn:
-    return TracedTurn(episode_id=episode, turn_index=-1, prompt_ids=[1, 2, 100 + i], response_ids=[5, 6][: 1 + i % 2],
-                      logprobs=[-0.5, -0.25][: 1 + i % 2], model_version=version, temperature=0.9)
+    return TracedTurn(
+        episode_id=episode,
+        turn_index=-1,
+        prompt_ids=[1, 2, 100 + i],
+        response_ids=[5, 6][: 1 + i % 2],
+        logprobs=[-0.5, -0.25][: 1 + i % 2],
+        model_version=version,
+        temperature=0.9,
+    )
 
 
 def _traces_config(store: Path, **settings):
-    return config_from_dict({
-        "multi_turn": {"langgraph": {"path": str(ROOT / "graphs" / "cue_corridor.py")}},
-        "data": {"traces": {"store": str(store), **settings}},
-    }).data.traces
+    return config_from_dict(
+        {
+            "multi_turn": {"langgraph": {"path": str(ROOT / "graphs" / "cue_corridor.py")}},
+            "data": {"traces": {"store": str(store), **settings}},
+        }
+    ).data.traces
 
 
 def test_trace_batches_lay_episodes_out_as_slots(tmp_path):
@@ -130,7 +139,10 @@ def test_staleness_follows_the_checkpoint_lineage_after_a_rollback(tmp_path):
     assert lineage_staleness(store.versions(), ("run", 1)) == {v1: 0.0, v2: math.inf}
     assert lineage_staleness(store.versions()) == {v1: 1.0, v2: 0.0}  # no trainer: the newest checkpoint
     assert lineage_staleness(["smollm2", "other/update_000009", v1], ("run", 3)) == {
-        "smollm2": 3.0, "other/update_000009": 3.0, v1: 2.0}  # what the run started from: all its updates behind
+        "smollm2": 3.0,
+        "other/update_000009": 3.0,
+        v1: 2.0,
+    }  # what the run started from: all its updates behind
     settings = _traces_config(tmp_path / "t", staleness={"max_versions": 0})
 
     def trained_episodes(trained: tuple[str, int]) -> set[str]:
@@ -174,22 +186,47 @@ def test_a_run_mixes_live_slots_and_recorded_ones(tmp_path):
 
     tokenizer = load_tokenizer("toy")
     store = open_store(tmp_path / "traces")
-    prompt = tokenizer.apply_chat_template([{"role": "system", "content": "walk the corridor"},
-                                            {"role": "user", "content": "pos 0 of 4 cue red"}],
-                                           add_generation_prompt=True, tokenize=True, return_dict=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "walk the corridor"}, {"role": "user", "content": "pos 0 of 4 cue red"}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )
     prompt = list(prompt["input_ids"])
     east = tokenizer.convert_tokens_to_ids("east")
     for e, version in enumerate(("agent/update_000040",) * 4):  # the checkpoint this run starts from
-        store.record([TracedTurn(episode_id=f"e{e}", turn_index=-1, prompt_ids=prompt, response_ids=[east],
-                                 logprobs=[-1.4], model_version=version) for _ in range(4)])
+        store.record(
+            [
+                TracedTurn(
+                    episode_id=f"e{e}",
+                    turn_index=-1,
+                    prompt_ids=prompt,
+                    response_ids=[east],
+                    logprobs=[-1.4],
+                    model_version=version,
+                )
+                for _ in range(4)
+            ]
+        )
         store.add_feedback(f"e{e}", 1.0, success=True)
     store.close()
-    config = load_config(ROOT / "configs" / "cue_corridor.yaml", [
-        f"trainer.run_dir={tmp_path / 'run'}", "wandb.mode=disabled", f"data.traces.store={tmp_path / 'traces'}",
-        "data.traces.fraction=0.5", "data.traces.staleness.decay=0.5", "trainer.total_updates=2", "trainer.num_envs=4",
-        "trainer.turns_per_env=4", "critic_warmup.buffer_multiplier=0", "eval.at_start=false", "eval.at_end=false",
-        "algorithm.mini_batch_turns=8",
-    ])
+    config = load_config(
+        ROOT / "configs" / "cue_corridor.yaml",
+        [
+            f"trainer.run_dir={tmp_path / 'run'}",
+            "wandb.mode=disabled",
+            f"data.traces.store={tmp_path / 'traces'}",
+            "data.traces.fraction=0.5",
+            "data.traces.staleness.decay=0.5",
+            "trainer.total_updates=2",
+            "trainer.num_envs=4",
+            "trainer.turns_per_env=4",
+            "critic_warmup.buffer_multiplier=0",
+            "eval.at_start=false",
+            "eval.at_end=false",
+            "algorithm.mini_batch_turns=8",
+        ],
+    )
     result = train(config, console=Console(quiet=True))
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     updates = [m for m in logged if m.get("trace_turns")]
@@ -206,8 +243,12 @@ def test_the_verl_path_refuses_a_traces_section():
     from verlog.integrations.verl.trainer import check_verl_config
 
     with pytest.raises(ConfigError, match="data.traces: training on recorded episodes runs on the embedded trainer"):
-        check_verl_config(compose_verl_config(ROOT / "configs" / "verl_calculator.yaml",
-                                              ["actor_rollout_ref.model.path=tiny", "verlog.data.traces.store=traces/"]))
+        check_verl_config(
+            compose_verl_config(
+                ROOT / "configs" / "verl_calculator.yaml",
+                ["actor_rollout_ref.model.path=tiny", "verlog.data.traces.store=traces/"],
+            )
+        )
 
 
 def test_trace_slots_keep_the_live_slots_whole_groups(tmp_path):
@@ -228,21 +269,40 @@ def test_traces_train_a_graph_without_make_input_and_without_a_data_section(tmp_
     from verlog.models import load_tokenizer
 
     tokenizer = load_tokenizer("tiny")
-    prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}],
-                                                add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    prompt = list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+    )
     answer = tokenizer("5", add_special_tokens=False)["input_ids"]
     store = open_store(tmp_path / "traces")
     for e in range(4):
-        store.record([TracedTurn(episode_id=f"e{e}", turn_index=-1, prompt_ids=prompt, response_ids=answer,
-                                 logprobs=[-1.0] * len(answer), model_version="tiny") for _ in range(2)])
+        store.record(
+            [
+                TracedTurn(
+                    episode_id=f"e{e}",
+                    turn_index=-1,
+                    prompt_ids=prompt,
+                    response_ids=answer,
+                    logprobs=[-1.0] * len(answer),
+                    model_version="tiny",
+                )
+                for _ in range(2)
+            ]
+        )
         store.add_feedback(f"e{e}", 1.0 if e % 2 else 0.0)
     store.close()
     raw = yaml.safe_load((ROOT / "configs" / "calculator.yaml").read_text())
     raw.pop("reward")
     raw["data"] = {"traces": {"store": str(tmp_path / "traces")}}
     raw["multi_turn"]["langgraph"]["path"] = str(ROOT / "graphs" / "calculator.py")
-    raw["trainer"] |= {"run_dir": str(tmp_path / "run"), "total_updates": 1, "num_envs": 8, "turns_per_env": 2,
-                       "save_every": 1}
+    raw["trainer"] |= {
+        "run_dir": str(tmp_path / "run"),
+        "total_updates": 1,
+        "num_envs": 8,
+        "turns_per_env": 2,
+        "save_every": 1,
+    }
     raw["wandb"] = {"mode": "disabled"}
     config = config_from_dict(raw)
     assert config.eval.at_end  # asked for, and skipped with a note: there is nothing to play

@@ -35,7 +35,9 @@ def logged(key, row, completion, log):
 
 
 def rows(split: str, n: int, start: int) -> list[dict]:
-    return [{"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1), "split": split} for i in range(start, start + n)]
+    return [
+        {"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1), "split": split} for i in range(start, start + n)
+    ]
 
 
 @pytest.fixture
@@ -49,16 +51,29 @@ def project(tmp_path) -> dict[str, Path]:
 
 
 def settings(p: dict[str, Path], run_dir: Path, graph: str, *extra: str) -> list[str]:
-    functions = [{"function": f"{p['reward']}:digits", "weight": 1.0},
-                 {"function": f"{p['reward']}:logged", "weight": 0.0, "kwargs": {"log": str(p["log"])}}]
+    functions = [
+        {"function": f"{p['reward']}:digits", "weight": 1.0},
+        {"function": f"{p['reward']}:logged", "weight": 0.0, "kwargs": {"log": str(p["log"])}},
+    ]
     return [
-        f"multi_turn.langgraph.path={GRAPHS / graph}", "multi_turn.langgraph.graph_kwargs={}",
+        f"multi_turn.langgraph.path={GRAPHS / graph}",
+        "multi_turn.langgraph.graph_kwargs={}",
         "multi_turn.langgraph.graph_config={recursion_limit: 12}",
-        f"data.train={p['train']}", f"data.validation={p['validation']}", f"data.test={p['test']}",
+        f"data.train={p['train']}",
+        f"data.validation={p['validation']}",
+        f"data.test={p['test']}",
         f"reward.functions={json.dumps(functions)}",
-        f"trainer.run_dir={run_dir}", f"trainer.num_envs={NUM_ENVS}", f"trainer.group_size={GROUP}",
-        "trainer.turns_per_env=4", "trainer.torch_threads=1", "sampling.max_tokens=12", "wandb.mode=disabled",
-        "algorithm.mini_batch_turns=32", "actor.lr=1.0e-4", "eval.at_start=false", "rollout.episode_timeout_s=60",
+        f"trainer.run_dir={run_dir}",
+        f"trainer.num_envs={NUM_ENVS}",
+        f"trainer.group_size={GROUP}",
+        "trainer.turns_per_env=4",
+        "trainer.torch_threads=1",
+        "sampling.max_tokens=12",
+        "wandb.mode=disabled",
+        "algorithm.mini_batch_turns=32",
+        "actor.lr=1.0e-4",
+        "eval.at_start=false",
+        "rollout.episode_timeout_s=60",
         *extra,
     ]
 
@@ -181,16 +196,32 @@ def test_a_killed_run_resumed_plays_every_row_once_per_epoch(tmp_path, estimator
     logs = {"first": tmp_path / "first.jsonl", "second": tmp_path / "second.jsonl"}
 
     def args(which: str, total: int) -> list[str]:
-        function = {"function": f"{tmp_path / 'killed_reward.py'}:logged", "kwargs": {
-            "log": str(logs[which]), "run_dir": str(run_dir), "stop_at_checkpoint": which == "first"}}
+        function = {
+            "function": f"{tmp_path / 'killed_reward.py'}:logged",
+            "kwargs": {"log": str(logs[which]), "run_dir": str(run_dir), "stop_at_checkpoint": which == "first"},
+        }
         return [
-            "train", str(ROOT / "configs" / "calculator.yaml"), f"multi_turn.langgraph.path={GRAPHS / 'prebuilt_react_agent.py'}",
-            "multi_turn.langgraph.graph_kwargs={}", "multi_turn.langgraph.graph_config={recursion_limit: 12}",
-            f"data.train={rows_file}", "data.validation=null", "data.test=null", f"reward.functions=[{json.dumps(function)}]",
-            f"trainer.run_dir={run_dir}", f"trainer.num_envs={num_envs}", f"trainer.group_size={group_size}",
+            "train",
+            str(ROOT / "configs" / "calculator.yaml"),
+            f"multi_turn.langgraph.path={GRAPHS / 'prebuilt_react_agent.py'}",
+            "multi_turn.langgraph.graph_kwargs={}",
+            "multi_turn.langgraph.graph_config={recursion_limit: 12}",
+            f"data.train={rows_file}",
+            "data.validation=null",
+            "data.test=null",
+            f"reward.functions=[{json.dumps(function)}]",
+            f"trainer.run_dir={run_dir}",
+            f"trainer.num_envs={num_envs}",
+            f"trainer.group_size={group_size}",
             f"algorithm.estimator={estimator}",
-            "trainer.turns_per_env=3", "trainer.torch_threads=1", "sampling.max_tokens=8", "wandb.mode=disabled",
-            "algorithm.mini_batch_turns=12", "eval.at_start=false", "eval.at_end=false", "trainer.save_every=1",
+            "trainer.turns_per_env=3",
+            "trainer.torch_threads=1",
+            "sampling.max_tokens=8",
+            "wandb.mode=disabled",
+            "algorithm.mini_batch_turns=12",
+            "eval.at_start=false",
+            "eval.at_end=false",
+            "trainer.save_every=1",
             f"trainer.total_updates={total}",
         ]
 
@@ -219,8 +250,12 @@ def test_a_killed_run_resumed_plays_every_row_once_per_epoch(tmp_path, estimator
     done = [r if r is not None else n for r, n in zip(final["in_flight"], final["episodes_started"])][::group_size]
     assert min(done) >= 12 // groups  # the whole first epoch was played (and more)
     order = EpochOrder(12, seed=0)
-    expected = sorted(order.row_index(slot_seed(0, j, g, groups)) for g in range(groups) for j in range(done[g])
-                      for _ in range(group_size))
+    expected = sorted(
+        order.row_index(slot_seed(0, j, g, groups))
+        for g in range(groups)
+        for j in range(done[g])
+        for _ in range(group_size)
+    )
     scored = sorted(r["key"] for r in played(logs["first"]) + played(logs["second"]))
     assert scored == expected  # every completed task scored once per play: none skipped by the kill, none twice
     first_epoch = [order.row_index(slot_seed(0, j, g, groups)) for g in range(groups) for j in range(12 // groups)]

@@ -40,12 +40,18 @@ def random_batch(num_envs=3, turns_per_env=4, vocab=40, seed=0, prefix: Sequence
             p = int(torch.randint(3, 9, (1,), generator=g))
             length = int(torch.randint(1, 5, (1,), generator=g))
             response = torch.randint(4, vocab, (length,), generator=g).tolist()
-            slot.append(Turn(
-                episode_id=f"e{i}", turn_index=k,
-                prompt_ids=[*prefix, *torch.randint(4, vocab, (p,), generator=g).tolist()],
-                response_ids=response, logprobs=[-1.0] * length, reward=float(torch.rand(1, generator=g)),
-                terminated=bool(k == 1 and i == 0), truncated=bool(k == 2 and i == 1),
-            ))
+            slot.append(
+                Turn(
+                    episode_id=f"e{i}",
+                    turn_index=k,
+                    prompt_ids=[*prefix, *torch.randint(4, vocab, (p,), generator=g).tolist()],
+                    response_ids=response,
+                    logprobs=[-1.0] * length,
+                    reward=float(torch.rand(1, generator=g)),
+                    terminated=bool(k == 1 and i == 0),
+                    truncated=bool(k == 2 and i == 1),
+                )
+            )
         turns.append(slot)
     bootstrap = [torch.randint(4, vocab, (5,), generator=g).tolist() for _ in range(num_envs)]
     seeds = [[i] * turns_per_env for i in range(num_envs)]
@@ -69,15 +75,23 @@ def test_storage_layout_rewards_and_advantages():
         n = len(turn.response_ids)
         assert s.sequences[row] == turn.prompt_ids + turn.response_ids
         assert s.response_mask[row].sum() == n and s.value_mask[row].sum() == n + 1
-        assert s.token_rewards[row, n - 1] == pytest.approx(turn.reward) and s.token_rewards[row].sum() == pytest.approx(turn.reward)
+        assert s.token_rewards[row, n - 1] == pytest.approx(turn.reward) and s.token_rewards[
+            row
+        ].sum() == pytest.approx(turn.reward)
     s.values = torch.randn(s.size, s.response_ids.shape[1] + 1) * s.value_mask
     s.bootstrap_values = torch.randn(3)
     algo = AlgorithmConfig(whiten_advantages=False)
     s.compute_advantages(algo)
-    expected, returns = dual_gae(TurnBatch(
-        s.token_rewards.view(3, 4, -1), s.response_mask.view(3, 4, -1), s.terminated.view(3, 4),
-        s.truncated.view(3, 4), s.values.view(3, 4, -1), s.bootstrap_values,
-    ))
+    expected, returns = dual_gae(
+        TurnBatch(
+            s.token_rewards.view(3, 4, -1),
+            s.response_mask.view(3, 4, -1),
+            s.terminated.view(3, 4),
+            s.truncated.view(3, 4),
+            s.values.view(3, 4, -1),
+            s.bootstrap_values,
+        )
+    )
     assert torch.allclose(s.advantages, expected.view(12, -1)) and torch.allclose(s.returns, returns.view(12, -1))
     s.compute_advantages(AlgorithmConfig(estimator="zero"))
     assert not s.advantages.any()
@@ -108,16 +122,22 @@ def test_micro_batching_does_not_change_the_update(toy, aggregation):
     """Nor does it under either loss aggregation: the entropy bonus is weighed as the policy loss
     (a large coefficient, so that a token-mean bonus under ``sequence_mean`` would show)."""
     lm, _ = toy
-    algo = AlgorithmConfig(ppo_epochs=1, mini_batch_turns=12, entropy_coef=0.5, kl_coef=0.0, value_clip=0.5,
-                           loss_aggregation=aggregation)
+    algo = AlgorithmConfig(
+        ppo_epochs=1, mini_batch_turns=12, entropy_coef=0.5, kl_coef=0.0, value_clip=0.5, loss_aggregation=aggregation
+    )
 
     def one_update(token_budget):
         torch.manual_seed(0)
         actor = copy.deepcopy(lm)
         critic = ValueModel.from_causal_lm(copy.deepcopy(lm))
         learner = Learner(
-            actor, critic, torch.optim.SGD(actor.parameters(), lr=0.1), torch.optim.SGD(critic.parameters(), lr=0.1),
-            None, algo.model_copy(update={"micro_batch_tokens": token_budget}), pad_id=0,
+            actor,
+            critic,
+            torch.optim.SGD(actor.parameters(), lr=0.1),
+            torch.optim.SGD(critic.parameters(), lr=0.1),
+            None,
+            algo.model_copy(update={"micro_batch_tokens": token_budget}),
+            pad_id=0,
             device=torch.device("cpu"),
         )
         s = RolloutStorage.from_batch(random_batch())
@@ -141,8 +161,16 @@ def test_a_mini_batch_with_no_policy_token_does_not_step_the_actor(toy):
     lm, _ = toy
     algo = AlgorithmConfig(ppo_epochs=1, mini_batch_turns=6, kl_coef=0.0)
     actor, critic = copy.deepcopy(lm), ValueModel.from_causal_lm(copy.deepcopy(lm))
-    learner = Learner(actor, critic, torch.optim.AdamW(actor.parameters(), lr=1e-2),
-                      torch.optim.AdamW(critic.parameters(), lr=1e-2), None, algo, pad_id=0, device=torch.device("cpu"))
+    learner = Learner(
+        actor,
+        critic,
+        torch.optim.AdamW(actor.parameters(), lr=1e-2),
+        torch.optim.AdamW(critic.parameters(), lr=1e-2),
+        None,
+        algo,
+        pad_id=0,
+        device=torch.device("cpu"),
+    )
     s = RolloutStorage.from_batch(random_batch())
     score_batch(s, learner)
     ppo_update(s, learner, generator=torch.Generator().manual_seed(0))  # the optimizers gain momentum
@@ -163,9 +191,14 @@ def test_checkpoints_are_atomic_rotated_and_found(tmp_path):
 
     def save(update):
         return ckpt.save_checkpoint(
-            tmp_path, update, save_actor=lambda d: (d / "actor").mkdir(), critic=model,
-            optimizers={"actor": opt, "critic": None}, rng=ckpt.get_rng_state({"g": g}),
-            state={"runner": {"n": update}}, keep=2,
+            tmp_path,
+            update,
+            save_actor=lambda d: (d / "actor").mkdir(),
+            critic=model,
+            optimizers={"actor": opt, "critic": None},
+            rng=ckpt.get_rng_state({"g": g}),
+            state={"runner": {"n": update}},
+            keep=2,
         )
 
     for update in (1, 2, 3):
@@ -223,12 +256,15 @@ def test_shared_prefix_pass_equals_the_unshared_one(toy, checkpointing):
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            logp, entropy = policy_logprobs(lm, packed, s.prompt_lengths, s.response_ids,
-                                            temperature=torch.full((s.size,), 0.8), with_entropy=True)
+            logp, entropy = policy_logprobs(
+                lm, packed, s.prompt_lengths, s.response_ids, temperature=torch.full((s.size,), 0.8), with_entropy=True
+            )
             values = values_at_positions(critic, packed, s.prompt_lengths, width + 1)
         loss = (logp * s.response_mask).sum() + (entropy * s.response_mask).sum() + (values * s.value_mask).sum()
         loss.backward()
-        grads = {n: p.grad.clone() for n, p in [*lm.named_parameters(), *critic.named_parameters()] if p.grad is not None}
+        grads = {
+            n: p.grad.clone() for n, p in [*lm.named_parameters(), *critic.named_parameters()] if p.grad is not None
+        }
         return logp.detach() * s.response_mask, values.detach() * s.value_mask, grads, sum(saved)
 
     logp_a, values_a, grads_a, _ = run(plain)
@@ -259,9 +295,16 @@ def test_score_and_update_are_the_same_with_shared_prefixes(toy):
         critic = ValueModel.from_causal_lm(copy.deepcopy(lm))
         torch.nn.init.normal_(critic.value_head.weight, std=0.1)
         algo = AlgorithmConfig(shared_prefix_min_tokens=share, kl_coef=0.0, mini_batch_turns=12)
-        learner = Learner(actor, critic, torch.optim.SGD(actor.parameters(), lr=0.1),
-                          torch.optim.SGD(critic.parameters(), lr=0.1), None, algo, pad_id=0,
-                          device=torch.device("cpu"))
+        learner = Learner(
+            actor,
+            critic,
+            torch.optim.SGD(actor.parameters(), lr=0.1),
+            torch.optim.SGD(critic.parameters(), lr=0.1),
+            None,
+            algo,
+            pad_id=0,
+            device=torch.device("cpu"),
+        )
         s = RolloutStorage.from_batch(shared_prompt_batch())
         score_batch(s, learner)
         metrics = ppo_update(s, learner, generator=torch.Generator().manual_seed(0))
@@ -331,8 +374,9 @@ def test_a_shared_frozen_trunk_runs_once_and_changes_nothing(toy, prefix):
 
     lm, _ = toy
     depth = lm.config.num_hidden_layers - 1
-    algo = AlgorithmConfig(ppo_epochs=1, mini_batch_turns=6, kl_coef=0.0, entropy_coef=0.01,
-                           shared_prefix_min_tokens=8 if prefix else 0)
+    algo = AlgorithmConfig(
+        ppo_epochs=1, mini_batch_turns=6, kl_coef=0.0, entropy_coef=0.01, shared_prefix_min_tokens=8 if prefix else 0
+    )
     instruction = list(range(4, 4 + prefix))
 
     def one_update(shared: bool):
@@ -342,9 +386,16 @@ def test_a_shared_frozen_trunk_runs_once_and_changes_nothing(toy, prefix):
         train_last_layers(critic, 1, section="critic")
         trunk = shared_trunk_depth(actor.base_model, critic.backbone, depth) if shared else None
         assert (trunk == depth) if shared else trunk is None
-        learner = Learner(actor, critic, *(torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2)
-                                          for m in (actor, critic)),
-                          None, algo, pad_id=0, device=torch.device("cpu"), trunk_depth=trunk)
+        learner = Learner(
+            actor,
+            critic,
+            *(torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2) for m in (actor, critic)),
+            None,
+            algo,
+            pad_id=0,
+            device=torch.device("cpu"),
+            trunk_depth=trunk,
+        )
         s = RolloutStorage.from_batch(random_batch(prefix=instruction))
         metrics = score_batch(s, learner)
         assert ("trunk_s" in metrics) == shared and (s.trunk_states is not None) == shared
@@ -354,7 +405,9 @@ def test_a_shared_frozen_trunk_runs_once_and_changes_nothing(toy, prefix):
 
     (lp1, v1, a1), actor1, critic1, m1 = one_update(False)
     (lp2, v2, a2), actor2, critic2, m2 = one_update(True)
-    assert torch.allclose(lp1, lp2, atol=1e-5) and torch.allclose(v1, v2, atol=1e-5) and torch.allclose(a1, a2, atol=1e-4)
+    assert (
+        torch.allclose(lp1, lp2, atol=1e-5) and torch.allclose(v1, v2, atol=1e-5) and torch.allclose(a1, a2, atol=1e-4)
+    )
     for one, two in ((actor1, actor2), (critic1, critic2)):
         for name, p in one.items():
             assert torch.allclose(p, two[name], atol=1e-5), name
@@ -380,7 +433,9 @@ def test_the_trunk_runs_a_shared_prefix_once_with_the_same_states(toy):
     backbone, depth = lm.base_model, lm.config.num_hidden_layers - 1
     g = torch.Generator().manual_seed(3)
     prefix = torch.randint(4, 40, (20,), generator=g).tolist()
-    seqs = [prefix + torch.randint(4, 40, (int(n),), generator=g).tolist() for n in torch.randint(1, 9, (7,), generator=g)]
+    seqs = [
+        prefix + torch.randint(4, 40, (int(n),), generator=g).tolist() for n in torch.randint(1, 9, (7,), generator=g)
+    ]
     seqs.append(prefix[:15] + [5, 6])  # shares less than the rest: the micro-batch's common part is 15
 
     embedded: list[int] = []

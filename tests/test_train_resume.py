@@ -23,11 +23,24 @@ def command(run_dir: Path, total_updates: int, *extra: str) -> list[str]:
     from verlog.models import toy_model_dir
 
     return [
-        sys.executable, "-m", "verlog.cli", "train", str(ROOT / "configs" / "cue_corridor.yaml"),
-        f"model.path={toy_model_dir()}", f"trainer.run_dir={run_dir}", "wandb.mode=disabled",
-        f"trainer.total_updates={total_updates}", f"trainer.num_envs={NUM_ENVS}", f"trainer.turns_per_env={TURNS}",
-        "trainer.save_every=1", "trainer.keep_checkpoints=3", "critic_warmup.buffer_multiplier=1",
-        "critic_warmup.iterations=1", "eval.at_start=false", "eval.at_end=false", "algorithm.mini_batch_turns=6",
+        sys.executable,
+        "-m",
+        "verlog.cli",
+        "train",
+        str(ROOT / "configs" / "cue_corridor.yaml"),
+        f"model.path={toy_model_dir()}",
+        f"trainer.run_dir={run_dir}",
+        "wandb.mode=disabled",
+        f"trainer.total_updates={total_updates}",
+        f"trainer.num_envs={NUM_ENVS}",
+        f"trainer.turns_per_env={TURNS}",
+        "trainer.save_every=1",
+        "trainer.keep_checkpoints=3",
+        "critic_warmup.buffer_multiplier=1",
+        "critic_warmup.iterations=1",
+        "eval.at_start=false",
+        "eval.at_end=false",
+        "algorithm.mini_batch_turns=6",
         *extra,
     ]
 
@@ -58,7 +71,9 @@ def test_killed_run_resumes_at_the_next_update(tmp_path):
     with (run_dir / "metrics.jsonl").open("a") as f:  # as if killed while writing a record
         f.write('{"update": 999, "kind": "upd')
 
-    done = subprocess.run(command(run_dir, k + 2, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        command(run_dir, k + 2, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"(update {k})" in done.stdout
     assert "dropped a cut last line" in done.stdout  # said, and mended: every record below parses
@@ -78,8 +93,12 @@ def test_killed_run_resumes_at_the_next_update(tmp_path):
     assert state["runner"]["counters"]["batches"] == state_k["runner"]["counters"]["batches"] + 2
     # every slot went on with its own seeds: it first played again the episode it had in flight at
     # the checkpoint (its round, from the start), never an earlier round
-    for before, after, in_flight, now in zip(state_k["runner"]["episodes_started"], state["runner"]["episodes_started"],
-                                             state_k["runner"]["in_flight"], state["runner"]["in_flight"]):
+    for before, after, in_flight, now in zip(
+        state_k["runner"]["episodes_started"],
+        state["runner"]["episodes_started"],
+        state_k["runner"]["in_flight"],
+        state["runner"]["in_flight"],
+    ):
         assert in_flight == before - 1 and after >= before
         assert now is None or now >= in_flight
     # the checkpoints that survived the kill are intact (rotation keeps the 3 newest)

@@ -114,8 +114,20 @@ def test_wandb_mode_reaches_every_ray_worker_through_the_runtime_env(monkeypatch
 def test_bad_keys_are_named(override, named, capsys):
     from verlog.cli import main
 
-    assert main(["train", "--engine", "verl", str(ROOT / "configs" / "verl_babyai.yaml"), OFFLINE_MODEL, override,
-                 "--dry-run"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--engine",
+                "verl",
+                str(ROOT / "configs" / "verl_babyai.yaml"),
+                OFFLINE_MODEL,
+                override,
+                "--dry-run",
+            ]
+        )
+        == 2
+    )
     assert named in capsys.readouterr().err.replace("\n", "")
 
 
@@ -154,11 +166,15 @@ def test_every_registered_estimator_is_accepted_and_decides_whether_verl_builds_
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["algorithm.adv_estimator=rloo", "verlog.group_size=8", "critic.enable=true"],
-         "critic.enable=true: algorithm.adv_estimator=rloo has no critic"),
+        (
+            ["algorithm.adv_estimator=rloo", "verlog.group_size=8", "critic.enable=true"],
+            "critic.enable=true: algorithm.adv_estimator=rloo has no critic",
+        ),
         (["algorithm.adv_estimator=zero", "critic.enable=false"], "critic.enable=false: algorithm.adv_estimator=zero"),
-        (["algorithm.adv_estimator=reinforce_pp", "verlog.advantage.drop_uniform_groups=true"],
-         "verlog.advantage.drop_uniform_groups: .* estimator 'reinforce_pp' has no groups"),
+        (
+            ["algorithm.adv_estimator=reinforce_pp", "verlog.advantage.drop_uniform_groups=true"],
+            "verlog.advantage.drop_uniform_groups: .* estimator 'reinforce_pp' has no groups",
+        ),
         (["algorithm.adv_estimator=gigpo"], "verlog.group_size=1: algorithm.adv_estimator=gigpo compares"),
         (["actor_rollout_ref.rollout.n=2", "verlog.group_size=5"], r"32 x 2 = 64"),
     ],
@@ -221,8 +237,14 @@ def fresh_interpreter(tmp_path_factory, tiny_dir):
     path = tmp_path_factory.mktemp("fresh") / "composed.yaml"
     path.write_text(OmegaConf.to_yaml(config))
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    out = subprocess.run([sys.executable, "-c", FRESH_INTERPRETER, str(path)], capture_output=True, text=True,
-                         env=env, timeout=240, cwd="/")
+    out = subprocess.run(
+        [sys.executable, "-c", FRESH_INTERPRETER, str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd="/",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines() if line.strip()}
 

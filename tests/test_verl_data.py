@@ -39,21 +39,28 @@ def by_row(key, answer):
 def world(tmp_path_factory, tiny_dir):
     root = tmp_path_factory.mktemp("verl_data")
     for split, n in (("train", 9), ("validation", 3)):
-        rows = [{"prompt": f"{split} question {i}", "answer": str(i + (50 if split == 'validation' else 0))}
-                for i in range(n)]
+        rows = [
+            {"prompt": f"{split} question {i}", "answer": str(i + (50 if split == "validation" else 0))}
+            for i in range(n)
+        ]
         (root / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "reward.py").write_text(REWARD)
     settings = {
         "verlog": {
-            "num_envs": 2, "turns_per_env": 3,
+            "num_envs": 2,
+            "turns_per_env": 3,
             # relative paths: resolved against the config file's folder for Ray's workers
             "data": {"train": "train.jsonl", "validation": "validation.jsonl", "shuffle": False},
             "reward": {"functions": ["reward.py:by_row"]},
         },
         "actor_rollout_ref": {
             "model": {"path": "tiny"},
-            "rollout": {"name": "sglang", "prompt_length": 256, "response_length": 4,
-                        "multi_turn": {"langgraph": {"path": "one_call.py", "graph_config": {"recursion_limit": 10}}}},
+            "rollout": {
+                "name": "sglang",
+                "prompt_length": 256,
+                "response_length": 4,
+                "multi_turn": {"langgraph": {"path": "one_call.py", "graph_config": {"recursion_limit": 10}}},
+            },
         },
         "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
     }

@@ -66,19 +66,32 @@ class EmptyOnce:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tiny_dir):
     """Two verl training steps through verl's real agent-loop worker; one generation comes back empty."""
-    return _rollout_world(tmp_path_factory.mktemp("verl_faults"), "countdown", GRAPH, {
-        "verlog": {"num_envs": NUM_ENVS, "turns_per_env": TURNS},
-        "actor_rollout_ref": {
-            "model": {"path": "tiny"},
-            "rollout": {
-                "name": "sglang", "prompt_length": 256, "response_length": 6,
-                "multi_turn": {"langgraph": {
-                    "path": "countdown.py", "graph_config": {"recursion_limit": 60}, "graph_kwargs": {"fail_seeds": [2]},
-                }},
+    return _rollout_world(
+        tmp_path_factory.mktemp("verl_faults"),
+        "countdown",
+        GRAPH,
+        {
+            "verlog": {"num_envs": NUM_ENVS, "turns_per_env": TURNS},
+            "actor_rollout_ref": {
+                "model": {"path": "tiny"},
+                "rollout": {
+                    "name": "sglang",
+                    "prompt_length": 256,
+                    "response_length": 6,
+                    "multi_turn": {
+                        "langgraph": {
+                            "path": "countdown.py",
+                            "graph_config": {"recursion_limit": 60},
+                            "graph_kwargs": {"fail_seeds": [2]},
+                        }
+                    },
+                },
             },
+            "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
         },
-        "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
-    }, tiny_dir, client_class=EmptyOnce)
+        tiny_dir,
+        client_class=EmptyOnce,
+    )
 
 
 # ---------------------------------------------------------------------- empty generations
@@ -162,7 +175,8 @@ def test_advantages_returns_and_scores_are_float32_from_a_bf16_critic(world, mod
         trainer._compute_advantage(batch, {}, initial_policy=mode == "critic_pretraining")
 
     expected_adv, expected_ret, where = _expected_advantages(
-        SimpleNamespace(store=store), keys, values, kl or None, trainer.spec.settings.advantage)
+        SimpleNamespace(store=store), keys, values, kl or None, trainer.spec.settings.advantage
+    )
     for key in keys:
         row = store.rows["train"][key]
         for field in ("advantages", "returns", "token_level_rewards", "rm_scores"):
@@ -201,7 +215,10 @@ def test_attention_is_sdpa_without_flash_attn_and_flash_attention_2_with_it():
     assert wire_attention(no_flash, has=lambda name: False) == "sdpa"
     assert no_flash.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
     assert no_flash.critic.model.override_config.attn_implementation == "sdpa"
-    assert no_flash.actor_rollout_ref.model.use_remove_padding is False and no_flash.critic.model.use_remove_padding is False
+    assert (
+        no_flash.actor_rollout_ref.model.use_remove_padding is False
+        and no_flash.critic.model.use_remove_padding is False
+    )
     flash = copy.deepcopy(config)
     for key in ("actor_rollout_ref.model.override_config", "critic.model.override_config"):
         OmegaConf.update(flash, key, {}, merge=False)
@@ -215,18 +232,25 @@ def test_attention_is_configurable_from_the_command_line():
     config = compose("actor_rollout_ref.model.override_config.attn_implementation=eager")
     assert config.actor_rollout_ref.model.override_config.attn_implementation == "eager"
     assert config.critic.model.override_config.attn_implementation == "eager"
-    config = compose("actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-                     "critic.model.override_config.attn_implementation=eager")
+    config = compose(
+        "actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "critic.model.override_config.attn_implementation=eager",
+    )
     assert config.critic.model.override_config.attn_implementation == "eager"
 
 
 def test_packed_sequences_without_flash_attention_are_refused_in_one_line():
     from verlog.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref.model.use_remove_padding: packed sequences need "
-                                          r"flash_attention_2, but .*attn_implementation is sdpa"):
-        compose("actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-                "actor_rollout_ref.model.use_remove_padding=true")
+    with pytest.raises(
+        ConfigError,
+        match=r"actor_rollout_ref.model.use_remove_padding: packed sequences need "
+        r"flash_attention_2, but .*attn_implementation is sdpa",
+    ):
+        compose(
+            "actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+            "actor_rollout_ref.model.use_remove_padding=true",
+        )
 
 
 def test_preflight_names_each_missing_thing_in_one_line():
@@ -235,7 +259,8 @@ def test_preflight_names_each_missing_thing_in_one_line():
     config = compose("trainer.n_gpus_per_node=1")
     lines = {f.what: f for f in preflight(config, gpus=lambda: 0, cpus=lambda: 2, has=lambda name: False)}
     assert not lines["GPUs"].ok and lines["GPUs"].line.startswith(
-        "GPUs: trainer.n_gpus_per_node=1 but 0 CUDA device(s) are visible here")
+        "GPUs: trainer.n_gpus_per_node=1 but 0 CUDA device(s) are visible here"
+    )
     assert not lines["Ray CPUs"].ok and "Ray CPUs: 2 (the machine's cores), verl holds 7" in lines["Ray CPUs"].line
     assert "ray_kwargs.ray_init.num_cpus=7" in lines["Ray CPUs"].line
     assert lines["flash-attn"].ok and "actor and critic use sdpa attention" in lines["flash-attn"].line
@@ -244,8 +269,12 @@ def test_preflight_names_each_missing_thing_in_one_line():
 
     ready = {f.what: f for f in preflight(config, gpus=lambda: 1, cpus=lambda: 16, has=lambda name: True)}
     assert all(f.ok for f in ready.values()), ready
-    forced = compose("trainer.n_gpus_per_node=1", "actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2")
-    flash = {f.what: f for f in preflight(forced, gpus=lambda: 1, cpus=lambda: 16, has=lambda name: name != "flash_attn")}
+    forced = compose(
+        "trainer.n_gpus_per_node=1", "actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2"
+    )
+    flash = {
+        f.what: f for f in preflight(forced, gpus=lambda: 1, cpus=lambda: 16, has=lambda name: name != "flash_attn")
+    }
     assert not flash["flash-attn"].ok and "attn_implementation=sdpa" in flash["flash-attn"].line
     cluster = compose("trainer.n_gpus_per_node=1")
     OmegaConf.update(cluster, "ray_kwargs.ray_init.address", "auto", force_add=True)
@@ -272,7 +301,9 @@ def test_a_launch_on_this_cpu_machine_stops_at_once_naming_what_is_missing(capsy
 def test_the_dry_run_prints_the_preflight_lines(capsys):
     from verlog.cli import main
 
-    assert main(["train", "--engine", "verl", str(ROOT / "configs" / "verl_babyai.yaml"), OFFLINE_MODEL, "--dry-run"]) == 0
+    assert (
+        main(["train", "--engine", "verl", str(ROOT / "configs" / "verl_babyai.yaml"), OFFLINE_MODEL, "--dry-run"]) == 0
+    )
     err = capsys.readouterr().err
     for what in ("GPUs:", "Ray CPUs:", "flash-attn:", "rollout engine:"):
         assert "pre-flight: " in err and what in err
@@ -287,8 +318,9 @@ def test_critic_pretraining_padding_values_take_the_critics_dtype():
     from verlog.integrations.verl.trainer import VerlogPPOTrainer
 
     store = MemoryTransferQueue()
-    masks = torch.nested.as_nested_tensor([torch.ones(3, dtype=torch.long), torch.ones(1, dtype=torch.long)],
-                                          layout=torch.jagged)
+    masks = torch.nested.as_nested_tensor(
+        [torch.ones(3, dtype=torch.long), torch.ones(1, dtype=torch.long)], layout=torch.jagged
+    )
     store.kv_batch_put(["real", "pad"], "train", fields=TensorDict({"response_mask": masks}, batch_size=2))
     bf16 = torch.nested.as_nested_tensor([torch.randn(3).to(torch.bfloat16)], layout=torch.jagged)
     store.kv_batch_put(["real"], "train", fields=TensorDict({"values": bf16}, batch_size=1))

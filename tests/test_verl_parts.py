@@ -28,8 +28,12 @@ class _Client:
 def _token_output(ids, logprobs, stop_reason="stop", step=3):
     from verl.workers.rollout.replica import TokenOutput
 
-    return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason=stop_reason,
-                       extra_fields={"global_steps": step, "max_global_steps": step, "min_global_steps": step})
+    return TokenOutput(
+        token_ids=ids,
+        log_probs=logprobs,
+        stop_reason=stop_reason,
+        extra_fields={"global_steps": step, "max_global_steps": step, "min_global_steps": step},
+    )
 
 
 def _generate(engine, prompt, sampling, request_id="ep1"):
@@ -47,8 +51,16 @@ def test_engine_sends_verl_sampling_params_and_keeps_ids_and_logprobs(tiny_token
     assert gen.info["max_global_steps"] == 3
     request_id, prompt, params = client.seen[0]
     assert request_id == "w1-ep1" and prompt == [1, 2, 3]
-    assert params == {"temperature": 0.7, "top_p": 1.0, "top_k": 5, "repetition_penalty": 1.0, "max_new_tokens": 64,
-                      "logprobs": True, "stop_token_ids": [tiny_tokenizer.eos_token_id], "sampling_seed": 4}
+    assert params == {
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": 5,
+        "repetition_penalty": 1.0,
+        "max_new_tokens": 64,
+        "logprobs": True,
+        "stop_token_ids": [tiny_tokenizer.eos_token_id],
+        "sampling_seed": 4,
+    }
     vllm = LLMServerEngine(client, tiny_tokenizer, server="vllm")
     assert vllm.sampling_params(SamplingParams(seed=4, stop=("ACTION:",)))["seed"] == 4  # vLLM's own name
 
@@ -131,8 +143,15 @@ def test_layout_right_aligns_short_trajectories_and_matches_dual_gae_on_each():
     from verlog.integrations.verl.layout import rows_to_turn_batch
 
     # rows in shuffled order: trajectory a (3 turns + bootstrap row), b (2 turns, ended), a verl pad row
-    infos = [_info("b", 1, reward=1.0, terminated=True), _info("a", 3, kind="bootstrap"), _info("a", 0),
-             None, _info("a", 2, reward=0.5), _info("b", 0), _info("a", 1)]
+    infos = [
+        _info("b", 1, reward=1.0, terminated=True),
+        _info("a", 3, kind="bootstrap"),
+        _info("a", 0),
+        None,
+        _info("a", 2, reward=0.5),
+        _info("b", 0),
+        _info("a", 1),
+    ]
     lengths = [2, 1, 3, 1, 1, 4, 2]
     mask = torch.zeros(7, 4, dtype=torch.bool)
     for row, n in enumerate(lengths):
@@ -148,9 +167,14 @@ def test_layout_right_aligns_short_trajectories_and_matches_dual_gae_on_each():
     assert batch.bootstrap_values.tolist() == pytest.approx([values[1, 0].item(), 0.0])
 
     adv, _ = dual_gae(batch)
-    alone = TurnBatch(rewards[[5, 0]][None], mask[[5, 0]][None], torch.tensor([[False, True]]),
-                      torch.zeros(1, 2, dtype=torch.bool),
-                      values=torch.cat([values[[5, 0]], torch.zeros(2, 1)], -1)[None], bootstrap_values=None)
+    alone = TurnBatch(
+        rewards[[5, 0]][None],
+        mask[[5, 0]][None],
+        torch.tensor([[False, True]]),
+        torch.zeros(1, 2, dtype=torch.bool),
+        values=torch.cat([values[[5, 0]], torch.zeros(2, 1)], -1)[None],
+        bootstrap_values=None,
+    )
     expected, _ = dual_gae(alone)
     torch.testing.assert_close(adv[1, 1:], expected[0])
     scattered = layout.scatter(adv, 4)
@@ -246,21 +270,44 @@ def _warmup_rows(store, batch: int) -> list[str]:
         trajectory = f"w{batch}{name}"
         outputs = []
         for i, n in enumerate(lengths):
-            turn = Turn(f"ep-{trajectory}", i, list(range(1, 4 + i)), [9] * n, [-0.5] * n, reward=float(i),
-                        terminated=name == "a" and i == len(lengths) - 1)
-            outputs.append(turn_output(turn, trajectory=trajectory, position=i, episode_id=turn.episode_id, steps=(0, 0)))
+            turn = Turn(
+                f"ep-{trajectory}",
+                i,
+                list(range(1, 4 + i)),
+                [9] * n,
+                [-0.5] * n,
+                reward=float(i),
+                terminated=name == "a" and i == len(lengths) - 1,
+            )
+            outputs.append(
+                turn_output(turn, trajectory=trajectory, position=i, episode_id=turn.episode_id, steps=(0, 0))
+            )
         if name == "b":
-            outputs.append(bootstrap_output([1, 2, 3, 4], 0, trajectory=trajectory, position=len(lengths),
-                                            episode_id=f"ep-{trajectory}", turn_index=len(lengths), steps=(0, 0)))
+            outputs.append(
+                bootstrap_output(
+                    [1, 2, 3, 4],
+                    0,
+                    trajectory=trajectory,
+                    position=len(lengths),
+                    episode_id=f"ep-{trajectory}",
+                    turn_index=len(lengths),
+                    steps=(0, 0),
+                )
+            )
         for i, out in enumerate(outputs):
             key = f"{trajectory}_0_{i}"
             prompt, response = torch.tensor(out.prompt_ids), torch.tensor(out.response_ids)
             ids = torch.cat([prompt, response])
             store.rows["train"][key] = {
-                "prompts": prompt, "responses": response, "input_ids": ids,
-                "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(len(ids)),
-                "response_mask": torch.tensor(out.response_mask), "rollout_log_probs": torch.tensor(out.response_logprobs),
-                "rm_scores": torch.zeros(len(response)), "extra_fields": out.extra_fields,
+                "prompts": prompt,
+                "responses": response,
+                "input_ids": ids,
+                "attention_mask": torch.ones_like(ids),
+                "position_ids": torch.arange(len(ids)),
+                "response_mask": torch.tensor(out.response_mask),
+                "rollout_log_probs": torch.tensor(out.response_logprobs),
+                "rm_scores": torch.zeros(len(response)),
+                "extra_fields": out.extra_fields,
             }
             store.tags["train"][key] = {"status": "success", "seq_len": len(ids)}
             keys.append(key)
@@ -279,9 +326,14 @@ def _value_loss_as_verls_critic(store, keys):
         data = store.kv_batch_get(group, "train", ["values", "returns", "response_mask", "responses"])
         vpreds = torch.zeros(len(group), int(data["responses"].offsets().diff().max()))
         padded = data.select("values", "returns", "response_mask").to_padded_tensor()
-        compute_value_loss(vpreds=vpreds, values=padded["values"], returns=padded["returns"],
-                           response_mask=padded["response_mask"].bool(), cliprange_value=0.5,
-                           loss_agg_mode="token-mean")
+        compute_value_loss(
+            vpreds=vpreds,
+            values=padded["values"],
+            returns=padded["returns"],
+            response_mask=padded["response_mask"].bool(),
+            cliprange_value=0.5,
+            loss_agg_mode="token-mean",
+        )
 
 
 def test_critic_pretraining_pads_with_verls_balance_batch_before_values_and_gae(monkeypatch):
@@ -311,13 +363,15 @@ def test_critic_pretraining_pads_with_verls_balance_batch_before_values_and_gae(
         return meta, {}
 
     trainer = object.__new__(VerlogPPOTrainer)
-    trainer.config = OmegaConf.create({
-        "data": {"train_batch_size": 2},
-        "actor_rollout_ref": {"rollout": {"temperature": 1.0, "n": 1}, "actor": {"ppo_mini_batch_size": 4}},
-        "critic": {"ppo_mini_batch_size": 4},
-        "trainer": {"critic_warmup": 0},
-        "algorithm": {"use_kl_in_reward": False, "kl_penalty": "kl"},
-    })
+    trainer.config = OmegaConf.create(
+        {
+            "data": {"train_batch_size": 2},
+            "actor_rollout_ref": {"rollout": {"temperature": 1.0, "n": 1}, "actor": {"ppo_mini_batch_size": 4}},
+            "critic": {"ppo_mini_batch_size": 4},
+            "trainer": {"critic_warmup": 0},
+            "algorithm": {"use_kl_in_reward": False, "kl_penalty": "kl"},
+        }
+    )
     trainer.spec = SimpleNamespace(settings=VerlSettings(), advantage_settings=lambda: EstimatorSettings())
     trainer.slot_episodes, trainer.slot_in_flight = {}, {}
     trainer.use_critic = True
@@ -327,7 +381,8 @@ def test_critic_pretraining_pads_with_verls_balance_batch_before_values_and_gae(
     trainer.global_steps = 1
     trainer.replay_buffer = SimpleNamespace(sample=sample)
     trainer.checkpoint_manager = SimpleNamespace(
-        sleep_replicas=lambda: events.append("sleep"), update_weights=lambda step: events.append(("wake", step)))
+        sleep_replicas=lambda: events.append("sleep"), update_weights=lambda step: events.append(("wake", step))
+    )
     trainer.prepare_step = lambda: events.append("rollout")
     gen = torch.Generator().manual_seed(0)
 
@@ -372,7 +427,7 @@ def test_critic_pretraining_pads_with_verls_balance_batch_before_values_and_gae(
         assert updates[0] != updates[1]  # a fresh random subset each iteration
         assert all(any(t.get("is_padding") for t in b.tags) for b in trained)  # verl padded every subset
         for i in range(2):  # values over the 3 batches, then GAE over all of them, then the critic
-            chunk = [e[0] for e in events[4:-1] if e != "sleep"][i * 5:(i + 1) * 5]
+            chunk = [e[0] for e in events[4:-1] if e != "sleep"][i * 5 : (i + 1) * 5]
             assert chunk == ["values"] * 3 + ["gae", "critic"]
         assert events[-1] == ("wake", 0)
         assert store.trajectory_keys() == [] and not store.tags["train"]  # the buffer is released

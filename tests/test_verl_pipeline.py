@@ -104,8 +104,9 @@ def _rows(store, partition, keys):
     return {k: store.rows[partition][k] for k in keys}
 
 
-def _rollout_world(root, graph_name: str, graph_text: str, settings: dict, tiny_dir, *, validate: bool = False,
-                   client_class=None):
+def _rollout_world(
+    root, graph_name: str, graph_text: str, settings: dict, tiny_dir, *, validate: bool = False, client_class=None
+):
     """verl's real agent-loop worker running ``graph_text`` for two training steps (and one
     validation batch if ``validate``) with the tiny model on the embedded engine; ``settings``:
     the verl config file's contents (``graph_name``.py is written next to it); ``client_class``:
@@ -149,20 +150,32 @@ def _rollout_world(root, graph_name: str, graph_text: str, settings: dict, tiny_
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tiny_dir):
     """Two verl training steps and one validation batch through verl's real agent-loop worker."""
-    return _rollout_world(tmp_path_factory.mktemp("verl"), "countdown", GRAPH, {
-        "verlog": {"num_envs": NUM_ENVS, "turns_per_env": TURNS, "eval_episodes": 2, "eval_seed": 1000},
-        "actor_rollout_ref": {
-            "model": {"path": "tiny"},
-            "rollout": {
-                "name": "sglang", "prompt_length": 256, "response_length": 6,
-                "multi_turn": {"langgraph": {
-                    "path": "countdown.py", "graph_config": {"recursion_limit": 60},
-                    "graph_kwargs": {"fail_seeds": [2, 1001]},
-                }},
+    return _rollout_world(
+        tmp_path_factory.mktemp("verl"),
+        "countdown",
+        GRAPH,
+        {
+            "verlog": {"num_envs": NUM_ENVS, "turns_per_env": TURNS, "eval_episodes": 2, "eval_seed": 1000},
+            "actor_rollout_ref": {
+                "model": {"path": "tiny"},
+                "rollout": {
+                    "name": "sglang",
+                    "prompt_length": 256,
+                    "response_length": 6,
+                    "multi_turn": {
+                        "langgraph": {
+                            "path": "countdown.py",
+                            "graph_config": {"recursion_limit": 60},
+                            "graph_kwargs": {"fail_seeds": [2, 1001]},
+                        }
+                    },
+                },
             },
+            "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
         },
-        "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
-    }, tiny_dir, validate=True)
+        tiny_dir,
+        validate=True,
+    )
 
 
 def _by_slot(world, step):
@@ -180,7 +193,8 @@ def test_one_sample_per_turn_and_a_bootstrap_row_where_the_boundary_cuts(world):
     kinds = {s: [e["verlog_kind"] for _, _, e in rows] for s, rows in step1.items()}
     assert kinds == {0: ["turn"] * 3 + ["bootstrap"], 1: ["turn"] * 3}
     assert {s: [e["verlog_kind"] for _, _, e in rows] for s, rows in step2.items()} == {
-        0: ["turn"] * 3, 1: ["turn"] * 3 + ["bootstrap"]
+        0: ["turn"] * 3,
+        1: ["turn"] * 3 + ["bootstrap"],
     }
     # verl keys the rows {uid}_{session}_{index}, index = position in the agent loop's list
     for rows in (*step1.values(), *step2.values()):
@@ -224,7 +238,9 @@ def test_the_padded_training_batch_has_one_row_per_turn(world):
         n = lengths[i]
         assert batch.batch["responses"][i, :n].tolist() == row["responses"].tolist()
         assert batch.batch["rollout_log_probs"][i, :n].tolist() == row["rollout_log_probs"].tolist()
-        assert batch.batch["response_mask"][i].sum().item() == (0 if row["extra_fields"]["verlog_kind"] == "bootstrap" else n)
+        assert batch.batch["response_mask"][i].sum().item() == (
+            0 if row["extra_fields"]["verlog_kind"] == "bootstrap" else n
+        )
         assert batch.batch["response_mask"][i, n:].sum().item() == 0
 
 
@@ -447,15 +463,23 @@ def sync_world(request, tmp_path_factory, tiny_dir):
     root = tmp_path_factory.mktemp("verl_sync")
     (root / "capped.py").write_text(SYNC_GRAPH if request.param == "def" else BLOCKING_GRAPH)
     config_file = root / "capped.yaml"
-    config_file.write_text(yaml.safe_dump({
-        "verlog": {"num_envs": NUM_ENVS, "turns_per_env": TURNS},
-        "actor_rollout_ref": {
-            "model": {"path": "tiny"},
-            "rollout": {"name": "sglang", "prompt_length": 256, "response_length": 4,
-                        "multi_turn": {"langgraph": {"path": "capped.py", "graph_config": {"recursion_limit": 30}}}},
-        },
-        "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
-    }))
+    config_file.write_text(
+        yaml.safe_dump(
+            {
+                "verlog": {"num_envs": NUM_ENVS, "turns_per_env": TURNS},
+                "actor_rollout_ref": {
+                    "model": {"path": "tiny"},
+                    "rollout": {
+                        "name": "sglang",
+                        "prompt_length": 256,
+                        "response_length": 4,
+                        "multi_turn": {"langgraph": {"path": "capped.py", "graph_config": {"recursion_limit": 30}}},
+                    },
+                },
+                "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
+            }
+        )
+    )
     config = compose_verl_config(config_file)
     store = MemoryTransferQueue()
     tokenizer = load_tokenizer(tiny_dir)
@@ -478,7 +502,8 @@ def sync_world(request, tmp_path_factory, tiny_dir):
             assert in_flight == {"0:0": 2, "1:0": 2}  # episode 2 started, its first call held at the boundary
             await close_slots()
             keys_by_step[3] = await rollout_step(
-                worker, store, dataset_batch(config.data.train_files, 3, episodes_started=reported, in_flight=in_flight))
+                worker, store, dataset_batch(config.data.train_files, 3, episodes_started=reported, in_flight=in_flight)
+            )
         finally:
             await close_slots()
             await engine.aclose()
@@ -486,8 +511,9 @@ def sync_world(request, tmp_path_factory, tiny_dir):
 
     with store.patch():
         client, reported = asyncio.run(run())
-    return SimpleNamespace(config=config, store=store, client=client, keys=keys_by_step, tokenizer=tokenizer,
-                           reported=reported)
+    return SimpleNamespace(
+        config=config, store=store, client=client, keys=keys_by_step, tokenizer=tokenizer, reported=reported
+    )
 
 
 def test_a_graph_of_sync_nodes_runs_under_verls_agent_loop(sync_world):
@@ -584,16 +610,29 @@ def test_whole_episode_training_rows_carry_next_state_rows(tmp_path, tiny_dir):
     from verlog.models import load_causal_lm, load_tokenizer
 
     (tmp_path / "capped.py").write_text(SYNC_GRAPH)
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump({
-        "verlog": {"num_envs": 4, "turns_per_env": None, "group_size": 2, "seed": 10},
-        "actor_rollout_ref": {
-            "model": {"path": "tiny"},
-            "rollout": {"name": "sglang", "prompt_length": 256, "response_length": 4,
-                        "multi_turn": {"langgraph": {"path": "capped.py", "graph_config": {"recursion_limit": 30},
-                                                     "graph_kwargs": {"cap": 2}}}},
-        },
-        "trainer": {"n_gpus_per_node": 1, "total_training_steps": 1},
-    }))
+    (tmp_path / "c.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "verlog": {"num_envs": 4, "turns_per_env": None, "group_size": 2, "seed": 10},
+                "actor_rollout_ref": {
+                    "model": {"path": "tiny"},
+                    "rollout": {
+                        "name": "sglang",
+                        "prompt_length": 256,
+                        "response_length": 4,
+                        "multi_turn": {
+                            "langgraph": {
+                                "path": "capped.py",
+                                "graph_config": {"recursion_limit": 30},
+                                "graph_kwargs": {"cap": 2},
+                            }
+                        },
+                    },
+                },
+                "trainer": {"n_gpus_per_node": 1, "total_training_steps": 1},
+            }
+        )
+    )
     config = compose_verl_config(tmp_path / "c.yaml")
     store = MemoryTransferQueue()
 
@@ -676,16 +715,26 @@ def group_world(tmp_path_factory, tiny_dir):
         step 2  group 0: seed 3 turns 1-2 (continued, done), seed 4 turn 0 (cut)
                 group 1: seed 2 (2 turns, done), seed 5 turn 0 (cut)
     """
-    return _rollout_world(tmp_path_factory.mktemp("verl_groups"), "groups", GROUP_GRAPH, {
-        "verlog": {"num_envs": GROUP_ENVS, "turns_per_env": TURNS, "group_size": GROUP_SIZE},
-        "actor_rollout_ref": {
-            "model": {"path": "tiny"},
-            "rollout": {"name": "sglang", "prompt_length": 256, "response_length": 8,
-                        "multi_turn": {"langgraph": {"path": "groups.py", "graph_config": {"recursion_limit": 30}}}},
+    return _rollout_world(
+        tmp_path_factory.mktemp("verl_groups"),
+        "groups",
+        GROUP_GRAPH,
+        {
+            "verlog": {"num_envs": GROUP_ENVS, "turns_per_env": TURNS, "group_size": GROUP_SIZE},
+            "actor_rollout_ref": {
+                "model": {"path": "tiny"},
+                "rollout": {
+                    "name": "sglang",
+                    "prompt_length": 256,
+                    "response_length": 8,
+                    "multi_turn": {"langgraph": {"path": "groups.py", "graph_config": {"recursion_limit": 30}}},
+                },
+            },
+            "algorithm": {"use_kl_in_reward": True},
+            "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
         },
-        "algorithm": {"use_kl_in_reward": True},
-        "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
-    }, tiny_dir)
+        tiny_dir,
+    )
 
 
 def _prompt_facts(world, row):
@@ -741,12 +790,21 @@ def _embedded_estimate(world, keys, values, kl, algo):
     for slot in sorted(slots):
         rows = [(key, row, e) for key, row, e in slots[slot] if e["verlog_kind"] == "turn"]
         facts = [_prompt_facts(world, row) for _, row, _ in rows]
-        turns.append([
-            Turn(e["verlog_episode_id"], e["verlog_turn_index"], row["prompts"].tolist(), row["responses"].tolist(),
-                 row["rollout_log_probs"].tolist(), reward=e["verlog_reward"], terminated=e["verlog_terminated"],
-                 info={"anchor": f"{seed}:{step}"} if step >= 1 else {})
-            for (_, row, e), (seed, step) in zip(rows, facts)
-        ])
+        turns.append(
+            [
+                Turn(
+                    e["verlog_episode_id"],
+                    e["verlog_turn_index"],
+                    row["prompts"].tolist(),
+                    row["responses"].tolist(),
+                    row["rollout_log_probs"].tolist(),
+                    reward=e["verlog_reward"],
+                    terminated=e["verlog_terminated"],
+                    info={"anchor": f"{seed}:{step}"} if step >= 1 else {},
+                )
+                for (_, row, e), (seed, step) in zip(rows, facts)
+            ]
+        )
         seeds.append([seed for seed, _ in facts])
         starts.append(facts[0][1] == 0)
         boot_rows = [key for key, _, e in slots[slot] if e["verlog_kind"] == "bootstrap"]

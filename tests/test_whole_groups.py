@@ -86,24 +86,50 @@ def test_create_react_agent_groups_of_4_each_row_gets_exactly_4_plays_in_one_bat
 
     monkeypatch.setattr(trainer.RolloutStorage, "from_batch", recorded)
     rows = tmp_path / "train.jsonl"
-    rows.write_text("".join(json.dumps({"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n"
-                            for i in range(40)))
+    rows.write_text(
+        "".join(json.dumps({"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n" for i in range(40))
+    )
     reward = tmp_path / "reward.py"
-    reward.write_text("def digits(completion: str) -> float:\n"
-                      "    return sum(c.isdigit() for c in completion) / max(1, len(completion))\n")
+    reward.write_text(
+        "def digits(completion: str) -> float:\n"
+        "    return sum(c.isdigit() for c in completion) / max(1, len(completion))\n"
+    )
     run_dir = tmp_path / "run"
-    assert main([
-        "train", str(ROOT / "configs" / "calculator.yaml"), f"multi_turn.langgraph.path={REACT.path}",
-        "multi_turn.langgraph.graph_kwargs={}", "multi_turn.langgraph.graph_config={recursion_limit: 12}",
-        f"data.train={rows}", "data.validation=null", "data.test=null",
-        f'reward.functions=[{{"function": "{reward}:digits"}}]', "algorithm.estimator=grpo",
-        f"trainer.run_dir={run_dir}", "trainer.num_envs=8", f"trainer.group_size={GROUP}", "trainer.turns_per_env=4",
-        "trainer.total_updates=3", "trainer.save_every=0", "trainer.torch_threads=1", "sampling.max_tokens=12",
-        "wandb.mode=disabled", "algorithm.mini_batch_turns=32", "eval.at_start=false", "eval.at_end=false",
-    ]) == 0
+    assert (
+        main(
+            [
+                "train",
+                str(ROOT / "configs" / "calculator.yaml"),
+                f"multi_turn.langgraph.path={REACT.path}",
+                "multi_turn.langgraph.graph_kwargs={}",
+                "multi_turn.langgraph.graph_config={recursion_limit: 12}",
+                f"data.train={rows}",
+                "data.validation=null",
+                "data.test=null",
+                f'reward.functions=[{{"function": "{reward}:digits"}}]',
+                "algorithm.estimator=grpo",
+                f"trainer.run_dir={run_dir}",
+                "trainer.num_envs=8",
+                f"trainer.group_size={GROUP}",
+                "trainer.turns_per_env=4",
+                "trainer.total_updates=3",
+                "trainer.save_every=0",
+                "trainer.torch_threads=1",
+                "sampling.max_tokens=12",
+                "wandb.mode=disabled",
+                "algorithm.mini_batch_turns=32",
+                "eval.at_start=false",
+                "eval.at_end=false",
+            ]
+        )
+        == 0
+    )
 
-    updates = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-               if r.get("kind", "update") == "update" and "groups_compared" in r]
+    updates = [
+        r
+        for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if r.get("kind", "update") == "update" and "groups_compared" in r
+    ]
     assert len(updates) == len(batches) == 3
     compared = 0
     for (batch, storage), metrics in zip(batches, updates):
@@ -124,7 +150,7 @@ def test_create_react_agent_groups_of_4_each_row_gets_exactly_4_plays_in_one_bat
 
 
 def tool_call(expression: str) -> str:
-    return f'<tool_call>\n{json.dumps({"name": "calculate", "arguments": {"expression": expression}})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': 'calculate', 'arguments': {'expression': expression}})}\n</tool_call>"
 
 
 class Lengths:
@@ -173,8 +199,13 @@ def react_runner(tokenizer, **kwargs) -> SlotRunner:
         ScriptedEngine(tokenizer, script),
         lambda gated: REACT.build(VerlogChatModel(engine=gated, tokenizer=tokenizer, max_tokens=200)),
         lambda seed: {"messages": [HumanMessage(f"Task {seed}. What is {seed} + 1?")]},
-        num_envs=8, turns_per_env=TURNS, group_size=GROUP, whole_groups=True, graph_config={"recursion_limit": 40},
-        on_episode_end=scored, **kwargs,
+        num_envs=8,
+        turns_per_env=TURNS,
+        group_size=GROUP,
+        whole_groups=True,
+        graph_config={"recursion_limit": 40},
+        on_episode_end=scored,
+        **kwargs,
     )
 
 
@@ -281,34 +312,71 @@ def test_whole_groups_train_beside_recorded_slots(tmp_path, monkeypatch):
 
     batches: list[tuple[SlotBatch, RolloutStorage]] = []
     real = trainer.RolloutStorage.from_batch
-    monkeypatch.setattr(trainer.RolloutStorage, "from_batch",
-                        lambda batch: batches.append((batch, real(batch))) or batches[-1][1])
+    monkeypatch.setattr(
+        trainer.RolloutStorage, "from_batch", lambda batch: batches.append((batch, real(batch))) or batches[-1][1]
+    )
     tokenizer = load_tokenizer("toy")
     store = open_store(tmp_path / "traces")
-    prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": "pos 0 of 4 cue red"}],
-                                                add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    prompt = list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "pos 0 of 4 cue red"}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )["input_ids"]
+    )
     east = tokenizer.convert_tokens_to_ids("east")
     for e in range(8):  # two plays of each recorded task: a group of 2, with different returns
-        store.record([TracedTurn(episode_id=f"e{e}", turn_index=-1, prompt_ids=prompt, response_ids=[east],
-                                 logprobs=[-1.4], model_version="agent/update_000001") for _ in range(2)])
+        store.record(
+            [
+                TracedTurn(
+                    episode_id=f"e{e}",
+                    turn_index=-1,
+                    prompt_ids=prompt,
+                    response_ids=[east],
+                    logprobs=[-1.4],
+                    model_version="agent/update_000001",
+                )
+                for _ in range(2)
+            ]
+        )
         store.add_feedback(f"e{e}", float(e % 2), success=bool(e % 2), info={"group": f"task{e // 2}"})
     store.close()
-    config = load_config(ROOT / "configs" / "cue_corridor.yaml", [
-        f"trainer.run_dir={tmp_path / 'run'}", "wandb.mode=disabled", f"data.traces.store={tmp_path / 'traces'}",
-        "data.traces.fraction=0.5", "trainer.total_updates=2", "trainer.num_envs=4", "trainer.group_size=2",
-        "trainer.turns_per_env=12", "algorithm.estimator=grpo", "eval.at_start=false", "eval.at_end=false",
-        "algorithm.mini_batch_turns=16",
-    ])
+    config = load_config(
+        ROOT / "configs" / "cue_corridor.yaml",
+        [
+            f"trainer.run_dir={tmp_path / 'run'}",
+            "wandb.mode=disabled",
+            f"data.traces.store={tmp_path / 'traces'}",
+            "data.traces.fraction=0.5",
+            "trainer.total_updates=2",
+            "trainer.num_envs=4",
+            "trainer.group_size=2",
+            "trainer.turns_per_env=12",
+            "algorithm.estimator=grpo",
+            "eval.at_start=false",
+            "eval.at_end=false",
+            "algorithm.mini_batch_turns=16",
+        ],
+    )
     assert train(config, console=Console(quiet=True)).updates == 2
     assert len(batches) == 2
     for batch, storage in batches:
-        live = SlotBatch(batch.turns[:2], batch.bootstrap_prompt_ids[:2], batch.starts_episode[:2], batch.seeds[:2],
-                         episodes=batch.episodes, compared=batch.compared[:2], whole_groups=batch.whole_groups)
+        live = SlotBatch(
+            batch.turns[:2],
+            batch.bootstrap_prompt_ids[:2],
+            batch.starts_episode[:2],
+            batch.seeds[:2],
+            episodes=batch.episodes,
+            compared=batch.compared[:2],
+            whole_groups=batch.whole_groups,
+        )
         check_whole_groups(live, 2)
         assert all(len(slot) == 12 for slot in batch.turns[2:]) and all(all(f) for f in batch.compared[2:])
         recorded = storage.grid[-24:]  # the recorded slots' turns keep their own places in the grid
-        assert recorded.tolist() == [2 * batch.turns_per_env + k for k in range(12)] + \
-            [3 * batch.turns_per_env + k for k in range(12)]
+        assert recorded.tolist() == [2 * batch.turns_per_env + k for k in range(12)] + [
+            3 * batch.turns_per_env + k for k in range(12)
+        ]
         assert storage.policy_mask[-24:].any()  # recorded groups with different returns train
     assert sum(len(batch.whole_groups) for batch, _ in batches) > 0
 
@@ -323,7 +391,10 @@ async def test_a_batch_every_turn_of_which_is_compared_trains_as_a_fixed_turn_ba
         ScriptedEngine(tiny_tokenizer, script),
         lambda gated: REACT.build(VerlogChatModel(engine=gated, tokenizer=tiny_tokenizer, max_tokens=200)),
         lambda seed: {"messages": [HumanMessage(f"Task {seed}. What is {seed} + 1?")]},
-        num_envs=4, turns_per_env=5, group_size=2, graph_config={"recursion_limit": 40},
+        num_envs=4,
+        turns_per_env=5,
+        group_size=2,
+        graph_config={"recursion_limit": 40},
     )
     try:
         batch = await asyncio.wait_for(plain.collect(), 60)
@@ -336,8 +407,10 @@ async def test_a_batch_every_turn_of_which_is_compared_trains_as_a_fixed_turn_ba
         out = []
         for each in (batch, every):
             storage = RolloutStorage.from_batch(each)
-            storage.values = torch.rand(storage.size, storage.response_mask.shape[1] + 1,
-                                        generator=generator.manual_seed(1)) * storage.value_mask
+            storage.values = (
+                torch.rand(storage.size, storage.response_mask.shape[1] + 1, generator=generator.manual_seed(1))
+                * storage.value_mask
+            )
             storage.bootstrap_values = torch.rand(storage.num_envs, generator=generator.manual_seed(2))
             storage.truncation_values = torch.full((storage.size,), float("nan"))
             storage.compute_advantages(AlgorithmConfig(estimator=name))

@@ -36,7 +36,9 @@ def build_engine(config: VerlogConfig, tokenizer: Any, model: Any = None) -> Eng
 
         eos = getattr(tokenizer, "eos_token_id", None)
         return SGLangEngine(
-            eng.sglang.url, timeout_s=eng.sglang.timeout_s, max_retries=eng.sglang.max_retries,
+            eng.sglang.url,
+            timeout_s=eng.sglang.timeout_s,
+            max_retries=eng.sglang.max_retries,
             eos_token_ids=(eos,) if isinstance(eos, int) else (),
         )
     from verlog.backends.embedded import EmbeddedEngine
@@ -47,8 +49,12 @@ def build_engine(config: VerlogConfig, tokenizer: Any, model: Any = None) -> Eng
     from verlog.weights.precision import autocast_dtype
 
     return EmbeddedEngine(
-        model, tokenizer, max_batch_size=eng.max_batch_size, batch_wait_ms=eng.batch_wait_ms,
-        seed=config.rollout.seed, prefix_cache_bytes=int(eng.prefix_cache_mb * 2**20),
+        model,
+        tokenizer,
+        max_batch_size=eng.max_batch_size,
+        batch_wait_ms=eng.batch_wait_ms,
+        seed=config.rollout.seed,
+        prefix_cache_bytes=int(eng.prefix_cache_mb * 2**20),
         autocast=autocast_dtype(config.model.autocast),
     )
 
@@ -79,8 +85,10 @@ def judge_chat_models(config: VerlogConfig, policy: VerlogChatModel | None = Non
     def chat_model_for(name: str) -> Any:
         if name == "policy":
             if policy is None:
-                raise ConfigError("reward.judges: embedded: policy needs the policy's engine (training, eval "
-                                  "with --checkpoint); give a model path or an endpoint instead")
+                raise ConfigError(
+                    "reward.judges: embedded: policy needs the policy's engine (training, eval "
+                    "with --checkpoint); give a model path or an endpoint instead"
+                )
             return policy
         if name not in loaded:
             from verlog.models import load_tokenizer
@@ -105,7 +113,12 @@ class Agent:
     graph: Any
 
     async def rollout(
-        self, episodes: int, *, first_seed: int | None = None, keep_messages: bool = False, on_episode=None,
+        self,
+        episodes: int,
+        *,
+        first_seed: int | None = None,
+        keep_messages: bool = False,
+        on_episode=None,
         split: str = "train",
     ) -> list[Episode]:
         """Run ``episodes`` episodes and score them with the reward section: seeds ``first_seed``,
@@ -119,8 +132,11 @@ class Agent:
         rows = self.config.data is not None
         start = (0 if rows else r.seed) if first_seed is None else first_seed
         plan = EpisodePlan(
-            self.config, self.graph_file, split, scorer=build_scorer(self.config, chat_model_for=judge_chat_models(
-                self.config, self.chat_model)), in_order=True,
+            self.config,
+            self.graph_file,
+            split,
+            scorer=build_scorer(self.config, chat_model_for=judge_chat_models(self.config, self.chat_model)),
+            in_order=True,
         )
         if plan.size is not None:
             episodes = max(0, min(episodes, plan.size - start))

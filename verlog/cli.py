@@ -116,9 +116,7 @@ def _rollout(args: argparse.Namespace) -> int:
         _print_episode(episode, agent.tokenizer, show_messages=args.show_messages)
     _print_summary(episodes)
     if args.json:
-        Path(args.json).write_text(
-            json.dumps([_episode_json(e) for e in episodes], indent=1)
-        )
+        Path(args.json).write_text(json.dumps([_episode_json(e) for e in episodes], indent=1))
         console.print(f"turns written to {args.json}")
     return 0
 
@@ -140,8 +138,11 @@ def _print_episode(episode: Episode, tokenizer: Any, *, show_messages: bool) -> 
     console.rule(
         f"[{colour}]episode {episode.episode_id}: {episode.status}[/] · {len(episode.turns)} turns · "
         f"return {episode.total_reward:.2f} · {episode.seconds:.1f} s"
-        + (f" · [yellow]{episode.uncaptured_calls} model calls not captured (no verlog token data)[/]"
-           if episode.uncaptured_calls else "")
+        + (
+            f" · [yellow]{episode.uncaptured_calls} model calls not captured (no verlog token data)[/]"
+            if episode.uncaptured_calls
+            else ""
+        )
         + (f" · {episode.resumes} interrupts answered" if episode.resumes else "")
         + (f" · {episode.discarded_calls} calls of attempts that raised discarded" if episode.discarded_calls else "")
     )
@@ -249,21 +250,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train the config's graph with multi-turn PPO (embedded engine, or verl at scale)")
     p.add_argument("config", help="a YAML config file (see configs/; configs/verl_*.yaml for --engine verl)")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. trainer.total_updates=10")
-    p.add_argument("--resume", action="store_true", help="continue the run in trainer.run_dir from its latest checkpoint")
-    p.add_argument("--engine", choices=["embedded", "verl"], default="embedded",
-                   help="embedded: one process, CPU or one GPU (default); verl: verl's Ray trainer on many GPUs")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in trainer.run_dir from its latest checkpoint"
+    )
+    p.add_argument(
+        "--engine",
+        choices=["embedded", "verl"],
+        default="embedded",
+        help="embedded: one process, CPU or one GPU (default); verl: verl's Ray trainer on many GPUs",
+    )
     p.add_argument("--dry-run", action="store_true", help="with --engine verl: print the composed verl config and stop")
     p.set_defaults(func=_train)
 
     p = sub.add_parser(
-        "eval", help="evaluate a checkpoint or an OpenAI-compatible endpoint: progression, win rate, return ± s.e.")
+        "eval", help="evaluate a checkpoint or an OpenAI-compatible endpoint: progression, win rate, return ± s.e."
+    )
     p.populate = _eval_arguments  # its module loads the evaluation stack: only for `verlog eval`
 
     p = sub.add_parser("play", help="play a text environment in the terminal, seeing what the model sees")
     p.add_argument("env", help="an environment name, e.g. babyai:goto, babaisai:two_room-goto_win, crafter")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--agent", choices=["human", "bot", "random"], default="human",
-                   help="bot: an oracle or scripted player; random: random valid actions")
+    p.add_argument(
+        "--agent",
+        choices=["human", "bot", "random"],
+        default="human",
+        help="bot: an oracle or scripted player; random: random valid actions",
+    )
     p.add_argument("--max-steps", type=int, default=None)
     p.populate = _play_protocol  # the protocols live with the environments: only for `verlog play`
     p.set_defaults(func=_play)
@@ -283,8 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _play_protocol(parser: argparse.ArgumentParser) -> None:
     from verlog.envs import PROTOCOLS
 
-    parser.add_argument("--protocol", choices=PROTOCOLS, default=PROTOCOLS[0],
-                        help="verlog: the training variant; balrog: BALROG's levels, text and answer rule")
+    parser.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        default=PROTOCOLS[0],
+        help="verlog: the training variant; balrog: BALROG's levels, text and answer rule",
+    )
 
 
 def _eval_arguments(parser: argparse.ArgumentParser) -> None:

@@ -94,16 +94,20 @@ class LangGraphConfig(_Section):
     )
     graph_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of build_graph")
     on_interrupt: str | None = Field(
-        None, description="file.py:function answering the graph's interrupt() pauses in training, rollout and "
+        None,
+        description="file.py:function answering the graph's interrupt() pauses in training, rollout and "
         "evaluation: function(value, state) -> the Command(resume=...) value; without it a paused episode "
         "ends 'interrupted' (never trained, left out of scores)",
     )
     max_resumes: int = Field(
-        DEFAULT_MAX_RESUMES, ge=1, description="the most interrupt() pauses on_interrupt answers in one episode; "
+        DEFAULT_MAX_RESUMES,
+        ge=1,
+        description="the most interrupt() pauses on_interrupt answers in one episode; "
         "still paused after that, it ends 'interrupted'",
     )
     train_discarded_calls: bool = Field(
-        False, description="also train the model calls made in a node attempt that then raised (a RetryPolicy "
+        False,
+        description="also train the model calls made in a node attempt that then raised (a RetryPolicy "
         "retry, with_retry, with_fallbacks): by default they are left out (counted in discarded_calls)",
     )
 
@@ -155,15 +159,19 @@ class ModelConfig(_Section):
     run or checkpoint folder (its latest actor) or a Hugging Face hub id (from the local cache)."""
 
     path: str = Field(
-        "tiny", description="tiny, toy, babyai-words, crafter-words, sokoban-words, smollm2; a local Hugging Face model folder; a verlog run or "
+        "tiny",
+        description="tiny, toy, babyai-words, crafter-words, sokoban-words, smollm2; a local Hugging Face model folder; a verlog run or "
         "checkpoint folder (its latest actor); or a hub id org/name (the local Hugging Face cache, or a download "
-        "unless HF_HUB_OFFLINE)"
+        "unless HF_HUB_OFFLINE)",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="the weights' dtype; training keeps float32 master weights (and refuses others)")
+        "float32", description="the weights' dtype; training keeps float32 master weights (and refuses others)"
+    )
     autocast: Literal["none", "bfloat16", "float16"] = Field(
-        "none", description="compute dtype of forward passes (torch.autocast): training passes and the embedded "
-        "engine; float16 training scales the loss (GradScaler)")
+        "none",
+        description="compute dtype of forward passes (torch.autocast): training passes and the embedded "
+        "engine; float16 training scales the loss (GradScaler)",
+    )
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
 
     @field_validator("device")
@@ -189,7 +197,8 @@ class EngineConfig(_Section):
     max_batch_size: int = Field(64, ge=1, description="embedded: most requests decoded together")
     batch_wait_ms: float = Field(2.0, ge=0, description="embedded: wait for more requests to join a batch")
     prefix_cache_mb: float = Field(
-        512.0, ge=0, le=1 << 20, description="embedded: MiB of prompt KV kept across calls (0: off)")
+        512.0, ge=0, le=1 << 20, description="embedded: MiB of prompt KV kept across calls (0: off)"
+    )
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
 
 
@@ -209,10 +218,12 @@ class RolloutConfig(_Section):
     episodes: int = Field(4, ge=1)
     concurrency: int = Field(32, ge=1)
     episode_timeout_s: float | None = Field(
-        600.0, gt=0, description="the most seconds an episode's graph may spend in its own code (time in model calls, "
+        600.0,
+        gt=0,
+        description="the most seconds an episode's graph may spend in its own code (time in model calls, "
         "queued or generating, never counts: a busy machine times nothing out); an episode past it fails (training: "
         "not trained; evaluation: an error played again, never a loss). null: no limit (recursion_limit bounds the "
-        "work)"
+        "work)",
     )
     seed: int = 0
 
@@ -233,8 +244,9 @@ class DataSourceConfig(_Section):
 
     path: str = Field(description="a file, a glob of files, or a datasets folder (save_to_disk)")
     format: Literal["auto", "json", "parquet", "csv", "disk"] = Field(
-        "auto", description="json (also JSONL), parquet, csv or disk (a save_to_disk folder); auto: by the "
-        "suffix (.jsonl/.json, .parquet, .csv; a folder is disk)"
+        "auto",
+        description="json (also JSONL), parquet, csv or disk (a save_to_disk folder); auto: by the "
+        "suffix (.jsonl/.json, .parquet, .csv; a folder is disk)",
     )
     split: str | None = Field(
         None, description="the split to take from a datasets folder holding several (a DatasetDict)"
@@ -251,13 +263,14 @@ class DataInputConfig(_Section):
     ``messages`` state (what LangGraph's prebuilt agents take) from the ``prompt`` column."""
 
     prompt: str = Field(
-        "prompt", description="the column holding the prompt: a string (one user message) or a list of chat "
-        "messages ({role, content})"
+        "prompt",
+        description="the column holding the prompt: a string (one user message) or a list of chat "
+        "messages ({role, content})",
     )
     system: str | None = Field(None, description="a system message put before the prompt")
     state: dict[str, str] = Field(
-        default_factory=dict, description="more keys of the input state, each taken from a column, e.g. "
-        "{target: answer}"
+        default_factory=dict,
+        description="more keys of the input state, each taken from a column, e.g. {target: answer}",
     )
 
 
@@ -269,8 +282,10 @@ class StalenessConfig(_Section):
     rollback) is off its lineage and always dropped."""
 
     max_versions: int | None = Field(
-        None, ge=0, description="turns served more than this many updates before the trained weights are dropped "
-        "(not trained on); null: none are dropped"
+        None,
+        ge=0,
+        description="turns served more than this many updates before the trained weights are dropped "
+        "(not trained on); null: none are dropped",
     )
     decay: float = Field(
         1.0, gt=0, le=1, description="a turn's weight in the policy loss is decay ** staleness (1: no down-weighting)"
@@ -283,10 +298,15 @@ class TracesConfig(_Section):
     like live ones (values, advantages over each episode's turns) and updated with decoupled PPO
     against the recorded behaviour logprobs (``verlog.algo.off_policy``)."""
 
-    store: str = Field(min_length=1, description="the trace store: the folder given to --record, or a postgresql:// URL")
+    store: str = Field(
+        min_length=1, description="the trace store: the folder given to --record, or a postgresql:// URL"
+    )
     fraction: float = Field(
-        1.0, gt=0, le=1, description="the share of each batch's slots filled with recorded turns; 1: traces only "
-        "(no rollouts), below 1: the other slots play the graph live"
+        1.0,
+        gt=0,
+        le=1,
+        description="the share of each batch's slots filled with recorded turns; 1: traces only "
+        "(no rollouts), below 1: the other slots play the graph live",
     )
     behaviour_weight_cap: float = Field(
         2.0, ge=1, description="truncation of the importance weight pi_proximal / pi_behaviour of each token"
@@ -304,6 +324,7 @@ def verl_data_keys(data: dict[str, Any], where: str = "data") -> dict[str, Any]:
     """A ``data`` mapping with verl's keys (``train_files``, ``val_files``, ``prompt_key``) turned
     into verlog's (``train``, ``validation``, ``input.prompt``); ``ValueError`` when both name
     the same thing or a split has several files (verlog reads one file or glob per split)."""
+
     def key(name: str) -> str:
         return f"{where}.{name}" if where else name
 
@@ -344,8 +365,9 @@ class DataConfig(_Section):
     shuffle: bool = Field(True, description="a new order of the training rows every epoch")
     seed: int = Field(0, description="seed of the epochs' orders")
     traces: TracesConfig | None = Field(
-        None, description="train on recorded production episodes (verlog serve-model --record), alone or beside "
-        "live rollouts; see docs/production_loop.md"
+        None,
+        description="train on recorded production episodes (verlog serve-model --record), alone or beside "
+        "live rollouts; see docs/production_loop.md",
     )
 
     @model_validator(mode="before")
@@ -408,39 +430,51 @@ class JudgeConfig(_Section):
     weight: float = 1.0
     endpoint: JudgeEndpointConfig | None = None
     embedded: str | None = Field(
-        None, description="an embedded model judges instead of an endpoint: policy (the model being trained, "
-        "its current weights) or a model path (tiny, smollm2, a folder)"
+        None,
+        description="an embedded model judges instead of an endpoint: policy (the model being trained, "
+        "its current weights) or a model path (tiny, smollm2, a folder)",
     )
     rubric: str | None = Field(None, description="what a good episode is (default: a general rubric)")
     reference_column: str | None = Field(None, description="a column of the row shown to the judge as the reference")
     temperature: float = Field(0.0, ge=0, description="the judge's sampling temperature (0: greedy)")
     max_tokens: int = Field(
-        1024, ge=1, description="the most tokens of one verdict; a ranking verdict holds an explanation and a score "
-        "per episode of the group (about explanation_chars/4 + 15 tokens each in English)"
+        1024,
+        ge=1,
+        description="the most tokens of one verdict; a ranking verdict holds an explanation and a score "
+        "per episode of the group (about explanation_chars/4 + 15 tokens each in English)",
     )
     explanation_chars: int = Field(
         240, ge=16, description="the longest explanation the judge may write per episode (its JSON schema caps it)"
     )
     transcript_chars: int = Field(
-        12000, ge=1000, description="each episode's transcript is cut to this many characters for the judge: long "
-        "messages keep their start and end, then the oldest turns after the task go first"
+        12000,
+        ge=1000,
+        description="each episode's transcript is cut to this many characters for the judge: long "
+        "messages keep their start and end, then the oldest turns after the task go first",
     )
     concurrency: int = Field(4, ge=1, description="judge calls at once")
     timeout_s: float = Field(
-        120.0, gt=0, description="per verdict, retries and their waits included (each attempt gets the time left "
-        "divided by the attempts left)"
+        120.0,
+        gt=0,
+        description="per verdict, retries and their waits included (each attempt gets the time left "
+        "divided by the attempts left)",
     )
     retries: int = Field(
-        2, ge=0, description="further attempts after a connection error, a timeout, HTTP 5xx or 429 (Retry-After "
-        "honoured) or an answer that is not a valid verdict"
+        2,
+        ge=0,
+        description="further attempts after a connection error, a timeout, HTTP 5xx or 429 (Retry-After "
+        "honoured) or an answer that is not a valid verdict",
     )
     max_consecutive_failures: int = Field(
-        10, ge=1, description="this many verdicts in a row that fail (no valid verdict after the retries, the endpoint "
-        "down...) stop the run: a judge answering garbage would otherwise fail every episode"
+        10,
+        ge=1,
+        description="this many verdicts in a row that fail (no valid verdict after the retries, the endpoint "
+        "down...) stop the run: a judge answering garbage would otherwise fail every episode",
     )
     cache: bool = Field(
-        True, description="keep verdicts (in memory, and in the run folder's judges/<name>.jsonl): a verdict "
-        "asked twice, e.g. by a resumed run, is paid once (not with embedded: policy, whose weights change)"
+        True,
+        description="keep verdicts (in memory, and in the run folder's judges/<name>.jsonl): a verdict "
+        "asked twice, e.g. by a resumed run, is paid once (not with embedded: policy, whose weights change)",
     )
 
     @model_validator(mode="after")
@@ -456,8 +490,9 @@ class VerlRewardFunctionConfig(_Section):
     arguments). verlog runs it as one more entry of ``reward.functions``."""
 
     path: str | None = Field(None, description="the Python file holding the function (null: no custom function)")
-    name: str | None = Field(VERL_REWARD_FUNCTION_NAME, description="the function's name in that file (null: "
-                             f"{VERL_REWARD_FUNCTION_NAME})")
+    name: str | None = Field(
+        VERL_REWARD_FUNCTION_NAME, description=f"the function's name in that file (null: {VERL_REWARD_FUNCTION_NAME})"
+    )
     reward_kwargs: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments of the function")
 
     def as_function(self) -> RewardFunctionConfig | None:
@@ -483,11 +518,14 @@ class RewardConfig(_Section):
         None, description="verl's {path, name, reward_kwargs}: run as one more entry of functions"
     )
     clip: float | None = Field(
-        None, gt=0, description="each component's reward (and turn rewards) clipped to [-clip, clip] (null: not clipped)"
+        None,
+        gt=0,
+        description="each component's reward (and turn rewards) clipped to [-clip, clip] (null: not clipped)",
     )
     max_abs: float | None = Field(
-        REWARD_MAX_ABS, gt=0, description="without clip, a component's reward beyond +-max_abs fails its episode "
-        "(null: no bound)"
+        REWARD_MAX_ABS,
+        gt=0,
+        description="without clip, a component's reward beyond +-max_abs fails its episode (null: no bound)",
     )
 
     @field_validator("functions", mode="before")
@@ -535,9 +573,11 @@ class TrainerConfig(_Section):
         None, gt=0, le=1, description="stop early once a periodic evaluation reaches this win rate (needs eval_every)"
     )
     stop_at_env_steps: int | None = Field(
-        None, ge=1, description="stop after the update at which the environment steps played (turns_total, the critic "
+        None,
+        ge=1,
+        description="stop after the update at which the environment steps played (turns_total, the critic "
         "warm-up's included) reach this; total_updates stays the ceiling. A budget in steps for batches whose size "
-        "varies (whole groups)"
+        "varies (whole groups)",
     )
     max_consecutive_failures: int = Field(20, ge=1, description="a slot failing this often in a row stops the run")
     seed: int = Field(0, description="torch / python RNG seed")
@@ -577,9 +617,11 @@ class TrainedModelConfig(OptimConfig):
 
     gradient_checkpointing: bool = False
     train_layers: int | None = Field(
-        None, ge=1, description="only the last N transformer layers (and the final norm; the critic's value head) "
+        None,
+        ge=1,
+        description="only the last N transformer layers (and the final norm; the critic's value head) "
         "train, the rest keeps its starting weights: backward passes stop at layer N, a fraction of the cost "
-        "on a CPU (null: every parameter trains)"
+        "on a CPU (null: every parameter trains)",
     )
 
 
@@ -591,8 +633,10 @@ class ActorConfig(TrainedModelConfig):
     @model_validator(mode="after")
     def _one_way_to_train_part(self) -> "ActorConfig":
         if self.train_layers is not None and self.lora.rank > 0:
-            raise ValueError("actor.train_layers and actor.lora.rank > 0 are two ways to train part of the model: "
-                             "choose one (train_layers: null, or lora.rank: 0)")
+            raise ValueError(
+                "actor.train_layers and actor.lora.rank > 0 are two ways to train part of the model: "
+                "choose one (train_layers: null, or lora.rank: 0)"
+            )
         return self
 
 
@@ -612,23 +656,27 @@ class AdvantageConfig(_Section):
     gamma_token: float = Field(1.0, ge=0, le=1)
     lam_token: float = Field(1.0, ge=0, le=1)
     whiten_advantages: bool | None = Field(
-        None, description="whiten the estimator's advantages over the batch (mean 0, std 1); null: as its paper "
-        "does (gae: yes; grpo, rloo, gigpo: no, group scale kept; reinforce_pp/_baseline normalize in their formula)"
+        None,
+        description="whiten the estimator's advantages over the batch (mean 0, std 1); null: as its paper "
+        "does (gae: yes; grpo, rloo, gigpo: no, group scale kept; reinforce_pp/_baseline normalize in their formula)",
     )
     group_norm: Literal["mean_std", "mean"] | None = Field(
-        None, description="grpo/gigpo: divide group-centred returns by the group's std (mean_std) or not (mean); "
-        "null: each paper's default (grpo: mean_std, gigpo: mean)"
+        None,
+        description="grpo/gigpo: divide group-centred returns by the group's std (mean_std) or not (mean); "
+        "null: each paper's default (grpo: mean_std, gigpo: mean)",
     )
     gigpo_step_weight: float = Field(1.0, ge=0, description="gigpo: weight omega of the step-level advantage")
     gigpo_gamma: float = Field(0.95, ge=0, le=1, description="gigpo: discount of the step returns")
     drop_uniform_groups: bool = Field(
-        False, description="DAPO's dynamic sampling: groups whose episodes all have the same return leave the "
-        "policy loss (group estimators; dropped, not refilled: fixed-turn batches)"
+        False,
+        description="DAPO's dynamic sampling: groups whose episodes all have the same return leave the "
+        "policy loss (group estimators; dropped, not refilled: fixed-turn batches)",
     )
     bootstrap_cuts: bool = Field(
-        True, description="gae: a turn whose episode goes on past the batch (or was cut by a time limit) "
+        True,
+        description="gae: a turn whose episode goes on past the batch (or was cut by a time limit) "
         "bootstraps from the critic's value of the next state; false treats it as terminated (value 0), as Verlog "
-        "does at time limits: an ablation, see docs/long_horizon.md"
+        "does at time limits: an ablation, see docs/long_horizon.md",
     )
 
 
@@ -640,7 +688,8 @@ class AlgorithmConfig(AdvantageConfig):
     KL-in-reward 0.001, one PPO epoch."""
 
     estimator: str = Field(
-        "gae", description="advantage estimator, one of verlog.algo.estimators' registry: gae (dual-discount "
+        "gae",
+        description="advantage estimator, one of verlog.algo.estimators' registry: gae (dual-discount "
         "GAE with the critic), grpo, gigpo, rloo, reinforce_pp, reinforce_pp_baseline (no critic), zero (advantages zeroed: a control "
         "that must not learn); see docs/algorithms.md",
     )
@@ -648,20 +697,26 @@ class AlgorithmConfig(AdvantageConfig):
     mini_batch_turns: int = Field(256, ge=1, description="turns per optimizer step")
     micro_batch_tokens: int = Field(16384, ge=1, description="token budget of one forward/backward pass")
     shared_prefix_min_tokens: int = Field(
-        32, ge=0, description="rows of a forward pass whose sequences share at least this many leading "
-        "tokens compute them once (0: off)"
+        32,
+        ge=0,
+        description="rows of a forward pass whose sequences share at least this many leading "
+        "tokens compute them once (0: off)",
     )
-    clip_eps: float = Field(0.2, gt=0, lt=1, description="ratio clip below 1 (eps_low; also above 1 unless clip_eps_high)")
+    clip_eps: float = Field(
+        0.2, gt=0, lt=1, description="ratio clip below 1 (eps_low; also above 1 unless clip_eps_high)"
+    )
     clip_eps_high: float | None = Field(
         None, gt=0, description="ratio clip above 1 (DAPO's clip-higher, e.g. 0.28; null: clip_eps)"
     )
     dual_clip: float | None = Field(3.0, gt=1, description="dual-clip constant c (null: plain PPO)")
     policy_loss: str = Field(
-        "ppo", description="policy loss, one of verlog.algo.loss_registry's: ppo (per-token ratio), gspo (one ratio "
-        "per turn, GSPO; clip ranges ~3e-4/4e-4), or one a package registers"
+        "ppo",
+        description="policy loss, one of verlog.algo.loss_registry's: ppo (per-token ratio), gspo (one ratio "
+        "per turn, GSPO; clip ranges ~3e-4/4e-4), or one a package registers",
     )
     loss_aggregation: Literal["token_mean", "sequence_mean"] = Field(
-        "token_mean", description="token_mean: every token weighs the same (DAPO); sequence_mean: per turn first (GRPO, GSPO)"
+        "token_mean",
+        description="token_mean: every token weighs the same (DAPO); sequence_mean: per turn first (GRPO, GSPO)",
     )
     value_clip: float | None = Field(0.5, gt=0, description="value-loss clip (null: off)")
     first_value_weight: float = Field(3.0, gt=0, description="weight of a turn's V(s_k) in the value loss")
@@ -669,7 +724,8 @@ class AlgorithmConfig(AdvantageConfig):
     entropy_coef: float = Field(0.001, ge=0)
     kl_coef: float = Field(0.001, ge=0, description="KL-in-reward to the frozen reference policy (0: no reference)")
     recompute_logprobs: bool = Field(
-        True, description="old logprobs from a training forward pass (else the engine's own, drawn at each turn's temperature)"
+        True,
+        description="old logprobs from a training forward pass (else the engine's own, drawn at each turn's temperature)",
     )
 
     @field_validator("estimator")
@@ -728,8 +784,9 @@ class EvalConfig(_Section):
         None, ge=1, description="episodes per task (default: 32 seeds; with a data split, all of its rows)"
     )
     split: EvalSplitName = Field(
-        "test", description="with a data section: the split of the final evaluation and of verlog eval (the "
-        "periodic ones, eval_every, play the validation split)"
+        "test",
+        description="with a data section: the split of the final evaluation and of verlog eval (the "
+        "periodic ones, eval_every, play the validation split)",
     )
     seed: int = Field(1_000_000, description="first seed (held out: far from training seeds)")
     validation_seed: int = Field(

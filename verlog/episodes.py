@@ -79,8 +79,12 @@ class EpisodePlan:
     def trajectory(self, episode: Any, i: int, *, info: dict[str, Any] | None = None) -> Trajectory:
         """What reward functions see of ``episode`` (a ``verlog.rollout.Episode``), played as task ``i``."""
         return Trajectory(
-            state=episode.output, row=self.tasks.row(i), key=self.tasks.key(i), turns=list(episode.turns),
-            info=dict(info if info is not None else episode.info), episode_id=episode.episode_id,
+            state=episode.output,
+            row=self.tasks.row(i),
+            key=self.tasks.key(i),
+            turns=list(episode.turns),
+            info=dict(info if info is not None else episode.info),
+            episode_id=episode.episode_id,
         )
 
     async def outcome(self, episode: Any, i: int, *, info: dict[str, Any] | None = None) -> Outcome | None:

@@ -66,8 +66,7 @@ class GraphFile:
             graph = self.build_graph(model, **graph_kwargs)
         except Exception as exc:
             raise GraphFileError(
-                f"{self.path}: build_graph({_short_kwargs(graph_kwargs)}) raised {type(exc).__name__}: "
-                f"{_one_line(exc)}"
+                f"{self.path}: build_graph({_short_kwargs(graph_kwargs)}) raised {type(exc).__name__}: {_one_line(exc)}"
             ) from exc
         if not hasattr(graph, "ainvoke"):
             raise GraphFileError(

@@ -18,7 +18,14 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, TypedDict
 
 __all__ = [
-    "ANCHOR_KEY", "PROGRESSION_KEY", "SUCCESS_KEY", "VALID_ACTION_KEY", "StepInfo", "episode_outcome", "episode_outcomes", "episode_won",
+    "ANCHOR_KEY",
+    "PROGRESSION_KEY",
+    "SUCCESS_KEY",
+    "VALID_ACTION_KEY",
+    "StepInfo",
+    "episode_outcome",
+    "episode_outcomes",
+    "episode_won",
     "step_info",
 ]
 

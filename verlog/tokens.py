@@ -28,7 +28,11 @@ def _first_id(value: Any) -> int | None:
 def pad_token_id(tokenizer: Any, eos_ids: Iterable[int] = ()) -> int:
     """The padding id of ``tokenizer``: its ``pad_token_id``; without one its ``eos_token_id``
     (the first of a list), then the first of ``eos_ids`` (e.g. the generation config's); else 0."""
-    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None), list(eos_ids)):
+    for candidate in (
+        getattr(tokenizer, "pad_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+        list(eos_ids),
+    ):
         found = _first_id(candidate)
         if found is not None:
             return found
@@ -59,7 +63,12 @@ def encode_plain(tokenizer: Any, text: str) -> list[int]:
     Any other tokenizer, or a backend with such a setting, goes through the call itself.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if (backend is None or backend.truncation is not None or backend.padding is not None
-            or getattr(backend, "encode_special_tokens", False) or getattr(tokenizer, "split_special_tokens", False)):
+    if (
+        backend is None
+        or backend.truncation is not None
+        or backend.padding is not None
+        or getattr(backend, "encode_special_tokens", False)
+        or getattr(tokenizer, "split_special_tokens", False)
+    ):
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return backend.encode(text, add_special_tokens=False).ids

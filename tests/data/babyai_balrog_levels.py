@@ -94,8 +94,9 @@ def main(argv: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(argv[0]).resolve())}
     levels, texts = {}, {}
     for task in TASKS:
-        done = subprocess.run([sys.executable, __file__, "--child", task], env=env, capture_output=True, text=True,
-                              check=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--child", task], env=env, capture_output=True, text=True, check=True
+        )
         answer = json.loads(done.stdout.strip().splitlines()[-1])
         levels[task], texts[task] = answer["levels"], answer["texts"]
     OUT.write_text(json.dumps(levels, indent=0) + "\n")

@@ -79,8 +79,13 @@ def _balrog_wrapper(root: Path) -> Any:
         def map(self, action: str) -> int:
             return self._dict[action]
 
-    stand_ins = {"gym": {"Wrapper": Wrapper}, "scipy": {}, "scipy.ndimage": {}, "balrog": {},
-                 "balrog.environments": {"Strings": Strings}}
+    stand_ins = {
+        "gym": {"Wrapper": Wrapper},
+        "scipy": {},
+        "scipy.ndimage": {},
+        "balrog": {},
+        "balrog.environments": {"Strings": Strings},
+    }
     for name, attributes in stand_ins.items():
         module = types.ModuleType(name)
         module.__dict__.update(attributes)
@@ -109,8 +114,15 @@ def record(root: Path) -> dict[str, list[str]]:
     episodes = {}
     for seed in SEEDS:
         game = Game(area=(64, 64), view=(9, 9), size=(256, 256), reward=True, seed=seed)
-        env = balrog.CrafterLanguageWrapper(game, "default", max_episode_steps=STEPS, unique_items=True,
-                                            precise_location=False, skip_items=[], edge_only_items=[])
+        env = balrog.CrafterLanguageWrapper(
+            game,
+            "default",
+            max_episode_steps=STEPS,
+            unique_items=True,
+            precise_location=False,
+            skip_items=[],
+            edge_only_items=[],
+        )
         keys = [texts(env.reset())]
         for _, action in zip(range(STEPS), random_actions(seed)):
             obs, _, done, _ = env.step(balrog.ACTIONS[action])

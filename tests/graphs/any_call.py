@@ -48,8 +48,16 @@ from verlog.rollout import NO_TRAIN_TAG, areport_reward
 PARALLEL = ("gather", "send", "send_sync", "abatch", "batch", "late", "late_sync")
 #: styles whose sync calls block the event loop of an ``async def`` node (as production graphs may)
 BLOCKING = ("invoke_in_async", "stream_in_async", "batch_in_async")
-SEQUENTIAL = ("ainvoke", "invoke", "astream", "stream", "own_callbacks", "own_callbacks_sync", "astructured",
-              "structured") + BLOCKING
+SEQUENTIAL = (
+    "ainvoke",
+    "invoke",
+    "astream",
+    "stream",
+    "own_callbacks",
+    "own_callbacks_sync",
+    "astructured",
+    "structured",
+) + BLOCKING
 #: every style
 STYLES = PARALLEL + SEQUENTIAL
 
@@ -105,8 +113,15 @@ def make_input(seed: int) -> dict:
     return {"seed": seed, "t": 0, "done": False, "answers": []}
 
 
-def build_graph(model, styles: Any = STYLES, max_delay: float = 0.0, late_s: float = 0.05, judge: bool = False,
-                checkpointer: bool = False, max_tokens: int = 16) -> Any:
+def build_graph(
+    model,
+    styles: Any = STYLES,
+    max_delay: float = 0.0,
+    late_s: float = 0.05,
+    judge: bool = False,
+    checkpointer: bool = False,
+    max_tokens: int = 16,
+) -> Any:
     styles = [styles] if isinstance(styles, str) else list(styles)
     unknown = set(styles) - set(STYLES)
     if unknown:
@@ -123,27 +138,33 @@ def build_graph(model, styles: Any = STYLES, max_delay: float = 0.0, late_s: flo
         return random.Random(f"{seed}/{t}/{i}").random() * max_delay
 
     def text(answer: Any) -> str:
-        return answer if isinstance(answer, str) else answer.answer if isinstance(answer, Choice) else str(answer.content)
+        return (
+            answer if isinstance(answer, str) else answer.answer if isinstance(answer, Choice) else str(answer.content)
+        )
 
     # ------------------------------------------------------------------ one node per style
     def one_by_one(call: Callable[[list], Awaitable[Any]]) -> Callable[[State], Awaitable[dict]]:
         """An ``async def`` node making the step's calls one after another with ``call``."""
+
         async def node(s: State) -> dict:
             out = []
             for i in range(calls_at(s["seed"], s["t"])):
                 await asyncio.sleep(pause(s["seed"], s["t"], i))
                 out.append(text(await call(prompt(s["seed"], s["t"], i))))
             return {"answers": out}
+
         return node
 
     def one_by_one_sync(call: Callable[[list], Any]) -> Callable[[State], dict]:
         """The same as a ``def`` node."""
+
         def node(s: State) -> dict:
             out = []
             for i in range(calls_at(s["seed"], s["t"])):
                 time.sleep(pause(s["seed"], s["t"], i))
                 out.append(text(call(prompt(s["seed"], s["t"], i))))
             return {"answers": out}
+
         return node
 
     async def astreamed(messages: list) -> str:
@@ -192,7 +213,9 @@ def build_graph(model, styles: Any = STYLES, max_delay: float = 0.0, late_s: flo
         return {"answers": [text(policy.invoke(prompt(s["seed"], s["t"], 1)))]}
 
     async def invoke_in_async(s: State) -> dict:
-        return {"answers": [text(policy.invoke(prompt(s["seed"], s["t"], i))) for i in range(calls_at(s["seed"], s["t"]))]}
+        return {
+            "answers": [text(policy.invoke(prompt(s["seed"], s["t"], i))) for i in range(calls_at(s["seed"], s["t"]))]
+        }
 
     async def stream_in_async(s: State) -> dict:
         return {"answers": [streamed(prompt(s["seed"], s["t"], i)) for i in range(calls_at(s["seed"], s["t"]))]}
@@ -202,14 +225,26 @@ def build_graph(model, styles: Any = STYLES, max_delay: float = 0.0, late_s: flo
         return {"answers": [text(a) for a in answers]}
 
     nodes = {
-        "ainvoke": one_by_one(policy.ainvoke), "invoke": one_by_one_sync(policy.invoke),
-        "astream": one_by_one(astreamed), "stream": one_by_one_sync(streamed),
+        "ainvoke": one_by_one(policy.ainvoke),
+        "invoke": one_by_one_sync(policy.invoke),
+        "astream": one_by_one(astreamed),
+        "stream": one_by_one_sync(streamed),
         "own_callbacks": one_by_one(lambda m: policy.ainvoke(m, config={"callbacks": [handler]})),
         "own_callbacks_sync": one_by_one_sync(lambda m: policy.invoke(m, config={"callbacks": [handler]})),
-        "astructured": one_by_one(structured.ainvoke), "structured": one_by_one_sync(structured.invoke),
-        "gather": gather, "call": call, "call_sync": call_sync, "abatch": abatch, "batch": batch,
-        "early": early, "late": late, "early_sync": early_sync, "late_sync": late_sync,
-        "invoke_in_async": invoke_in_async, "stream_in_async": stream_in_async, "batch_in_async": batch_in_async,
+        "astructured": one_by_one(structured.ainvoke),
+        "structured": one_by_one_sync(structured.invoke),
+        "gather": gather,
+        "call": call,
+        "call_sync": call_sync,
+        "abatch": abatch,
+        "batch": batch,
+        "early": early,
+        "late": late,
+        "early_sync": early_sync,
+        "late_sync": late_sync,
+        "invoke_in_async": invoke_in_async,
+        "stream_in_async": stream_in_async,
+        "batch_in_async": batch_in_async,
     }
 
     # ------------------------------------------------------------------ routing, judge, environment

@@ -88,12 +88,14 @@ def build_graph(model, style: str = "retry_policy", steps: int = 2, branches: in
                 return message
 
             chain = (policy_model | RunnableLambda(parse_once)).with_retry(
-                stop_after_attempt=2, wait_exponential_jitter=False)
+                stop_after_attempt=2, wait_exponential_jitter=False
+            )
             answer = await chain.ainvoke(prompt)
         elif style == "errored_call":
             down = DownEndpoint().with_retry(stop_after_attempt=2, wait_exponential_jitter=False)
             answer = await down.with_fallbacks([policy_model]).ainvoke(prompt)
         else:
+
             def never(message: Any) -> Any:
                 raise ValueError("the parser always fails")
 
@@ -121,8 +123,11 @@ def build_graph(model, style: str = "retry_policy", steps: int = 2, branches: in
         return await fan_out(state) if style == "join" else "policy"
 
     graph = StateGraph(State)
-    graph.add_node("policy", policy, retry_policy=RetryPolicy(max_attempts=3, initial_interval=0.0, jitter=False,
-                                                              retry_on=ValueError))
+    graph.add_node(
+        "policy",
+        policy,
+        retry_policy=RetryPolicy(max_attempts=3, initial_interval=0.0, jitter=False, retry_on=ValueError),
+    )
     graph.add_node("branch", branch)
     graph.add_node("environment", environment)
     graph.add_conditional_edges(START, next_step, ["policy", "branch", END])

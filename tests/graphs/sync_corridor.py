@@ -42,8 +42,12 @@ def build_graph(model, length: int = 4, max_turns: int = 10) -> Any:
             report_reward(1.0, terminated=True, info={**info, "success": True})
             return {"pos": pos, "turn": turn, "done": True}
         cut = turn >= max_turns
-        report_reward(0.0, truncated=cut, info={**info, "success": False},
-                      next_messages=prompt_at(state["seed"], pos, turn, length) if cut else None)
+        report_reward(
+            0.0,
+            truncated=cut,
+            info={**info, "success": False},
+            next_messages=prompt_at(state["seed"], pos, turn, length) if cut else None,
+        )
         return {"pos": pos, "turn": turn, "done": cut}
 
     graph = StateGraph(State)

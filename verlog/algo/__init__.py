@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "verlog.algo.advantages": ("Episodes", "episode_index", "episodes_of", "group_moments", "tied_groups", "whiten"),
     "verlog.algo.critic_warmup": ("CriticWarmup", "WarmupPlan"),
-    "verlog.algo.multiturn_gae": ("TurnBatch", "classic_gae", "discounted_reverse_cumsum", "dual_gae", "next_state_values"),
+    "verlog.algo.multiturn_gae": (
+        "TurnBatch",
+        "classic_gae",
+        "discounted_reverse_cumsum",
+        "dual_gae",
+        "next_state_values",
+    ),
     "verlog.algo.losses": (
         "aggregate",
         "aggregation_weight",

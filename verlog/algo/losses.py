@@ -148,7 +148,15 @@ def ppo_policy_loss(
     """
     log_ratio = logp - old_logp
     return _clipped_surrogate(
-        torch.exp(log_ratio), log_ratio, old_logp, logp, advantages, mask, clip_eps, clip_eps_high, dual_clip,
+        torch.exp(log_ratio),
+        log_ratio,
+        old_logp,
+        logp,
+        advantages,
+        mask,
+        clip_eps,
+        clip_eps_high,
+        dual_clip,
         aggregation,
     )
 
@@ -183,8 +191,16 @@ def gspo_policy_loss(
     seq_log_ratio = log_ratio.sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp(min=1)
     token_log_ratio = (seq_log_ratio.detach() + logp - logp.detach()).clamp(max=10.0)
     return _clipped_surrogate(
-        torch.exp(token_log_ratio), log_ratio, old_logp, logp, advantages, mask, clip_eps, clip_eps_high,
-        dual_clip, aggregation,
+        torch.exp(token_log_ratio),
+        log_ratio,
+        old_logp,
+        logp,
+        advantages,
+        mask,
+        clip_eps,
+        clip_eps_high,
+        dual_clip,
+        aggregation,
     )
 
 

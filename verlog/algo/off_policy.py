@@ -36,7 +36,11 @@ from torch import Tensor
 from verlog.algo.losses import masked_mean
 
 __all__ = [
-    "OffPolicyCorrection", "behaviour_weights", "decoupled_advantages", "decoupled_policy_loss", "staleness_weights",
+    "OffPolicyCorrection",
+    "behaviour_weights",
+    "decoupled_advantages",
+    "decoupled_policy_loss",
+    "staleness_weights",
 ]
 
 
@@ -64,7 +68,7 @@ def staleness_weights(staleness: Tensor, max_versions: int | None, decay: float)
     ``inf``: not in their lineage): ``decay ** staleness``, and ``0`` beyond ``max_versions`` or
     off the lineage (dropped)."""
     staleness = staleness.float()
-    weights = torch.where(torch.isinf(staleness), torch.zeros_like(staleness), decay ** staleness)
+    weights = torch.where(torch.isinf(staleness), torch.zeros_like(staleness), decay**staleness)
     if max_versions is not None:
         weights = torch.where(staleness > max_versions, torch.zeros_like(weights), weights)
     return weights
@@ -77,8 +81,12 @@ def behaviour_weights(proximal_logprobs: Tensor, behaviour_logprobs: Tensor, mas
 
 
 def decoupled_advantages(
-    advantages: Tensor, proximal_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor,
-    turn_weights: Tensor, correction: OffPolicyCorrection,
+    advantages: Tensor,
+    proximal_logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    mask: Tensor,
+    turn_weights: Tensor,
+    correction: OffPolicyCorrection,
 ) -> tuple[Tensor, dict[str, float]]:
     """``w * A`` per token (``[B, T]``), ``w`` the truncated importance weight times the turn's
     staleness weight (``turn_weights`` ``[B]``); PPO against ``pi_prox`` on these is decoupled PPO.
@@ -97,12 +105,19 @@ def decoupled_advantages(
 
 
 def decoupled_policy_loss(
-    logp: Tensor, proximal_logp: Tensor, behaviour_logp: Tensor, advantages: Tensor, mask: Tensor,
-    *, clip_eps: float = 0.2, cap: float = 2.0, turn_weights: Tensor | None = None,
+    logp: Tensor,
+    proximal_logp: Tensor,
+    behaviour_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    cap: float = 2.0,
+    turn_weights: Tensor | None = None,
 ) -> Tensor:
     """The decoupled PPO objective written out (token mean over ``mask``, no dual clip)::
 
-        L = - min(pi_prox / pi_behav, c) * min(r * A, clip(r, 1 - eps, 1 + eps) * A),  r = pi_theta / pi_prox
+    L = - min(pi_prox / pi_behav, c) * min(r * A, clip(r, 1 - eps, 1 + eps) * A),  r = pi_theta / pi_prox
     """
     r = torch.exp(logp - proximal_logp)
     w = torch.exp(proximal_logp - behaviour_logp).clamp(max=cap)
@@ -110,4 +125,3 @@ def decoupled_policy_loss(
         w = w * turn_weights.unsqueeze(-1)
     surrogate = torch.minimum(r * advantages, r.clamp(1 - clip_eps, 1 + clip_eps) * advantages)
     return masked_mean(-w * surrogate, mask)
-

@@ -132,9 +132,7 @@ class Generation:
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
-            raise EngineError(
-                f"engine returned {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs"
-            )
+            raise EngineError(f"engine returned {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs")
 
 
 @dataclass(frozen=True)
@@ -264,7 +262,7 @@ def ends_with_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> bo
     """Whether the text of the last tokens of ``ids`` contains a stop string (only a tail short
     enough to hold the longest stop is decoded, so checking after every token stays cheap)."""
     longest = max(len(s) for s in stops)
-    tail = tokenizer.decode(ids[-(2 * longest + 4):], skip_special_tokens=False)
+    tail = tokenizer.decode(ids[-(2 * longest + 4) :], skip_special_tokens=False)
     return any(s in tail for s in stops)
 
 

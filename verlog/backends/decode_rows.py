@@ -125,8 +125,9 @@ class DecodeRows:
         self.stop_ids = _padded([s.stop_ids for s in specs], -1, device)
         self.stop_states = _padded([s.stop_states for s in specs], StopStrings.idle, device)
         #: per row, on the host: greedy, truncates (top-k / top-p), has stop strings
-        self.kinds_host = np.array([(s.temperature <= 0, s.top_k > 0 or s.top_p < 1, bool(s.stop_states))
-                                    for s in specs], dtype=bool).reshape(n, 3)
+        self.kinds_host = np.array(
+            [(s.temperature <= 0, s.top_k > 0 or s.top_p < 1, bool(s.stop_states)) for s in specs], dtype=bool
+        ).reshape(n, 3)
         capacity = int(min(self.limit_host.max(initial=1), 64))
         self.out_ids = torch.zeros((n, capacity), dtype=torch.long, device=device)
         self.out_logprobs = torch.zeros((n, capacity), dtype=torch.float32, device=device)
@@ -148,8 +149,18 @@ class DecodeRows:
     def select(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (in that order)."""
         idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
-        for name in ("greedy", "temperature", "top_k", "top_p", "seed", "produced", "stop_ids", "stop_states",
-                     "out_ids", "out_logprobs"):
+        for name in (
+            "greedy",
+            "temperature",
+            "top_k",
+            "top_p",
+            "seed",
+            "produced",
+            "stop_ids",
+            "stop_states",
+            "out_ids",
+            "out_logprobs",
+        ):
             setattr(self, name, getattr(self, name)[idx])
         host = np.asarray(rows, dtype=np.int64)
         self.produced_host, self.limit_host = self.produced_host[host], self.limit_host[host]
@@ -244,6 +255,11 @@ def _padded(rows: Sequence[Sequence[int]], fill: int, device: torch.device) -> t
 def _cat_padded(a: torch.Tensor, b: torch.Tensor, fill: float) -> torch.Tensor:
     """Stack the rows of two ``[n, w]`` tensors, the narrower padded on the right with ``fill``."""
     width = max(a.shape[1], b.shape[1])
-    grow = lambda t: t if t.shape[1] == width else torch.cat(  # noqa: E731
-        [t, t.new_full((t.shape[0], width - t.shape[1]), fill)], dim=1)
+    grow = lambda t: (
+        t
+        if t.shape[1] == width
+        else torch.cat(  # noqa: E731
+            [t, t.new_full((t.shape[0], width - t.shape[1]), fill)], dim=1
+        )
+    )
     return torch.cat([grow(a), grow(b)])

@@ -282,8 +282,11 @@ class EmbeddedEngine(Engine):
         """Tokens as they are chosen (see :meth:`Engine.stream`); tokens chosen while the
         consumer was busy arrive together. Closing the iterator early stops the generation."""
         chosen: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
-        task = asyncio.ensure_future(self.generate(
-            prompt_ids, sampling, request_id=request_id, on_token=lambda t, lp: chosen.put_nowait((t, lp))))
+        task = asyncio.ensure_future(
+            self.generate(
+                prompt_ids, sampling, request_id=request_id, on_token=lambda t, lp: chosen.put_nowait((t, lp))
+            )
+        )
         task.add_done_callback(lambda _: chosen.put_nowait(None))
         try:
             while (item := await chosen.get()) is not None:
@@ -422,7 +425,7 @@ class EmbeddedEngine(Engine):
         prompts = [r.prompt_ids for r in batch]
         unseeded = [r for r in batch if r.seed is None]
         if unseeded:  # each unseeded request's stream starts from the engine's generator
-            starts = torch.randint(-2**63, 2**63 - 1, (len(unseeded),), generator=self._default_generator)
+            starts = torch.randint(-(2**63), 2**63 - 1, (len(unseeded),), generator=self._default_generator)
             for r, start in zip(unseeded, starts.tolist()):
                 r.seed = start
         for r in batch:
@@ -439,8 +442,9 @@ class EmbeddedEngine(Engine):
             base, base_kv = hits[rest[0]]
             if len(rest) > 1 and shared - base >= max(1, self.min_shared_prefix):
                 kv = self._extend(prompts[rest[0]][:shared], base, base_kv)
-                cache_store.insert(prompts[rest[0]][:shared], lambda a, b: kv[:, :, :, a:b].clone(),
-                                   epoch=batch[0].cache_epoch)
+                cache_store.insert(
+                    prompts[rest[0]][:shared], lambda a, b: kv[:, :, :, a:b].clone(), epoch=batch[0].cache_epoch
+                )
                 for i in rest:
                     prefix[i] = (shared, kv)
                 computed_once = shared - base
@@ -483,11 +487,13 @@ class EmbeddedEngine(Engine):
         _load_prefixes(cache, prefix, width)
         attention = torch.zeros((len(batch), width), dtype=torch.long)
         for i, (n, _) in enumerate(prefix):
-            attention[i, width - n:] = 1
+            attention[i, width - n :] = 1
         positions = torch.tensor([n for n, _ in prefix])  # the last prompt token's position
         last = torch.tensor([r.prompt_ids[-1] for r in batch])
         rows = DecodeRows([self._row_spec(r) for r in batch], device)
-        return _Running(list(batch), cache, attention.to(device), positions.to(device), rows, next_tokens=last.to(device))
+        return _Running(
+            list(batch), cache, attention.to(device), positions.to(device), rows, next_tokens=last.to(device)
+        )
 
     def _prefill_rows(
         self, batch: list[_Request], prefix: list[tuple[int, torch.Tensor | None]]
@@ -505,13 +511,17 @@ class EmbeddedEngine(Engine):
         attention = torch.zeros((len(batch), width_kv + width), dtype=torch.long)
         for i, (p, n) in enumerate(zip(prompts, lengths)):
             attention[i, width_kv - n : width_kv] = 1
-            input_ids[i, width - (len(p) - n):] = torch.tensor(p[n:])
-            attention[i, width_kv + width - (len(p) - n):] = 1
+            input_ids[i, width - (len(p) - n) :] = torch.tensor(p[n:])
+            attention[i, width_kv + width - (len(p) - n) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, width_kv:]
         logits = self.model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions,
-            past_key_values=cache, use_cache=True, logits_to_keep=1,
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
         ).logits[:, -1, :]
         rows = DecodeRows([self._row_spec(r) for r in batch], device)
         return _Running(list(batch), cache, attention, positions[:, -1] + 1, rows), logits
@@ -520,7 +530,10 @@ class EmbeddedEngine(Engine):
         s = r.sampling
         assert r.seed is not None
         return RowSpec(
-            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=r.seed,
+            temperature=s.temperature,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            seed=r.seed,
             limit=min(s.max_new_tokens, self.max_context - len(r.prompt_ids)),
             stop_ids=tuple(sorted(set(self.eos_token_ids) | set(s.stop_token_ids))),
             stop_states=r.stop_states or (),
@@ -535,7 +548,9 @@ class EmbeddedEngine(Engine):
         self.model(
             input_ids=torch.tensor([tokens[start:]], device=self.device),
             position_ids=torch.arange(start, len(tokens), device=self.device)[None],
-            past_key_values=cache, use_cache=True, logits_to_keep=1,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
         )
         return torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])
 
@@ -550,19 +565,26 @@ class EmbeddedEngine(Engine):
             if len(columns) != len(tokens):
                 raise EngineError(f"internal: row {row} holds {len(columns)} cached tokens, expected {len(tokens)}")
             idx = columns[start:end]
-            return torch.stack([
-                torch.stack([layer.keys[row].index_select(1, idx), layer.values[row].index_select(1, idx)])
-                for layer in cache.layers
-            ])
+            return torch.stack(
+                [
+                    torch.stack([layer.keys[row].index_select(1, idx), layer.values[row].index_select(1, idx)])
+                    for layer in cache.layers
+                ]
+            )
 
         self.prefix_cache.insert(tokens, kv_for, epoch=epoch)
 
     def _decode_step(self, running: "_Running") -> None:
         """Feed each running request its last chosen token; choose the next one."""
-        running.attention = torch.cat([running.attention, running.attention.new_ones((len(running.requests), 1))], dim=1)
+        running.attention = torch.cat(
+            [running.attention, running.attention.new_ones((len(running.requests), 1))], dim=1
+        )
         logits = self.model(
-            input_ids=running.next_tokens[:, None], attention_mask=running.attention,
-            position_ids=running.next_pos[:, None], past_key_values=running.cache, use_cache=True,
+            input_ids=running.next_tokens[:, None],
+            attention_mask=running.attention,
+            position_ids=running.next_pos[:, None],
+            past_key_values=running.cache,
+            use_cache=True,
         ).logits[:, -1, :]
         running.next_pos = running.next_pos + 1
         self._advance(running, logits)
@@ -571,7 +593,9 @@ class EmbeddedEngine(Engine):
         """Choose a token for every row (on the device), resolve the requests that finished and
         drop their rows."""
         reqs, rows = running.requests, running.rows
-        tokens, logprobs, stopped = rows.choose(logits, self.stop_strings, self._grammar_masks(running, logits.shape[1]))
+        tokens, logprobs, stopped = rows.choose(
+            logits, self.stop_strings, self._grammar_masks(running, logits.shape[1])
+        )
         self.stats.steps += 1
         self.stats.generated_tokens += len(reqs)
         # the one read-back per step: which rows completed a stop (lengths are counted on the host)
@@ -603,8 +627,11 @@ class EmbeddedEngine(Engine):
         """The tokens each constrained row's grammar allows next (llguidance fills packed masks on
         the host, one copy takes them to the device). A row whose grammar fails is left unmasked
         and ends with its error."""
-        rows = [row for row in running.host_rows if running.requests[row].matcher is not None
-                and running.requests[row].error is None]
+        rows = [
+            row
+            for row in running.host_rows
+            if running.requests[row].matcher is not None and running.requests[row].error is None
+        ]
         if not rows:
             return None
         reqs = [running.requests[row] for row in rows]
@@ -617,8 +644,9 @@ class EmbeddedEngine(Engine):
         masks = unpack_bitmask(bitmask[ok].to(self.device, non_blocking=True), width)
         return torch.tensor([rows[i] for i in ok], device=self.device), masks
 
-    def _host_work(self, running: "_Running", tokens: torch.Tensor, logprobs: torch.Tensor,
-                   stop: np.ndarray, abort: np.ndarray) -> None:
+    def _host_work(
+        self, running: "_Running", tokens: torch.Tensor, logprobs: torch.Tensor, stop: np.ndarray, abort: np.ndarray
+    ) -> None:
         """What rows needing the host do with their new token: stream it, advance their grammar,
         check stop strings that are not in the device table."""
         rows = running.host_rows
@@ -789,7 +817,7 @@ def _pack_by_length(lengths: list[int], overhead: int) -> list[list[int]]:
                 best[j], cut[j] = cost, i
     groups, j = [], n
     while j > 0:
-        groups.append(order[cut[j]:j])
+        groups.append(order[cut[j] : j])
         j = cut[j]
     return groups[::-1]
 

@@ -105,9 +105,7 @@ class HTTPEngine(Engine):
         return f"{type(self).__name__}({self.base_url!r})"
 
     # ------------------------------------------------------------------ requests
-    async def post_json(
-        self, path: str, body: BodyForAttempt, *, headers: Mapping[str, str] | None = None
-    ) -> Any:
+    async def post_json(self, path: str, body: BodyForAttempt, *, headers: Mapping[str, str] | None = None) -> Any:
         """POST ``body(attempt)`` as JSON to ``path``, retrying transient failures; the parsed
         JSON answer."""
 
@@ -268,7 +266,9 @@ class HTTPEngine(Engine):
         await keeper.__anext__()
         return session
 
-    async def _keep(self, loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSession) -> AsyncGenerator[None, None]:
+    async def _keep(
+        self, loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSession
+    ) -> AsyncGenerator[None, None]:
         try:
             yield
         finally:
@@ -331,8 +331,12 @@ class _Post:
 
     async def __aenter__(self) -> aiohttp.ClientResponse:
         session = await self.engine._session()
-        self._cm = session.post(self.url, json=self.payload, headers=self.headers,
-                                timeout=aiohttp.ClientTimeout(total=self.engine.timeout_s))
+        self._cm = session.post(
+            self.url,
+            json=self.payload,
+            headers=self.headers,
+            timeout=aiohttp.ClientTimeout(total=self.engine.timeout_s),
+        )
         try:
             resp = await self._cm.__aenter__()
         except asyncio.TimeoutError:
@@ -342,8 +346,10 @@ class _Post:
         if resp.status >= 500 or resp.status == 429:
             raw = await resp.read()
             await self._cm.__aexit__(None, None, None)
-            raise RetryableError(f"HTTP {resp.status}: {error_text(raw)}",
-                                 retry_after_s=parse_retry_after(resp.headers.get("Retry-After")))
+            raise RetryableError(
+                f"HTTP {resp.status}: {error_text(raw)}",
+                retry_after_s=parse_retry_after(resp.headers.get("Retry-After")),
+            )
         return resp
 
     async def __aexit__(self, *exc_info: Any) -> None:

@@ -82,8 +82,10 @@ class PrefixCache:
         return self.capacity_bytes > 0
 
     def __repr__(self) -> str:
-        return (f"PrefixCache({self.tokens_held} tokens, {self.bytes_used / 2**20:.1f} of "
-                f"{self.capacity_bytes / 2**20:.1f} MiB)")
+        return (
+            f"PrefixCache({self.tokens_held} tokens, {self.bytes_used / 2**20:.1f} of "
+            f"{self.capacity_bytes / 2**20:.1f} MiB)"
+        )
 
     # ------------------------------------------------------------------ lookup
     def match(self, tokens: Sequence[int], limit: int | None = None) -> tuple[int, torch.Tensor | None]:

@@ -82,8 +82,15 @@ class SGLangEngine(HTTPEngine):
         headers: Mapping[str, str] | None = None,
         max_connections: int = 1024,
     ) -> None:
-        super().__init__(base_url, timeout_s=timeout_s, max_retries=max_retries, retry_backoff_s=retry_backoff_s,
-                         api_key=api_key, headers=headers, max_connections=max_connections)
+        super().__init__(
+            base_url,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            retry_backoff_s=retry_backoff_s,
+            api_key=api_key,
+            headers=headers,
+            max_connections=max_connections,
+        )
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         # starts at a random value so two processes sharing a request id still send distinct rids
         self._call_seq = itertools.count(secrets.randbelow(10**9))
@@ -130,8 +137,12 @@ class SGLangEngine(HTTPEngine):
         if last is None:
             raise EngineError(f"the streamed /generate answer from {url} held no chunk")
         meta = last.get("meta_info") or {}
-        finish = _parse_finish_reason(meta.get("finish_reason"), lambda problem: EngineError(
-            f"malformed streamed /generate answer from {url}: {problem} (in the last chunk)"))
+        finish = _parse_finish_reason(
+            meta.get("finish_reason"),
+            lambda problem: EngineError(
+                f"malformed streamed /generate answer from {url}: {problem} (in the last chunk)"
+            ),
+        )
         yield Generation(ids, logprobs, finish, info=meta)
 
     def _request(
@@ -192,7 +203,9 @@ class SGLangEngine(HTTPEngine):
     ) -> None:
         """Poll :meth:`health` until it is true; :class:`EngineTimeoutError` after ``timeout`` s."""
         await self.wait_until_ok(
-            "/health_generate" if generate else "/health", timeout, poll_interval_s=poll_interval_s,
+            "/health_generate" if generate else "/health",
+            timeout,
+            poll_interval_s=poll_interval_s,
             hint="; is it running, and has it finished loading the model?",
         )
 
@@ -214,7 +227,8 @@ def _new_tokens(chunk: Any, have: int, url: str) -> tuple[list[int], list[float]
     if not _is_int(total) or not isinstance(entries, list):
         raise bad("a chunk without 'meta_info.completion_tokens' or 'meta_info.output_token_logprobs'")
     generation = parse_generate_response(
-        {**chunk, "meta_info": {**meta, "finish_reason": meta.get("finish_reason") or "length"}}, url=url)
+        {**chunk, "meta_info": {**meta, "finish_reason": meta.get("finish_reason") or "length"}}, url=url
+    )
     ids, logprobs = generation.token_ids, generation.logprobs
     if len(ids) == total:  # cumulative (SGLang's default): the tokens so far
         if total < have:
@@ -302,5 +316,3 @@ def _is_number(value: Any) -> bool:
 
 def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-

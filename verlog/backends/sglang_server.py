@@ -50,16 +50,32 @@ _NEUTRAL_PARAMS: dict[str, Any] = {
     "stop_regex": None,
 }
 #: sampling params that only shape the decoded ``text``, which ids-only clients ignore
-_TEXT_ONLY_PARAMS = frozenset({"skip_special_tokens", "spaces_between_special_tokens",
-                               "no_stop_trim", "stream_interval"})
-_SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k", "max_new_tokens", "stop",
-                            "stop_token_ids", "sampling_seed"})
+_TEXT_ONLY_PARAMS = frozenset(
+    {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval"}
+)
+_SAMPLING_KEYS = frozenset(
+    {"temperature", "top_p", "top_k", "max_new_tokens", "stop", "stop_token_ids", "sampling_seed"}
+)
 #: top-level request fields this server reads, or ignores because they do not change the
 #: ids or logprobs; any other field is accepted only when null or false (i.e. switched off)
-_KNOWN_FIELDS = frozenset({"rid", "input_ids", "sampling_params", "return_logprob",
-                           "logprob_start_len", "top_logprobs_num", "stream",
-                           "return_text_in_logprobs", "log_metrics", "session_id",
-                           "routing_key", "priority", "custom_labels", "no_logs"})
+_KNOWN_FIELDS = frozenset(
+    {
+        "rid",
+        "input_ids",
+        "sampling_params",
+        "return_logprob",
+        "logprob_start_len",
+        "top_logprobs_num",
+        "stream",
+        "return_text_in_logprobs",
+        "log_metrics",
+        "session_id",
+        "routing_key",
+        "priority",
+        "custom_labels",
+        "no_logs",
+    }
+)
 
 
 class BadRequest(ValueError):
@@ -223,8 +239,7 @@ class SGLangCompatServer(LocalServer):
             self._running_rids.discard(rid)
         self.stats.served += 1
         return web.json_response(
-            self.render_response(rid, prompt_ids, sampling, generation, want_logprobs,
-                                 time.perf_counter() - started)
+            self.render_response(rid, prompt_ids, sampling, generation, want_logprobs, time.perf_counter() - started)
         )
 
     async def _stream(
@@ -292,9 +307,7 @@ class SGLangCompatServer(LocalServer):
             "e2e_latency": latency_s,
         }
         if want_logprobs:
-            meta["output_token_logprobs"] = [
-                [float(lp), int(t), None] for lp, t in zip(generation.logprobs, ids)
-            ]
+            meta["output_token_logprobs"] = [[float(lp), int(t), None] for lp, t in zip(generation.logprobs, ids)]
         out: dict[str, Any] = {"output_ids": ids, "meta_info": meta}
         if self.detokenize is not None:
             out["text"] = self.detokenize(ids)
@@ -319,8 +332,7 @@ def parse_generate_request(body: Any) -> tuple[list[int], SamplingParams, str, b
         raise BadRequest("batched 'input_ids' are not supported: send one prompt per request")
     if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
         raise BadRequest("'input_ids' must be a list of non-negative integers")
-    unknown = sorted(k for k, v in body.items() if k not in _KNOWN_FIELDS and v is not None
-                     and v is not False)
+    unknown = sorted(k for k, v in body.items() if k not in _KNOWN_FIELDS and v is not None and v is not False)
     if unknown:
         raise BadRequest(f"unsupported request fields: {', '.join(unknown)}")
     if body.get("stream") not in (None, True, False):
@@ -344,8 +356,10 @@ def _parse_sampling(raw: Any) -> SamplingParams:
     if not isinstance(raw, dict):
         raise BadRequest("'sampling_params' must be a JSON object")
     unsupported = sorted(
-        key for key, value in raw.items()
-        if key not in _SAMPLING_KEYS and key not in _TEXT_ONLY_PARAMS
+        key
+        for key, value in raw.items()
+        if key not in _SAMPLING_KEYS
+        and key not in _TEXT_ONLY_PARAMS
         and not (key in _NEUTRAL_PARAMS and value == _NEUTRAL_PARAMS[key])
     )
     if unsupported:
@@ -361,14 +375,16 @@ def _parse_sampling(raw: Any) -> SamplingParams:
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise BadRequest("'stop' must be a string or a list of strings")
     stop_ids = get("stop_token_ids", [])
-    if not isinstance(stop_ids, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in stop_ids
-    ):
+    if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
         raise BadRequest("'stop_token_ids' must be a list of token ids")
     top_k = get("top_k", -1)
     seed = raw.get("sampling_seed")
-    numbers = {"temperature": get("temperature", 1.0), "top_p": get("top_p", 1.0),
-               "top_k": top_k, "max_new_tokens": get("max_new_tokens", 128)}
+    numbers = {
+        "temperature": get("temperature", 1.0),
+        "top_p": get("top_p", 1.0),
+        "top_k": top_k,
+        "max_new_tokens": get("max_new_tokens", 128),
+    }
     for key, value in numbers.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise BadRequest(f"'{key}' must be a number, got {value!r}")

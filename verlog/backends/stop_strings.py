@@ -97,8 +97,9 @@ class StopStrings:
         table_bytes: the most bytes the table may take.
     """
 
-    def __init__(self, tokenizer: object, vocab_size: int, device: torch.device,
-                 table_bytes: int = DEFAULT_TABLE_BYTES):
+    def __init__(
+        self, tokenizer: object, vocab_size: int, device: torch.device, table_bytes: int = DEFAULT_TABLE_BYTES
+    ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.device = device

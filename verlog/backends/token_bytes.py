@@ -22,8 +22,11 @@ def _byte_level_alphabet() -> dict[str, int]:
 
     Bytes that are printable Latin-1 stand for themselves; the others (controls, space, soft
     hyphen, ...) take the characters from U+0100 on, in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
-                 *range(ord("\xae"), ord("\xff") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\xa1"), ord("\xac") + 1),
+        *range(ord("\xae"), ord("\xff") + 1),
+    ]
     alphabet = {chr(b): b for b in printable}
     others = sorted(set(range(256)) - set(printable))
     alphabet.update({chr(0x100 + n): b for n, b in enumerate(others)})
@@ -44,8 +47,10 @@ class TokenBytes:
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
-        self.added = {i: getattr(t, "content", str(t))
-                      for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()}
+        self.added = {
+            i: getattr(t, "content", str(t))
+            for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
+        }
         self.byte_level = _is_byte_level(tokenizer)
         self._alphabet = _byte_level_alphabet() if self.byte_level else {}
 

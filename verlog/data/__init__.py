@@ -19,6 +19,19 @@ from verlog.data.tasks import (
 )
 
 __all__ = [
-    "DataError", "EpochOrder", "RowTasks", "Rows", "SeedTasks", "Task", "TaskSource", "input_maker", "load_tasks",
-    "makes_input_from_row", "messages_input", "read_rows", "row_digest", "shared_rows", "split_rows",
+    "DataError",
+    "EpochOrder",
+    "RowTasks",
+    "Rows",
+    "SeedTasks",
+    "Task",
+    "TaskSource",
+    "input_maker",
+    "load_tasks",
+    "makes_input_from_row",
+    "messages_input",
+    "read_rows",
+    "row_digest",
+    "shared_rows",
+    "split_rows",
 ]

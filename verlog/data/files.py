@@ -89,10 +89,14 @@ def read_rows(source: DataSourceConfig, split: str) -> Rows:
             names = sorted(loaded)
             if source.split is None:
                 if len(names) != 1:
-                    raise DataError(f"data.{split}.split: {source.path!r} holds the splits {', '.join(names)}; name one")
+                    raise DataError(
+                        f"data.{split}.split: {source.path!r} holds the splits {', '.join(names)}; name one"
+                    )
                 dataset = loaded[names[0]]
             elif source.split not in loaded:
-                raise DataError(f"data.{split}.split: {source.split!r} is not in {source.path!r} (it has {', '.join(names)})")
+                raise DataError(
+                    f"data.{split}.split: {source.split!r} is not in {source.path!r} (it has {', '.join(names)})"
+                )
             else:
                 dataset = loaded[source.split]
         else:
@@ -143,7 +147,7 @@ def json_problem(path: str) -> str | None:
                 return f"{path}:{first_error.lineno}:{first_error.colno}: not valid JSON: {first_error.msg}"
             return f"{path}:{number}:{exc.colno}: not valid JSON: {exc.msg}"
         if not isinstance(value, dict):
-            return f"{path}:{number}: a JSONL row must be a JSON object ({{\"column\": value, ...}}), got {type(value).__name__}"
+            return f'{path}:{number}: a JSONL row must be a JSON object ({{"column": value, ...}}), got {type(value).__name__}'
     return None
 
 

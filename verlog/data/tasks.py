@@ -22,7 +22,14 @@ from verlog.data.inputs import input_maker
 from verlog.graph_file import GraphFile
 
 __all__ = [
-    "EpochOrder", "RowTasks", "SeedTasks", "Task", "TaskSource", "load_tasks", "shared_rows", "split_rows",
+    "EpochOrder",
+    "RowTasks",
+    "SeedTasks",
+    "Task",
+    "TaskSource",
+    "load_tasks",
+    "shared_rows",
+    "split_rows",
 ]
 
 
@@ -130,7 +137,11 @@ def split_rows(config: EpisodeSources, split: str) -> Rows:
 
 
 def load_tasks(
-    config: EpisodeSources, graph_file: GraphFile, split: SplitName = "train", *, first_seed: int = 0,
+    config: EpisodeSources,
+    graph_file: GraphFile,
+    split: SplitName = "train",
+    *,
+    first_seed: int = 0,
     in_order: bool = False,
 ) -> TaskSource:
     """The tasks of ``split`` for ``graph_file``: its dataset rows when the config has a data

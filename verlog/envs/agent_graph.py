@@ -138,8 +138,12 @@ def balrog_wording(env_name: str, source: BalrogSource | None) -> balrog_protoco
     name = settings.balrog_name(task)
     prompt = settings.prompt
     instruction = None if prompt is None else (lambda env: source.instruction(prompt(env, name)))
-    return balrog_protocol.Wording(answer_rule=source.answer_rule, invalid_note=source.invalid_note,
-                                   instruction=instruction, source=str(source.root))
+    return balrog_protocol.Wording(
+        answer_rule=source.answer_rule,
+        invalid_note=source.invalid_note,
+        instruction=instruction,
+        source=str(source.root),
+    )
 
 
 def balrog_env_kwargs(env_name: str, source: BalrogSource | None) -> dict[str, Any]:
@@ -241,11 +245,20 @@ def build_env_graph(
         game_id = uuid.uuid4().hex
         games.add(game_id, env)
         return {
-            "seed": seed, "game_id": game_id, "actions": [], "observation": observation,
+            "seed": seed,
+            "game_id": game_id,
+            "actions": [],
+            "observation": observation,
             "history_observation": str(getattr(env, "history_observation", None) or observation),
-            "instruction": wording.instruction_for(env) if instruction is None
+            "instruction": wording.instruction_for(env)
+            if instruction is None
             else instruction.replace("{mission}", str(getattr(env, "mission", ""))),
-            "history": [], "feedback": "", "steps": 0, "episode_return": 0.0, "done": False, "info": {},
+            "history": [],
+            "feedback": "",
+            "steps": 0,
+            "episode_return": 0.0,
+            "done": False,
+            "info": {},
         }
 
     def prompt_of(state: GameState) -> list[BaseMessage]:
@@ -253,8 +266,9 @@ def build_env_graph(
         next state)."""
         if balrog:
             assert history_turns is not None
-            return balrog_protocol.build_prompt(state["instruction"], state["history"], state["observation"],
-                                                history_turns, wording.answer_rule)
+            return balrog_protocol.build_prompt(
+                state["instruction"], state["history"], state["observation"], history_turns, wording.answer_rule
+            )
         return build_prompt(
             state["instruction"], state["history"], state["observation"], history_turns, state.get("feedback", "")
         )
@@ -294,8 +308,13 @@ def build_env_graph(
         next_messages = prompt_of({**state, **update}) if cut else None
         # the state the step was taken in, for estimators that compare turns by state (GiGPO)
         anchor = hashlib.sha1(state["observation"].encode()).hexdigest()[:16]
-        await areport_reward(result.reward, terminated=result.terminated, truncated=result.truncated,
-                             info={**result.info, ANCHOR_KEY: anchor}, next_messages=next_messages)
+        await areport_reward(
+            result.reward,
+            terminated=result.terminated,
+            truncated=result.truncated,
+            info={**result.info, ANCHOR_KEY: anchor},
+            next_messages=next_messages,
+        )
         return update
 
     graph = StateGraph(GameState)
@@ -307,6 +326,7 @@ def build_env_graph(
     graph.add_edge("reset", "memory")
     graph.add_edge("memory", "policy")
     graph.add_edge("policy", "environment")
+
     async def next_step(state: GameState) -> str:
         return END if state["done"] else "memory"
 
@@ -418,7 +438,13 @@ def build_game_graph(
         max_tokens = balrog.max_tokens if balrog else None
     kwargs = {"max_steps": max_steps, "invalid_action_penalty": invalid_action_penalty, **env_kwargs}
     return build_env_graph(
-        model, env_name, history_turns=history_turns, max_tokens=max_tokens,  # type: ignore[arg-type]
-        env_kwargs={k: v for k, v in kwargs.items() if v is not None}, protocol=protocol,
-        instruction=instruction, balrog_source=balrog_source, constrain_answers=constrain_answers,
+        model,
+        env_name,
+        history_turns=history_turns,
+        max_tokens=max_tokens,  # type: ignore[arg-type]
+        env_kwargs={k: v for k, v in kwargs.items() if v is not None},
+        protocol=protocol,
+        instruction=instruction,
+        balrog_source=balrog_source,
+        constrain_answers=constrain_answers,
     )

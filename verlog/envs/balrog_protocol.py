@@ -137,7 +137,7 @@ def build_prompt(
         if past_answer:
             events.append(("answer", past_answer))
     events.append(("observation", observation))
-    window = events[-2 * history_length:] if history_length > 0 else events[-1:]
+    window = events[-2 * history_length :] if history_length > 0 else events[-1:]
     shown = max(history_length, 1)
     observations = [i for i, (kind, _) in enumerate(window) if kind == "observation"]
     with_text = set(observations[-shown:])

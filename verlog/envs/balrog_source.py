@@ -54,8 +54,11 @@ NAIVE_AGENT = Path("balrog/agents/naive.py")
 EVALUATOR = Path("balrog/evaluator.py")
 CONFIG = Path("balrog/config/config.yaml")
 #: BALROG's files outside the environment packages whose rules verlog plays by (hashed, not read)
-RULE_FILES_ALSO: tuple[Path, ...] = (Path("balrog/environments/__init__.py"), Path("balrog/environments/env_wrapper.py"),
-                                     Path("balrog/prompt_builder/history.py"))
+RULE_FILES_ALSO: tuple[Path, ...] = (
+    Path("balrog/environments/__init__.py"),
+    Path("balrog/environments/env_wrapper.py"),
+    Path("balrog/prompt_builder/history.py"),
+)
 #: the kinds of file in BALROG's environment packages that decide a game's text or rules
 RULE_SUFFIXES = frozenset({".py", ".json", ".yaml", ".txt"})
 
@@ -174,8 +177,11 @@ class BalrogSource:
         found = [path for path in RULE_FILES_ALSO if (self.root / path).is_file()]
         for folder in folders:
             if (self.root / folder).is_dir():
-                found += sorted(path.relative_to(self.root) for path in (self.root / folder).rglob("*")
-                                if path.is_file() and path.suffix in RULE_SUFFIXES)
+                found += sorted(
+                    path.relative_to(self.root)
+                    for path in (self.root / folder).rglob("*")
+                    if path.is_file() and path.suffix in RULE_SUFFIXES
+                )
         read = set(self.text_files())
         return [path for path in dict.fromkeys(found) if path not in read]
 
@@ -202,8 +208,9 @@ class BalrogSource:
         if self._answer_rule is None:
             path = self.root / NAIVE_AGENT
             for node in ast.walk(_parse(path)):
-                if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "naive_instruction"
-                                                         for t in node.targets)):
+                if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "naive_instruction" for t in node.targets
+                ):
                     value = eval(compile(ast.Expression(node.value), str(path), "eval"), {"__builtins__": {}})
                     if isinstance(value, str):
                         self._answer_rule = value
@@ -218,9 +225,14 @@ class BalrogSource:
             path = self.root / EVALUATOR
             template = None
             for node in ast.walk(_parse(path)):
-                if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and isinstance(node.left, ast.JoinedStr)
-                        and isinstance(node.right, ast.Subscript) and isinstance(node.right.slice, ast.Constant)
-                        and node.right.slice.value == "long_term_context"):
+                if (
+                    isinstance(node, ast.BinOp)
+                    and isinstance(node.op, ast.Add)
+                    and isinstance(node.left, ast.JoinedStr)
+                    and isinstance(node.right, ast.Subscript)
+                    and isinstance(node.right.slice, ast.Constant)
+                    and node.right.slice.value == "long_term_context"
+                ):
                     template = node.left
                     break
             names = {n.id for n in ast.walk(template) if isinstance(n, ast.Name)} if template is not None else set()
@@ -240,8 +252,11 @@ class BalrogSource:
                 return self._modules[package]
             path = self.root / "balrog" / "environments" / package / "__init__.py"
             tree = _parse(path)
-            namespace: dict[str, Any] = {"__name__": f"balrog.environments.{package}", "__file__": str(path),
-                                         "__builtins__": builtins}
+            namespace: dict[str, Any] = {
+                "__name__": f"balrog.environments.{package}",
+                "__file__": str(path),
+                "__builtins__": builtins,
+            }
             for node in tree.body:
                 if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
                     sibling = _literal_assignments(path.parent / f"{node.module.replace('.', '/')}.py")
@@ -318,8 +333,12 @@ class BalrogSource:
                 for path in game_files(game):
                     files[os.path.relpath(path, self.root)] = _sha256(path)
         total = hashlib.sha256("".join(f"{name}\t{digest}\n" for name, digest in sorted(files.items())).encode())
-        self._provenance = {"path": str(self.root), "sha256": total.hexdigest(), "files": files,
-                            "textworld_games": {task: len(paths) for task, paths in sorted(games.items())}}
+        self._provenance = {
+            "path": str(self.root),
+            "sha256": total.hexdigest(),
+            "files": files,
+            "textworld_games": {task: len(paths) for task, paths in sorted(games.items())},
+        }
         return self._provenance
 
 

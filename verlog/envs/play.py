@@ -92,8 +92,10 @@ def play(
     print_fn(f"{RULE}\nINSTRUCTION ({role})\n{RULE}\n{wording.instruction_for(env)}")
     steps, total, info, stopped, feedback = 0, 0.0, {}, False, ""
     while True:
-        print_fn(f"{RULE}\nTURN {steps + 1}: what the model reads\n{RULE}\n"
-                 f"{model_message(observation, feedback, protocol, wording)}")
+        print_fn(
+            f"{RULE}\nTURN {steps + 1}: what the model reads\n{RULE}\n"
+            f"{model_message(observation, feedback, protocol, wording)}"
+        )
         if bot is not None:
             answer = bot.act(observation)
             print_fn(f"> {answer}")
@@ -115,10 +117,7 @@ def play(
         if result.done:
             end = "terminated" if result.terminated else "truncated"
             print_fn(f"{RULE}\nFINAL OBSERVATION\n{RULE}\n{observation}")
-            print_fn(
-                f"{RULE}\nepisode {end} after {steps} steps: return {total:+.2f}, "
-                f"success {info.get('success')}"
-            )
+            print_fn(f"{RULE}\nepisode {end} after {steps} steps: return {total:+.2f}, success {info.get('success')}")
             break
     env.close()
     return {

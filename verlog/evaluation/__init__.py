@@ -19,7 +19,22 @@ from verlog.evaluation.runner import EpisodeLog, EvalError, evaluate, play_episo
 from verlog.evaluation.tasks import EvalTask, config_tasks, plan_tasks
 
 __all__ = [
-    "EpisodeLog", "EpisodeRecord", "EvalError", "EvalTask", "GroupResult", "Summary", "TaskResult", "config_tasks",
-    "eval_table", "evaluate", "mean_of_means", "mean_se", "play_episode", "play_tasks", "plan_tasks",
-    "print_results", "summarize", "summary_table",
+    "EpisodeLog",
+    "EpisodeRecord",
+    "EvalError",
+    "EvalTask",
+    "GroupResult",
+    "Summary",
+    "TaskResult",
+    "config_tasks",
+    "eval_table",
+    "evaluate",
+    "mean_of_means",
+    "mean_se",
+    "play_episode",
+    "play_tasks",
+    "plan_tasks",
+    "print_results",
+    "summarize",
+    "summary_table",
 ]

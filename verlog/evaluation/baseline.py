@@ -53,7 +53,9 @@ class RandomActionChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "random-valid-action"
 
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
         metadata = (run_manager.metadata if run_manager is not None else None) or ensure_config().get("metadata") or {}
         episode = str(metadata.get(EPISODE_ID_KEY, ""))
         with self._lock:  # an episode's calls come one after another; episodes may come from threads
@@ -74,7 +76,9 @@ def game_actions(task: EvalTask) -> list[str]:
     try:
         env = make_env(name, protocol=kwargs.get("protocol", "verlog"))
     except Exception as exc:  # noqa: BLE001 - any failure means: no game to take actions from
-        raise EvalError(f"no random-action baseline for {task.label!r}: its game {name!r} cannot be made ({exc})") from None
+        raise EvalError(
+            f"no random-action baseline for {task.label!r}: its game {name!r} cannot be made ({exc})"
+        ) from None
     try:
         env.reset(0)
         return list(env.valid_actions())
@@ -99,22 +103,29 @@ def _gain(a: dict[str, Any], b: dict[str, Any] | TaskResult) -> str:
     return f"{diff:+.2f} ({in_se:+.1f} s.e.)" if se > 0 else f"{diff:+.2f}"
 
 
-def comparison_table(task: str, random_result: TaskResult, before: dict[str, Any] | None,
-                     after: dict[str, Any] | None, updates: int) -> Table:
+def comparison_table(
+    task: str, random_result: TaskResult, before: dict[str, Any] | None, after: dict[str, Any] | None, updates: int
+) -> Table:
     """One task: random valid actions, before and after training (win rate ± s.e., episodes),
     and the after-training gains (in standard errors of the difference)."""
-    table = Table(title=f"{task}: win rate on {random_result.episodes} held-out seeds (mean ± standard error)",
-                  caption="after minus this: the difference, and in standard errors of the difference")
+    table = Table(
+        title=f"{task}: win rate on {random_result.episodes} held-out seeds (mean ± standard error)",
+        caption="after minus this: the difference, and in standard errors of the difference",
+    )
     for col in ("player", "episodes", "win rate", "length", "after minus this"):
         table.add_column(col, justify="left" if col == "player" else "right")
-    rows = [("random valid actions", random_result.as_dict()), ("before training", before),
-            (f"after {updates} updates", after)]
+    rows = [
+        ("random valid actions", random_result.as_dict()),
+        ("before training", before),
+        (f"after {updates} updates", after),
+    ]
     for name, r in rows:
         if r is None:
             continue
         gain = _gain(after, r) if after is not None and r is not after else ""
-        table.add_row(name, str(r["episodes"]), f"{r['win_rate']:.2f} ± {r['win_rate_se']:.2f}",
-                      f"{r['length_mean']:.1f}", gain)
+        table.add_row(
+            name, str(r["episodes"]), f"{r['win_rate']:.2f} ± {r['win_rate_se']:.2f}", f"{r['length_mean']:.1f}", gain
+        )
     return table
 
 
@@ -126,7 +137,8 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     parser = argparse.ArgumentParser(
         prog="python -m verlog.evaluation.baseline",
         description="Play random valid actions on a training run's held-out eval seeds and print them beside "
-                    "the run's win rates before and after training.")
+        "the run's win rates before and after training.",
+    )
     parser.add_argument("run_dir", help="a verlog train run folder (its config.yaml and eval.json)")
     parser.add_argument("--seed", type=int, default=0, help="the random player's seed")
     args = parser.parse_args(argv)

@@ -48,32 +48,58 @@ CHART_FILE = "progression.png"
 def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     """Give ``verlog eval``'s parser (the CLI makes it, with its one-line help) its description,
     arguments and command."""
-    p.description = ("Play seeded episodes of one or more configs' graphs (or a --suite) with a checkpoint or "
-                     "any OpenAI-compatible endpoint. Finished episodes are saved as they end; the same command "
-                     "resumes an interrupted run.")
-    p.add_argument("targets", nargs="*", metavar="CONFIG|key=value",
-                   help="config files (see configs/) and key.path=value overrides applied to every config")
+    p.description = (
+        "Play seeded episodes of one or more configs' graphs (or a --suite) with a checkpoint or "
+        "any OpenAI-compatible endpoint. Finished episodes are saved as they end; the same command "
+        "resumes an interrupted run."
+    )
+    p.add_argument(
+        "targets",
+        nargs="*",
+        metavar="CONFIG|key=value",
+        help="config files (see configs/) and key.path=value overrides applied to every config",
+    )
     p.add_argument("--suite", default=None, help="a suite of configs, e.g. balrog (configs/suites/NAME.yaml) or a path")
     p.add_argument("--checkpoint", default=None, help="a run folder (its latest checkpoint) or a checkpoint folder")
     p.add_argument("--base-url", default=None, help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", default=None, help="the model name the endpoint serves (with --base-url)")
     p.add_argument("--api-key", default=None, help="the endpoint's key (default: $VERLOG_API_KEY, $OPENAI_API_KEY)")
-    p.add_argument("--episodes", type=int, default=None,
-                   help="episodes per task (default: eval.episodes; with a data section, every row of the split)")
-    p.add_argument("--split", choices=EVAL_SPLITS, default=None,
-                   help="with a data section: the split whose rows are played (default: eval.split, test)")
+    p.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="episodes per task (default: eval.episodes; with a data section, every row of the split)",
+    )
+    p.add_argument(
+        "--split",
+        choices=EVAL_SPLITS,
+        default=None,
+        help="with a data section: the split whose rows are played (default: eval.split, test)",
+    )
     p.add_argument("--concurrency", type=int, default=None, help="episodes at once (default: eval.concurrency)")
-    p.add_argument("--temperature", type=float, default=None,
-                   help="sampling temperature (default: eval.temperature, else sampling.temperature)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature (default: eval.temperature, else sampling.temperature)",
+    )
     p.add_argument("--max-tokens", type=int, default=None, help="most tokens per answer (default: sampling.max_tokens)")
-    p.add_argument("--graph-kwargs", default=None, metavar="JSON",
-                   help="keyword arguments of every task's build_graph, applied last (they win over the suite's "
-                   "and the configs'), e.g. '{\"max_steps\": 10, \"max_tokens\": 32}' for a smoke run; changing "
-                   "a suite's settings makes its scores not its protocol's (the run says so)")
-    p.add_argument("--balrog", default=None, metavar="PATH",
-                   help="your BALROG (a checkout of github.com/balrog-ai/BALROG or its installed package; default "
-                   "$VERLOG_BALROG): BALROG-protocol tasks use its own instructions, answer rule and invalid-answer "
-                   "note, and TextWorld its games; without it the wording is verlog's (the run says so)")
+    p.add_argument(
+        "--graph-kwargs",
+        default=None,
+        metavar="JSON",
+        help="keyword arguments of every task's build_graph, applied last (they win over the suite's "
+        'and the configs\'), e.g. \'{"max_steps": 10, "max_tokens": 32}\' for a smoke run; changing '
+        "a suite's settings makes its scores not its protocol's (the run says so)",
+    )
+    p.add_argument(
+        "--balrog",
+        default=None,
+        metavar="PATH",
+        help="your BALROG (a checkout of github.com/balrog-ai/BALROG or its installed package; default "
+        "$VERLOG_BALROG): BALROG-protocol tasks use its own instructions, answer rule and invalid-answer "
+        "note, and TextWorld its games; without it the wording is verlog's (the run says so)",
+    )
     p.add_argument("--out", default=None, help="output folder (default: CHECKPOINT/eval, else runs/eval/MODEL)")
     p.add_argument("--fresh", action="store_true", help="discard the episodes already in the output folder")
     p.add_argument("--json", default=None, help="also write the summary JSON to this file")
@@ -119,15 +145,19 @@ def _balrog_source(path: str | None, tasks: list[EvalTask], console: Console) ->
     if not playing:
         return source
     if source is None:
-        console.print("[yellow]wording: verlog's (its paraphrase of BALROG's instructions, answer rule and invalid-answer "
-                      "note; TextWorld plays verlog's regenerated games): give --balrog PATH (or $VERLOG_BALROG) to "
-                      "use BALROG's own[/]", soft_wrap=True)
+        console.print(
+            "[yellow]wording: verlog's (its paraphrase of BALROG's instructions, answer rule and invalid-answer "
+            "note; TextWorld plays verlog's regenerated games): give --balrog PATH (or $VERLOG_BALROG) to "
+            "use BALROG's own[/]",
+            soft_wrap=True,
+        )
         return None
     provenance = source.provenance()
     for t in playing:  # in the graph settings, so resuming never mixes episodes of other texts
         t.graph_kwargs.setdefault("balrog_source", {"path": provenance["path"], "sha256": provenance["sha256"]})
-    console.print(f"wording: BALROG's own, read from {provenance['path']} (sha256 {provenance['sha256'][:12]})",
-                  soft_wrap=True)
+    console.print(
+        f"wording: BALROG's own, read from {provenance['path']} (sha256 {provenance['sha256'][:12]})", soft_wrap=True
+    )
     return source
 
 
@@ -142,8 +172,9 @@ def write_provenance(out: Path, provenance: dict[str, Any]) -> None:
     (out / BALROG_SOURCE_FILE).write_text(json.dumps(provenance, indent=1))
 
 
-def _balrog_change(out: Path, stale: list[EpisodeRecord], planned: dict[str, EvalTask], specs: dict, model: Any,
-                   source: Any) -> str | None:
+def _balrog_change(
+    out: Path, stale: list[EpisodeRecord], planned: dict[str, EvalTask], specs: dict, model: Any, source: Any
+) -> str | None:
     """Why finished episodes no longer match when the BALROG files are the reason: those files
     changed since (named, from the provenance the earlier run kept), or the episodes were played
     with another wording (with or without ``--balrog``); ``None`` when it is something else."""
@@ -168,17 +199,21 @@ def _balrog_change(out: Path, stale: list[EpisodeRecord], planned: dict[str, Eva
     if task.graph_kwargs.get("protocol") != "balrog":
         return None
     played_with_earlier = earlier is not None and record.spec == spec_with(
-        {"path": earlier["path"], "sha256": earlier["sha256"]})
+        {"path": earlier["path"], "sha256": earlier["sha256"]}
+    )
     if source is None:
         if played_with_earlier:
-            return (f"(BALROG's own wording and games, read from {earlier['path']}; this run has no --balrog, so "
-                    "verlog's)")
+            return (
+                f"(BALROG's own wording and games, read from {earlier['path']}; this run has no --balrog, so verlog's)"
+            )
         return None
     if played_with_earlier and earlier["sha256"] != source.provenance()["sha256"]:
         names = changed_files(earlier.get("files", {}), source.provenance()["files"])
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        return (f"(the BALROG files at {source.root} changed since they were played: {shown}; BALROG's texts or "
-                "games would mix two versions)")
+        return (
+            f"(the BALROG files at {source.root} changed since they were played: {shown}; BALROG's texts or "
+            "games would mix two versions)"
+        )
     if record.spec == spec_with(None):
         return "(verlog's wording, without --balrog; this run reads BALROG's own)"
     return None
@@ -206,29 +241,40 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     # every setting that differs from the suite's protocol is named, whatever changed it
     changed = protocol_differences(tasks, args.suite, args.episodes) if args.suite else []
     if changed:
-        why = (" (balrog_source: no --balrog, so verlog's wording and regenerated TextWorld games, not BALROG's)"
-               if NO_BALROG_SOURCE in changed else "")
+        why = (
+            " (balrog_source: no --balrog, so verlog's wording and regenerated TextWorld games, not BALROG's)"
+            if NO_BALROG_SOURCE in changed
+            else ""
+        )
         console.print(
             f"[yellow]not the suite's protocol: {', '.join(changed)} differ from it{why}, so these scores are not "
-            "the suite's[/]", soft_wrap=True,
+            "the suite's[/]",
+            soft_wrap=True,
         )
     if not args.no_chart:
         require_matplotlib()
     first = tasks[0].config
     if args.base_url:
-        model: Any = EndpointModel(args.base_url, args.model, api_key=args.api_key, temperature=args.temperature,
-                                   max_tokens=args.max_tokens)
+        model: Any = EndpointModel(
+            args.base_url, args.model, api_key=args.api_key, temperature=args.temperature, max_tokens=args.max_tokens
+        )
         out = Path(args.out or Path("runs") / "eval" / _slug(args.model))
     else:
         paths = sorted({t.config.model.path for t in tasks})
         if len(paths) > 1:
-            raise EvalError(f"the configs name different models ({', '.join(paths)}): one model is evaluated per "
-                            "run; give all of them the same one, e.g. model.path=...")
+            raise EvalError(
+                f"the configs name different models ({', '.join(paths)}): one model is evaluated per "
+                "run; give all of them the same one, e.g. model.path=..."
+            )
         try:
             model = EngineModel(first, args.checkpoint, temperature=args.temperature, max_tokens=args.max_tokens)
         except FileNotFoundError as exc:
             raise EvalError(str(exc)) from None
-        out = Path(args.out) if args.out else (model.folder / "eval" if model.folder else Path("runs") / "eval" / _slug(model.label))
+        out = (
+            Path(args.out)
+            if args.out
+            else (model.folder / "eval" if model.folder else Path("runs") / "eval" / _slug(model.label))
+        )
 
     seeds = {t.key: episode_seeds(t, args.episodes) for t in tasks}
     for task in tasks:  # a responder that cannot be loaded stops here, in one line, before any episode
@@ -264,11 +310,24 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     new = _play(model, tasks, seeds, specs, finished, log, args.concurrency or first.eval.concurrency, console)
     records = {**on_disk, **{r.episode_id: r for r in new}}
     about = {
-        "model": model.label, "episodes": {t.label: len(seeds[t.key]) for t in tasks},
+        "model": model.label,
+        "episodes": {t.label: len(seeds[t.key]) for t in tasks},
         "seeds": {t.label: [seeds[t.key][0], seeds[t.key][-1]] for t in tasks if t.split is None},
-        **({"rows": {t.label: {"split": t.split, "source": t.config.data.split(t.split).path,
-                               "rows": [seeds[t.key][0], seeds[t.key][-1]]} for t in tasks if t.split is not None}}
-           if any(t.split is not None for t in tasks) else {}),
+        **(
+            {
+                "rows": {
+                    t.label: {
+                        "split": t.split,
+                        "source": t.config.data.split(t.split).path,
+                        "rows": [seeds[t.key][0], seeds[t.key][-1]],
+                    }
+                    for t in tasks
+                    if t.split is not None
+                }
+            }
+            if any(t.split is not None for t in tasks)
+            else {}
+        ),
         "sampling": {t.label: model.sampling(t.config) for t in tasks},
         **({"graph_kwargs_override": graph_kwargs} if graph_kwargs else {}),
         **({"not_the_suites_protocol": changed} if args.suite else {}),
@@ -278,8 +337,16 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     return _report(args, about, tasks, list(records.values()), out, console)
 
 
-def _play(model: Any, tasks: list[EvalTask], seeds: dict, specs: dict, finished: dict[str, EpisodeRecord],
-          log: EpisodeLog, concurrency: int, console: Console) -> list[EpisodeRecord]:
+def _play(
+    model: Any,
+    tasks: list[EvalTask],
+    seeds: dict,
+    specs: dict,
+    finished: dict[str, EpisodeRecord],
+    log: EpisodeLog,
+    concurrency: int,
+    console: Console,
+) -> list[EpisodeRecord]:
     totals: dict[str, int] = {}
     for t in tasks:
         totals[t.env] = totals.get(t.env, 0) + len(seeds[t.key])
@@ -290,13 +357,22 @@ def _play(model: Any, tasks: list[EvalTask], seeds: dict, specs: dict, finished:
             with console.status(f"loading {model.label}..."):
                 await model.start()
             with EvalProgress(console, totals, finished.values()) as progress:
+
                 def on_record(record: EpisodeRecord) -> None:
                     log.append(record)
                     new.append(record)
                     progress.add(record)
 
-                await play_tasks(tasks, model.chat_model, seeds, concurrency=concurrency, skip=finished,
-                                 specs=specs, on_record=on_record, max_consecutive_errors=MAX_CONSECUTIVE_ERRORS)
+                await play_tasks(
+                    tasks,
+                    model.chat_model,
+                    seeds,
+                    concurrency=concurrency,
+                    skip=finished,
+                    specs=specs,
+                    on_record=on_record,
+                    max_consecutive_errors=MAX_CONSECUTIVE_ERRORS,
+                )
         finally:
             log.close()
             await model.aclose()
@@ -310,8 +386,10 @@ def _play(model: Any, tasks: list[EvalTask], seeds: dict, specs: dict, finished:
         if not new:
             raise
         ok = sum(r.status != "error" for r in new)
-        raise EvalError(f"{exc}\n{len(finished) + ok} of {sum(totals.values())} episodes finished; {saved} "
-                        "(episodes that failed with an error are played again)") from None
+        raise EvalError(
+            f"{exc}\n{len(finished) + ok} of {sum(totals.values())} episodes finished; {saved} "
+            "(episodes that failed with an error are played again)"
+        ) from None
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted after {len(new)} new episodes;[/] {saved}")
         raise
@@ -333,8 +411,14 @@ def print_wide(console: Console, renderable: Any) -> None:
         console.width = saved
 
 
-def _report(args: argparse.Namespace, about: dict[str, Any], tasks: list[EvalTask], records: list[EpisodeRecord],
-            out: Path, console: Console) -> list[TaskResult]:
+def _report(
+    args: argparse.Namespace,
+    about: dict[str, Any],
+    tasks: list[EvalTask],
+    records: list[EpisodeRecord],
+    out: Path,
+    console: Console,
+) -> list[TaskResult]:
     label = about["model"]
     summary = summarize(records, [t.key for t in tasks])
     print_wide(console, summary_table(summary, f"evaluation of {label}", about.get("not_the_suites_protocol") or ()))
@@ -347,15 +431,23 @@ def _report(args: argparse.Namespace, about: dict[str, Any], tasks: list[EvalTas
     errors = [r for r in records if r.status == "error"]
     paused = [r for r in records if r.status == "interrupted"]
     if paused and len(paused) + len(errors) == len(records):  # nothing scored: the graph waits for a person
-        raise EvalError(f"every episode ({len(records)}) stopped at interrupt() or failed, nothing was scored "
-                        f"(first: {paused[0].error_line}); results so far in {out}")
+        raise EvalError(
+            f"every episode ({len(records)}) stopped at interrupt() or failed, nothing was scored "
+            f"(first: {paused[0].error_line}); results so far in {out}"
+        )
     if errors and len(errors) == len(records):  # nothing scored: a broken graph, input or engine, not a result
-        raise EvalError(f"every episode ({len(errors)}) ended with an error, nothing was scored (first: "
-                        f"{errors[0].error_line}); results so far in {out}")
+        raise EvalError(
+            f"every episode ({len(errors)}) ended with an error, nothing was scored (first: "
+            f"{errors[0].error_line}); results so far in {out}"
+        )
     if paused:
-        console.print(f"[yellow]{len(paused)} episode(s) stopped at interrupt() and are left out of the scores[/] "
-                      f"(first: {escape(paused[0].error_line)})")
+        console.print(
+            f"[yellow]{len(paused)} episode(s) stopped at interrupt() and are left out of the scores[/] "
+            f"(first: {escape(paused[0].error_line)})"
+        )
     if errors:
-        console.print(f"[yellow]{len(errors)} episode(s) ended with an error and are left out of the scores[/] (first: "
-                      f"{escape(errors[0].error_line)}); run the same command again to play them again")
+        console.print(
+            f"[yellow]{len(errors)} episode(s) ended with an error and are left out of the scores[/] (first: "
+            f"{escape(errors[0].error_line)}); run the same command again to play them again"
+        )
     return summary.tasks

@@ -31,30 +31,44 @@ def sampling_of(config: VerlogConfig, temperature: float | None, max_tokens: int
     else the config's ``sampling`` section."""
     s = config.sampling
     temp = next(t for t in (temperature, config.eval.temperature, s.temperature) if t is not None)
-    return {"temperature": temp, "max_tokens": max_tokens or s.max_tokens, "top_p": s.top_p, "top_k": s.top_k,
-            "stop": list(s.stop)}
+    return {
+        "temperature": temp,
+        "max_tokens": max_tokens or s.max_tokens,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "stop": list(s.stop),
+    }
 
 
 class EngineModel:
     """A checkpoint (or ``model.path``) played on the engine of ``config``; load with :meth:`start`."""
 
-    def __init__(self, config: VerlogConfig, checkpoint: str | None, *, temperature: float | None = None,
-                 max_tokens: int | None = None):
+    def __init__(
+        self,
+        config: VerlogConfig,
+        checkpoint: str | None,
+        *,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+    ):
         from verlog.weights.policy import find_policy
 
         self.config = config
         # checked here, before anything is written: the same loading as serve-model's
         self.source = find_policy(checkpoint if checkpoint is not None else config.model.path, base=config.model.path)
-        self.folder: Path | None = (self.source.checkpoint or self.source.adapter or self.source.model) \
-            if checkpoint is not None else None
+        self.folder: Path | None = (
+            (self.source.checkpoint or self.source.adapter or self.source.model) if checkpoint is not None else None
+        )
         self.label = str(self.folder) if self.folder is not None else config.model.path
         self.temperature, self.max_tokens = temperature, max_tokens
         self.engine: Any = None
         self.tokenizer: Any = None
 
     def sampling(self, config: VerlogConfig) -> dict[str, Any]:
-        return {**sampling_of(config, self.temperature, self.max_tokens),
-                "chat_template_kwargs": config.multi_turn.chat_template_kwargs}
+        return {
+            **sampling_of(config, self.temperature, self.max_tokens),
+            "chat_template_kwargs": config.multi_turn.chat_template_kwargs,
+        }
 
     async def start(self) -> None:
         """Load the policy's weights and start the engine."""
@@ -62,7 +76,9 @@ class EngineModel:
         from verlog.weights.policy import load_policy
 
         config = self.config
-        model, self.tokenizer = load_policy(self.source, dtype=config.model.dtype, device=pick_device(config.model.device))
+        model, self.tokenizer = load_policy(
+            self.source, dtype=config.model.dtype, device=pick_device(config.model.device)
+        )
         self.engine = build_engine(config, self.tokenizer, model)
 
     def chat_model(self, task: EvalTask) -> Any:
@@ -70,7 +86,8 @@ class EngineModel:
 
         s = sampling_of(task.config, self.temperature, self.max_tokens)
         return build_chat_model(task.config, self.engine, self.tokenizer).model_copy(
-            update={"temperature": s["temperature"], "max_tokens": s["max_tokens"]})
+            update={"temperature": s["temperature"], "max_tokens": s["max_tokens"]}
+        )
 
     async def aclose(self) -> None:
         if self.engine is not None:
@@ -80,8 +97,17 @@ class EngineModel:
 class EndpointModel:
     """A model behind an OpenAI-compatible endpoint, called with LangChain's ``ChatOpenAI``."""
 
-    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, temperature: float | None = None,
-                 max_tokens: int | None = None, timeout_s: float = 300.0, max_retries: int = 2):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        timeout_s: float = 300.0,
+        max_retries: int = 2,
+    ):
         try:
             import langchain_openai  # noqa: F401
         except ImportError:
@@ -110,8 +136,13 @@ class EndpointModel:
         extra: dict[str, Any] = {"stop": s["stop"]} if s["stop"] else {}
         if s["top_p"] != 1.0:
             extra["top_p"] = s["top_p"]
-        return self._client(temperature=s["temperature"], max_tokens=s["max_tokens"], timeout=self.timeout_s,
-                            max_retries=self.max_retries, **extra)
+        return self._client(
+            temperature=s["temperature"],
+            max_tokens=s["max_tokens"],
+            timeout=self.timeout_s,
+            max_retries=self.max_retries,
+            **extra,
+        )
 
     async def start(self) -> None:
         """One short request: fails with :class:`EvalError` when the endpoint cannot serve ``model``."""
@@ -124,17 +155,23 @@ class EndpointModel:
             cause: BaseException = exc
             while cause.__cause__ is not None or cause.__context__ is not None:  # the root: refused, DNS ...
                 cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
-            raise EvalError(f"cannot reach {where} ({type(cause).__name__}: {cause}); is the server running, and "
-                            "does the URL end with /v1?") from None
+            raise EvalError(
+                f"cannot reach {where} ({type(cause).__name__}: {cause}); is the server running, and "
+                "does the URL end with /v1?"
+            ) from None
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
-            raise EvalError(f"{where} refused the API key (HTTP {exc.status_code}): pass --api-key or set "
-                            f"${' or $'.join(API_KEY_VARS)}") from None
+            raise EvalError(
+                f"{where} refused the API key (HTTP {exc.status_code}): pass --api-key or set "
+                f"${' or $'.join(API_KEY_VARS)}"
+            ) from None
         except openai.NotFoundError:
-            raise EvalError(f"{where} answered 404 for model {self.model!r}: check --model, and that the URL ends "
-                            "with /v1") from None
+            raise EvalError(
+                f"{where} answered 404 for model {self.model!r}: check --model, and that the URL ends with /v1"
+            ) from None
         except openai.APIStatusError as exc:
-            raise EvalError(f"{where} answered HTTP {exc.status_code} to a test request for model "
-                            f"{self.model!r}: {exc.message}") from None
+            raise EvalError(
+                f"{where} answered HTTP {exc.status_code} to a test request for model {self.model!r}: {exc.message}"
+            ) from None
 
     async def aclose(self) -> None:
         return None

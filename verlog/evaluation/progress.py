@@ -22,9 +22,15 @@ class EvalProgress:
 
     def __init__(self, console: Console, totals: Mapping[str, int], finished: Iterable[EpisodeRecord] = ()):
         self.progress = Progress(
-            TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("progression {task.fields[score]:>5}"), TextColumn("failed {task.fields[failed]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+            TextColumn("{task.description:<14}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("progression {task.fields[score]:>5}"),
+            TextColumn("failed {task.fields[failed]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
         )
         self._scores: dict[str, list[float]] = {name: [] for name in totals}
         self._failed: dict[str, int] = {name: 0 for name in totals}

@@ -19,7 +19,16 @@ from rich.table import Table
 from verlog.evaluation.results import Summary, TaskResult
 from verlog.evaluation.runner import EvalError
 
-__all__ = ["eval_line", "eval_table", "plot_progression", "plus_minus", "print_results", "require_matplotlib", "summary_table", "write_json"]
+__all__ = [
+    "eval_line",
+    "eval_table",
+    "plot_progression",
+    "plus_minus",
+    "print_results",
+    "require_matplotlib",
+    "summary_table",
+    "write_json",
+]
 
 
 def plus_minus(mean: float | None, se: float | None, digits: int = 2) -> str:
@@ -34,24 +43,46 @@ def eval_table(results: Sequence[TaskResult], title: str = "evaluation") -> Tabl
     table = Table(title=title)
     longest = max([len(r.task) for r in results] + [4])
     paused = any(r.interrupted for r in results)
-    for col in ("task", "episodes", "win rate", "return", "progression", "length", "failed",
-                *(["interrupted"] if paused else [])):
-        table.add_column(col, justify="left" if col == "task" else "right", no_wrap=True,
-                         min_width=longest if col == "task" else None)
+    for col in (
+        "task",
+        "episodes",
+        "win rate",
+        "return",
+        "progression",
+        "length",
+        "failed",
+        *(["interrupted"] if paused else []),
+    ):
+        table.add_column(
+            col,
+            justify="left" if col == "task" else "right",
+            no_wrap=True,
+            min_width=longest if col == "task" else None,
+        )
     for r in results:
-        table.add_row(r.task, str(r.episodes), plus_minus(r.win_rate, r.win_rate_se), plus_minus(r.return_mean, r.return_se),
-                      plus_minus(r.progression, r.progression_se, 1), f"{r.length_mean:.1f}", str(r.failed),
-                      *([str(r.interrupted)] if paused else []))
+        table.add_row(
+            r.task,
+            str(r.episodes),
+            plus_minus(r.win_rate, r.win_rate_se),
+            plus_minus(r.return_mean, r.return_se),
+            plus_minus(r.progression, r.progression_se, 1),
+            f"{r.length_mean:.1f}",
+            str(r.failed),
+            *([str(r.interrupted)] if paused else []),
+        )
     return table
 
 
 def eval_line(result: TaskResult) -> str:
     """One task's row of :func:`eval_table` as a line of text (for log files)."""
-    return (f"{result.task} win {plus_minus(result.win_rate, result.win_rate_se)} "
-            f"return {plus_minus(result.return_mean, result.return_se)} "
-            f"progression {plus_minus(result.progression, result.progression_se, 1)} length {result.length_mean:.1f} "
-            f"({result.episodes} episodes, {result.failed} failed"
-            + (f", {result.interrupted} interrupted" if result.interrupted else "") + ")")
+    return (
+        f"{result.task} win {plus_minus(result.win_rate, result.win_rate_se)} "
+        f"return {plus_minus(result.return_mean, result.return_se)} "
+        f"progression {plus_minus(result.progression, result.progression_se, 1)} length {result.length_mean:.1f} "
+        f"({result.episodes} episodes, {result.failed} failed"
+        + (f", {result.interrupted} interrupted" if result.interrupted else "")
+        + ")"
+    )
 
 
 def print_results(results: Sequence[TaskResult], console: Console, title: str = "evaluation") -> None:
@@ -70,14 +101,30 @@ def summary_table(summary: Summary, title: str = "evaluation", not_the_suites_pr
         caption += f"\n[yellow]not the suite's protocol: {', '.join(not_the_suites_protocol)} differ from it[/]"
     table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False)
     # the task column is as wide as its longest name: names are never cut, into a file or a pipe
-    longest = max([len(f"  {t.task}") for t in summary.tasks] + [len(f"{t.env}/{t.task}") for t in summary.tasks]
-                  + [len("overall (00 envs)"), 14])
+    longest = max(
+        [len(f"  {t.task}") for t in summary.tasks]
+        + [len(f"{t.env}/{t.task}") for t in summary.tasks]
+        + [len("overall (00 envs)"), 14]
+    )
     # episodes stopped at an unanswered interrupt() are not scored: a column counts them, when any
     paused = any(t.interrupted for t in summary.tasks)
     extra = [""] if paused else []
-    for col in ("task", "n", "progression", "win rate", "return", "turns", "failed", *(["interrupted"] if paused else [])):
-        table.add_column(col, justify="left" if col == "task" else "right", no_wrap=True,
-                         min_width=longest if col == "task" else None)
+    for col in (
+        "task",
+        "n",
+        "progression",
+        "win rate",
+        "return",
+        "turns",
+        "failed",
+        *(["interrupted"] if paused else []),
+    ):
+        table.add_column(
+            col,
+            justify="left" if col == "task" else "right",
+            no_wrap=True,
+            min_width=longest if col == "task" else None,
+        )
     envs = {e.name: e for e in summary.envs}
     by_env: dict[str, list[TaskResult]] = {}
     for t in summary.tasks:
@@ -85,19 +132,41 @@ def summary_table(summary: Summary, title: str = "evaluation", not_the_suites_pr
     for env, tasks in by_env.items():
         if len(tasks) > 1:
             e = envs[env]
-            table.add_row(f"[bold]{env}[/]", str(e.episodes), f"[bold]{plus_minus(e.progression, e.progression_se, 1)}[/]",
-                          plus_minus(e.win_rate, e.win_rate_se), "", "", "", *extra)
+            table.add_row(
+                f"[bold]{env}[/]",
+                str(e.episodes),
+                f"[bold]{plus_minus(e.progression, e.progression_se, 1)}[/]",
+                plus_minus(e.win_rate, e.win_rate_se),
+                "",
+                "",
+                "",
+                *extra,
+            )
         for t in tasks:
             name = f"  {t.task}" if len(tasks) > 1 else (t.task if t.task == env else f"{env}/{t.task}")
-            table.add_row(name, str(t.episodes), plus_minus(t.progression, t.progression_se, 1),
-                          plus_minus(t.win_rate, t.win_rate_se), plus_minus(t.return_mean, t.return_se),
-                          f"{t.length_mean:.1f}", str(t.failed), *([str(t.interrupted)] if paused else []))
+            table.add_row(
+                name,
+                str(t.episodes),
+                plus_minus(t.progression, t.progression_se, 1),
+                plus_minus(t.win_rate, t.win_rate_se),
+                plus_minus(t.return_mean, t.return_se),
+                f"{t.length_mean:.1f}",
+                str(t.failed),
+                *([str(t.interrupted)] if paused else []),
+            )
     if summary.overall is not None and len(summary.envs) > 1:
         o = summary.overall
         table.add_section()
-        table.add_row(f"[bold]overall[/] ({o.parts} envs)", str(o.episodes),
-                      f"[bold]{plus_minus(o.progression, o.progression_se, 1)}[/]", plus_minus(o.win_rate, o.win_rate_se), "", "", "",
-                      *extra)
+        table.add_row(
+            f"[bold]overall[/] ({o.parts} envs)",
+            str(o.episodes),
+            f"[bold]{plus_minus(o.progression, o.progression_se, 1)}[/]",
+            plus_minus(o.win_rate, o.win_rate_se),
+            "",
+            "",
+            "",
+            *extra,
+        )
     return table
 
 
@@ -115,8 +184,9 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise EvalError("the progression chart needs matplotlib: pip install 'verlog[eval]' "
-                        "(or pass --no-chart)") from None
+        raise EvalError(
+            "the progression chart needs matplotlib: pip install 'verlog[eval]' (or pass --no-chart)"
+        ) from None
 
 
 def plot_progression(summary: Summary, path: str | Path, title: str = "progression") -> Path:
@@ -144,7 +214,9 @@ def plot_progression(summary: Summary, path: str | Path, title: str = "progressi
     ax.bar(range(len(bars)), means, yerr=errors, capsize=4, color=colors)
     for i, (m, e) in enumerate(zip(means, errors)):
         ax.text(i, min(m + e + 1.5, 104), f"{m:.1f}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(bars)), names, rotation=30 if len(bars) > 4 else 0, ha="right" if len(bars) > 4 else "center")
+    ax.set_xticks(
+        range(len(bars)), names, rotation=30 if len(bars) > 4 else 0, ha="right" if len(bars) > 4 else "center"
+    )
     ax.set_ylim(0, 108)
     ax.set_ylabel("progression (0-100), mean ± s.e.")
     ax.set_title(title, fontsize=10)

@@ -150,8 +150,21 @@ class TaskResult:
         ret, ret_se = mean_se([r.episode_return for r in records])
         prog, prog_se = mean_se([r.progression for r in records])
         length = sum(r.turns for r in records) / max(len(records), 1)
-        return cls(task, len(records), sum(r.failed for r in records), win, win_se, ret, ret_se, length,
-                   prog, prog_se, env, crashed, paused)
+        return cls(
+            task,
+            len(records),
+            sum(r.failed for r in records),
+            win,
+            win_se,
+            ret,
+            ret_se,
+            length,
+            prog,
+            prog_se,
+            env,
+            crashed,
+            paused,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

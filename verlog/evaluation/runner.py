@@ -36,8 +36,15 @@ from verlog.rollout.runner import run_episode
 from verlog.step_info import PROGRESSION_KEY, StepInfo, episode_won
 
 __all__ = [
-    "EpisodeLog", "EvalError", "ScoreRecorder", "episode_progression", "episode_seeds", "evaluate", "play_episode",
-    "play_tasks", "task_spec",
+    "EpisodeLog",
+    "EvalError",
+    "ScoreRecorder",
+    "episode_progression",
+    "episode_seeds",
+    "evaluate",
+    "play_episode",
+    "play_tasks",
+    "task_spec",
 ]
 
 
@@ -102,8 +109,11 @@ def task_spec(task: EvalTask, model: str, sampling: Mapping[str, Any]) -> str:
     with the same digest."""
     lg = task.config.multi_turn.langgraph
     data = {
-        "model": model, "sampling": dict(sampling), "graph": Path(lg.path).name,
-        "graph_kwargs": task.graph_kwargs, "graph_config": lg.graph_config,
+        "model": model,
+        "sampling": dict(sampling),
+        "graph": Path(lg.path).name,
+        "graph_kwargs": task.graph_kwargs,
+        "graph_config": lg.graph_config,
         "episode_timeout_s": task.config.rollout.episode_timeout_s,
     }
     if lg.on_interrupt:  # who answers the graph's interrupt() pauses decides how its episodes go
@@ -129,8 +139,11 @@ async def play_episode(task: EvalTask, graph: Any, plan: EpisodePlan, seed: int,
         failure = None
     if failure is None:
         episode = await run_episode(
-            graph, graph_input, graph_config=task.config.multi_turn.langgraph.graph_config,
-            timeout_s=task.config.rollout.episode_timeout_s, recorder=recorder,
+            graph,
+            graph_input,
+            graph_config=task.config.multi_turn.langgraph.graph_config,
+            timeout_s=task.config.rollout.episode_timeout_s,
+            recorder=recorder,
             interrupts=InterruptResponder.from_config(task.config.multi_turn.langgraph),
         )
         if episode.status == "timeout":  # the graph's own code ran too long: no verdict on the agent's play
@@ -148,10 +161,20 @@ async def play_episode(task: EvalTask, graph: Any, plan: EpisodePlan, seed: int,
                 info, episode_return = outcome.merge_info(info), episode_return + outcome.reward
     success = not episode.failed and episode_won(info)
     return EpisodeRecord(
-        episode_id=recorder.episode_id, env=task.env, task=task.name, seed=seed, status=episode.status,
-        turns=recorder.model_calls, episode_return=episode_return, success=success,
-        progression=episode_progression(task.env, info, success), seconds=round(episode.seconds, 3),
-        error=episode.error, spec=spec, finished_at=round(time.time(), 3), info=_small_info(info),
+        episode_id=recorder.episode_id,
+        env=task.env,
+        task=task.name,
+        seed=seed,
+        status=episode.status,
+        turns=recorder.model_calls,
+        episode_return=episode_return,
+        success=success,
+        progression=episode_progression(task.env, info, success),
+        seconds=round(episode.seconds, 3),
+        error=episode.error,
+        spec=spec,
+        finished_at=round(time.time(), 3),
+        info=_small_info(info),
     )
 
 
@@ -217,7 +240,8 @@ def _ends_with_newline(path: Path) -> bool:
 
 
 def _graphs(
-    tasks: Sequence[EvalTask], chat_model_for: Callable[[EvalTask], Any],
+    tasks: Sequence[EvalTask],
+    chat_model_for: Callable[[EvalTask], Any],
     scorer_for: Callable[[EvalTask], RewardScorer | None] | None,
 ) -> dict[tuple[str, str], tuple[Any, EpisodePlan]]:
     """Each task's graph (built around its player) and episode plan (its seeds or split rows, and
@@ -237,7 +261,8 @@ def _graphs(
             scorer = scorer_for(task)
         elif id(task.config) not in scorers:
             scorer = scorers[id(task.config)] = build_scorer(
-                task.config, chat_model_for=judge_chat_models(task.config, model))
+                task.config, chat_model_for=judge_chat_models(task.config, model)
+            )
         else:
             scorer = scorers[id(task.config)]
         plan = EpisodePlan(task.config, graph_file, task.split or "test", scorer=scorer)
@@ -269,8 +294,12 @@ async def play_tasks(
     graphs = _graphs(tasks, chat_model_for, scorer_for)
     skip = set(skip)
     longest = max((len(seeds[t.key]) for t in tasks), default=0)
-    pending = [(t, seeds[t.key][i]) for i in range(longest) for t in tasks
-               if i < len(seeds[t.key]) and t.episode_id(seeds[t.key][i]) not in skip]
+    pending = [
+        (t, seeds[t.key][i])
+        for i in range(longest)
+        for t in tasks
+        if i < len(seeds[t.key]) and t.episode_id(seeds[t.key][i]) not in skip
+    ]
     gate = asyncio.Semaphore(max(1, concurrency))
     records: list[EpisodeRecord] = []
     errors_in_a_row = 0
@@ -285,7 +314,9 @@ async def play_tasks(
             on_record(record)
         errors_in_a_row = errors_in_a_row + 1 if record.status == "error" else 0
         if max_consecutive_errors and errors_in_a_row >= max_consecutive_errors:
-            raise EvalError(f"{errors_in_a_row} episodes in a row failed with an error, the last one: {record.error_line}")
+            raise EvalError(
+                f"{errors_in_a_row} episodes in a row failed with an error, the last one: {record.error_line}"
+            )
 
     running = [asyncio.ensure_future(one(t, s)) for t, s in pending]
     try:
@@ -323,8 +354,13 @@ async def evaluate(
     chat_model = build_chat_model(config, engine, tokenizer).model_copy(update={"temperature": temp})
     tasks = config_tasks(config, split=split)
     seeds = {t.key: episode_seeds(t, episodes, first=seed) for t in tasks}
-    records = await play_tasks(tasks, lambda _task: chat_model, seeds, concurrency=ev.concurrency,
-                               scorer_for=(lambda _task: scorer) if scorer is not None else None)
+    records = await play_tasks(
+        tasks,
+        lambda _task: chat_model,
+        seeds,
+        concurrency=ev.concurrency,
+        scorer_for=(lambda _task: scorer) if scorer is not None else None,
+    )
     return summarize(records, [t.key for t in tasks]).tasks
 
 

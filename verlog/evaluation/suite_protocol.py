@@ -62,8 +62,11 @@ def _graph_defaults(build_graph: Any) -> tuple[dict[str, Any], bool]:
         parameters = list(inspect.signature(build_graph).parameters.values())[1:]  # after the model
     except (TypeError, ValueError):
         return {}, True
-    named = {p.name: (p.default if p.default is not inspect.Parameter.empty else _MISSING)
-             for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    named = {
+        p.name: (p.default if p.default is not inspect.Parameter.empty else _MISSING)
+        for p in parameters
+        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    }
     return named, any(p.kind is p.VAR_KEYWORD for p in parameters)
 
 
@@ -158,8 +161,10 @@ def wording_report(source: Any) -> dict[str, Any]:
     """What ``summary.json`` says about the wording of BALROG-protocol tasks: BALROG's own, read
     from ``source`` (its provenance), or verlog's (``source=None``)."""
     if source is None:
-        return {"balrog_wording": "verlog",
-                "balrog_wording_note": "verlog's wording of BALROG's instructions, answer rule and invalid-answer "
-                                       "note (same facts, other words), and verlog's regenerated TextWorld games; "
-                                       "give --balrog PATH (or $VERLOG_BALROG) to use BALROG's own"}
+        return {
+            "balrog_wording": "verlog",
+            "balrog_wording_note": "verlog's wording of BALROG's instructions, answer rule and invalid-answer "
+            "note (same facts, other words), and verlog's regenerated TextWorld games; "
+            "give --balrog PATH (or $VERLOG_BALROG) to use BALROG's own",
+        }
     return {"balrog_wording": "balrog", "balrog_source": source.provenance()}

@@ -76,8 +76,10 @@ def config_tasks(config: VerlogConfig, env: str | None = None, *, split: str | N
         if split not in EVAL_SPLITS:
             raise ConfigError(f"eval.split: evaluations play the validation or test rows, not {split!r}")
         if config.data.split(split) is None:
-            raise ConfigError(f"data.{split} is not set: an evaluation plays that split's rows (give its file, or "
-                              "choose the other split with eval.split / --split)")
+            raise ConfigError(
+                f"data.{split} is not set: an evaluation plays that split's rows (give its file, or "
+                "choose the other split with eval.split / --split)"
+            )
     return [EvalTask(env, t.name, config, {**base, **t.graph_kwargs}, split=split) for t in tasks]
 
 
@@ -132,7 +134,11 @@ def load_suite(name: str) -> list[tuple[str, Path, list[dict[str, Any]], list[st
 
 
 def plan_tasks(
-    configs: Sequence[str], overrides: Sequence[str] = (), *, suite: str | None = None, split: str | None = None,
+    configs: Sequence[str],
+    overrides: Sequence[str] = (),
+    *,
+    suite: str | None = None,
+    split: str | None = None,
 ) -> list[EvalTask]:
     """Every task of the suite's environments, then of each config, ``overrides`` applied to all;
     configs with a data section play the rows of ``split`` (default: their ``eval.split``).
@@ -147,8 +153,10 @@ def plan_tasks(
     for path in configs:
         config = load_config(path, overrides)
         if split is not None and config.data is None:
-            raise ConfigError(f"--split {split}: {path} has no data rows to split (its episodes come from "
-                              "make_input(seed)); drop --split, or add a data section with the split's file")
+            raise ConfigError(
+                f"--split {split}: {path} has no data rows to split (its episodes come from "
+                "make_input(seed)); drop --split, or add a data section with the split's file"
+            )
         tasks += config_tasks(config, split=split)
     if not tasks:
         raise ConfigError("nothing to evaluate: give one or more config files or --suite NAME")

@@ -91,6 +91,7 @@ def _engine_call(run_id: UUID | None) -> Iterator[None]:
     finally:
         _ENGINE_CALL_RUN.reset(token)
 
+
 _SAMPLING_KWARGS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop_token_ids")
 #: call options that shape the answer rather than the sampling (``extra_body``: SGLang's ``regex``)
 _CALL_KWARGS = ("tools", "tool_choice", "response_format", "extra_body")
@@ -234,8 +235,12 @@ class VerlogChatModel(BaseChatModel):
         return plan.prompt_ids, plan.prefix
 
     def plan_call(
-        self, messages: Sequence[BaseMessage], tools: list[dict] | None = None, tool_choice: Any = None,
-        response_format: Any = None, extra_body: Any = None,
+        self,
+        messages: Sequence[BaseMessage],
+        tools: list[dict] | None = None,
+        tool_choice: Any = None,
+        response_format: Any = None,
+        extra_body: Any = None,
     ) -> CallPlan:
         """The prompt ids, prefill and constraint of a call (see :class:`CallPlan`).
 
@@ -246,8 +251,14 @@ class VerlogChatModel(BaseChatModel):
         choice = normalize_tool_choice(tool_choice, [t["function"]["name"] for t in tools or ()]) if tools else None
         if choice == "none":
             tools = None
-        formats = [(name, c) for name, c in (("response_format", response_format_constraint(response_format)),
-                                            ("extra_body regex", extra_body_constraint(extra_body))) if c is not None]
+        formats = [
+            (name, c)
+            for name, c in (
+                ("response_format", response_format_constraint(response_format)),
+                ("extra_body regex", extra_body_constraint(extra_body)),
+            )
+            if c is not None
+        ]
         wanted = formats[0][1] if formats else None
         if wanted is not None:
             if len(formats) > 1:
@@ -268,8 +279,13 @@ class VerlogChatModel(BaseChatModel):
         return CallPlan(prompt_ids, prefix, constraint, bool(tools))
 
     def with_structured_output(
-        self, schema: dict[str, Any] | type, *, include_raw: bool = False, method: str = "function_calling",
-        strict: bool | None = None, **kwargs: Any,
+        self,
+        schema: dict[str, Any] | type,
+        *,
+        include_raw: bool = False,
+        method: str = "function_calling",
+        strict: bool | None = None,
+        **kwargs: Any,
     ) -> Runnable:
         """A runnable returning ``schema``'s object (a pydantic instance, or a dict for a JSON
         schema / TypedDict). ``method``: ``function_calling`` (a forced call of the schema as a
@@ -281,8 +297,13 @@ class VerlogChatModel(BaseChatModel):
         return structured_output(self, schema, method=method, include_raw=include_raw, strict=strict)
 
     def to_message(
-        self, prompt_ids: list[int], generation: Generation, sampling: SamplingParams, *,
-        has_tools: bool, prefix: str = "",
+        self,
+        prompt_ids: list[int],
+        generation: Generation,
+        sampling: SamplingParams,
+        *,
+        has_tools: bool,
+        prefix: str = "",
     ) -> AIMessage:
         """The ``AIMessage`` of an engine's generation, exactly as ``ainvoke`` returns it
         (end-of-sequence and stop text removed, tool calls parsed when tools were offered)."""
@@ -323,20 +344,29 @@ class VerlogChatModel(BaseChatModel):
         )
 
     def _prepare(
-        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any],
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
     ) -> tuple[list[int], SamplingParams, str, bool]:
         """A call's prompt ids, sampling (with its constraint), forced prefix, and whether tools
         are offered."""
         sampling = self._sampling(stop, kwargs)
-        plan = self.plan_call(messages, kwargs.get("tools"), kwargs.get("tool_choice"), kwargs.get("response_format"),
-                              kwargs.get("extra_body"))
+        plan = self.plan_call(
+            messages,
+            kwargs.get("tools"),
+            kwargs.get("tool_choice"),
+            kwargs.get("response_format"),
+            kwargs.get("extra_body"),
+        )
         if plan.constraint is not None:
             sampling = dataclasses.replace(sampling, constraint=plan.constraint)
         return plan.prompt_ids, sampling, plan.prefix, plan.has_tools
 
     @staticmethod
     def _identify(
-        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None, kwargs: dict[str, Any],
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
     ) -> tuple[UUID | None, str | None]:
         """A call's LangChain run id and episode id (taking the run id out of the call options,
         where ``stream``, ``astream`` and ``_(a)generate_with_cache`` put it). The episode id is
@@ -420,7 +450,11 @@ class VerlogChatModel(BaseChatModel):
 
     # ----------------------------------------------------------------- LangChain's entry points
     def stream(
-        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None,
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
         **kwargs: Any,
     ) -> Iterator[AIMessageChunk]:
         """LangChain's ``stream``, telling ``_stream`` the run id of its call."""
@@ -428,7 +462,11 @@ class VerlogChatModel(BaseChatModel):
         yield from super().stream(input, config, stop=stop, **kwargs)
 
     async def astream(
-        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None,
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[AIMessageChunk]:
         """LangChain's ``astream``, telling ``_astream`` the run id of its call."""
@@ -437,24 +475,34 @@ class VerlogChatModel(BaseChatModel):
             yield chunk
 
     def batch(
-        self, inputs: list[LanguageModelInput], config: RunnableConfig | list[RunnableConfig] | None = None, *,
-        return_exceptions: bool = False, **kwargs: Any,
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
     ) -> list[AIMessage]:
         """LangChain's ``batch``, refused at once where it would block the loop its calls need."""
         check_sync_call(self._sync_loop(), "batch")
         return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
 
     def _generate_with_cache(
-        self, messages: list[BaseMessage], stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any,
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
     ) -> ChatResult:
         # a callback that wants tokens makes LangChain stream the call through ``_stream``, without its run
         kwargs = {**kwargs, _RUN_ID_OPTION: run_manager.run_id} if run_manager is not None else kwargs
         return super()._generate_with_cache(messages, stop=stop, run_manager=run_manager, **kwargs)
 
     async def _agenerate_with_cache(
-        self, messages: list[BaseMessage], stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any,
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
     ) -> ChatResult:
         kwargs = {**kwargs, _RUN_ID_OPTION: run_manager.run_id} if run_manager is not None else kwargs
         return await super()._agenerate_with_cache(messages, stop=stop, run_manager=run_manager, **kwargs)
@@ -468,7 +516,12 @@ class VerlogChatModel(BaseChatModel):
         return super()._get_llm_string(stop=stop, **kwargs)
 
     def _to_message(
-        self, prompt_ids: list[int], gen: Generation, sampling: SamplingParams, *, has_tools: bool,
+        self,
+        prompt_ids: list[int],
+        gen: Generation,
+        sampling: SamplingParams,
+        *,
+        has_tools: bool,
         prefix: str = "",
     ) -> AIMessage:
         ids = gen.token_ids
@@ -479,8 +532,12 @@ class VerlogChatModel(BaseChatModel):
         if sampling.constraint is not None:  # the logprobs are those of the masked distribution
             drawn["constraint"] = sampling.constraint.kind
         metadata = TokenMetadata(
-            model_name=self.model_name, prompt_ids=list(prompt_ids), response_ids=list(ids),
-            logprobs=list(gen.logprobs), finish_reason=gen.finish_reason, sampling=drawn,
+            model_name=self.model_name,
+            prompt_ids=list(prompt_ids),
+            response_ids=list(ids),
+            logprobs=list(gen.logprobs),
+            finish_reason=gen.finish_reason,
+            sampling=drawn,
         )
         usage = {
             "input_tokens": len(prompt_ids),

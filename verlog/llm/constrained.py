@@ -39,8 +39,18 @@ StructuredMethod = Literal["function_calling", "json_schema", "json_mode"]
 STRUCTURED_METHODS: tuple[str, ...] = ("function_calling", "json_schema", "json_mode")
 
 # JSON-schema keywords whose value is one schema, a list of schemas, or a map of name -> schema
-_ONE = ("items", "additionalItems", "not", "if", "then", "else", "contains", "propertyNames",
-        "unevaluatedItems", "unevaluatedProperties")
+_ONE = (
+    "items",
+    "additionalItems",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
 _MANY = ("anyOf", "oneOf", "allOf", "prefixItems")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
@@ -100,12 +110,14 @@ def _call_schema(tools: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[
                 local_text = local_text.replace(f'"#/$defs/{k}"', f'"#/$defs/{prefix}{k}"')
             args, local = json.loads(text), {f"{prefix}{k}": v for k, v in json.loads(local_text).items()}
         defs.update(local)
-        options.append({
-            "type": "object",
-            "properties": {"name": {"const": name}, "arguments": args},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": args},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
     schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
     if defs:
         schema = {**schema, "$defs": defs}
@@ -132,7 +144,10 @@ class ForcedCall:
 
 
 def forced_tool_call(
-    tools: Sequence[dict[str, Any]], choice: str, engine_kinds: frozenset[str], tokenizer: Any,
+    tools: Sequence[dict[str, Any]],
+    choice: str,
+    engine_kinds: frozenset[str],
+    tokenizer: Any,
 ) -> ForcedCall:
     """The prefill and constraint for ``choice`` ("required" or a tool's name) among ``tools``
     (OpenAI-format schemas) on an engine enforcing ``engine_kinds``."""
@@ -163,8 +178,11 @@ def response_format_constraint(response_format: Any) -> Constraint | None:
         return None
     if isinstance(response_format, type) and issubclass(response_format, BaseModel):
         return Constraint.json_schema(closed_schema(response_format.model_json_schema()))
-    if not isinstance(response_format, dict) or response_format.get("type") not in ("text", "json_object",
-                                                                                      "json_schema"):
+    if not isinstance(response_format, dict) or response_format.get("type") not in (
+        "text",
+        "json_object",
+        "json_schema",
+    ):
         raise ValueError(
             f"unsupported response_format {response_format!r:.200}: expected {{'type': 'text'}}, "
             "{'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {'name': ..., 'schema': {...}}}"
@@ -202,8 +220,10 @@ def extra_body_constraint(extra_body: Any) -> Constraint | None:
         raise ValueError(f"extra_body must be a dict, got {type(extra_body).__name__}")
     unknown = set(extra_body) - set(EXTRA_BODY_CONSTRAINTS)
     if unknown:
-        raise ValueError(f"unsupported extra_body keys {sorted(unknown)}; accepted: {list(EXTRA_BODY_CONSTRAINTS)} "
-                         "(SGLang's names; JSON formats go in response_format)")
+        raise ValueError(
+            f"unsupported extra_body keys {sorted(unknown)}; accepted: {list(EXTRA_BODY_CONSTRAINTS)} "
+            "(SGLang's names; JSON formats go in response_format)"
+        )
     pattern = extra_body.get("regex")
     if pattern is None:
         return None
@@ -213,7 +233,11 @@ def extra_body_constraint(extra_body: Any) -> Constraint | None:
 
 
 def structured_output(
-    model: Any, schema: dict[str, Any] | type, *, method: str = "function_calling", include_raw: bool = False,
+    model: Any,
+    schema: dict[str, Any] | type,
+    *,
+    method: str = "function_calling",
+    include_raw: bool = False,
     strict: bool | None = None,
 ) -> Runnable:
     """What ``VerlogChatModel.with_structured_output`` returns: the model bound to a forced call
@@ -221,24 +245,32 @@ def structured_output(
     (``json_schema``) or to any JSON object (``json_mode``), piped into the matching parser.
     ``strict`` is accepted for compatibility: the output is always held to the schema."""
     if method not in STRUCTURED_METHODS:
-        raise ValueError(f"unsupported method {method!r} for with_structured_output; expected one of "
-                         f"{list(STRUCTURED_METHODS)}")
+        raise ValueError(
+            f"unsupported method {method!r} for with_structured_output; expected one of {list(STRUCTURED_METHODS)}"
+        )
     is_pydantic = is_basemodel_subclass(schema)  # pydantic 2, or pydantic.v1 models
     traced = {"ls_structured_output_format": {"kwargs": {"method": method, "strict": strict}, "schema": schema}}
     if method == "function_calling":
         name = convert_to_openai_tool(schema)["function"]["name"]
         llm = model.bind_tools([schema], tool_choice=name, **traced)
-        parser: Runnable = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
-                            else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
+        parser: Runnable = (
+            PydanticToolsParser(tools=[schema], first_tool_only=True)
+            if is_pydantic
+            else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+        )
     elif method == "json_schema":
         if is_pydantic:
             json_schema = schema.model_json_schema() if hasattr(schema, "model_json_schema") else schema.schema()
         else:
             json_schema = convert_to_json_schema(schema)
         name = json_schema.get("title") or "response"
-        llm = model.bind(response_format={"type": "json_schema",
-                                          "json_schema": {"name": name, "schema": json_schema, "strict": True}},
-                         **traced)
+        llm = model.bind(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": name, "schema": json_schema, "strict": True},
+            },
+            **traced,
+        )
         parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
     else:
         llm = model.bind(response_format={"type": "json_object"}, **traced)

@@ -135,9 +135,7 @@ class PromptRenderer:
                     conversation[0] = {**conversation[0], "content": conversation[0]["content"] + "\n\n" + tool_text}
                 else:
                     conversation.insert(0, {"role": "system", "content": tool_text})
-        return self.tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=True, **kwargs
-        )
+        return self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True, **kwargs)
 
     def render(self, messages: Sequence[BaseMessage], tools: list[dict] | None = None) -> list[int]:
         """The prompt token ids for ``messages``: template, then one encode without extra specials."""

@@ -55,7 +55,7 @@ class TextReleaser:
         safe = cut + 1 if cut >= 0 else 0
         if safe <= len(self.sent) or not text.startswith(self.sent):
             return ""
-        piece, self.sent = text[len(self.sent):safe], text[:safe]
+        piece, self.sent = text[len(self.sent) : safe], text[:safe]
         return piece
 
 
@@ -63,7 +63,7 @@ def last_chunk(message: AIMessage, sent: str) -> AIMessageChunk:
     """The closing chunk of a streamed answer: what ``message`` (the answer ``ainvoke`` would
     return) holds beyond the ``sent`` text, its tool calls, metadata and usage."""
     content = message.content if isinstance(message.content, str) else str(message.content)
-    rest = content[len(sent):] if content.startswith(sent) else content
+    rest = content[len(sent) :] if content.startswith(sent) else content
     tool_call_chunks = [
         {"name": call["name"], "args": json.dumps(call["args"], ensure_ascii=False), "id": call.get("id"), "index": i}
         for i, call in enumerate(message.tool_calls)

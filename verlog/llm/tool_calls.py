@@ -63,7 +63,9 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
             name = _NAME.match(raw)
             parsed.invalid_tool_calls.append(
                 InvalidToolCall(
-                    name=json.loads(f'"{name.group(1)}"') if name else None, args=raw, id=call_id,
+                    name=json.loads(f'"{name.group(1)}"') if name else None,
+                    args=raw,
+                    id=call_id,
                     error=f"tool call is not valid JSON: {exc}",
                     type="invalid_tool_call",
                 )
@@ -74,7 +76,10 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
             parsed.invalid_tool_calls.append(
                 InvalidToolCall(
                     name=payload.get("name") if isinstance(payload, dict) else None,
-                    args=raw, id=call_id, error=error, type="invalid_tool_call",
+                    args=raw,
+                    id=call_id,
+                    error=error,
+                    type="invalid_tool_call",
                 )
             )
             continue

@@ -149,7 +149,8 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
         return snapshot
     raise ModelNotFoundError(
         f"unknown model {text!r}: expected one of {', '.join(map(repr, MODEL_SPECS))}, the path of a local model "
-        f"folder (none at {str(path.absolute())!r}) or a Hugging Face hub id ({why_not})", hub=why_not,
+        f"folder (none at {str(path.absolute())!r}) or a Hugging Face hub id ({why_not})",
+        hub=why_not,
     )
 
 

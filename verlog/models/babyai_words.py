@@ -80,7 +80,6 @@ def _unique(words: tuple[str, ...]) -> tuple[str, ...]:
 _VOCAB_WORDS = _unique(BABYAI_WORDS)
 
 
-
 def build_babyai_words_tokenizer():
     """The word-level tokenizer (a ``transformers.PreTrainedTokenizerFast``), see the module doc."""
     from verlog.models.word_level import build_word_tokenizer
@@ -96,7 +95,11 @@ def build_babyai_words_model(
     from verlog.models.word_level import save_word_model
 
     return save_word_model(
-        out_dir, build_babyai_words_tokenizer(), seed=seed, hidden_size=hidden_size, num_layers=num_layers,
+        out_dir,
+        build_babyai_words_tokenizer(),
+        seed=seed,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
         max_positions=512,
     )
 

@@ -62,8 +62,19 @@ def crafter_vocabulary() -> tuple[str, ...]:
     (materials, creatures, items and achievements, split into words) and the prompt's words."""
     from crafter import constants
 
-    names = [*constants.materials, *constants.items, *constants.achievements,
-             "cow", "zombie", "skeleton", "arrow", "plant", "fence", "pickaxe", "sword"]
+    names = [
+        *constants.materials,
+        *constants.items,
+        *constants.achievements,
+        "cow",
+        "zombie",
+        "skeleton",
+        "arrow",
+        "plant",
+        "fence",
+        "pickaxe",
+        "sword",
+    ]
     words = [str(d) for d in range(10)] + [w for name in names for w in name.split("_")] + _PROMPT_WORDS
     actions = set(crafter_action_tokens())
     return tuple(dict.fromkeys(w for w in words if w not in actions))  # unique, in first-seen order
@@ -86,7 +97,11 @@ def build_crafter_words_model(
     from verlog.models.word_level import save_word_model
 
     return save_word_model(
-        out_dir, build_crafter_words_tokenizer(), seed=seed, hidden_size=hidden_size, num_layers=num_layers,
+        out_dir,
+        build_crafter_words_tokenizer(),
+        seed=seed,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
         max_positions=512,
     )
 

@@ -58,8 +58,18 @@ MAX_JSON_BYTES = 16 << 20
 #: the largest tokenizer file (``tokenizer.json``, vocabularies, merges, SentencePiece models,
 #: ``tokenizer_config.json``): the largest public vocabularies take about 35 MB
 MAX_TOKENIZER_BYTES = 128 << 20
-_TOKENIZER_FILES = frozenset({"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                              "merges.txt", "spiece.model", "sentencepiece.bpe.model"})
+_TOKENIZER_FILES = frozenset(
+    {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "tokenizer.model",
+        "vocab.json",
+        "vocab.txt",
+        "merges.txt",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+    }
+)
 #: files whose contents transformers may read as text (size-limited)
 _TEXT_SUFFIXES = (".json", ".jinja", ".txt", ".model")
 #: pickled weight files: never loaded
@@ -111,8 +121,10 @@ def _check_entry(folder: Path, path: Path, limit: int | None) -> None:
     except (OSError, RuntimeError) as exc:  # a dangling link, a loop
         raise CheckpointError(f"{path}: unreadable ({first_line(exc)})") from None
     if path.is_symlink() and not target.is_relative_to(root) and not _hub_cache_blob(root, target):
-        raise CheckpointError(f"{path} is a symbolic link to {target}, outside {root}: verlog reads only files "
-                              "inside the folder (copy the real files in)")
+        raise CheckpointError(
+            f"{path} is a symbolic link to {target}, outside {root}: verlog reads only files "
+            "inside the folder (copy the real files in)"
+        )
     if stat.S_ISDIR(info.st_mode):
         return
     if not stat.S_ISREG(info.st_mode):
@@ -178,17 +190,21 @@ def _weight_files(folder: Path, names: list[str]) -> list[Path]:
         shards = sorted(set(weight_map.values()))
         for shard in shards:
             if Path(shard).name != shard or not shard.endswith(".safetensors"):
-                raise CheckpointError(f"{folder / WEIGHTS_INDEX} names {shard!r}: shards must be .safetensors "
-                                      "files of the folder itself")
+                raise CheckpointError(
+                    f"{folder / WEIGHTS_INDEX} names {shard!r}: shards must be .safetensors files of the folder itself"
+                )
         return [folder_file(folder, shard) for shard in shards]
     if WEIGHTS_FILE in names:
         return [folder / WEIGHTS_FILE]
     pickles = [n for n in names if n.endswith(_PICKLE_SUFFIXES)]
     if pickles:
-        raise CheckpointError(f"{folder / pickles[0]}: pickled weights, which verlog never loads (unpickling can run "
-                              "code); convert the model to safetensors (save_pretrained(safe_serialization=True))")
-    raise CheckpointError(f"{folder}: no {WEIGHTS_FILE} (a Hugging Face model folder with safetensors weights "
-                          "was expected)")
+        raise CheckpointError(
+            f"{folder / pickles[0]}: pickled weights, which verlog never loads (unpickling can run "
+            "code); convert the model to safetensors (save_pretrained(safe_serialization=True))"
+        )
+    raise CheckpointError(
+        f"{folder}: no {WEIGHTS_FILE} (a Hugging Face model folder with safetensors weights was expected)"
+    )
 
 
 def _model_config(folder: Path) -> Any:
@@ -197,8 +213,9 @@ def _model_config(folder: Path) -> Any:
     try:
         return AutoConfig.from_pretrained(folder, trust_remote_code=False)
     except Exception as exc:  # an unknown model_type, custom code, bad values
-        raise CheckpointError(f"{folder / 'config.json'}: not a model config verlog can build "
-                              f"({first_line(exc)})") from None
+        raise CheckpointError(
+            f"{folder / 'config.json'}: not a model config verlog can build ({first_line(exc)})"
+        ) from None
 
 
 def _expected_tensors(config: Any, where: Path) -> tuple[dict[str, tuple[int, ...]], list[set[str]]]:
@@ -219,8 +236,9 @@ def _expected_tensors(config: Any, where: Path) -> tuple[dict[str, tuple[int, ..
     return shapes, [names for names in by_tensor.values() if len(names) > 1]
 
 
-def check_tensors(found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], tied: list[set[str]],
-             where: Path) -> None:
+def check_tensors(
+    found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], tied: list[set[str]], where: Path
+) -> None:
     """Refuse tensors ``found`` in a file that are missing from, extra to or shaped unlike the
     ``expected`` ones (name -> shape; ``tied``: groups of names saved once); ``where`` names the file."""
     satisfied = set(found)
@@ -230,15 +248,19 @@ def check_tensors(found: dict[str, tuple[int, ...]], expected: dict[str, tuple[i
     missing = sorted(set(expected) - satisfied)
     extra = sorted(set(found) - set(expected))
     if missing:
-        raise CheckpointError(f"{where}: {len(missing)} of the model's tensors missing (e.g. {missing[0]}); "
-                              "verlog does not fill missing weights with random values")
+        raise CheckpointError(
+            f"{where}: {len(missing)} of the model's tensors missing (e.g. {missing[0]}); "
+            "verlog does not fill missing weights with random values"
+        )
     if extra:
-        raise CheckpointError(f"{where}: {len(extra)} tensors that are not the model's (e.g. {extra[0]}): "
-                              "weights of another model?")
+        raise CheckpointError(
+            f"{where}: {len(extra)} tensors that are not the model's (e.g. {extra[0]}): weights of another model?"
+        )
     for name, shape in found.items():
         if shape != expected[name]:
-            raise CheckpointError(f"{where}: tensor {name} has shape {list(shape)}, the model's is "
-                                  f"{list(expected[name])}")
+            raise CheckpointError(
+                f"{where}: tensor {name} has shape {list(shape)}, the model's is {list(expected[name])}"
+            )
 
 
 def check_model_folder(folder: str | os.PathLike) -> None:
@@ -275,7 +297,8 @@ def load_checked_causal_lm(folder: str | os.PathLike, *, dtype: Any) -> Any:
     try:
         with quiet_progress_bars():
             model, info = AutoModelForCausalLM.from_pretrained(
-                folder, dtype=dtype, use_safetensors=True, trust_remote_code=False, output_loading_info=True)
+                folder, dtype=dtype, use_safetensors=True, trust_remote_code=False, output_loading_info=True
+            )
     except Exception as exc:
         raise CheckpointError(f"{folder}: the model does not load ({first_line(exc)})") from None
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):  # checked above; transformers agrees
@@ -305,8 +328,11 @@ def load_checked_tokenizer(folder: str | os.PathLike) -> Any:
 
     folder = Path(folder)
     names = _check_folder(folder)
-    settings = read_json(folder / "tokenizer_config.json", limit=MAX_TOKENIZER_BYTES) \
-        if "tokenizer_config.json" in names else {}
+    settings = (
+        read_json(folder / "tokenizer_config.json", limit=MAX_TOKENIZER_BYTES)
+        if "tokenizer_config.json" in names
+        else {}
+    )
     cls_name = settings.get("tokenizer_class") if isinstance(settings, dict) else None
     try:
         if "tokenizer.json" in names and cls_name in ("PreTrainedTokenizerFast", "TokenizersBackend"):
@@ -320,10 +346,13 @@ def load_checked_tokenizer(folder: str | os.PathLike) -> Any:
     if not getattr(tokenizer, "chat_template", None):
         raise CheckpointError(f"{folder}: the tokenizer has no chat template (verlog renders every prompt with it)")
     try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+        )
     except Exception as exc:  # jinja's syntax and runtime errors, raise_exception() in the template
-        raise CheckpointError(f"{where}: the chat template does not render a conversation ({first_line(exc)})") from None
+        raise CheckpointError(
+            f"{where}: the chat template does not render a conversation ({first_line(exc)})"
+        ) from None
     if not isinstance(text, str) or "hi" not in text:
         raise CheckpointError(f"{where}: the chat template leaves the message out of the prompt")
     return tokenizer
@@ -337,13 +366,16 @@ def check_adapter_folder(folder: str | os.PathLike) -> dict[str, Any]:
     names = _check_folder(folder)
     if ADAPTER_WEIGHTS not in names:
         pickles = [n for n in names if n.endswith(_PICKLE_SUFFIXES)]
-        raise CheckpointError(f"{folder / (pickles[0] if pickles else ADAPTER_WEIGHTS)}: "
-                              + ("pickled adapter weights, which verlog never loads" if pickles else "missing"))
+        raise CheckpointError(
+            f"{folder / (pickles[0] if pickles else ADAPTER_WEIGHTS)}: "
+            + ("pickled adapter weights, which verlog never loads" if pickles else "missing")
+        )
     settings = read_json(folder_file(folder, ADAPTER_CONFIG, limit=MAX_JSON_BYTES))
     if not isinstance(settings, dict) or settings.get("peft_type") != _ADAPTER_TYPE:
         kind = settings.get("peft_type") if isinstance(settings, dict) else None
-        raise CheckpointError(f"{folder / ADAPTER_CONFIG}: not LoRA adapter settings (peft_type {kind!r}, "
-                              f"expected {_ADAPTER_TYPE!r})")
+        raise CheckpointError(
+            f"{folder / ADAPTER_CONFIG}: not LoRA adapter settings (peft_type {kind!r}, expected {_ADAPTER_TYPE!r})"
+        )
     safetensors_header(folder / ADAPTER_WEIGHTS)
     return settings
 
@@ -377,7 +409,8 @@ def merge_adapter(base: Any, folder: str | os.PathLike) -> Any:
         config = LoraConfig.from_peft_type(**{**settings, "inference_mode": True})
         peft_model = get_peft_model(base, config)
     except Exception as exc:  # settings of another peft version, target modules the base lacks
-        raise CheckpointError(f"{folder / ADAPTER_CONFIG}: the adapters do not fit this base model "
-                              f"({first_line(exc)})") from None
+        raise CheckpointError(
+            f"{folder / ADAPTER_CONFIG}: the adapters do not fit this base model ({first_line(exc)})"
+        ) from None
     load_adapter_weights(peft_model, folder)
     return peft_model.merge_and_unload().eval()

@@ -83,8 +83,9 @@ def build_sokoban_words_tokenizer():
     """The word-level tokenizer (a ``transformers.PreTrainedTokenizerFast``), see the module doc."""
     from verlog.models.word_level import build_word_tokenizer
 
-    return build_word_tokenizer((), sokoban_vocabulary(), split_digits=True, line_break=LINE_BREAK,
-                                max_length=_POSITIONS)
+    return build_word_tokenizer(
+        (), sokoban_vocabulary(), split_digits=True, line_break=LINE_BREAK, max_length=_POSITIONS
+    )
 
 
 def build_sokoban_words_model(
@@ -95,7 +96,11 @@ def build_sokoban_words_model(
     from verlog.models.word_level import save_word_model
 
     return save_word_model(
-        out_dir, build_sokoban_words_tokenizer(), seed=seed, hidden_size=hidden_size, num_layers=num_layers,
+        out_dir,
+        build_sokoban_words_tokenizer(),
+        seed=seed,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
         max_positions=_POSITIONS,
     )
 

@@ -301,10 +301,7 @@ def _json_value(rng: random.Random, depth: int = 0):
         return " ".join(rng.choice(_ENGLISH + _GAME_WORDS) for _ in range(rng.randint(1, 4)))
     if kind == 5:
         return [_json_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
-    return {
-        rng.choice(_TOOLISH_WORDS + _GAME_WORDS): _json_value(rng, depth + 1)
-        for _ in range(rng.randint(1, 4))
-    }
+    return {rng.choice(_TOOLISH_WORDS + _GAME_WORDS): _json_value(rng, depth + 1) for _ in range(rng.randint(1, 4))}
 
 
 def _training_corpus(seed: int = 1234) -> list[str]:

@@ -63,7 +63,11 @@ def word_pre_tokenizer(split_digits: bool):
 
 
 def build_word_tokenizer(
-    multi_word: tuple[str, ...], words: tuple[str, ...], *, split_digits: bool, line_break: str | None = None,
+    multi_word: tuple[str, ...],
+    words: tuple[str, ...],
+    *,
+    split_digits: bool,
+    line_break: str | None = None,
     max_length: int = 512,
 ) -> Any:
     """A word-level tokenizer (``PreTrainedTokenizerFast`` with the chat template) whose ids are
@@ -85,7 +89,9 @@ def build_word_tokenizer(
     else:
         if line_break not in vocab:
             raise ValueError(f"the line-break mark {line_break!r} is not in the vocabulary")
-        backend.normalizer = normalizers.Sequence([normalizers.Replace("\n", f" {line_break} "), normalizers.Lowercase()])
+        backend.normalizer = normalizers.Sequence(
+            [normalizers.Replace("\n", f" {line_break} "), normalizers.Lowercase()]
+        )
     backend.pre_tokenizer = word_pre_tokenizer(split_digits)
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins tokens with spaces
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])

@@ -16,6 +16,16 @@ from verlog.rewards.result import RewardResult, Trajectory, as_result
 from verlog.rewards.scorer import COMPONENT_PREFIX, SUCCESS_KEY, Outcome, RewardScorer, component_key
 
 __all__ = [
-    "COMPONENT_PREFIX", "SUCCESS_KEY", "TRAJECTORY_FIELDS", "Outcome", "RewardError", "RewardFunction", "RewardResult", "RewardScorer",
-    "Trajectory", "as_result", "component_key", "load_function",
+    "COMPONENT_PREFIX",
+    "SUCCESS_KEY",
+    "TRAJECTORY_FIELDS",
+    "Outcome",
+    "RewardError",
+    "RewardFunction",
+    "RewardResult",
+    "RewardScorer",
+    "Trajectory",
+    "as_result",
+    "component_key",
+    "load_function",
 ]

@@ -89,9 +89,14 @@ def load_function(target: str, where: str = "reward.functions", what: str = "rew
         raise ConfigError(f"{where}: cannot import {module_name!r}: {exc}") from None
     function = getattr(module, name, None)
     if not callable(function):
-        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                       and getattr(v, "__module__", None) == module.__name__)
-        raise ConfigError(f"{where}: {module_name} has no function {name!r} (its functions: {', '.join(found) or 'none'})")
+        found = sorted(
+            n
+            for n, v in vars(module).items()
+            if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        )
+        raise ConfigError(
+            f"{where}: {module_name} has no function {name!r} (its functions: {', '.join(found) or 'none'})"
+        )
     return function
 
 
@@ -111,13 +116,22 @@ class RewardFunction:
         params = self.signature.parameters.values()
         positional = [p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_ONLY]
         if positional:
-            raise ConfigError(f"{where}: {config.function} takes positional-only arguments {positional}; "
-                              "reward functions are called with keyword arguments")
+            raise ConfigError(
+                f"{where}: {config.function} takes positional-only arguments {positional}; "
+                "reward functions are called with keyword arguments"
+            )
         self.takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-        self.wanted = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                             inspect.Parameter.KEYWORD_ONLY)]
-        self.required = [p.name for p in params if p.default is inspect.Parameter.empty
-                         and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        self.wanted = [
+            p.name
+            for p in params
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        ]
+        self.required = [
+            p.name
+            for p in params
+            if p.default is inspect.Parameter.empty
+            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        ]
         self.is_async = inspect.iscoroutinefunction(self.function)
 
     def check_arguments(self, columns: Iterable[str] = ()) -> None:
@@ -132,8 +146,10 @@ class RewardFunction:
             cols = ", ".join(columns) or "none: no data section"
             hint = ""
             if "ground_truth" in missing:
-                hint = (f"; verl's ground_truth is read from the rows' {VERL_REWARD_MODEL_COLUMN}.ground_truth (verl's "
-                        "data format) or a ground_truth column, or give it in kwargs")
+                hint = (
+                    f"; verl's ground_truth is read from the rows' {VERL_REWARD_MODEL_COLUMN}.ground_truth (verl's "
+                    "data format) or a ground_truth column, or give it in kwargs"
+                )
             raise ConfigError(
                 f"{self.where}: {self.config.function} needs {', '.join(repr(m) for m in missing)}, which is neither an "
                 f"episode field ({', '.join(TRAJECTORY_FIELDS)}), one of verl's ({', '.join(VERL_FIELDS)}), "
@@ -144,11 +160,19 @@ class RewardFunction:
         """The keyword arguments of a call on ``trajectory``."""
         available: dict[str, Any] = verl_arguments(trajectory)
         available.update(trajectory.row or {})
-        available.update({
-            "state": trajectory.state, "messages": trajectory.messages, "completion": trajectory.completion,
-            "prompt": trajectory.prompt, "row": trajectory.row, "key": trajectory.key,
-            "turns": list(trajectory.turns), "info": dict(trajectory.info), "trajectory": trajectory,
-        })
+        available.update(
+            {
+                "state": trajectory.state,
+                "messages": trajectory.messages,
+                "completion": trajectory.completion,
+                "prompt": trajectory.prompt,
+                "row": trajectory.row,
+                "key": trajectory.key,
+                "turns": list(trajectory.turns),
+                "info": dict(trajectory.info),
+                "trajectory": trajectory,
+            }
+        )
         available.update(self.config.kwargs)
         if self.takes_all:
             return available

@@ -64,8 +64,15 @@ from verlog.rewards.judge_verdicts import (
 from verlog.rewards.result import RewardResult, Trajectory
 from verlog.rollout.slots import SlotFailureError
 
-__all__ = ["RETRY_TEMPERATURE", "RankingJudge", "RubricJudge", "build_judge", "explanation_key", "judge_cache_path",
-           "judge_name"]
+__all__ = [
+    "RETRY_TEMPERATURE",
+    "RankingJudge",
+    "RubricJudge",
+    "build_judge",
+    "explanation_key",
+    "judge_cache_path",
+    "judge_name",
+]
 
 #: a retry after an invalid answer samples at least this hot (a greedy judge would answer the same)
 RETRY_TEMPERATURE = 0.7
@@ -116,8 +123,10 @@ class _Judge:
         """Refuse, before any episode, a ``reference_column`` the rows do not have (``ConfigError``)."""
         column = self.config.reference_column
         if column is not None and column not in columns:
-            raise ConfigError(f"{self.where}.reference_column: the rows have no column {column!r} "
-                              f"(their columns: {', '.join(columns) or 'none'})")
+            raise ConfigError(
+                f"{self.where}.reference_column: the rows have no column {column!r} "
+                f"(their columns: {', '.join(columns) or 'none'})"
+            )
 
     def check_endpoint(self) -> None:
         """Before the first episode: an endpoint judge's server answers and serves its model
@@ -133,9 +142,11 @@ class _Judge:
             return None
         row = trajectory.row or {}
         if column not in row:
-            raise RewardError(f"{self.label}: the episode's row has no column {column!r} (reference_column; its "
-                              f"columns: {', '.join(row) or 'none: the episode played no dataset row'})",
-                              reason="no_reference")
+            raise RewardError(
+                f"{self.label}: the episode's row has no column {column!r} (reference_column; its "
+                f"columns: {', '.join(row) or 'none: the episode played no dataset row'})",
+                reason="no_reference",
+            )
         value = row[column]
         return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
 
@@ -161,8 +172,14 @@ class _Judge:
     async def _verdict(self, prompt: Prompt, schema: dict[str, Any], parse: Callable[[str], Any]) -> Any:
         """The parsed verdict for ``prompt``: from the cache, from an identical call in flight,
         or from the model (bounded, timed, retried); then cached."""
-        key = verdict_key(kind=self.config.kind, model=self.client.model_id, temperature=self.config.temperature,
-                          max_tokens=self.config.max_tokens, schema=schema, messages=prompt.messages)
+        key = verdict_key(
+            kind=self.config.kind,
+            model=self.client.model_id,
+            temperature=self.config.temperature,
+            max_tokens=self.config.max_tokens,
+            schema=schema,
+            messages=prompt.messages,
+        )
         loop = asyncio.get_running_loop()
         while True:
             if self.cache is not None and (cached := self.cache.get(key)) is not None:
@@ -207,8 +224,10 @@ class _Judge:
         limit = self.config.max_consecutive_failures
         if self.failures_in_a_row < limit:
             return None
-        return SlotFailureError(f"{self.label}: {self.failures_in_a_row} verdicts in a row failed "
-                                f"({self.where}.max_consecutive_failures={limit}); last: {error}")
+        return SlotFailureError(
+            f"{self.label}: {self.failures_in_a_row} verdicts in a row failed "
+            f"({self.where}.max_consecutive_failures={limit}); last: {error}"
+        )
 
     def take_failures(self) -> dict[str, int]:
         """The verdicts failed since the last call, by reason (the count starts again from 0)."""
@@ -228,8 +247,11 @@ class _Judge:
                 self.calls += 1
                 try:
                     answer = await self.client.complete(
-                        prompt.messages, temperature=temperature, max_tokens=self.config.max_tokens,
-                        response_format=fmt, timeout_s=left / (attempts - attempt),
+                        prompt.messages,
+                        temperature=temperature,
+                        max_tokens=self.config.max_tokens,
+                        response_format=fmt,
+                        timeout_s=left / (attempts - attempt),
                     )
                     return self._read(answer, parse)
                 except JudgeCallError as exc:
@@ -243,8 +265,11 @@ class _Judge:
                     errors.append(str(exc))
                     reason = "unavailable"
                     # a timed-out attempt has waited its share already; other failures back off
-                    wait = 0.0 if exc.timed_out else (
-                        min(RETRY_BACKOFF_S * 2 ** attempt, MAX_BACKOFF_S) * (0.5 + random.random() / 2))
+                    wait = (
+                        0.0
+                        if exc.timed_out
+                        else (min(RETRY_BACKOFF_S * 2**attempt, MAX_BACKOFF_S) * (0.5 + random.random() / 2))
+                    )
                     if exc.retry_after_s is not None:
                         wait = max(wait, exc.retry_after_s)
                 if attempt + 1 < attempts:
@@ -253,17 +278,21 @@ class _Judge:
                         errors.append(f"the next attempt would start after timeout_s={self.config.timeout_s:g} s")
                         break
                     await asyncio.sleep(wait)
-            raise RewardError(f"{self.label}: no verdict after {made} attempt{'s' if made != 1 else ''} "
-                              f"(retries={self.config.retries}, timeout_s={self.config.timeout_s:g}): "
-                              + "; ".join(errors[-3:]), reason=reason)
+            raise RewardError(
+                f"{self.label}: no verdict after {made} attempt{'s' if made != 1 else ''} "
+                f"(retries={self.config.retries}, timeout_s={self.config.timeout_s:g}): " + "; ".join(errors[-3:]),
+                reason=reason,
+            )
 
     def _read(self, answer: Answer, parse: Callable[[str], Any]) -> Any:
         try:
             return parse(answer.text)
         except VerdictError:
             if answer.finish_reason == "length":
-                raise VerdictError(f"the answer was cut at max_tokens={self.config.max_tokens} before the verdict "
-                                   f"was complete (raise {self.where}.max_tokens or lower explanation_chars)") from None
+                raise VerdictError(
+                    f"the answer was cut at max_tokens={self.config.max_tokens} before the verdict "
+                    f"was complete (raise {self.where}.max_tokens or lower explanation_chars)"
+                ) from None
             raise
 
 
@@ -278,12 +307,18 @@ class RubricJudge(_Judge):
         """The episode's reward in [0, 1] (the judge's 0-10 score / 10); ``info`` holds the
         judge's explanation under ``explanation/<name>``. ``RewardError`` when no verdict comes."""
         task, transcript = self._view(trajectory)
-        prompt = rubric_prompt(task, transcript, rubric=self.config.rubric, reference=self._reference(trajectory),
-                               transcript_chars=self.config.transcript_chars,
-                               explanation_chars=self.config.explanation_chars)
+        prompt = rubric_prompt(
+            task,
+            transcript,
+            rubric=self.config.rubric,
+            reference=self._reference(trajectory),
+            transcript_chars=self.config.transcript_chars,
+            explanation_chars=self.config.explanation_chars,
+        )
         chars = self.config.explanation_chars
-        value = await self._verdict(prompt, rubric_schema(chars),
-                                    lambda text: _verdict_value(parse_rubric(text, chars)))
+        value = await self._verdict(
+            prompt, rubric_schema(chars), lambda text: _verdict_value(parse_rubric(text, chars))
+        )
         verdict = Verdict(**value)
         return RewardResult(reward=verdict.reward, info={explanation_key(self.name): verdict.explanation})
 
@@ -301,20 +336,31 @@ class RankingJudge(_Judge):
         references = {self._reference(t) for t in trajectories}
         reference = next(iter(references)) if len(references) == 1 else None
         if len(references) > 1:
-            raise RewardError(f"{self.label}: the group's episodes have different reference answers "
-                              f"({self.config.reference_column}): a ranking judges one task at a time")
+            raise RewardError(
+                f"{self.label}: the group's episodes have different reference answers "
+                f"({self.config.reference_column}): a ranking judges one task at a time"
+            )
         k, chars = len(trajectories), self.config.explanation_chars
-        prompt = ranking_prompt([task for task, _ in views], [transcript for _, transcript in views],
-                                rubric=self.config.rubric, reference=reference,
-                                transcript_chars=self.config.transcript_chars, explanation_chars=chars)
-        values = await self._verdict(prompt, ranking_schema(k, chars),
-                                     lambda text: [_verdict_value(v) for v in parse_ranking(text, k, chars)])
+        prompt = ranking_prompt(
+            [task for task, _ in views],
+            [transcript for _, transcript in views],
+            rubric=self.config.rubric,
+            reference=reference,
+            transcript_chars=self.config.transcript_chars,
+            explanation_chars=chars,
+        )
+        values = await self._verdict(
+            prompt, ranking_schema(k, chars), lambda text: [_verdict_value(v) for v in parse_ranking(text, k, chars)]
+        )
         verdicts = [Verdict(**v) for v in values]
         return [RewardResult(reward=v.reward, info={explanation_key(self.name): v.explanation}) for v in verdicts]
 
 
 def build_judge(
-    config: JudgeConfig, *, index: int, cache_dir: Path | None = None,
+    config: JudgeConfig,
+    *,
+    index: int,
+    cache_dir: Path | None = None,
     chat_model_for: Callable[[str], BaseChatModel] | None = None,
 ) -> RubricJudge | RankingJudge:
     """The judge of ``reward.judges[index]``.
@@ -335,14 +381,17 @@ def build_judge(
         if config.endpoint.api_key_env:
             api_key = os.environ.get(config.endpoint.api_key_env)
             if not api_key:
-                raise ConfigError(f"{where}.endpoint.api_key_env: the environment variable "
-                                  f"{config.endpoint.api_key_env} is not set")
+                raise ConfigError(
+                    f"{where}.endpoint.api_key_env: the environment variable {config.endpoint.api_key_env} is not set"
+                )
         client = EndpointClient(config.endpoint.base_url, config.endpoint.model, api_key)
     else:
         assert config.embedded is not None
         if chat_model_for is None:
-            raise ConfigError(f"{where}.embedded: {config.embedded!r} needs a chat model, which this command does "
-                              "not provide here; use an endpoint ({base_url, model}) for this judge")
+            raise ConfigError(
+                f"{where}.embedded: {config.embedded!r} needs a chat model, which this command does "
+                "not provide here; use an endpoint ({base_url, model}) for this judge"
+            )
         client = ChatModelClient(chat_model_for, config.embedded)
     cache = None
     if config.cache and config.embedded != "policy":

@@ -31,7 +31,15 @@ from verlog.backends.http import RetryableError, error_text, parse_retry_after, 
 from verlog.config import ConfigError
 from verlog.rollout.recorder import NO_TRAIN_TAG
 
-__all__ = ["Answer", "ChatModelClient", "check_endpoint", "EndpointClient", "JudgeCallError", "JudgeClient", "RetryableError"]
+__all__ = [
+    "Answer",
+    "ChatModelClient",
+    "check_endpoint",
+    "EndpointClient",
+    "JudgeCallError",
+    "JudgeClient",
+    "RetryableError",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +62,13 @@ class JudgeClient(Protocol):
     model_id: str
 
     async def complete(
-        self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int,
-        response_format: dict[str, Any] | None, timeout_s: float,
+        self,
+        messages: list[dict[str, str]],
+        *,
+        temperature: float,
+        max_tokens: int,
+        response_format: dict[str, Any] | None,
+        timeout_s: float,
     ) -> Answer: ...
 
 
@@ -75,11 +88,19 @@ class EndpointClient:
         self.send_schema = True
 
     async def complete(
-        self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int,
-        response_format: dict[str, Any] | None, timeout_s: float,
+        self,
+        messages: list[dict[str, str]],
+        *,
+        temperature: float,
+        max_tokens: int,
+        response_format: dict[str, Any] | None,
+        timeout_s: float,
     ) -> Answer:
         payload: dict[str, Any] = {
-            "model": self.model_id, "messages": messages, "temperature": temperature, "max_tokens": max_tokens,
+            "model": self.model_id,
+            "messages": messages,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
         }
         if response_format is not None and self.send_schema:
             payload["response_format"] = response_format
@@ -97,18 +118,23 @@ class EndpointClient:
         if status >= 400:
             message = error_text(raw)
             if status == 400 and "response_format" in payload and _refuses_response_format(message):
-                log.warning("%s refuses response_format (%s); asking without it and reading answers leniently",
-                            self.url, message)
+                log.warning(
+                    "%s refuses response_format (%s); asking without it and reading answers leniently",
+                    self.url,
+                    message,
+                )
                 self.send_schema = False
-                return await self.complete(messages, temperature=temperature, max_tokens=max_tokens,
-                                           response_format=None, timeout_s=timeout_s)
+                return await self.complete(
+                    messages, temperature=temperature, max_tokens=max_tokens, response_format=None, timeout_s=timeout_s
+                )
             raise JudgeCallError(f"{self.url} rejected the request (HTTP {status}): {message}")
         try:
             choice = json.loads(raw)["choices"][0]
             content = choice["message"].get("content")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            raise JudgeCallError(f"{self.url} answered with something that is not a chat completion: "
-                                 f"{snippet(raw)!r}") from None
+            raise JudgeCallError(
+                f"{self.url} answered with something that is not a chat completion: {snippet(raw)!r}"
+            ) from None
         return Answer(content if isinstance(content, str) else "", choice.get("finish_reason"))
 
 
@@ -116,8 +142,9 @@ class EndpointClient:
 CHECK_TIMEOUT_S = 15.0
 
 
-def check_endpoint(base_url: str, model: str, api_key: str | None = None, *, where: str,
-                   timeout_s: float = CHECK_TIMEOUT_S) -> None:
+def check_endpoint(
+    base_url: str, model: str, api_key: str | None = None, *, where: str, timeout_s: float = CHECK_TIMEOUT_S
+) -> None:
     """Before the first episode: ``GET {base_url}/models`` answers, and names ``model`` when it
     lists models. ``ConfigError`` naming ``where`` (the judge's ``endpoint`` key) otherwise: an
     endpoint that is down or refuses the API key, or a model it does not serve. An endpoint
@@ -133,20 +160,24 @@ def check_endpoint(base_url: str, model: str, api_key: str | None = None, *, whe
             raw = response.read()
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
-            raise ConfigError(f"{where}.api_key_env: {url} refused the API key (HTTP {exc.code}: "
-                              f"{error_text(exc.read())})") from None
+            raise ConfigError(
+                f"{where}.api_key_env: {url} refused the API key (HTTP {exc.code}: {error_text(exc.read())})"
+            ) from None
         return  # it answers; it has no models list to check the name against
     except (urllib.error.URLError, OSError, TimeoutError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise ConfigError(f"{where}.base_url: the judge's endpoint {base_url} does not answer ({reason}); start its "
-                          "server or fix base_url (checked before the first episode)") from None
+        raise ConfigError(
+            f"{where}.base_url: the judge's endpoint {base_url} does not answer ({reason}); start its "
+            "server or fix base_url (checked before the first episode)"
+        ) from None
     try:
         served = [str(entry["id"]) for entry in json.loads(raw)["data"]]
     except (ValueError, KeyError, TypeError):
         return
     if model not in served:
-        raise ConfigError(f"{where}.model: {base_url} does not serve {model!r}; it serves: "
-                          f"{', '.join(served) or 'no model'}")
+        raise ConfigError(
+            f"{where}.model: {base_url} does not serve {model!r}; it serves: {', '.join(served) or 'no model'}"
+        )
 
 
 class ChatModelClient:
@@ -173,13 +204,20 @@ class ChatModelClient:
             except Exception as exc:
                 raise JudgeCallError(f"chat_model_for({self.model_id!r}) raised {type(exc).__name__}: {exc}") from exc
             if not hasattr(self._model, "ainvoke"):
-                raise JudgeCallError(f"chat_model_for({self.model_id!r}) returned {type(self._model).__name__}, "
-                                     "not a LangChain chat model")
+                raise JudgeCallError(
+                    f"chat_model_for({self.model_id!r}) returned {type(self._model).__name__}, "
+                    "not a LangChain chat model"
+                )
         return self._model
 
     async def complete(
-        self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int,
-        response_format: dict[str, Any] | None, timeout_s: float,
+        self,
+        messages: list[dict[str, str]],
+        *,
+        temperature: float,
+        max_tokens: int,
+        response_format: dict[str, Any] | None,
+        timeout_s: float,
     ) -> Answer:
         options: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
         if response_format is not None and self.send_schema:
@@ -194,11 +232,15 @@ class ChatModelClient:
             raise RetryableError(f"no answer within {timeout_s:.3g} s", timed_out=True) from None
         except ValueError as exc:
             if "response_format" in options and _refuses_response_format(str(exc)):
-                log.warning("the %s judge model cannot enforce response_format (%s); reading answers leniently",
-                            self.model_id, exc)
+                log.warning(
+                    "the %s judge model cannot enforce response_format (%s); reading answers leniently",
+                    self.model_id,
+                    exc,
+                )
                 self.send_schema = False
-                return await self.complete(messages, temperature=temperature, max_tokens=max_tokens,
-                                           response_format=None, timeout_s=timeout_s)
+                return await self.complete(
+                    messages, temperature=temperature, max_tokens=max_tokens, response_format=None, timeout_s=timeout_s
+                )
             raise JudgeCallError(f"the {self.model_id} judge model raised ValueError: {exc}") from exc
         except Exception as exc:
             raise JudgeCallError(f"the {self.model_id} judge model raised {type(exc).__name__}: {exc}") from exc

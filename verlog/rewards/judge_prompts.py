@@ -162,7 +162,7 @@ def split_task(messages: Sequence[Any]) -> tuple[list[Any], list[Any]]:
     message, and that message) and what the agent did after it."""
     for i, message in enumerate(messages):
         if _kind(message) == "human":
-            return list(messages[: i + 1]), list(messages[i + 1:])
+            return list(messages[: i + 1]), list(messages[i + 1 :])
     return [], list(messages)
 
 
@@ -175,24 +175,38 @@ def _task_text(task: Sequence[Any], limit: int) -> str:
 
 
 def rubric_prompt(
-    task: Sequence[Any], transcript: Sequence[Any], *, rubric: str | None, reference: str | None,
-    transcript_chars: int, explanation_chars: int,
+    task: Sequence[Any],
+    transcript: Sequence[Any],
+    *,
+    rubric: str | None,
+    reference: str | None,
+    transcript_chars: int,
+    explanation_chars: int,
 ) -> Prompt:
     """The messages asking for one episode's verdict: task, transcript, reference, rubric."""
     parts = [_section("Task", _task_text(task, transcript_chars))]
     if reference is not None:
         parts.append(_section("Reference answer", truncate_text(reference, transcript_chars // 4)))
     parts.append(_section("Rubric", rubric or DEFAULT_RUBRIC))
-    parts.append(_section("What the agent did", truncate_blocks([render_message(m) for m in transcript],
-                                                                transcript_chars) or "(nothing)"))
+    parts.append(
+        _section(
+            "What the agent did",
+            truncate_blocks([render_message(m) for m in transcript], transcript_chars) or "(nothing)",
+        )
+    )
     parts.append("Grade this episode against the rubric. Reply with the JSON verdict only.")
     system = _RUBRIC_SYSTEM.format(chars=explanation_chars, top=SCORE_MAX)
     return Prompt([{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}])
 
 
 def ranking_prompt(
-    tasks: Sequence[Sequence[Any]], transcripts: Sequence[Sequence[Any]], *, rubric: str | None,
-    reference: str | None, transcript_chars: int, explanation_chars: int,
+    tasks: Sequence[Sequence[Any]],
+    transcripts: Sequence[Sequence[Any]],
+    *,
+    rubric: str | None,
+    reference: str | None,
+    transcript_chars: int,
+    explanation_chars: int,
 ) -> Prompt:
     """The messages asking for a group's verdict: the task once (each attempt's own task when
     they differ), then each attempt's transcript, numbered from 1."""

@@ -24,8 +24,15 @@ from typing import Any
 
 from verlog.rewards.judge_prompts import SCORE_MAX
 
-__all__ = ["Verdict", "VerdictError", "parse_ranking", "parse_rubric", "ranking_schema", "response_format",
-           "rubric_schema"]
+__all__ = [
+    "Verdict",
+    "VerdictError",
+    "parse_ranking",
+    "parse_rubric",
+    "ranking_schema",
+    "response_format",
+    "rubric_schema",
+]
 
 
 class VerdictError(ValueError):
@@ -169,6 +176,7 @@ def parse_ranking(text: str, k: int, explanation_chars: int) -> list[Verdict]:
         found[number] = _entry(value, f"attempt {number}", explanation_chars)
     missing = [i for i in range(1, k + 1) if i not in found]
     if missing:
-        raise VerdictError(f"the verdict does not score attempt{'s' if len(missing) > 1 else ''} "
-                           f"{', '.join(map(str, missing))} of {k}")
+        raise VerdictError(
+            f"the verdict does not score attempt{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of {k}"
+        )
     return [found[i] for i in range(1, k + 1)]

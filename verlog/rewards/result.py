@@ -120,8 +120,10 @@ def as_result(value: Any, turns: int) -> RewardResult:
                 f"or verl's (its '{VERL_SCORE_KEY}' is the reward, its other keys are logged)"
             )
         value = RewardResult(
-            reward=value.get("reward", 0.0), success=value.get("success"),
-            turn_rewards=value.get("turn_rewards"), info=dict(value.get("info") or {}),
+            reward=value.get("reward", 0.0),
+            success=value.get("success"),
+            turn_rewards=value.get("turn_rewards"),
+            info=dict(value.get("info") or {}),
         )
     if not isinstance(value, RewardResult):
         raise TypeError(

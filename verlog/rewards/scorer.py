@@ -139,8 +139,11 @@ class RewardScorer:
     def take_judge_failures(self) -> dict[str, float]:
         """The judges' verdicts failed since the last call, by judge and reason, as metrics
         (``judge_failures/<judge>/<reason>``; reasons: ``RewardError.reason``)."""
-        return {f"judge_failures/{judge.name}/{reason}": float(n)
-                for judge in self.judges for reason, n in sorted(judge.take_failures().items())}
+        return {
+            f"judge_failures/{judge.name}/{reason}": float(n)
+            for judge in self.judges
+            for reason, n in sorted(judge.take_failures().items())
+        }
 
     async def score(self, trajectory: Trajectory) -> Outcome:
         """Every reward function and rubric judge on one finished episode, concurrently."""
@@ -164,6 +167,7 @@ class RewardScorer:
         clip, limit = self.config.clip, self.config.max_abs
         values = [result.reward, *(result.turn_rewards or [])]
         if clip is not None:
+
             def bound(value: float) -> float:
                 return max(-clip, min(clip, value))
 

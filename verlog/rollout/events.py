@@ -36,11 +36,15 @@ class RewardPayload(TypedDict, total=False):
 
 
 def _payload(
-    reward: float, terminated: bool, truncated: bool, info: Mapping[str, Any] | None,
+    reward: float,
+    terminated: bool,
+    truncated: bool,
+    info: Mapping[str, Any] | None,
     next_messages: Sequence[BaseMessage] | None,
 ) -> RewardPayload:
-    payload = RewardPayload(reward=float(reward), terminated=bool(terminated), truncated=bool(truncated),
-                            info=dict(info or {}))  # type: ignore[typeddict-item]
+    payload = RewardPayload(
+        reward=float(reward), terminated=bool(terminated), truncated=bool(truncated), info=dict(info or {})
+    )  # type: ignore[typeddict-item]
     if next_messages is not None:
         payload["next_messages"] = list(next_messages)
     return payload

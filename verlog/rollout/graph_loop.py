@@ -39,7 +39,9 @@ class GraphLoop:
     def __init__(self, name: str, node_threads: int = NODE_THREADS):
         self.name = name
         self.loop = asyncio.new_event_loop()
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=node_threads, thread_name_prefix=f"{name}-node")
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=node_threads, thread_name_prefix=f"{name}-node"
+        )
         self.loop.set_default_executor(self._executor)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
@@ -82,7 +84,9 @@ class GraphLoop:
             pass
         await asyncio.to_thread(self._thread.join, timeout_s)
         try:  # its worker threads end once their nodes have (one blocked for good is left behind)
-            await asyncio.wait_for(asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True), timeout_s)
+            await asyncio.wait_for(
+                asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True), timeout_s
+            )
         except asyncio.TimeoutError:
             pass
         if not self._thread.is_alive():

@@ -28,11 +28,18 @@ from langgraph.types import Command
 from verlog.config import DEFAULT_MAX_RESUMES
 from verlog.rollout.recorder import recording
 
-__all__ = ["DEFAULT_MAX_RESUMES", "INTERRUPT_OUTPUT_KEY", "InterruptResponder", "ResponderError",
-           "pending_interrupts", "with_checkpointer"]
+__all__ = [
+    "DEFAULT_MAX_RESUMES",
+    "INTERRUPT_OUTPUT_KEY",
+    "InterruptResponder",
+    "ResponderError",
+    "pending_interrupts",
+    "with_checkpointer",
+]
 
 #: the key of a graph's output that holds the interrupts it stopped at (LangGraph's)
 INTERRUPT_OUTPUT_KEY = "__interrupt__"
+
 
 def pending_interrupts(output: Any) -> list[Any]:
     """The ``Interrupt`` objects a graph run stopped at (empty: it ran to its end)."""
@@ -56,7 +63,8 @@ def with_checkpointer(graph: Any) -> Any:
     if not hasattr(graph, "checkpointer") or not hasattr(graph, "aget_state"):
         raise ValueError(
             f"multi_turn.langgraph.on_interrupt needs a compiled LangGraph graph from build_graph, got "
-            f"{type(graph).__name__}")
+            f"{type(graph).__name__}"
+        )
     if graph.checkpointer:  # its own (a saver, or True inside a parent graph)
         return graph
     return graph.copy(update={"checkpointer": InMemorySaver()})
@@ -99,8 +107,9 @@ class InterruptResponder:
         if key not in _LOADED:
             from verlog.rewards.functions import load_function  # lazy: rewards import the rollout records
 
-            function = load_function(langgraph.on_interrupt, where="multi_turn.langgraph.on_interrupt",
-                                     what="responder file")
+            function = load_function(
+                langgraph.on_interrupt, where="multi_turn.langgraph.on_interrupt", what="responder file"
+            )
             _LOADED[key] = cls(function, langgraph.max_resumes)
         return _LOADED[key]
 
@@ -138,8 +147,9 @@ class InterruptResponder:
                         answer = await answer
                 except Exception as exc:  # the episode fails (status error), saying whose fault it is
                     name = getattr(self.respond, "__name__", "the responder")
-                    raise ResponderError(f"multi_turn.langgraph.on_interrupt: {name} raised "
-                                         f"{type(exc).__name__}: {exc}") from exc
+                    raise ResponderError(
+                        f"multi_turn.langgraph.on_interrupt: {name} raised {type(exc).__name__}: {exc}"
+                    ) from exc
                 answers.append(answer)
         if len(interrupts) == 1:
             return Command(resume=answers[0])

@@ -136,7 +136,11 @@ class TurnRecorder(BaseCallbackHandler):
     ignore_retry = True
 
     def __init__(
-        self, episode_id: str, *, keep_messages: bool = False, render_prompt: RenderPrompt | None = None,
+        self,
+        episode_id: str,
+        *,
+        keep_messages: bool = False,
+        render_prompt: RenderPrompt | None = None,
         keep_discarded: bool = False,
     ):
         self.episode_id = episode_id
@@ -189,8 +193,14 @@ class TurnRecorder(BaseCallbackHandler):
         self._reward(name, data, run_id)
 
     def on_chain_start(
-        self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
-        metadata: dict[str, Any] | None = None, **kwargs: Any,
+        self,
+        serialized: Any,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         place = None
         if metadata and "langgraph_step" in metadata and kwargs.get("name") == metadata.get("langgraph_node"):
@@ -213,7 +223,13 @@ class TurnRecorder(BaseCallbackHandler):
         self._discard(lambda lineage: run_id in lineage.ancestors)
 
     def on_tool_start(
-        self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any,
+        self,
+        serialized: Any,
+        input_str: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
     ) -> None:
         self._chains[run_id] = _Chain(parent_run_id, None)  # a model call inside a tool still finds its node
 
@@ -250,8 +266,11 @@ class TurnRecorder(BaseCallbackHandler):
                 gone = {id(t) for t in hit}
                 self.turns = [t for t in self.turns if id(t) not in gone]
                 self._ordered = [entry for entry in self._ordered if id(entry[2]) not in gone]
-                self._by_node = {run: kept for run, turns in self._by_node.items()
-                                 if (kept := [t for t in turns if id(t) not in gone])}
+                self._by_node = {
+                    run: kept
+                    for run, turns in self._by_node.items()
+                    if (kept := [t for t in turns if id(t) not in gone])
+                }
         for turn in hit:
             self._on_discarded(turn)
         return hit
@@ -311,8 +330,12 @@ class TurnRecorder(BaseCallbackHandler):
 
     # ------------------------------------------------------------------ the steps of a call
     def _start(
-        self, run_id: UUID, messages: list[list[BaseMessage]], tags: list[str] | None,
-        metadata: dict[str, Any] | None, kwargs: dict[str, Any],
+        self,
+        run_id: UUID,
+        messages: list[list[BaseMessage]],
+        tags: list[str] | None,
+        metadata: dict[str, Any] | None,
+        kwargs: dict[str, Any],
     ) -> int | None:
         """Note a call's start; returns its turn index, ``None`` for a call kept out of training."""
         with self._lock:

@@ -102,7 +102,10 @@ class GraphClock(BaseCallbackHandler):
 
 
 def episode_config(
-    graph_config: dict[str, Any] | None, episode_id: str, recorder: TurnRecorder, graph: Any = None,
+    graph_config: dict[str, Any] | None,
+    episode_id: str,
+    recorder: TurnRecorder,
+    graph: Any = None,
     clock: GraphClock | None = None,
 ) -> RunnableConfig:
     """The run config of one episode: the user's ``graph_config`` plus the recorder and ids (and
@@ -177,9 +180,13 @@ async def run_episode(
     if not finished:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        episode = recorder.episode("timeout", error=(
-            f"episode timed out: its graph's own code ran {timeout_s} s (episode_timeout_s; time in model calls "
-            "not counted)"))
+        episode = recorder.episode(
+            "timeout",
+            error=(
+                f"episode timed out: its graph's own code ran {timeout_s} s (episode_timeout_s; time in model calls "
+                "not counted)"
+            ),
+        )
     elif isinstance(task.exception(), GraphRecursionError):
         limit = config["recursion_limit"]
         episode = recorder.episode("recursion_limit", error=f"recursion limit {limit} reached: {task.exception()}")
@@ -191,14 +198,20 @@ async def run_episode(
         episode = recorder.episode("error", error=detail)
     elif pending_interrupts(task.result()):
         paused = describe(pending_interrupts(task.result()))
-        episode = recorder.episode("interrupted", error=(
-            f"the graph stopped at interrupt({paused}) after {resumes} answers (multi_turn.langgraph.max_resumes)"
-            if interrupts is not None else
-            f"the graph stopped at interrupt({paused}) and nobody answers it: set multi_turn.langgraph.on_interrupt "
-            "to a function answering it (docs/interrupts_and_retries.md)"))
+        episode = recorder.episode(
+            "interrupted",
+            error=(
+                f"the graph stopped at interrupt({paused}) after {resumes} answers (multi_turn.langgraph.max_resumes)"
+                if interrupts is not None
+                else f"the graph stopped at interrupt({paused}) and nobody answers it: set multi_turn.langgraph.on_interrupt "
+                "to a function answering it (docs/interrupts_and_retries.md)"
+            ),
+        )
     elif recorder.model_calls == 0:
-        episode = recorder.episode("error", error=(
-            "the graph ended without calling the model: build_graph(model) must use the model it is given"))
+        episode = recorder.episode(
+            "error",
+            error=("the graph ended without calling the model: build_graph(model) must use the model it is given"),
+        )
     else:
         episode = recorder.episode("ok", output=task.result())
     if interrupts is not None:  # the in-memory checkpoints of the finished episode are of no more use
@@ -237,8 +250,13 @@ async def run_episodes(
         async with gate:
             recorder = TurnRecorder(episode_id, keep_messages=keep_messages, keep_discarded=keep_discarded)
             episode = await run_episode(
-                graph, graph_input, episode_id=episode_id, graph_config=graph_config,
-                timeout_s=timeout_s, recorder=recorder, interrupts=interrupts,
+                graph,
+                graph_input,
+                episode_id=episode_id,
+                graph_config=graph_config,
+                timeout_s=timeout_s,
+                recorder=recorder,
+                interrupts=interrupts,
             )
         if on_episode is not None:
             maybe = on_episode(episode)

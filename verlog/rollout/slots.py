@@ -176,8 +176,14 @@ class _SlotRecorder(TurnRecorder):
         self.cut_turns: set[int] = set()
 
     def on_chat_model_start(
-        self, serialized: dict[str, Any], messages: list[list[Any]], *, run_id: UUID,
-        tags: list[str] | None = None, metadata: dict[str, Any] | None = None, **kwargs: Any,
+        self,
+        serialized: dict[str, Any],
+        messages: list[list[Any]],
+        *,
+        run_id: UUID,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         index = self._start(run_id, messages, tags, metadata, kwargs)
         if index is not None:
@@ -202,8 +208,11 @@ class _SlotRecorder(TurnRecorder):
 
     def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
         turn = self._reward(name, data, run_id)
-        if turn is not None and id(turn) in self.cut_turns and (data["reward"] or data.get("terminated")
-                                                                  or data.get("truncated")):
+        if (
+            turn is not None
+            and id(turn) in self.cut_turns
+            and (data["reward"] or data.get("terminated") or data.get("truncated"))
+        ):
             self._runner._on_loop(self._runner._late_reward, self.episode_id)
 
 
@@ -266,12 +275,15 @@ class SlotCounters:
         """The counters :meth:`as_dict` wrote (``TypeError``/``ValueError`` for anything else)."""
         if not isinstance(data, dict) or not isinstance(data.get("failed") or {}, dict):
             raise TypeError(f"slot counters are a dict with a 'failed' dict (got {type(data).__name__})")
-        return cls(batches=int(data.get("batches", 0)), turns=int(data.get("turns", 0)),
-                   episodes=int(data.get("episodes", 0)),
-                   failed={str(k): int(v) for k, v in (data.get("failed") or {}).items()},
-                   late_rewards=int(data.get("late_rewards", 0)),
-                   groups_dropped=int(data.get("groups_dropped", 0)),
-                   groups_abandoned=int(data.get("groups_abandoned", 0)))
+        return cls(
+            batches=int(data.get("batches", 0)),
+            turns=int(data.get("turns", 0)),
+            episodes=int(data.get("episodes", 0)),
+            failed={str(k): int(v) for k, v in (data.get("failed") or {}).items()},
+            late_rewards=int(data.get("late_rewards", 0)),
+            groups_dropped=int(data.get("groups_dropped", 0)),
+            groups_abandoned=int(data.get("groups_abandoned", 0)),
+        )
 
 
 @dataclass
@@ -480,8 +492,11 @@ class SlotRunner:
         self.counters = SlotCounters()
         self._slots = [_Slot(i) for i in range(num_envs)]
         #: with whole groups: each slot group's rows
-        self._groups = [_Group(g, self._slots[g * group_size:(g + 1) * group_size])
-                        for g in range(num_envs // group_size)] if whole_groups else []
+        self._groups = (
+            [_Group(g, self._slots[g * group_size : (g + 1) * group_size]) for g in range(num_envs // group_size)]
+            if whole_groups
+            else []
+        )
         #: with whole groups: groups played whole, and dropped, while this batch was collected
         self._whole: list[list[Episode]] = []
         self._dropped = 0
@@ -586,7 +601,9 @@ class SlotRunner:
         for slot in self._slots:
             order = {id(segment): k for k, segment in enumerate(slot.segments)}
 
-            def when(call: _Call, order: dict[int, int] = order) -> tuple[int, int]:  # episode by episode, then start order
+            def when(
+                call: _Call, order: dict[int, int] = order
+            ) -> tuple[int, int]:  # episode by episode, then start order
                 return order[id(call.segment)], call.index if call.turn is None else call.turn.turn_index
 
             calls = sorted(slot.batch_calls, key=when)
@@ -614,21 +631,26 @@ class SlotRunner:
             warnings.warn(
                 f"{len(paused)} episodes of this batch stopped at interrupt() and are not trained (status interrupted; "
                 f"first: {(paused[0].error or '').splitlines()[0] if paused[0].error else 'no message'})",
-                RuntimeWarning, stacklevel=2,
+                RuntimeWarning,
+                stacklevel=2,
             )
         if batch.uncaptured_calls and not self._warned_uncaptured:
             self._warned_uncaptured = True
             warnings.warn(
                 f"{batch.uncaptured_calls} model calls of this batch's episodes carried no verlog token data (a chat "
                 "model other than the one build_graph was given) and are not trained; keep such calls out of "
-                "training on purpose with model.with_config(tags=[NO_TRAIN_TAG])", RuntimeWarning, stacklevel=2,
+                "training on purpose with model.with_config(tags=[NO_TRAIN_TAG])",
+                RuntimeWarning,
+                stacklevel=2,
             )
         self.counters.batches += 1
         self.counters.turns += sum(len(slot) for slot in turns)
         return batch
 
     # ------------------------------------------------------------------ the gate
-    async def _gated_generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None) -> Generation:
+    async def _gated_generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None
+    ) -> Generation:
         """A model call of the slots' graph: on the runner's loop, held past the slot's quota."""
         run_id, home = engine_call_run(), self._loop
         if home is not None and asyncio.get_running_loop() is not home:  # not through the chat model's sync path
@@ -637,7 +659,11 @@ class SlotRunner:
         return await self._admit(prompt_ids, sampling, request_id, run_id)
 
     async def _admit(
-        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None, run_id: UUID | None,
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        request_id: str | None,
+        run_id: UUID | None,
     ) -> Generation:
         call = self._calls.get(run_id) if run_id is not None else None
         if call is None:  # no slot trains on it
@@ -685,12 +711,14 @@ class SlotRunner:
         slot.running.discard(call)
         call.turn = turn
         if turn is not None and call.batch is None:
-            self._stop(SlotFailureError(
-                f"a model call of episode {call.segment.recorder.episode_id} was answered without passing the "
-                "training gate, so it could not be trained: graphs must call the model they are given (no "
-                "LangChain cache, no model built on another engine); keep other calls out of training with "
-                "model.with_config(tags=[NO_TRAIN_TAG])"
-            ))
+            self._stop(
+                SlotFailureError(
+                    f"a model call of episode {call.segment.recorder.episode_id} was answered without passing the "
+                    "training gate, so it could not be trained: graphs must call the model they are given (no "
+                    "LangChain cache, no model built on another engine); keep other calls out of training with "
+                    "model.with_config(tags=[NO_TRAIN_TAG])"
+                )
+            )
         elif turn is None:  # no turn came of it: an admitted call gives its place back
             self._remove_batch_calls(slot, lambda c: c is call)
         self._notify()
@@ -714,7 +742,9 @@ class SlotRunner:
             warnings.warn(
                 f"episode {episode_id} reported a reward for a turn already given to a batch (a branch of the graph "
                 "answered after the batch boundary while another waited at it): that batch trained the turn without "
-                "it; report a branch's reward before the episode's next model call", RuntimeWarning, stacklevel=2,
+                "it; report a branch's reward before the episode's next model call",
+                RuntimeWarning,
+                stacklevel=2,
             )
 
     def _forget_calls(self, segment: _Segment) -> None:
@@ -806,12 +836,19 @@ class SlotRunner:
         self.counters.groups_abandoned += 1
         if not self._warned_abandoned:
             self._warned_abandoned = True
-            why = (f"a play made more than turns_per_env ({self.turns_per_env}) model calls, so no batch can hold "
-                   "its group: raise trainer.turns_per_env above the longest play" if row.too_long else
-                   f"its group could not be played whole in {GROUP_ATTEMPTS} attempts (plays straddling a batch "
-                   "boundary, or failing): raise trainer.turns_per_env well above the plays' length")
-            warnings.warn(f"task {row.seed} is given up for this epoch and its group never compared: {why} "
-                          "(groups_abandoned_total counts such rows)", RuntimeWarning, stacklevel=2)
+            why = (
+                f"a play made more than turns_per_env ({self.turns_per_env}) model calls, so no batch can hold "
+                "its group: raise trainer.turns_per_env above the longest play"
+                if row.too_long
+                else f"its group could not be played whole in {GROUP_ATTEMPTS} attempts (plays straddling a batch "
+                "boundary, or failing): raise trainer.turns_per_env well above the plays' length"
+            )
+            warnings.warn(
+                f"task {row.seed} is given up for this epoch and its group never compared: {why} "
+                "(groups_abandoned_total counts such rows)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     # ------------------------------------------------------------------ the slots
     def _next_seed(self, slot: _Slot) -> int:
@@ -837,9 +874,15 @@ class SlotRunner:
                 seed = self._next_seed(slot)
                 episode_id = f"slot{slot.index}-ep{slot.episodes_started - 1}"
             else:  # a row played again gets a new id per attempt
-                seed, episode_id = row.seed, f"slot{slot.index}-ep{row.round}" + (f".{row.attempt}" if row.attempt else "")
+                seed, episode_id = (
+                    row.seed,
+                    f"slot{slot.index}-ep{row.round}" + (f".{row.attempt}" if row.attempt else ""),
+                )
             recorder = _SlotRecorder(
-                episode_id, self, keep_messages=self.keep_messages, render_prompt=self.render_prompt,
+                episode_id,
+                self,
+                keep_messages=self.keep_messages,
+                render_prompt=self.render_prompt,
                 keep_discarded=self.keep_discarded,
             )
             segment = _Segment(slot.index, seed, recorder, row=row)
@@ -856,10 +899,17 @@ class SlotRunner:
                 episode = recorder.episode("error", error=f"make_input({seed}) failed: {exc!r}")
             else:
                 try:
-                    episode = await self._graph_loops[slot.index].run(run_episode(
-                        self.graph, graph_input, episode_id=episode_id, graph_config=self.graph_config,
-                        timeout_s=self.timeout_s, recorder=recorder, interrupts=self.interrupts,
-                    ))
+                    episode = await self._graph_loops[slot.index].run(
+                        run_episode(
+                            self.graph,
+                            graph_input,
+                            episode_id=episode_id,
+                            graph_config=self.graph_config,
+                            timeout_s=self.timeout_s,
+                            recorder=recorder,
+                            interrupts=self.interrupts,
+                        )
+                    )
                 except BlockingCallError as exc:  # the graph's code can never train: stop at once
                     self._stop(SlotFailureError(str(exc)))
                     return
@@ -884,11 +934,13 @@ class SlotRunner:
                 slot.consecutive_failures += 1
                 if slot.consecutive_failures >= self.max_consecutive_failures:
                     last = (episode.error or "it made no training call").strip().splitlines()
-                    self._stop(SlotFailureError(
-                        f"slot {slot.index} failed {slot.consecutive_failures} episodes in a row "
-                        f"(max_consecutive_failures); last (seed {seed}): {episode.status}: "
-                        f"{last[0] if last else 'no error message'}"
-                    ))
+                    self._stop(
+                        SlotFailureError(
+                            f"slot {slot.index} failed {slot.consecutive_failures} episodes in a row "
+                            f"(max_consecutive_failures); last (seed {seed}): {episode.status}: "
+                            f"{last[0] if last else 'no error message'}"
+                        )
+                    )
                     return
             else:
                 segment.episode = episode
@@ -913,8 +965,7 @@ class SlotRunner:
             in_flight = [slot.in_flight() for slot in self._slots]
         else:
             in_flight = [group.row.round if group.playing else None for group in self._groups for _ in group.slots]
-        state = {"episodes_started": self.episodes_started, "in_flight": in_flight,
-                 "counters": self.counters.as_dict()}
+        state = {"episodes_started": self.episodes_started, "in_flight": in_flight, "counters": self.counters.as_dict()}
         if self.whole_groups:
             state["replays"] = [[list(r) for r in group.replays] for group in self._groups]
         return state
@@ -937,7 +988,7 @@ class SlotRunner:
         for slot in self._slots:
             first = slot.index - slot.index % self.group_size
             if in_flight is None:  # the slots of a group start in step, on a round none has begun
-                slot.episodes_started = max(started[first:first + self.group_size])
+                slot.episodes_started = max(started[first : first + self.group_size])
                 continue
             slot.episodes_started = started[slot.index]
             round_ = in_flight[slot.index]

@@ -93,8 +93,15 @@ class Admission:
         large_share: the share of one core the large lane's preparing may take (paced).
     """
 
-    def __init__(self, running: int, waiting: int, *, large_body_bytes: int, large_waiting: int,
-                 large_share: float = LARGE_LANE_SHARE):
+    def __init__(
+        self,
+        running: int,
+        waiting: int,
+        *,
+        large_body_bytes: int,
+        large_waiting: int,
+        large_share: float = LARGE_LANE_SHARE,
+    ):
         self.running, self.waiting = running, waiting
         self.large_body_bytes = large_body_bytes
         self.small = Lane("prepare", workers=2, places=None)
@@ -132,10 +139,18 @@ class Admission:
         full = self.admitted >= self.running + self.waiting
         if full or (lane.places is not None and lane.admitted >= lane.places):
             retry = self.retry_after_s()
-            what = (f"{self.active} requests generating, {self.queued} waiting" if full else
-                    f"{lane.admitted} large request bodies are being handled; smaller ones are still served")
-            raise APIError(429, f"the server is busy ({what}); retry in {retry} s", type="rate_limit_error",
-                           code="server_busy", headers={"Retry-After": str(retry)})
+            what = (
+                f"{self.active} requests generating, {self.queued} waiting"
+                if full
+                else f"{lane.admitted} large request bodies are being handled; smaller ones are still served"
+            )
+            raise APIError(
+                429,
+                f"the server is busy ({what}); retry in {retry} s",
+                type="rate_limit_error",
+                code="server_busy",
+                headers={"Retry-After": str(retry)},
+            )
 
     @contextlib.asynccontextmanager
     async def admit(self, lane: Lane) -> AsyncIterator[None]:
@@ -210,8 +225,12 @@ class PromptBound:
         return self._max_token_bytes or None
 
     def _refuse(self, what: str) -> APIError:
-        return APIError(400, f"the prompt is {what}; this server accepts at most {self.limit}", param="messages",
-                        code="context_length_exceeded")
+        return APIError(
+            400,
+            f"the prompt is {what}; this server accepts at most {self.limit}",
+            param="messages",
+            code="context_length_exceeded",
+        )
 
     def check(self, text: str) -> None:
         """Raise :class:`APIError` (400 ``context_length_exceeded``) if ``text`` is surely longer

@@ -68,11 +68,14 @@ def _run_serve_model(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("VERLOG_API_KEY") or None
     admin_key = args.admin_key or os.environ.get("VERLOG_ADMIN_KEY") or None
     if not _is_loopback(args.host) and not api_key:
-        _say(f"warning: serving on {args.host} without an API key: anyone who can reach it can use it "
-             "(set --api-key or $VERLOG_API_KEY)")
+        _say(
+            f"warning: serving on {args.host} without an API key: anyone who can reach it can use it "
+            "(set --api-key or $VERLOG_API_KEY)"
+        )
     source = find_policy(args.checkpoint, base=args.base_model)
     name = args.served_model_name or (
-        args.checkpoint if args.checkpoint in MODEL_SPECS else Path(args.checkpoint).resolve().name)
+        args.checkpoint if args.checkpoint in MODEL_SPECS else Path(args.checkpoint).resolve().name
+    )
     device = args.device
     if device == "auto":
         import torch
@@ -111,16 +114,29 @@ def _run_serve_model(args: argparse.Namespace) -> int:
         max_headers=args.max_headers,
     )
     server = OpenAIServer(
-        engine, tokenizer, model_name=name, api_key=api_key, limits=limits,
-        chat_template_kwargs=args.chat_template_kwargs, host=args.host, port=args.port,
-        model_version=source.version, recorder=recorder, reloader=reload, admin_key=admin_key, check_at_start=True,
+        engine,
+        tokenizer,
+        model_name=name,
+        api_key=api_key,
+        limits=limits,
+        chat_template_kwargs=args.chat_template_kwargs,
+        host=args.host,
+        port=args.port,
+        model_version=source.version,
+        recorder=recorder,
+        reloader=reload,
+        admin_key=admin_key,
+        check_at_start=True,
     )
 
     def announce() -> None:
-        recording = (f"; recording to {recorder.store.where} ({recorder.store.policy.privacy})"
-                     if recorder is not None else "")
-        _say(f"serving '{name}' version {source.version} at {server.base_url} (OpenAI API: /v1/chat/completions, "
-             f"/v1/models){'; API key required' if api_key else ''}{recording}. Ctrl-C stops.")
+        recording = (
+            f"; recording to {recorder.store.where} ({recorder.store.policy.privacy})" if recorder is not None else ""
+        )
+        _say(
+            f"serving '{name}' version {source.version} at {server.base_url} (OpenAI API: /v1/chat/completions, "
+            f"/v1/models){'; API key required' if api_key else ''}{recording}. Ctrl-C stops."
+        )
         _say(f"open to: {server.access()}")
 
     try:
@@ -139,7 +155,10 @@ def _open_recorder(args: argparse.Namespace) -> Any:
         return None
     from verlog.traces import RecordingPolicy, TraceRecorder, open_store
 
-    for flag, value in (("--record-max-mb", args.record_max_mb), ("--record-retention-days", args.record_retention_days)):
+    for flag, value in (
+        ("--record-max-mb", args.record_max_mb),
+        ("--record-retention-days", args.record_retention_days),
+    ):
         if value < 0:
             raise ValueError(f"{flag} must be >= 0 (0: no bound), got {value}")
     policy = RecordingPolicy(
@@ -148,8 +167,10 @@ def _open_recorder(args: argparse.Namespace) -> Any:
         retention_days=args.record_retention_days or None,
     )
     if args.record_write_behind_s < 0:
-        raise ValueError(f"--record-write-behind-s must be >= 0 (0: every answer waits for its turn to be "
-                         f"written), got {args.record_write_behind_s}")
+        raise ValueError(
+            f"--record-write-behind-s must be >= 0 (0: every answer waits for its turn to be "
+            f"written), got {args.record_write_behind_s}"
+        )
     return TraceRecorder(open_store(args.record, policy), write_behind_s=args.record_write_behind_s)
 
 
@@ -160,67 +181,134 @@ def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Serve CHECKPOINT on the embedded engine behind OpenAI's chat-completions API. "
         "Binds 127.0.0.1 unless --host says otherwise.",
     )
-    p.add_argument("checkpoint", help="tiny | smollm2 | a Hugging Face model folder | a training run or checkpoint "
-                   "folder (full or LoRA) | a LoRA adapter folder")
-    p.add_argument("--base-model", default=None,
-                   help="with LoRA adapters: the base model (default: the one they were trained on, named in "
-                   "adapter_config.json)")
+    p.add_argument(
+        "checkpoint",
+        help="tiny | smollm2 | a Hugging Face model folder | a training run or checkpoint "
+        "folder (full or LoRA) | a LoRA adapter folder",
+    )
+    p.add_argument(
+        "--base-model",
+        default=None,
+        help="with LoRA adapters: the base model (default: the one they were trained on, named in adapter_config.json)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None,
-                   help="the model id clients send (default: tiny/smollm2, or the folder's name)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: $VERLOG_API_KEY); "
-                   "also opens feedback and, without --admin-key, reload to its holders")
-    p.add_argument("--admin-key", default=None,
-                   help="the key of POST /v1/admin/reload, and of feedback besides the API key (default: "
-                   "$VERLOG_ADMIN_KEY). Without any key, feedback and reload are closed (403)")
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model id clients send (default: tiny/smollm2, or the folder's name)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' (default: $VERLOG_API_KEY); "
+        "also opens feedback and, without --admin-key, reload to its holders",
+    )
+    p.add_argument(
+        "--admin-key",
+        default=None,
+        help="the key of POST /v1/admin/reload, and of feedback besides the API key (default: "
+        "$VERLOG_ADMIN_KEY). Without any key, feedback and reload are closed (403)",
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--max-batch-size", type=int, default=64, help="most requests decoded together")
     p.add_argument("--seed", type=int, default=0, help="seed of unseeded sampling")
-    p.add_argument("--chat-template-kwargs", type=_json_object, default={},
-                   help="JSON passed to the chat template: use training's multi_turn.chat_template_kwargs "
-                   '(e.g. \'{"enable_thinking": false}\')')
+    p.add_argument(
+        "--chat-template-kwargs",
+        type=_json_object,
+        default={},
+        help="JSON passed to the chat template: use training's multi_turn.chat_template_kwargs "
+        "(e.g. '{\"enable_thinking\": false}')",
+    )
     r = p.add_argument_group("traces (production traffic back to training: docs/production_loop.md)")
-    r.add_argument("--record", default=None, metavar="DIR|URL",
-                   help="record every completion token-exact in a trace store: a folder (SQLite) or a "
-                   "postgresql:// URL; enables POST /v1/feedback")
-    r.add_argument("--record-privacy", default="full", choices=["full", "ids_only"],
-                   help="full: token ids, logprobs, the request's messages and the answer's text; ids_only: no text "
-                   "is stored (token ids and logprobs only)")
-    r.add_argument("--record-max-mb", type=float, default=1024.0,
-                   help="the store's size bound: the least recently written episodes are deleted past it (0: none)")
-    r.add_argument("--record-retention-days", type=float, default=30.0,
-                   help="episodes not written to for this long are deleted (0: kept)")
-    r.add_argument("--record-write-behind-s", type=float, default=0.0, metavar="S",
-                   help="0 (default): an answer is sent once its turn is written to the store, so a crash loses no "
-                   "answered turn; S > 0: answers do not wait and turns are written every S seconds (a crash may "
-                   "lose the last S seconds; SIGTERM and Ctrl-C write them first)")
-    r.add_argument("--reload-from", default=None, metavar="RUN_DIR",
-                   help="the training run whose newest checkpoint POST /v1/admin/reload puts in service (default: "
-                   "CHECKPOINT itself, when it is a run folder); requests in flight finish on the old weights")
+    r.add_argument(
+        "--record",
+        default=None,
+        metavar="DIR|URL",
+        help="record every completion token-exact in a trace store: a folder (SQLite) or a "
+        "postgresql:// URL; enables POST /v1/feedback",
+    )
+    r.add_argument(
+        "--record-privacy",
+        default="full",
+        choices=["full", "ids_only"],
+        help="full: token ids, logprobs, the request's messages and the answer's text; ids_only: no text "
+        "is stored (token ids and logprobs only)",
+    )
+    r.add_argument(
+        "--record-max-mb",
+        type=float,
+        default=1024.0,
+        help="the store's size bound: the least recently written episodes are deleted past it (0: none)",
+    )
+    r.add_argument(
+        "--record-retention-days",
+        type=float,
+        default=30.0,
+        help="episodes not written to for this long are deleted (0: kept)",
+    )
+    r.add_argument(
+        "--record-write-behind-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="0 (default): an answer is sent once its turn is written to the store, so a crash loses no "
+        "answered turn; S > 0: answers do not wait and turns are written every S seconds (a crash may "
+        "lose the last S seconds; SIGTERM and Ctrl-C write them first)",
+    )
+    r.add_argument(
+        "--reload-from",
+        default=None,
+        metavar="RUN_DIR",
+        help="the training run whose newest checkpoint POST /v1/admin/reload puts in service (default: "
+        "CHECKPOINT itself, when it is a run folder); requests in flight finish on the old weights",
+    )
     g = p.add_argument_group("request limits")
     g.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
-    g.add_argument("--max-prompt-tokens", type=int, default=None,
-                   help="longest rendered prompt (default: the model's context minus one)")
+    g.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help="longest rendered prompt (default: the model's context minus one)",
+    )
     g.add_argument("--max-tokens-cap", type=int, default=2048, help="largest max_tokens a request may ask")
     g.add_argument("--default-max-tokens", type=int, default=256, help="response budget when a request sets none")
     g.add_argument("--max-concurrency", type=int, default=64, help="requests generating at once")
     g.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond those (more get 429)")
-    g.add_argument("--large-body-bytes", type=int, default=64 << 10,
-                   help="bodies over this size are prepared on a lane of their own, apart from small requests "
-                   "(default 64 KiB)")
-    g.add_argument("--max-large-queue", type=int, default=8,
-                   help="large bodies handled at once (more get 429 while small requests are still served)")
+    g.add_argument(
+        "--large-body-bytes",
+        type=int,
+        default=64 << 10,
+        help="bodies over this size are prepared on a lane of their own, apart from small requests (default 64 KiB)",
+    )
+    g.add_argument(
+        "--max-large-queue",
+        type=int,
+        default=8,
+        help="large bodies handled at once (more get 429 while small requests are still served)",
+    )
     g.add_argument("--request-timeout-s", type=float, default=600.0, help="stop a generation after this (0: never)")
-    g.add_argument("--max-messages", type=int, default=2048,
-                   help="most messages in one request (checked before the prompt is rendered)")
-    g.add_argument("--max-header-bytes", type=int, default=32 << 10,
-                   help="the most bytes a request's headers may take (431 above it; default 32 KiB)")
+    g.add_argument(
+        "--max-messages",
+        type=int,
+        default=2048,
+        help="most messages in one request (checked before the prompt is rendered)",
+    )
+    g.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=32 << 10,
+        help="the most bytes a request's headers may take (431 above it; default 32 KiB)",
+    )
     g.add_argument("--max-headers", type=int, default=100, help="the most header fields a request may have (431 above)")
-    g.add_argument("--read-timeout-s", type=float, default=15.0,
-                   help="a client must send a request's headers, then its body, within this many seconds "
-                   "(else the connection is closed, or answered 408); idle keep-alive connections close after it")
+    g.add_argument(
+        "--read-timeout-s",
+        type=float,
+        default=15.0,
+        help="a client must send a request's headers, then its body, within this many seconds "
+        "(else the connection is closed, or answered 408); idle keep-alive connections close after it",
+    )
     p.set_defaults(func=_serve_model)
     return p
 
@@ -250,11 +338,14 @@ def _serve(args: argparse.Namespace) -> int:
         state_dir=Path(args.state_dir) if args.state_dir else None,
         postgres_uri=args.postgres_uri or os.environ.get("VERLOG_POSTGRES_URI") or None,
     )
+
     def announce(state_dir: Path) -> None:
         threads = "Postgres ($VERLOG_POSTGRES_URI)" if settings.postgres_uri else f"{state_dir / STATE_DB}"
-        _say(f"serving graph '{settings.name}' ({settings.graph}) with model '{args.model}' at {args.base_url} "
-             f"on http://{args.host}:{args.port} (LangGraph server API; SDK: langgraph_sdk.get_client); "
-             f"threads kept in {threads}")
+        _say(
+            f"serving graph '{settings.name}' ({settings.graph}) with model '{args.model}' at {args.base_url} "
+            f"on http://{args.host}:{args.port} (LangGraph server API; SDK: langgraph_sdk.get_client); "
+            f"threads kept in {threads}"
+        )
 
     try:
         return serve_graph(settings, announce)
@@ -281,18 +372,31 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=None, help="default temperature of every model call")
     p.add_argument("--max-tokens", type=int, default=None, help="default max_tokens of every model call")
     p.add_argument("--seed", type=int, default=None, help="sampling seed sent with every model call")
-    p.add_argument("--recursion-limit", type=int, default=None,
-                   help="LangGraph recursion limit of each run (default: the graph's own: verlog's game graphs carry "
-                   "the limit of their longest episode; 100 for a graph that sets none)")
+    p.add_argument(
+        "--recursion-limit",
+        type=int,
+        default=None,
+        help="LangGraph recursion limit of each run (default: the graph's own: verlog's game graphs carry "
+        "the limit of their longest episode; 100 for a graph that sets none)",
+    )
     p.add_argument("--jobs", type=int, default=8, help="runs executed at once")
-    p.add_argument("--allow-blocking", action="store_true",
-                   help="let graph nodes make blocking calls (LangGraph's dev server refuses them by default)")
-    p.add_argument("--state-dir", default=None,
-                   help="where langgraph.json and the server's state go, the threads' checkpoints included "
-                   "(threads.sqlite; default: under ~/.cache/verlog/serve)")
-    p.add_argument("--postgres-uri", default=None,
-                   help="keep the threads' checkpoints in Postgres instead (postgresql://...; default: "
-                   "$VERLOG_POSTGRES_URI); needs langgraph-checkpoint-postgres")
+    p.add_argument(
+        "--allow-blocking",
+        action="store_true",
+        help="let graph nodes make blocking calls (LangGraph's dev server refuses them by default)",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=None,
+        help="where langgraph.json and the server's state go, the threads' checkpoints included "
+        "(threads.sqlite; default: under ~/.cache/verlog/serve)",
+    )
+    p.add_argument(
+        "--postgres-uri",
+        default=None,
+        help="keep the threads' checkpoints in Postgres instead (postgresql://...; default: "
+        "$VERLOG_POSTGRES_URI); needs langgraph-checkpoint-postgres",
+    )
     p.set_defaults(func=_serve)
     return p
 

@@ -49,8 +49,9 @@ async def checkpointer() -> AsyncIterator[Any]:
         try:
             from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
         except ImportError as exc:
-            raise RuntimeError("$VERLOG_POSTGRES_URI needs langgraph-checkpoint-postgres: "
-                               "pip install -e '.[serve]'") from exc
+            raise RuntimeError(
+                "$VERLOG_POSTGRES_URI needs langgraph-checkpoint-postgres: pip install -e '.[serve]'"
+            ) from exc
         opened = AsyncPostgresSaver.from_conn_string(uri)
     else:
         from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -100,8 +101,10 @@ async def restore_threads(saver: Any) -> int:
                 pass
             restored += 1
     if restored:
-        log.warning("verlog: %d threads written less than 10 s before the server stopped were restored from the "
-                    "checkpointer", restored)
+        log.warning(
+            "verlog: %d threads written less than 10 s before the server stopped were restored from the checkpointer",
+            restored,
+        )
     return restored
 
 
@@ -113,12 +116,20 @@ async def continued_input(graph: Any, input: Any, config: Any) -> Any:
     saver = getattr(graph, "checkpointer", None)
     configurable = config.get("configurable") or {}
     run_id, thread_id = configurable.get("run_id"), configurable.get("thread_id")
-    if input is None or not hasattr(saver, "aget_tuple") or not run_id or not thread_id \
-            or configurable.get("checkpoint_id"):  # a run from a chosen checkpoint starts there
+    if (
+        input is None
+        or not hasattr(saver, "aget_tuple")
+        or not run_id
+        or not thread_id
+        or configurable.get("checkpoint_id")
+    ):  # a run from a chosen checkpoint starts there
         return input
     latest = await saver.aget_tuple({"configurable": {"thread_id": str(thread_id), "checkpoint_ns": ""}})
     if latest is not None and str((latest.metadata or {}).get("run_id")) == str(run_id):
-        log.warning("verlog: run %s is retried: it goes on from its last checkpoint (step %s) instead of starting "
-                    "again", run_id, (latest.metadata or {}).get("step"))
+        log.warning(
+            "verlog: run %s is retried: it goes on from its last checkpoint (step %s) instead of starting again",
+            run_id,
+            (latest.metadata or {}).get("step"),
+        )
         return None
     return input

@@ -136,8 +136,9 @@ def with_own_recursion_limit(graph: Any, limit: int | None = None) -> Any:
         async for chunk in base.astream(self, input, config, **kwargs):
             yield chunk
 
-    served = type(base.__name__, (base,), {"astream_events": astream_events, "astream": astream,
-                                           "__module__": base.__module__})
+    served = type(
+        base.__name__, (base,), {"astream_events": astream_events, "astream": astream, "__module__": base.__module__}
+    )
     return served(**{k: v for k, v in graph.__dict__.items() if k != "__orig_class__"})
 
 

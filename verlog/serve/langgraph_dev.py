@@ -91,19 +91,24 @@ def server_environment(settings: GraphServeSettings, base: dict[str, str] | None
     env["VERLOG_STATE_DB"] = str(state_dir_for(settings).resolve() / STATE_DB)
     if settings.postgres_uri:
         env["VERLOG_POSTGRES_URI"] = settings.postgres_uri
-    env.update({
-        "VERLOG_GRAPH": str(settings.graph.resolve()),
-        "VERLOG_GRAPH_KWARGS": json.dumps(settings.graph_kwargs),
-        "VERLOG_GRAPHS_DIR": "",  # serve only this graph
-        "VERLOG_BASE_URL": settings.base_url,
-        "VERLOG_MODEL": settings.model,
-    })
+    env.update(
+        {
+            "VERLOG_GRAPH": str(settings.graph.resolve()),
+            "VERLOG_GRAPH_KWARGS": json.dumps(settings.graph_kwargs),
+            "VERLOG_GRAPHS_DIR": "",  # serve only this graph
+            "VERLOG_BASE_URL": settings.base_url,
+            "VERLOG_MODEL": settings.model,
+        }
+    )
     if settings.recursion_limit is not None:
         env["VERLOG_RECURSION_LIMIT"] = str(settings.recursion_limit)
     if settings.api_key:
         env["VERLOG_API_KEY"] = settings.api_key
-    for name, value in (("VERLOG_TEMPERATURE", settings.temperature), ("VERLOG_MAX_TOKENS", settings.max_tokens),
-                        ("VERLOG_SEED", settings.seed)):
+    for name, value in (
+        ("VERLOG_TEMPERATURE", settings.temperature),
+        ("VERLOG_MAX_TOKENS", settings.max_tokens),
+        ("VERLOG_SEED", settings.seed),
+    ):
         if value is not None:
             env[name] = str(value)
     env.setdefault("LANGGRAPH_CLI_NO_ANALYTICS", "1")  # offline machines: no usage reporting
@@ -113,11 +118,18 @@ def server_environment(settings: GraphServeSettings, base: dict[str, str] | None
 def langgraph_dev_command(settings: GraphServeSettings, config_path: Path) -> list[str]:
     """The ``langgraph dev`` command line."""
     cmd = [
-        sys.executable, "-m", "langgraph_cli", "dev",
-        "--config", str(config_path),
-        "--host", settings.host,
-        "--port", str(settings.port),
-        "--no-browser", "--no-reload",
+        sys.executable,
+        "-m",
+        "langgraph_cli",
+        "dev",
+        "--config",
+        str(config_path),
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.port),
+        "--no-browser",
+        "--no-reload",
     ]
     if settings.jobs_per_worker:
         cmd += ["--n-jobs-per-worker", str(settings.jobs_per_worker)]
@@ -136,8 +148,9 @@ def check_installed() -> None:
         except ModuleNotFoundError:  # its parent package is missing
             return True
 
-    missing = [m for m in ("langgraph_cli", "langgraph_api", "langchain_openai", "langgraph.checkpoint.sqlite")
-               if absent(m)]
+    missing = [
+        m for m in ("langgraph_cli", "langgraph_api", "langchain_openai", "langgraph.checkpoint.sqlite") if absent(m)
+    ]
     if missing:
         raise RuntimeError(
             f"`verlog serve` needs LangGraph's server, LangChain's OpenAI model and LangGraph's SQLite checkpointer "

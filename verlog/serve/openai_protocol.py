@@ -182,6 +182,7 @@ def decode_body(raw: bytes, *, max_messages: int | None = None) -> Any:
     nests deeper than :data:`MAX_JSON_DEPTH` levels or holds more than ``max_messages`` messages.
 
     These checks come before field validation and prompt rendering, whose cost grows with them."""
+
     def no_constant(name: str) -> Any:
         raise ValueError(f"{name} is not a JSON number")
 
@@ -194,12 +195,19 @@ def decode_body(raw: bytes, *, max_messages: int | None = None) -> Any:
     if max_messages is not None and isinstance(body, dict):
         messages = body.get("messages")
         if isinstance(messages, list) and len(messages) > max_messages:
-            raise APIError(400, f"'messages' has {len(messages)} messages; this server accepts at most "
-                           f"{max_messages} per request", param="messages", code="too_many_messages")
+            raise APIError(
+                400,
+                f"'messages' has {len(messages)} messages; this server accepts at most {max_messages} per request",
+                param="messages",
+                code="too_many_messages",
+            )
     too_deep = _too_deep(body, MAX_JSON_DEPTH)
     if too_deep is not None:
-        raise APIError(400, f"'{too_deep or 'the request body'}' nests deeper than {MAX_JSON_DEPTH} levels "
-                       "of JSON arrays/objects", param=too_deep or None)
+        raise APIError(
+            400,
+            f"'{too_deep or 'the request body'}' nests deeper than {MAX_JSON_DEPTH} levels of JSON arrays/objects",
+            param=too_deep or None,
+        )
     return body
 
 
@@ -232,11 +240,15 @@ def parse_request(body: Any) -> ChatCompletionRequest:
         param = _loc(first["loc"])
         _refuse_field(first, param)
         if param.startswith("tool_choice"):
-            raise APIError(400, f"Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or "
-                           f"{{'type': 'function', 'function': {{'name': ...}}}} (got {body.get('tool_choice')!r:.200})",
-                           param="tool_choice") from None
-        raise APIError(400, f"Invalid value for '{param}': {first['msg']} (got {first.get('input')!r:.200})",
-                       param=param) from None
+            raise APIError(
+                400,
+                f"Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or "
+                f"{{'type': 'function', 'function': {{'name': ...}}}} (got {body.get('tool_choice')!r:.200})",
+                param="tool_choice",
+            ) from None
+        raise APIError(
+            400, f"Invalid value for '{param}': {first['msg']} (got {first.get('input')!r:.200})", param=param
+        ) from None
     _refuse_unsupported(request)
     for i, tool in enumerate(request.tools or ()):
         _check_schema(tool.function.parameters, f"tools[{i}].function.parameters")
@@ -284,8 +296,9 @@ def parse_feedback(body: Any) -> FeedbackRequest:
         first = exc.errors()[0]
         param = _loc(first["loc"]) or "turn"
         _refuse_field(first, param)
-        raise APIError(400, f"Invalid value for '{param}': {first['msg']} (got {first.get('input')!r:.200})",
-                       param=param) from None
+        raise APIError(
+            400, f"Invalid value for '{param}': {first['msg']} (got {first.get('input')!r:.200})", param=param
+        ) from None
 
 
 #: the most choices a schema may offer at one point of an answer: the keys an object may write
@@ -296,8 +309,19 @@ def parse_feedback(body: Any) -> FeedbackRequest:
 MAX_SCHEMA_BRANCHES = 256
 
 #: JSON-schema keywords whose value is a schema / a list of schemas / an object of schemas
-_SCHEMA_KEYWORDS = ("additionalProperties", "items", "not", "contains", "propertyNames", "if", "then", "else",
-                    "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+_SCHEMA_KEYWORDS = (
+    "additionalProperties",
+    "items",
+    "not",
+    "contains",
+    "propertyNames",
+    "if",
+    "then",
+    "else",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "additionalItems",
+)
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
@@ -306,6 +330,7 @@ def _check_schema(schema: Any, where: str) -> None:
     """Refuse (400, naming the place) a JSON schema whose keywords have the wrong JSON types
     (``"properties": 5``, ``"required": "a"``, ...): the chat template and the constrained
     decoder read them. Whether the schema makes sense is left to the constraint compiler."""
+
     def bad(path: str, what: str) -> APIError:
         return APIError(400, f"Invalid schema at '{path}': {what}", param=where)
 
@@ -319,12 +344,16 @@ def _check_schema(schema: Any, where: str) -> None:
             raise bad(path, f"a schema must be an object or a boolean (got {type(node).__name__})")
         width = branches(node)
         if width > MAX_SCHEMA_BRANCHES:
-            raise bad(path, f"offers {width} choices at one point of the answer (optional properties, anyOf/oneOf "
-                      f"branches); this server's constrained decoding takes at most {MAX_SCHEMA_BRANCHES}: mark "
-                      "properties required, or split the schema")
+            raise bad(
+                path,
+                f"offers {width} choices at one point of the answer (optional properties, anyOf/oneOf "
+                f"branches); this server's constrained decoding takes at most {MAX_SCHEMA_BRANCHES}: mark "
+                "properties required, or split the schema",
+            )
         kind = node.get("type")
-        if kind is not None and not (isinstance(kind, str) or (isinstance(kind, list)
-                                                              and all(isinstance(k, str) for k in kind))):
+        if kind is not None and not (
+            isinstance(kind, str) or (isinstance(kind, list) and all(isinstance(k, str) for k in kind))
+        ):
             raise bad(f"{path}.type", "must be a string or a list of strings")
         required = node.get("required")
         if required is not None and not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
@@ -398,7 +427,9 @@ class _Branches:
 
 def _refuse_unsupported(r: ChatCompletionRequest) -> None:
     def refuse(param: str, why: str) -> None:
-        raise APIError(400, f"'{param}' {why} is not supported by this server", param=param, code="unsupported_parameter")
+        raise APIError(
+            400, f"'{param}' {why} is not supported by this server", param=param, code="unsupported_parameter"
+        )
 
     if r.n not in (None, 1):
         refuse("n", f"= {r.n} (only 1 choice per request)")
@@ -427,11 +458,17 @@ def message_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
     for i, part in enumerate(content):
         kind = part.get("type")
         if kind != "text":
-            raise APIError(400, f"{where}.content[{i}]: only text parts are supported (got type {kind!r})",
-                           param=f"{where}.content[{i}].type")
+            raise APIError(
+                400,
+                f"{where}.content[{i}]: only text parts are supported (got type {kind!r})",
+                param=f"{where}.content[{i}].type",
+            )
         if not isinstance(part.get("text"), str):
-            raise APIError(400, f"{where}.content[{i}].text must be a string (got {part.get('text')!r:.100})",
-                           param=f"{where}.content[{i}].text")
+            raise APIError(
+                400,
+                f"{where}.content[{i}].text must be a string (got {part.get('text')!r:.100})",
+                param=f"{where}.content[{i}].text",
+            )
         parts.append(part["text"])
     return "".join(parts)
 
@@ -440,8 +477,9 @@ def _check_unicode(text: str, where: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:  # a lone surrogate, sent as a \ud800 escape
-        raise APIError(400, f"{where}.content is not valid Unicode: {exc.reason} at position {exc.start}",
-                       param=f"{where}.content") from None
+        raise APIError(
+            400, f"{where}.content is not valid Unicode: {exc.reason} at position {exc.start}", param=f"{where}.content"
+        ) from None
 
 
 def to_langchain_messages(request: ChatCompletionRequest) -> list[BaseMessage]:
@@ -537,20 +575,29 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def chunk(cid: str, created: int, model: str, delta: dict[str, Any], *, finish: str | None = None,
-          logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def chunk(
+    cid: str,
+    created: int,
+    model: str,
+    delta: dict[str, Any],
+    *,
+    finish: str | None = None,
+    logprobs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """One ``chat.completion.chunk`` with a single choice."""
     return {
         "id": cid,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{
-            "index": 0,
-            "delta": delta,
-            "logprobs": None if logprobs is None else {"content": logprobs},
-            "finish_reason": finish,
-        }],
+        "choices": [
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None if logprobs is None else {"content": logprobs},
+                "finish_reason": finish,
+            }
+        ],
     }
 
 

@@ -136,8 +136,17 @@ class ServerLimits:
     max_headers: int = 100
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens", "max_concurrency", "max_messages",
-                     "large_body_bytes", "max_large_queue", "max_header_bytes", "max_headers"):
+        for name in (
+            "max_body_bytes",
+            "max_tokens_cap",
+            "default_max_tokens",
+            "max_concurrency",
+            "max_messages",
+            "large_body_bytes",
+            "max_large_queue",
+            "max_header_bytes",
+            "max_headers",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerLimits.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queue < 0:
@@ -287,19 +296,22 @@ class OpenAIServer(LocalServer):
         self._rechecking = asyncio.Lock()
         self.limits = limits or ServerLimits()
         self.chat_model = VerlogChatModel(
-            engine=engine, tokenizer=tokenizer, model_name=model_name,
+            engine=engine,
+            tokenizer=tokenizer,
+            model_name=model_name,
             chat_template_kwargs=dict(chat_template_kwargs or {}),
             max_tokens=self.limits.default_max_tokens,
         )
         context = getattr(engine, "max_context", None)
         self.max_context: int | None = context if isinstance(context, int) and context < 1 << 30 else None
-        self.max_prompt_tokens = self.limits.max_prompt_tokens or (
-            self.max_context - 1 if self.max_context else None
-        )
+        self.max_prompt_tokens = self.limits.max_prompt_tokens or (self.max_context - 1 if self.max_context else None)
         #: places, lanes (where bodies are prepared, off the event loop) and generation slots
-        self._admission = Admission(self.limits.max_concurrency, self.limits.max_queue,
-                                    large_body_bytes=self.limits.large_body_bytes,
-                                    large_waiting=self.limits.max_large_queue)
+        self._admission = Admission(
+            self.limits.max_concurrency,
+            self.limits.max_queue,
+            large_body_bytes=self.limits.large_body_bytes,
+            large_waiting=self.limits.max_large_queue,
+        )
         self._renderer = PromptRenderer(tokenizer, chat_template_kwargs)
         self._prompt_bound = PromptBound(tokenizer, self.max_prompt_tokens) if self.max_prompt_tokens else None
         self._token_bytes = proto.TokenBytes(tokenizer)
@@ -341,15 +353,19 @@ class OpenAIServer(LocalServer):
         """The aiohttp application (routes and error handling)."""
         timeout = self.limits.read_timeout_s
         app = web.Application(
-            client_max_size=self.limits.max_body_bytes, middlewares=[self._errors, self._header_bounds],
+            client_max_size=self.limits.max_body_bytes,
+            middlewares=[self._errors, self._header_bounds],
             # aiohttp closes a connection whose handler is still waiting for a request's headers
             # when its keep-alive time is up, counted from the connection's start or its last
             # answer: the headers' read timeout. A body left unread after an early answer is
             # drained for at most as long.
-            handler_args={"keepalive_timeout": timeout, "lingering_time": timeout,
-                          # the parser's own bound, past which it answers 400 itself; below it the
-                          # server's limits answer 431 (_header_bounds)
-                          "max_headers": 4 * self.limits.max_headers},
+            handler_args={
+                "keepalive_timeout": timeout,
+                "lingering_time": timeout,
+                # the parser's own bound, past which it answers 400 itself; below it the
+                # server's limits answer 431 (_header_bounds)
+                "max_headers": 4 * self.limits.max_headers,
+            },
         )
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
@@ -374,9 +390,14 @@ class OpenAIServer(LocalServer):
                 if request.transport is not None:
                     request.transport.close()
         except web.HTTPRequestEntityTooLarge:
-            response = web.json_response(proto.error_body(
-                f"the request body exceeds this server's limit of {self.limits.max_body_bytes} bytes",
-                type="invalid_request_error", code="request_too_large"), status=413)
+            response = web.json_response(
+                proto.error_body(
+                    f"the request body exceeds this server's limit of {self.limits.max_body_bytes} bytes",
+                    type="invalid_request_error",
+                    code="request_too_large",
+                ),
+                status=413,
+            )
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -402,9 +423,13 @@ class OpenAIServer(LocalServer):
         count = len(request.raw_headers)
         size = sum(len(name) + len(value) + 4 for name, value in request.raw_headers)
         if count > self.limits.max_headers or size > self.limits.max_header_bytes:
-            raise APIError(431, f"the request's headers ({count} fields, {size} bytes) exceed this server's limits "
-                           f"({self.limits.max_headers} fields, {self.limits.max_header_bytes} bytes)",
-                           code="request_header_fields_too_large", close=True)
+            raise APIError(
+                431,
+                f"the request's headers ({count} fields, {size} bytes) exceed this server's limits "
+                f"({self.limits.max_headers} fields, {self.limits.max_header_bytes} bytes)",
+                code="request_header_fields_too_large",
+                close=True,
+            )
         return await handler(request)
 
     def _bearer(self, request: web.Request) -> str:
@@ -416,8 +441,9 @@ class OpenAIServer(LocalServer):
             return
         token = self._bearer(request)
         if not token or not hmac.compare_digest(token.encode(), self.api_key.encode()):
-            raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
+            raise APIError(
+                401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"
+            )
 
     def _feedback_keys(self) -> tuple[str, ...]:
         return tuple(k for k in (self.api_key, self.admin_key) if k)
@@ -429,13 +455,20 @@ class OpenAIServer(LocalServer):
         """An endpoint that changes rewards or weights: closed (403) without a key for it, else
         only for a request bearing one (401)."""
         if not keys:
-            raise APIError(403, f"{endpoint} is closed: this server has no key for it (start it with --admin-key "
-                           "or --api-key, or $VERLOG_ADMIN_KEY / $VERLOG_API_KEY)", type="permission_error",
-                           code="endpoint_closed")
+            raise APIError(
+                403,
+                f"{endpoint} is closed: this server has no key for it (start it with --admin-key "
+                "or --api-key, or $VERLOG_ADMIN_KEY / $VERLOG_API_KEY)",
+                type="permission_error",
+                code="endpoint_closed",
+            )
         token = self._bearer(request).encode()
         if not token or not any(hmac.compare_digest(token, k.encode()) for k in keys):
-            raise APIError(401, f"Incorrect or missing key for {endpoint}: send 'Authorization: Bearer <{holders}>'",
-                           code="invalid_api_key")
+            raise APIError(
+                401,
+                f"Incorrect or missing key for {endpoint}: send 'Authorization: Bearer <{holders}>'",
+                code="invalid_api_key",
+            )
 
     def access(self) -> str:
         """Who may use what on this server, in one line (``serve-model`` prints it at start)."""
@@ -443,8 +476,10 @@ class OpenAIServer(LocalServer):
         if self.recorder is None:
             feedback = "not served (no --record)"
         else:
-            feedback = " or ".join(n for n, k in (("API key", self.api_key), ("admin key", self.admin_key)) if k) \
+            feedback = (
+                " or ".join(n for n, k in (("API key", self.api_key), ("admin key", self.admin_key)) if k)
                 or "closed (no key)"
+            )
         if self.reloader is None:
             reload = "not served"
         else:
@@ -455,36 +490,58 @@ class OpenAIServer(LocalServer):
         """The raw body: JSON only (415), as is or gzip/deflate-compressed (415 for other
         encodings, 400 when it does not decode), within the size limit once decoded (413), sent in
         time (408)."""
-        if request.headers.get("Content-Type") is not None and request.content_type != "application/json" \
-                and not request.content_type.endswith("+json"):
-            raise APIError(415, f"unsupported Content-Type '{request.content_type}': send the request as JSON "
-                           "with 'Content-Type: application/json'", code="unsupported_media_type")
+        if (
+            request.headers.get("Content-Type") is not None
+            and request.content_type != "application/json"
+            and not request.content_type.endswith("+json")
+        ):
+            raise APIError(
+                415,
+                f"unsupported Content-Type '{request.content_type}': send the request as JSON "
+                "with 'Content-Type: application/json'",
+                code="unsupported_media_type",
+            )
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in _BODY_ENCODINGS:
-            raise APIError(415, f"unsupported Content-Encoding '{encoding[:40]}': send the body as is or with "
-                           f"{', '.join(sorted(_BODY_ENCODINGS - {'identity'}))}", code="unsupported_media_type",
-                           close=True)
+            raise APIError(
+                415,
+                f"unsupported Content-Encoding '{encoding[:40]}': send the body as is or with "
+                f"{', '.join(sorted(_BODY_ENCODINGS - {'identity'}))}",
+                code="unsupported_media_type",
+                close=True,
+            )
         length = request.content_length
         if length is not None and length > self.limits.max_body_bytes:
             raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body_bytes, actual_size=length)
         try:
             return await asyncio.wait_for(request.read(), self.limits.read_timeout_s)
         except asyncio.TimeoutError:
-            raise APIError(408, f"the request body did not arrive within {self.limits.read_timeout_s} s "
-                           "(--read-timeout-s)", code="request_timeout", close=True) from None
+            raise APIError(
+                408,
+                f"the request body did not arrive within {self.limits.read_timeout_s} s (--read-timeout-s)",
+                code="request_timeout",
+                close=True,
+            ) from None
         except web_protocol.RequestPayloadError as exc:  # a body its Content-Encoding does not decode
             encoding = request.headers.get("Content-Encoding", "")
-            raise APIError(400, f"the request body cannot be decoded as its Content-Encoding "
-                           f"'{encoding[:40]}' says: {str(exc).strip().splitlines()[-1].strip()[:200]}",
-                           code="bad_content_encoding", close=True) from None
+            raise APIError(
+                400,
+                f"the request body cannot be decoded as its Content-Encoding "
+                f"'{encoding[:40]}' says: {str(exc).strip().splitlines()[-1].strip()[:200]}",
+                code="bad_content_encoding",
+                close=True,
+            ) from None
 
     # ------------------------------------------------------------------ endpoints
     async def _health(self, request: web.Request) -> web.Response:
         """200 ``ok`` while the engine answers; 503 ``failing`` (with the error) while its last
         generation failed, so a load balancer or supervisor can tell. While failing, the canary
         is run again (at most every ``health_recheck_s``): once it passes, the server is ok."""
-        if self.failure is not None and not self._rechecking.locked() \
-                and time.monotonic() - self._rechecked >= self.health_recheck_s:
+        if (
+            self.failure is not None
+            and not self._rechecking.locked()
+            and time.monotonic() - self._rechecked >= self.health_recheck_s
+        ):
             async with self._rechecking:
                 self._rechecked = time.monotonic()
                 try:
@@ -492,13 +549,22 @@ class OpenAIServer(LocalServer):
                     self.failure = None
                 except UnservableModelError as exc:
                     self.failure = str(exc)
-        body = {"status": "ok" if self.failure is None else "failing", "model": self.model_name,
-                "version": self.model_version, "generating": self._admission.active, "waiting": self._admission.queued}
+        body = {
+            "status": "ok" if self.failure is None else "failing",
+            "model": self.model_name,
+            "version": self.model_version,
+            "generating": self._admission.active,
+            "waiting": self._admission.queued,
+        }
         if self.failure is not None:
             body["error"] = self.failure
         if self.recorder is not None:
-            body["recording"] = {"written": self.recorder.written, "dropped": self.recorder.dropped,
-                                 "late": self.recorder.late, "durable": self.recorder.durable}
+            body["recording"] = {
+                "written": self.recorder.written,
+                "dropped": self.recorder.dropped,
+                "late": self.recorder.late,
+                "durable": self.recorder.durable,
+            }
         return web.json_response(body, status=200 if self.failure is None else 503)
 
     def _model_card(self) -> dict[str, Any]:
@@ -516,8 +582,12 @@ class OpenAIServer(LocalServer):
         return web.json_response(self._model_card())
 
     def _unknown_model(self, name: str) -> APIError:
-        return APIError(404, f"The model '{name}' does not exist on this server; it serves '{self.model_name}' "
-                        "(see GET /v1/models)", param="model", code="model_not_found")
+        return APIError(
+            404,
+            f"The model '{name}' does not exist on this server; it serves '{self.model_name}' (see GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self._check_auth(request)
@@ -530,7 +600,12 @@ class OpenAIServer(LocalServer):
             async with lane.turn():
                 call = await asyncio.get_running_loop().run_in_executor(lane.pool, self._prepare, raw)
             req, prompt_ids, prefix, sampling, has_tools = (
-                call.request, call.prompt_ids, call.prefix, call.sampling, call.has_tools)
+                call.request,
+                call.prompt_ids,
+                call.prefix,
+                call.sampling,
+                call.has_tools,
+            )
             if sampling.constraint is not None:  # a schema the engine cannot compile is the request's fault
                 try:
                     await asyncio.to_thread(self.engine.validate_constraint, sampling.constraint)
@@ -543,34 +618,51 @@ class OpenAIServer(LocalServer):
                 policy.enter()
                 try:
                     if req.stream:
-                        return await self._stream(request, req, prompt_ids, prefix, sampling, has_tools,
-                                                  policy=policy, episode=episode, messages=call.messages)
+                        return await self._stream(
+                            request,
+                            req,
+                            prompt_ids,
+                            prefix,
+                            sampling,
+                            has_tools,
+                            policy=policy,
+                            episode=episode,
+                            messages=call.messages,
+                        )
                     generation = await self._generate(prompt_ids, sampling, policy.engine)
                 finally:
                     policy.leave()
         text = self._answer_text(generation, sampling, prefix)
-        await self._record(episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started, text,
-                           call.messages)
+        await self._record(
+            episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started, text, call.messages
+        )
         message = self.chat_model.to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
         content, calls = proto.answer_parts(message, text)
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": content if content or not calls else None,
-                        **({"tool_calls": calls} if calls else {})},
+            "message": {
+                "role": "assistant",
+                "content": content if content or not calls else None,
+                **({"tool_calls": calls} if calls else {}),
+            },
             "logprobs": None,
             "finish_reason": proto.finish_reason(bool(calls), generation.finish_reason),
         }
         if req.logprobs:
-            choice["logprobs"] = {"content": proto.token_logprobs(
-                self._token_bytes, generation.token_ids, generation.logprobs)}
-        return web.json_response({
-            "id": proto.completion_id(),
-            "object": "chat.completion",
-            "created": proto.now(),
-            "model": self.model_name,
-            "choices": [choice],
-            "usage": proto.usage(len(prompt_ids), len(generation.token_ids)),
-        }, headers=self._trace_headers(episode, policy))
+            choice["logprobs"] = {
+                "content": proto.token_logprobs(self._token_bytes, generation.token_ids, generation.logprobs)
+            }
+        return web.json_response(
+            {
+                "id": proto.completion_id(),
+                "object": "chat.completion",
+                "created": proto.now(),
+                "model": self.model_name,
+                "choices": [choice],
+                "usage": proto.usage(len(prompt_ids), len(generation.token_ids)),
+            },
+            headers=self._trace_headers(episode, policy),
+        )
 
     def _prepare(self, raw: bytes) -> _PreparedCall:
         """Decode, validate and render a request body (on a worker thread: its cost grows with
@@ -586,41 +678,56 @@ class OpenAIServer(LocalServer):
         try:  # a forced tool call or a JSON response format is held to its schema by a token mask
             if self._prompt_bound is not None:  # a prompt surely too long is refused before it is tokenized whole
                 self._prompt_bound.check(self._renderer.render_text(messages, tools if choice != "none" else None))
-            plan = self.chat_model.plan_call(messages, tools, choice, response_format,
-                                             {"regex": req.regex} if req.regex is not None else None)
+            plan = self.chat_model.plan_call(
+                messages, tools, choice, response_format, {"regex": req.regex} if req.regex is not None else None
+            )
         except APIError:
             raise
         except ValueError as exc:  # tool_choice naming no offered tool, a format that cannot be had
             param = "response_format" if response_format else "regex" if req.regex is not None else "tool_choice"
             raise APIError(400, str(exc), param=param) from None
         except Exception as exc:  # the chat template refused the conversation (jinja's errors)
-            raise APIError(400, f"the model's chat template cannot render these messages: {exc}",
-                           param="messages") from None
+            raise APIError(
+                400, f"the model's chat template cannot render these messages: {exc}", param="messages"
+            ) from None
         sampling = dataclasses.replace(self._sampling(req, len(plan.prompt_ids)), constraint=plan.constraint)
         kept = body["messages"] if self.recorder is not None and self.recorder.store.policy.privacy == "full" else None
-        return _PreparedCall(req, plan.prompt_ids, plan.prefix, sampling, bool(tools) and req.tool_choice != "none",
-                             kept)
+        return _PreparedCall(
+            req, plan.prompt_ids, plan.prefix, sampling, bool(tools) and req.tool_choice != "none", kept
+        )
 
     def _answer_text(self, generation: Generation, sampling: SamplingParams, prefix: str) -> str:
         """The answer exactly as the model wrote it (forced prefix, no end/stop tokens)."""
         return prefix + self.chat_model.answer_text(
-            generation.token_ids, sampling, finished=generation.finish_reason == "stop")
+            generation.token_ids, sampling, finished=generation.finish_reason == "stop"
+        )
 
     def _sampling(self, req: proto.ChatCompletionRequest, prompt_tokens: int) -> SamplingParams:
         if self.max_prompt_tokens is not None and prompt_tokens > self.max_prompt_tokens:
-            raise APIError(400, f"the prompt is {prompt_tokens} tokens long; this server accepts at most "
-                           f"{self.max_prompt_tokens}", param="messages", code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"the prompt is {prompt_tokens} tokens long; this server accepts at most {self.max_prompt_tokens}",
+                param="messages",
+                code="context_length_exceeded",
+            )
         asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         if asked is not None and asked > self.limits.max_tokens_cap:
-            raise APIError(400, f"'{param}' is too large: {asked}; this server allows at most "
-                           f"{self.limits.max_tokens_cap}", param=param)
+            raise APIError(
+                400,
+                f"'{param}' is too large: {asked}; this server allows at most {self.limits.max_tokens_cap}",
+                param=param,
+            )
         budget = asked if asked is not None else self.limits.default_max_tokens
         if self.max_context is not None and prompt_tokens + budget > self.max_context:
             if asked is not None:
-                raise APIError(400, f"the prompt ({prompt_tokens} tokens) plus '{param}' ({asked}) exceeds the "
-                               f"model's context of {self.max_context} tokens", param=param,
-                               code="context_length_exceeded")
+                raise APIError(
+                    400,
+                    f"the prompt ({prompt_tokens} tokens) plus '{param}' ({asked}) exceeds the "
+                    f"model's context of {self.max_context} tokens",
+                    param=param,
+                    code="context_length_exceeded",
+                )
             budget = self.max_context - prompt_tokens
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         options: dict[str, Any] = {"max_tokens": budget}
@@ -637,8 +744,12 @@ class OpenAIServer(LocalServer):
         try:
             generation = await asyncio.wait_for(engine.generate(prompt_ids, sampling), self.limits.request_timeout_s)
         except asyncio.TimeoutError:
-            raise APIError(504, f"the generation did not finish within {self.limits.request_timeout_s} s",
-                           type="server_error", code="timeout") from None
+            raise APIError(
+                504,
+                f"the generation did not finish within {self.limits.request_timeout_s} s",
+                type="server_error",
+                code="timeout",
+            ) from None
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the engine's own error, or a model that cannot sample (NaN weights)
@@ -665,12 +776,16 @@ class OpenAIServer(LocalServer):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                raise UnservableModelError(f"model version {version!r} cannot answer a canary request: "
-                                           f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
+                raise UnservableModelError(
+                    f"model version {version!r} cannot answer a canary request: "
+                    f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                ) from None
             bad = [lp for lp in generation.logprobs if not math.isfinite(lp) or lp > 1e-6]
             if bad or any(i < 0 for i in generation.token_ids):
-                raise UnservableModelError(f"model version {version!r} answers a canary request with invalid "
-                                           f"logprobs ({bad[:3]}): its weights are not fit to serve (NaN or inf?)")
+                raise UnservableModelError(
+                    f"model version {version!r} answers a canary request with invalid "
+                    f"logprobs ({bad[:3]}): its weights are not fit to serve (NaN or inf?)"
+                )
 
     # ------------------------------------------------------------------ traces, feedback, swaps
     def _episode_of(self, request: web.Request, req: proto.ChatCompletionRequest) -> str | None:
@@ -680,8 +795,11 @@ class OpenAIServer(LocalServer):
             return None
         named = request.headers.get(EPISODE_HEADER) or req.user
         if named is not None and (not 0 < len(named) <= 256 or "\x00" in named):
-            raise APIError(400, f"the episode id ({EPISODE_HEADER} or 'user') must be 1 to 256 characters, "
-                           "without NUL", param="user")
+            raise APIError(
+                400,
+                f"the episode id ({EPISODE_HEADER} or 'user') must be 1 to 256 characters, without NUL",
+                param="user",
+            )
         return named or proto.completion_id()
 
     def _trace_headers(self, episode: str | None, policy: _Policy) -> dict[str, str]:
@@ -690,27 +808,51 @@ class OpenAIServer(LocalServer):
             headers[EPISODE_HEADER] = episode
         return headers
 
-    async def _record(self, episode: str | None, prompt_ids: list[int], generation: Generation,
-                      sampling: SamplingParams, policy: _Policy, latency_s: float, text: str, messages: Any) -> None:
+    async def _record(
+        self,
+        episode: str | None,
+        prompt_ids: list[int],
+        generation: Generation,
+        sampling: SamplingParams,
+        policy: _Policy,
+        latency_s: float,
+        text: str,
+        messages: Any,
+    ) -> None:
         """Hand the turn to the recorder and, unless it writes behind, wait until it is committed:
         the answer is sent after (a failed write is logged and counted; the answer still goes)."""
         if self.recorder is None or episode is None:
             return
-        written = self.recorder.submit(TracedTurn(
-            episode_id=episode, turn_index=-1, prompt_ids=list(prompt_ids), response_ids=list(generation.token_ids),
-            logprobs=list(generation.logprobs), model_version=policy.version, temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=sampling.top_k,
-            constraint=sampling.constraint.kind if sampling.constraint is not None else None,
-            finish_reason=generation.finish_reason, latency_s=latency_s, created=time.time(),
-            response_text=text, messages=messages, info=_sampling_info(sampling),
-        ))
+        written = self.recorder.submit(
+            TracedTurn(
+                episode_id=episode,
+                turn_index=-1,
+                prompt_ids=list(prompt_ids),
+                response_ids=list(generation.token_ids),
+                logprobs=list(generation.logprobs),
+                model_version=policy.version,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                constraint=sampling.constraint.kind if sampling.constraint is not None else None,
+                finish_reason=generation.finish_reason,
+                latency_s=latency_s,
+                created=time.time(),
+                response_text=text,
+                messages=messages,
+                info=_sampling_info(sampling),
+            )
+        )
         if written is not None and self.recorder.durable:
             try:  # a store that hangs (a lost database connection) must not hang the traffic itself
                 await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(written)), self.recorder.wait_s)
             except asyncio.TimeoutError:
                 self.recorder.late += 1
-                log.warning("turn of episode %s not written within %s s: answered before it is recorded",
-                            episode, self.recorder.wait_s)
+                log.warning(
+                    "turn of episode %s not written within %s s: answered before it is recorded",
+                    episode,
+                    self.recorder.wait_s,
+                )
 
     async def _feedback(self, request: web.Request) -> web.Response:
         """``POST /v1/feedback``: ``{"episode_id", "reward", "success"?, "info"?, "turn"?}``.
@@ -724,20 +866,27 @@ class OpenAIServer(LocalServer):
         store = self.recorder.store
 
         def attach() -> None:
-            store.add_feedback(feedback.episode_id, feedback.reward, success=feedback.success, info=feedback.info,
-                               turn_index=feedback.turn)
+            store.add_feedback(
+                feedback.episode_id,
+                feedback.reward,
+                success=feedback.success,
+                info=feedback.info,
+                turn_index=feedback.turn,
+            )
 
         try:
             await asyncio.to_thread(attach)
         except UnknownEpisodeError as exc:
-            raise APIError(404, str(exc), param="episode_id" if feedback.turn is None else "turn",
-                           code="episode_not_found") from None
+            raise APIError(
+                404, str(exc), param="episode_id" if feedback.turn is None else "turn", code="episode_not_found"
+            ) from None
         return web.json_response({"object": "feedback", "episode_id": feedback.episode_id, "turn": feedback.turn})
 
     async def _reload(self, request: web.Request) -> web.Response:
         """``POST /v1/admin/reload``: put the newest checkpoint of what is served in service."""
-        self._check_key(request, self._reload_keys(), "POST /v1/admin/reload",
-                        "admin key" if self.admin_key else "API key")
+        self._check_key(
+            request, self._reload_keys(), "POST /v1/admin/reload", "admin key" if self.admin_key else "API key"
+        )
         if self.reloader is None:
             raise APIError(404, "this server has no checkpoint to reload from", code="not_reloadable")
         async with self._swapping:
@@ -753,8 +902,9 @@ class OpenAIServer(LocalServer):
                 await self.check_engine(engine, version)
             except UnservableModelError as exc:
                 await asyncio.to_thread(_close_engine, engine)
-                raise APIError(409, f"cannot reload: {exc}; still serving {self.model_version!r}",
-                               code="reload_failed") from None
+                raise APIError(
+                    409, f"cannot reload: {exc}; still serving {self.model_version!r}", code="reload_failed"
+                ) from None
             try:
                 previous = await self.swap(engine, version, tokenizer=tokenizer)
             except ValueError as exc:
@@ -770,12 +920,15 @@ class OpenAIServer(LocalServer):
         and chat template (a ``ValueError`` otherwise): prompts are rendered once, for both.
         """
         if tokenizer is not None and not _same_tokenizer(tokenizer, self.tokenizer):
-            raise ValueError(f"version {version!r} has another tokenizer (vocabulary or chat template) than the "
-                             f"served {self.model_version!r}: serve it with its own server")
+            raise ValueError(
+                f"version {version!r} has another tokenizer (vocabulary or chat template) than the "
+                f"served {self.model_version!r}: serve it with its own server"
+            )
         old, self._policy = self._policy, _Policy(engine, version)
         self.chat_model.engine = engine
-        log.info("model version %s in service (was %s; %d requests finishing on it)", version, old.version,
-                 old.in_flight)
+        log.info(
+            "model version %s in service (was %s; %d requests finishing on it)", version, old.version, old.in_flight
+        )
         if close_old:
             asyncio.get_running_loop().create_task(self._retire(old))
         return old.version
@@ -802,16 +955,30 @@ class OpenAIServer(LocalServer):
         return text.rstrip() if has_tools else text  # content before a tool call is stripped
 
     async def _stream(
-        self, request: web.Request, req: proto.ChatCompletionRequest, prompt_ids: list[int], prefix: str,
-        sampling: SamplingParams, has_tools: bool, *, policy: _Policy, episode: str | None, messages: Any,
+        self,
+        request: web.Request,
+        req: proto.ChatCompletionRequest,
+        prompt_ids: list[int],
+        prefix: str,
+        sampling: SamplingParams,
+        has_tools: bool,
+        *,
+        policy: _Policy,
+        episode: str | None,
+        messages: Any,
     ) -> web.StreamResponse:
         cid, created, name = proto.completion_id(), proto.now(), self.model_name
         want_logprobs = bool(req.logprobs)
         started = time.perf_counter()
         stream = _TokenStream(policy.engine, prompt_ids, sampling)
-        response = web.StreamResponse(headers={
-            "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-            **self._trace_headers(episode, policy)})
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+                **self._trace_headers(episode, policy),
+            }
+        )
         ids: list[int] = []
         lps: list[float] = []
         sent, reported = "", 0
@@ -837,7 +1004,7 @@ class OpenAIServer(LocalServer):
                 text = prefix + self.chat_model.answer_text(ids, sampling, finished=False)
                 ready = self._streamable(text, sampling, has_tools)
                 if len(ready) > len(sent) and ready.startswith(sent):
-                    delta, sent = ready[len(sent):], ready
+                    delta, sent = ready[len(sent) :], ready
                     await emit(proto.chunk(cid, created, name, {"content": delta}, logprobs=logprobs_since()))
 
         try:
@@ -849,8 +1016,11 @@ class OpenAIServer(LocalServer):
             raise
         except Exception as exc:  # a timeout, the engine's error, a model that cannot sample
             await stream.aclose()
-            message = (f"the generation did not finish within {self.limits.request_timeout_s} s"
-                       if isinstance(exc, asyncio.TimeoutError) else self._engine_failed(exc).message)
+            message = (
+                f"the generation did not finish within {self.limits.request_timeout_s} s"
+                if isinstance(exc, asyncio.TimeoutError)
+                else self._engine_failed(exc).message
+            )
             await emit(proto.error_body(message, type="server_error"))
             await emit("[DONE]")
             await response.write_eof()
@@ -859,19 +1029,30 @@ class OpenAIServer(LocalServer):
         self.failure = None
         text = self._answer_text(generation, sampling, prefix)
         # the turn is committed before the answer's last chunks: a client that saw [DONE] was recorded
-        await self._record(episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started, text,
-                           messages)
+        await self._record(
+            episode, prompt_ids, generation, sampling, policy, time.perf_counter() - started, text, messages
+        )
         message = self.chat_model.to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
         content, calls = proto.answer_parts(message, text)
-        rest = content[len(sent):] if content.startswith(sent) else ""
+        rest = content[len(sent) :] if content.startswith(sent) else ""
         if rest or (want_logprobs and reported < len(ids)):
             await emit(proto.chunk(cid, created, name, {"content": rest}, logprobs=logprobs_since()))
         for index, call in enumerate(calls):
             await emit(proto.chunk(cid, created, name, {"tool_calls": [{"index": index, **call}]}))
-        await emit(proto.chunk(cid, created, name, {}, finish=proto.finish_reason(bool(calls), generation.finish_reason)))
+        await emit(
+            proto.chunk(cid, created, name, {}, finish=proto.finish_reason(bool(calls), generation.finish_reason))
+        )
         if req.stream_options is not None and req.stream_options.include_usage:
-            await emit({"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
-                        "choices": [], "usage": proto.usage(len(prompt_ids), len(generation.token_ids))})
+            await emit(
+                {
+                    "id": cid,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": name,
+                    "choices": [],
+                    "usage": proto.usage(len(prompt_ids), len(generation.token_ids)),
+                }
+            )
         await emit("[DONE]")
         await response.write_eof()
         return response

@@ -10,12 +10,13 @@ import torch
 __all__ = ["teacher_forced_logprobs"]
 
 
-def teacher_forced_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int],
-                            temperature: float = 1.0) -> list[float]:
+def teacher_forced_logprobs(
+    model: Any, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+) -> list[float]:
     """The logprob of each of ``response_ids`` after ``prompt_ids`` under ``model`` at
     ``temperature`` (a greedy turn, temperature 0, is scored at 1)."""
     ids = torch.tensor([list(prompt_ids) + list(response_ids)])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float() / (temperature or 1.0)
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float() / (temperature or 1.0)
     picked = torch.tensor(list(response_ids)).unsqueeze(-1)
     return torch.log_softmax(logits, -1).gather(-1, picked).squeeze(-1).tolist()

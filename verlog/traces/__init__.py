@@ -29,7 +29,19 @@ from verlog.traces.records import (
 from verlog.traces.store import SQLITE_FILE, TraceStore, TraceStoreError, UnknownEpisodeError, open_store
 
 __all__ = [
-    "EPISODE_HEADER", "PRIVACY_MODES", "SQLITE_FILE", "VERSION_HEADER", "PrivacyMode",
-    "RecordingPolicy", "TraceRecorder", "TraceStore", "TraceStoreError", "TracedEpisode", "TracedTurn", "UnknownEpisodeError",
-    "episode_chat_openai", "open_store", "send_feedback",
+    "EPISODE_HEADER",
+    "PRIVACY_MODES",
+    "SQLITE_FILE",
+    "VERSION_HEADER",
+    "PrivacyMode",
+    "RecordingPolicy",
+    "TraceRecorder",
+    "TraceStore",
+    "TraceStoreError",
+    "TracedEpisode",
+    "TracedTurn",
+    "UnknownEpisodeError",
+    "episode_chat_openai",
+    "open_store",
+    "send_feedback",
 ]

@@ -16,9 +16,17 @@ class FeedbackError(RuntimeError):
     """The server refused the feedback (unknown episode, bad value, wrong API key...)."""
 
 
-def send_feedback(base_url: str, episode_id: str, reward: float | None = None, *, success: bool | None = None,
-                  info: dict[str, Any] | None = None, turn: int | None = None, api_key: str | None = None,
-                  timeout_s: float = 30.0) -> dict[str, Any]:
+def send_feedback(
+    base_url: str,
+    episode_id: str,
+    reward: float | None = None,
+    *,
+    success: bool | None = None,
+    info: dict[str, Any] | None = None,
+    turn: int | None = None,
+    api_key: str | None = None,
+    timeout_s: float = 30.0,
+) -> dict[str, Any]:
     """Send feedback for ``episode_id`` (or its turn ``turn``) to the server at ``base_url``
     (``http://host:port/v1``, as OpenAI clients take it), with its API key if it needs one."""
     body: dict[str, Any] = {"episode_id": episode_id}

@@ -46,11 +46,19 @@ class TraceRecorder:
             written when the database answers, or counted in :attr:`dropped`).
     """
 
-    def __init__(self, store: TraceStore, *, max_pending: int = 10_000, bounds_every_s: float = 60.0,
-                 write_behind_s: float = 0.0, wait_s: float = 30.0):
+    def __init__(
+        self,
+        store: TraceStore,
+        *,
+        max_pending: int = 10_000,
+        bounds_every_s: float = 60.0,
+        write_behind_s: float = 0.0,
+        wait_s: float = 30.0,
+    ):
         if write_behind_s < 0:
-            raise ValueError(f"write_behind_s must be >= 0 (0: every turn durable before its answer), "
-                             f"got {write_behind_s}")
+            raise ValueError(
+                f"write_behind_s must be >= 0 (0: every turn durable before its answer), got {write_behind_s}"
+            )
         self.store = store
         self.write_behind_s = write_behind_s
         self.max_pending = max_pending

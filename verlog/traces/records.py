@@ -37,8 +37,9 @@ def check_reward(value: object, field_name: str = "reward") -> float:
         raise ValueError(f"{field_name} must be a number, got {value!r:.80}")
     if isinstance(value, int):
         if abs(value) > REWARD_MAX_ABS:
-            raise ValueError(f"{field_name} must be within ±{REWARD_MAX_ABS:g}, got an integer of {len(str(abs(value)))} "
-                             "digits")
+            raise ValueError(
+                f"{field_name} must be within ±{REWARD_MAX_ABS:g}, got an integer of {len(str(abs(value)))} digits"
+            )
         return float(value)
     if not math.isfinite(value):
         raise ValueError(f"{field_name} must be a finite number, got {value!r}")

@@ -58,9 +58,26 @@ class UnknownEpisodeError(TraceStoreError, KeyError):
         return str(self.args[0])
 
 
-_TURN_COLUMNS = ("episode_id", "turn_index", "created", "model_version", "latency_s", "prompt_ids",
-                 "response_ids", "logprobs", "temperature", "top_p", "top_k", "constraint_kind",
-                 "finish_reason", "reward", "response_text", "messages", "info", "nbytes")
+_TURN_COLUMNS = (
+    "episode_id",
+    "turn_index",
+    "created",
+    "model_version",
+    "latency_s",
+    "prompt_ids",
+    "response_ids",
+    "logprobs",
+    "temperature",
+    "top_p",
+    "top_k",
+    "constraint_kind",
+    "finish_reason",
+    "reward",
+    "response_text",
+    "messages",
+    "info",
+    "nbytes",
+)
 
 
 def _schema(blob: str, real: str, serial: str) -> list[str]:
@@ -156,8 +173,14 @@ class TraceStore:
         return indices
 
     def _register_version(self, version: str) -> None:
-        self._run([("INSERT INTO versions (version, first_seen) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                    (version, time.time()))])
+        self._run(
+            [
+                (
+                    "INSERT INTO versions (version, first_seen) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                    (version, time.time()),
+                )
+            ]
+        )
         self._versions = self.versions()
 
     def _record_one(self, execute: Callable[..., list[tuple]], turn: TracedTurn) -> int:
@@ -173,18 +196,37 @@ class TraceStore:
         )
         index = int(counted[0][0]) - 1
         values = (
-            turn.episode_id, index, created, turn.model_version, turn.latency_s, pack_ids(turn.prompt_ids),
-            pack_ids(turn.response_ids), pack_floats(turn.logprobs), turn.temperature,
-            turn.top_p, turn.top_k, turn.constraint, turn.finish_reason, turn.reward,
+            turn.episode_id,
+            index,
+            created,
+            turn.model_version,
+            turn.latency_s,
+            pack_ids(turn.prompt_ids),
+            pack_ids(turn.response_ids),
+            pack_floats(turn.logprobs),
+            turn.temperature,
+            turn.top_p,
+            turn.top_k,
+            turn.constraint,
+            turn.finish_reason,
+            turn.reward,
             turn.response_text if full else None,
             json.dumps(turn.messages, ensure_ascii=False) if full and turn.messages is not None else None,
-            json.dumps(turn.info) if turn.info else None, nbytes,
+            json.dumps(turn.info) if turn.info else None,
+            nbytes,
         )
         execute(f"INSERT INTO turns ({', '.join(_TURN_COLUMNS)}) VALUES ({', '.join('?' for _ in values)})", values)
         return index
 
-    def add_feedback(self, episode_id: str, reward: float | None = None, *, success: bool | None = None,
-                     info: dict[str, Any] | None = None, turn_index: int | None = None) -> None:
+    def add_feedback(
+        self,
+        episode_id: str,
+        reward: float | None = None,
+        *,
+        success: bool | None = None,
+        info: dict[str, Any] | None = None,
+        turn_index: int | None = None,
+    ) -> None:
         """Attach feedback to an episode, or to one of its turns.
 
         Episode feedback (``turn_index`` None) is the episode's outcome: ``reward`` is paid on its
@@ -197,21 +239,35 @@ class TraceStore:
             reward = check_reward(reward)
         now = time.time()
         if turn_index is None:
-            done = self._run([(
-                "UPDATE episodes SET reward = ?, success = ?, info = ?, feedback_at = ?, updated = ? "
-                "WHERE episode_id = ? RETURNING turns",
-                (None if reward is None else float(reward), None if success is None else int(bool(success)),
-                 json.dumps(info or {}), now, now, episode_id),
-            )])[0]
+            done = self._run(
+                [
+                    (
+                        "UPDATE episodes SET reward = ?, success = ?, info = ?, feedback_at = ?, updated = ? "
+                        "WHERE episode_id = ? RETURNING turns",
+                        (
+                            None if reward is None else float(reward),
+                            None if success is None else int(bool(success)),
+                            json.dumps(info or {}),
+                            now,
+                            now,
+                            episode_id,
+                        ),
+                    )
+                ]
+            )[0]
             if not done:
                 raise UnknownEpisodeError(f"no episode {episode_id!r} in the trace store")
             return
         if reward is None:
             raise ValueError("turn feedback needs a reward")
-        done = self._run([(
-            "UPDATE turns SET reward = ? WHERE episode_id = ? AND turn_index = ? RETURNING turn_index",
-            (float(reward), episode_id, int(turn_index)),
-        )])[0]
+        done = self._run(
+            [
+                (
+                    "UPDATE turns SET reward = ? WHERE episode_id = ? AND turn_index = ? RETURNING turn_index",
+                    (float(reward), episode_id, int(turn_index)),
+                )
+            ]
+        )[0]
         if not done:
             raise UnknownEpisodeError(f"no turn {turn_index} in episode {episode_id!r} of the trace store")
 
@@ -226,8 +282,12 @@ class TraceStore:
         now = time.time() if now is None else now
         deleted = 0
         if self.policy.retention_days is not None:
-            old = [r[0] for r in self._query("SELECT episode_id FROM episodes WHERE updated < ?",
-                                             (now - self.policy.retention_days * 86400.0,))]
+            old = [
+                r[0]
+                for r in self._query(
+                    "SELECT episode_id FROM episodes WHERE updated < ?", (now - self.policy.retention_days * 86400.0,)
+                )
+            ]
             deleted += self._delete(old)
         if self.policy.max_bytes is not None:
             total = self.size_bytes()
@@ -243,10 +303,14 @@ class TraceStore:
 
     def _delete(self, episode_ids: list[str]) -> int:
         for start in range(0, len(episode_ids), 500):
-            part = episode_ids[start:start + 500]
+            part = episode_ids[start : start + 500]
             marks = ", ".join("?" for _ in part)
-            self._run([(f"DELETE FROM turns WHERE episode_id IN ({marks})", part),
-                       (f"DELETE FROM episodes WHERE episode_id IN ({marks})", part)])
+            self._run(
+                [
+                    (f"DELETE FROM turns WHERE episode_id IN ({marks})", part),
+                    (f"DELETE FROM episodes WHERE episode_id IN ({marks})", part),
+                ]
+            )
         return len(episode_ids)
 
     # ------------------------------------------------------------------ reading
@@ -270,20 +334,31 @@ class TraceStore:
 
     def turns(self, episode_id: str) -> list[TracedTurn]:
         """An episode's turns in order (an unknown episode has none)."""
-        rows = self._query(f"SELECT {', '.join(_TURN_COLUMNS)} FROM turns WHERE episode_id = ? ORDER BY turn_index",
-                           (episode_id,))
+        rows = self._query(
+            f"SELECT {', '.join(_TURN_COLUMNS)} FROM turns WHERE episode_id = ? ORDER BY turn_index", (episode_id,)
+        )
         return [self._turn(row) for row in rows]
 
     @staticmethod
     def _turn(row: tuple) -> TracedTurn:
         r = dict(zip(_TURN_COLUMNS, row))
         return TracedTurn(
-            episode_id=r["episode_id"], turn_index=int(r["turn_index"]), prompt_ids=unpack_ids(r["prompt_ids"]),
-            response_ids=unpack_ids(r["response_ids"]), logprobs=unpack_floats(r["logprobs"]),
-            model_version=r["model_version"], temperature=float(r["temperature"]), top_p=float(r["top_p"]),
-            top_k=int(r["top_k"]), constraint=r["constraint_kind"], finish_reason=r["finish_reason"] or "",
-            latency_s=float(r["latency_s"] or 0.0), created=float(r["created"]), reward=float(r["reward"]),
-            response_text=r["response_text"], messages=json.loads(r["messages"]) if r["messages"] else None,
+            episode_id=r["episode_id"],
+            turn_index=int(r["turn_index"]),
+            prompt_ids=unpack_ids(r["prompt_ids"]),
+            response_ids=unpack_ids(r["response_ids"]),
+            logprobs=unpack_floats(r["logprobs"]),
+            model_version=r["model_version"],
+            temperature=float(r["temperature"]),
+            top_p=float(r["top_p"]),
+            top_k=int(r["top_k"]),
+            constraint=r["constraint_kind"],
+            finish_reason=r["finish_reason"] or "",
+            latency_s=float(r["latency_s"] or 0.0),
+            created=float(r["created"]),
+            reward=float(r["reward"]),
+            response_text=r["response_text"],
+            messages=json.loads(r["messages"]) if r["messages"] else None,
             info=json.loads(r["info"]) if r["info"] else {},
         )
 
@@ -292,9 +367,16 @@ _EPISODE_COLUMNS = "episode_id, turns, created, updated, reward, success, info, 
 
 
 def _episode(r: tuple) -> TracedEpisode:
-    return TracedEpisode(r[0], int(r[1]), float(r[2]), float(r[3]), None if r[4] is None else float(r[4]),
-                         None if r[5] is None else bool(r[5]), json.loads(r[6]) if r[6] else {},
-                         None if r[7] is None else float(r[7]))
+    return TracedEpisode(
+        r[0],
+        int(r[1]),
+        float(r[2]),
+        float(r[3]),
+        None if r[4] is None else float(r[4]),
+        None if r[5] is None else bool(r[5]),
+        json.loads(r[6]) if r[6] else {},
+        None if r[7] is None else float(r[7]),
+    )
 
 
 class _PostgresStore(TraceStore):
@@ -326,15 +408,20 @@ def _sqlite_path(path: Path, create: bool) -> Path:
     folder = path.parent if is_file else path
     database = path if is_file else path / SQLITE_FILE
     if os.path.lexists(folder) and not folder.is_dir():
-        raise TraceStoreError(f"the trace store {path} must be a folder (or a .sqlite file), but {folder} is a "
-                              "file: give a folder's path")
+        raise TraceStoreError(
+            f"the trace store {path} must be a folder (or a .sqlite file), but {folder} is a file: give a folder's path"
+        )
     if is_file and path.is_dir():
-        raise TraceStoreError(f"the trace store {path} is a folder, but its name ends in {path.suffix}: name the "
-                              f"folder without it, or the database file inside it ({path / SQLITE_FILE})")
+        raise TraceStoreError(
+            f"the trace store {path} is a folder, but its name ends in {path.suffix}: name the "
+            f"folder without it, or the database file inside it ({path / SQLITE_FILE})"
+        )
     if not create:
         if not database.is_file():
-            raise TraceStoreError(f"no trace store at {path} ({database} does not exist): give the folder or "
-                                  "URL that serve-model --record wrote to")
+            raise TraceStoreError(
+                f"no trace store at {path} ({database} does not exist): give the folder or "
+                "URL that serve-model --record wrote to"
+            )
         return database
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -343,8 +430,7 @@ def _sqlite_path(path: Path, create: bool) -> Path:
     return database
 
 
-def open_store(target: str | os.PathLike, policy: RecordingPolicy | None = None, *,
-               create: bool = True) -> TraceStore:
+def open_store(target: str | os.PathLike, policy: RecordingPolicy | None = None, *, create: bool = True) -> TraceStore:
     """The trace store at ``target``: a folder (created; the database is ``traces.sqlite`` in
     it), a ``.sqlite`` / ``.db`` file, or a ``postgresql://`` URL. The tables are created if
     missing.

@@ -76,7 +76,9 @@ def micro_batches(rows: Sequence[int], lengths: Sequence[int], token_budget: int
     return groups
 
 
-def pad_rows(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_rows(
+    seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids`` and ``attention_mask`` for sequences of ids."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -192,8 +194,16 @@ def _layers_only(backbone: nn.Module, part: slice, *, norm: bool) -> Iterator[No
 
 
 @torch.no_grad()
-def trunk_states(backbone: nn.Module, seqs: Sequence[Sequence[int]], depth: int, pad_id: int,
-                 device: torch.device | str, token_budget: int, *, min_shared: int = 0) -> list[torch.Tensor]:
+def trunk_states(
+    backbone: nn.Module,
+    seqs: Sequence[Sequence[int]],
+    depth: int,
+    pad_id: int,
+    device: torch.device | str,
+    token_budget: int,
+    *,
+    min_shared: int = 0,
+) -> list[torch.Tensor]:
     """The output ``[len_i, H]`` of the first ``depth`` blocks of ``backbone`` for each sequence
     (the frozen trunk, computed once for every pass that starts above it: see :class:`Trunk`).
     The leading tokens the sequences of a micro-batch share (at least ``min_shared`` of them; 0:
@@ -207,11 +217,17 @@ def trunk_states(backbone: nn.Module, seqs: Sequence[Sequence[int]], depth: int,
     with _layers_only(backbone, slice(0, depth), norm=False):
         for group in budget_rows:
             # every row keeps one token of its own after the shared part
-            rows = pack_rows([seqs[r] for r in group], pad_id, device, first_read=[lengths[r] - 1 for r in group],
-                             min_shared=min_shared)
+            rows = pack_rows(
+                [seqs[r] for r in group],
+                pad_id,
+                device,
+                first_read=[lengths[r] - 1 for r in group],
+                min_shared=min_shared,
+            )
             if rows.prefix_ids is None:
-                hidden = backbone(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
-                                  use_cache=False).last_hidden_state
+                hidden = backbone(
+                    input_ids=rows.input_ids, attention_mask=rows.attention_mask, use_cache=False
+                ).last_hidden_state
                 for i, r in enumerate(group):
                     out[r] = hidden[i, : lengths[r]]
                 continue
@@ -247,7 +263,8 @@ def shared_trunk_depth(actor_backbone: nn.Module, critic_backbone: nn.Module | N
         for mine, other in zip(frozen, theirs):
             pairs = list(zip(mine.parameters(), other.parameters()))
             if len(pairs) != len(list(other.parameters())) or any(
-                    other_p.requires_grad or not torch.equal(p, other_p) for p, other_p in pairs):
+                other_p.requires_grad or not torch.equal(p, other_p) for p, other_p in pairs
+            ):
                 return None
     device = next(actor_backbone.parameters()).device
     probe = torch.arange(1, 9, device=device).unsqueeze(0)
@@ -270,8 +287,9 @@ def backbone_hidden(backbone: nn.Module, rows: PackedRows, trunk: Trunk | None =
         if rows.prefix_ids is not None:
             raise ValueError("a pass from the trunk's states runs whole rows (no shared prefix)")
         with _layers_only(backbone, slice(trunk.depth, None), norm=True):
-            return backbone(inputs_embeds=trunk.states, attention_mask=rows.attention_mask,
-                            use_cache=False).last_hidden_state
+            return backbone(
+                inputs_embeds=trunk.states, attention_mask=rows.attention_mask, use_cache=False
+            ).last_hidden_state
     if rows.prefix_ids is None:
         return backbone(input_ids=rows.input_ids, attention_mask=rows.attention_mask, use_cache=False).last_hidden_state
     return _prefix_then_rows(backbone, rows)[1]
@@ -285,14 +303,19 @@ def _prefix_then_rows(backbone: nn.Module, rows: PackedRows) -> tuple[torch.Tens
         recorded = Cache(layer_class_to_replicate=PrefixRecorder)
         prefix = backbone(input_ids=rows.prefix_ids, past_key_values=recorded, use_cache=True).last_hidden_state
         # expand, not copy: gradients of every row sum back into the one prefix computation
-        frozen = Cache(layers=[
-            FrozenPrefix(layer.keys.expand(batch, -1, -1, -1), layer.values.expand(batch, -1, -1, -1))
-            for layer in recorded.layers
-        ])
+        frozen = Cache(
+            layers=[
+                FrozenPrefix(layer.keys.expand(batch, -1, -1, -1), layer.values.expand(batch, -1, -1, -1))
+                for layer in recorded.layers
+            ]
+        )
         position_ids = (rows.offset + torch.arange(width, device=rows.input_ids.device)).expand(batch, -1)
         return prefix, backbone(
-            input_ids=rows.input_ids, attention_mask=rows.attention_mask, position_ids=position_ids,
-            past_key_values=frozen, use_cache=True,
+            input_ids=rows.input_ids,
+            attention_mask=rows.attention_mask,
+            position_ids=position_ids,
+            past_key_values=frozen,
+            use_cache=True,
         ).last_hidden_state
 
 
@@ -342,8 +365,9 @@ def policy_logprobs(
     return logp, (entropy if with_entropy else None)
 
 
-def values_at_positions(critic: nn.Module, rows: PackedRows, prompt_lengths: torch.Tensor, width: int,
-                        trunk: Trunk | None = None) -> torch.Tensor:
+def values_at_positions(
+    critic: nn.Module, rows: PackedRows, prompt_lengths: torch.Tensor, width: int, trunk: Trunk | None = None
+) -> torch.Tensor:
     """The critic's values ``[B, width]`` at positions ``P - 1 + j`` (``width = T + 1``)."""
     values = critic.values(backbone_hidden(critic.backbone, rows, trunk))
     index = positions(prompt_lengths.to(values.device) - rows.offset, width, values.shape[1])
@@ -352,7 +376,11 @@ def values_at_positions(critic: nn.Module, rows: PackedRows, prompt_lengths: tor
 
 @torch.no_grad()
 def last_token_values(
-    critic: nn.Module, prompts: Sequence[Sequence[int]], pad_id: int, token_budget: int, device: torch.device | str,
+    critic: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    pad_id: int,
+    token_budget: int,
+    device: torch.device | str,
     min_shared: int = 0,
 ) -> torch.Tensor:
     """``V(s)`` of whole prompts (the value at each prompt's last token), ``[len(prompts)]``."""

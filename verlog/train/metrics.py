@@ -42,7 +42,9 @@ def rollout_metrics(batch: SlotBatch) -> dict[str, float]:
     ended = batch.episodes
     wins = [float(won) for won in episode_outcomes(e.info for e in ended)]
     validity = [bool(t.info[VALID_ACTION_KEY]) for t in turns if VALID_ACTION_KEY in t.info]
-    progression = [float(e.info[PROGRESSION_KEY]) for e in ended if isinstance(e.info.get(PROGRESSION_KEY), (int, float))]
+    progression = [
+        float(e.info[PROGRESSION_KEY]) for e in ended if isinstance(e.info.get(PROGRESSION_KEY), (int, float))
+    ]
     return {
         "episodes": float(len(ended)),
         "episode_return": _mean([e.total_reward for e in ended]),
@@ -100,9 +102,15 @@ def memory_metrics() -> dict[str, float]:
 
 #: the figures shown on the progress line, with their short labels
 _HEADLINE = (
-    ("win_rate", "win"), ("episode_return", "return"), ("episode_length", "len"),
-    ("value_loss", "v_loss"), ("explained_variance", "ev"), ("approx_kl", "kl"),
-    ("clip_frac", "clip"), ("entropy", "ent"), ("turns_per_s", "turns/s"),
+    ("win_rate", "win"),
+    ("episode_return", "return"),
+    ("episode_length", "len"),
+    ("value_loss", "v_loss"),
+    ("explained_variance", "ev"),
+    ("approx_kl", "kl"),
+    ("clip_frac", "clip"),
+    ("entropy", "ent"),
+    ("turns_per_s", "turns/s"),
 )
 
 
@@ -111,8 +119,16 @@ class RunLogger:
     console is no terminal (a redirected stdout: ``nohup``, a scheduler's log file) the display is
     plain lines instead, one per update, evaluation and phase, each on one line and flushed."""
 
-    def __init__(self, config: VerlogConfig, run_dir: Path, *, console: Console, start_update: int,
-                 wandb_id: str | None, resume: bool):
+    def __init__(
+        self,
+        config: VerlogConfig,
+        run_dir: Path,
+        *,
+        console: Console,
+        start_update: int,
+        wandb_id: str | None,
+        resume: bool,
+    ):
         self.path = run_dir / "metrics.jsonl"
         self.console = console
         self.started = time.perf_counter()
@@ -125,9 +141,15 @@ class RunLogger:
         #: a log file, not a terminal: plain lines instead of the live progress bar
         self.plain = not console.is_terminal
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[line]}"),
-            console=console, transient=False,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[line]}"),
+            console=console,
+            transient=False,
         )
         self.task = self.progress.add_task("training", total=self.total, completed=start_update, line="")
 
@@ -159,16 +181,19 @@ class RunLogger:
             self._line(text)
 
     def log(self, update: int, metrics: dict[str, float], *, step_kind: str = "update") -> None:
-        record = {"update": update, "kind": step_kind, "elapsed_s": self.elapsed(),
-                  **{k: _finite(v) for k, v in metrics.items()}}
+        record = {
+            "update": update,
+            "kind": step_kind,
+            "elapsed_s": self.elapsed(),
+            **{k: _finite(v) for k, v in metrics.items()},
+        }
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         if self.wandb is not None:
             prefix = "" if step_kind == "update" else f"{step_kind}/"
             self.wandb.log({f"{prefix}{k}": v for k, v in metrics.items()}, step=update)
         line = " ".join(
-            f"{label} {metrics[key]:.3g}" for key, label in _HEADLINE
-            if key in metrics and not math.isnan(metrics[key])
+            f"{label} {metrics[key]:.3g}" for key, label in _HEADLINE if key in metrics and not math.isnan(metrics[key])
         )
         if step_kind == "update":
             self.progress.update(self.task, completed=update, line=line)
@@ -201,7 +226,6 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-
 def _finite(x: Any) -> Any:
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
@@ -221,8 +245,9 @@ def truncate_after(path: Path, update: int) -> list[str]:
     if cut.strip() and _is_record(cut):  # complete but for its newline
         lines.append(cut)
     elif cut.strip():
-        warnings.append(f"{path}: dropped a cut last line ({len(cut)} characters) left by a run that was stopped "
-                        "while writing it")
+        warnings.append(
+            f"{path}: dropped a cut last line ({len(cut)} characters) left by a run that was stopped while writing it"
+        )
     kept = []
     for line in lines:
         if not line.strip():
@@ -258,7 +283,13 @@ def _start_wandb(config: VerlogConfig, run_dir: Path, run_id: str | None, resume
         return None
     os.environ.setdefault("WANDB_SILENT", "true")
     return wandb.init(
-        project=w.project, name=w.name or run_dir.name, tags=w.tags, mode=w.mode, dir=str(run_dir),
-        id=run_id, resume="allow" if resume else None, config=config.model_dump(mode="json"),
+        project=w.project,
+        name=w.name or run_dir.name,
+        tags=w.tags,
+        mode=w.mode,
+        dir=str(run_dir),
+        id=run_id,
+        resume="allow" if resume else None,
+        config=config.model_dump(mode="json"),
         settings=wandb.Settings(console="off", x_disable_stats=True),
     )

@@ -85,8 +85,13 @@ def _rows(s: RolloutStorage, group: list[int], learner: Learner, trunk: Trunk | 
     """The turns ``group`` laid out for one pass, their shared leading tokens computed once
     (a pass from the ``trunk``'s states runs whole rows: the trunk is where sharing would save)."""
     share = 0 if trunk is not None else learner.algo.shared_prefix_min_tokens
-    return pack_rows([s.sequences[r] for r in group], learner.pad_id, learner.device,
-                     first_read=s.prompt_lengths[group] - 1, min_shared=share)
+    return pack_rows(
+        [s.sequences[r] for r in group],
+        learner.pad_id,
+        learner.device,
+        first_read=s.prompt_lengths[group] - 1,
+        min_shared=share,
+    )
 
 
 def _trunk(s: RolloutStorage, group: list[int], learner: Learner) -> Trunk | None:
@@ -101,9 +106,15 @@ def compute_trunk(s: RolloutStorage, learner: Learner) -> None:
     if learner.trunk_depth is None or s.trunk_states is not None:
         return
     with learner.compute():
-        states = trunk_states(learner.actor.base_model, s.sequences, learner.trunk_depth, learner.pad_id,
-                              learner.device, learner.algo.micro_batch_tokens,
-                              min_shared=learner.algo.shared_prefix_min_tokens)
+        states = trunk_states(
+            learner.actor.base_model,
+            s.sequences,
+            learner.trunk_depth,
+            learner.pad_id,
+            learner.device,
+            learner.algo.micro_batch_tokens,
+            min_shared=learner.algo.shared_prefix_min_tokens,
+        )
     s.trunk_states = [x.detach() for x in states]
 
 
@@ -127,8 +138,12 @@ def _policy_logprobs(lm: nn.Module, s: RolloutStorage, learner: Learner) -> torc
         with learner.compute():
             trunk = _trunk(s, group, learner) if lm is learner.actor else None  # (not the reference's)
             logp, _ = policy_logprobs(
-                lm, _rows(s, group, learner, trunk), s.prompt_lengths[group], s.response_ids[group],
-                temperature=s.temperatures[group], trunk=trunk,
+                lm,
+                _rows(s, group, learner, trunk),
+                s.prompt_lengths[group],
+                s.response_ids[group],
+                temperature=s.temperatures[group],
+                trunk=trunk,
             )
         out[group] = logp.float().cpu()
     return out * s.response_mask
@@ -147,8 +162,13 @@ def _compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> N
     values = torch.zeros(s.size, s.response_ids.shape[1] + 1)
     for group in _micro_batches(s, range(s.size), learner):
         trunk = _trunk(s, group, learner) if critic is learner.critic else None
-        values[group] = values_at_positions(critic, _rows(s, group, learner, trunk), s.prompt_lengths[group],
-                                            values.shape[1], trunk).float().cpu()
+        values[group] = (
+            values_at_positions(
+                critic, _rows(s, group, learner, trunk), s.prompt_lengths[group], values.shape[1], trunk
+            )
+            .float()
+            .cpu()
+        )
     s.values = values * s.value_mask
     share = learner.algo.shared_prefix_min_tokens
     s.bootstrap_values = last_token_values(
@@ -158,13 +178,18 @@ def _compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> N
     known = [row for row, prompt in enumerate(s.truncation_prompts) if prompt]
     if known:
         s.truncation_values[known] = last_token_values(
-            critic, [s.truncation_prompts[r] for r in known], learner.pad_id, learner.algo.micro_batch_tokens,
-            learner.device, share,
+            critic,
+            [s.truncation_prompts[r] for r in known],
+            learner.pad_id,
+            learner.algo.micro_batch_tokens,
+            learner.device,
+            share,
         )
 
 
-def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True,
-                off_policy: OffPolicyCorrection | None = None) -> dict[str, float]:
+def score_batch(
+    s: RolloutStorage, learner: Learner, *, logprobs: bool = True, off_policy: OffPolicyCorrection | None = None
+) -> dict[str, float]:
     """Old logprobs, values, KL-in-reward and advantages for a fresh batch; returns metrics.
 
     ``logprobs=False`` keeps the (KL-penalized) rewards and logprobs already computed: the
@@ -203,7 +228,8 @@ def score_batch(s: RolloutStorage, learner: Learner, *, logprobs: bool = True,
     if recorded:  # decoupled PPO against the behaviour policy that sampled them
         s.policy_mask = s.policy_mask & (s.turn_weights > 0).unsqueeze(1)  # turns the staleness rule drops
         s.advantages, weights = decoupled_advantages(
-            s.advantages, s.old_logprobs, s.rollout_logprobs, s.policy_mask, s.turn_weights, off_policy)
+            s.advantages, s.old_logprobs, s.rollout_logprobs, s.policy_mask, s.turn_weights, off_policy
+        )
         metrics |= weights
     if s.returns is not None and s.values is not None:
         metrics["explained_variance"] = explained_variance(s.values, s.returns, s.value_mask)
@@ -218,8 +244,15 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float("nan") if var <= 0 else float(1 - (r - v).var(unbiased=False) / var)
 
 
-def ppo_update(s: RolloutStorage, learner: Learner, *, update_actor: bool = True, epochs: int | None = None,
-               rows: torch.Tensor | None = None, generator: torch.Generator | None = None) -> dict[str, float]:
+def ppo_update(
+    s: RolloutStorage,
+    learner: Learner,
+    *,
+    update_actor: bool = True,
+    epochs: int | None = None,
+    rows: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
     """PPO epochs over shuffled mini-batches of ``s`` (or of ``rows`` of it).
 
     ``update_actor=False`` trains the critic alone (critic warm-up). Each mini-batch is one
@@ -236,8 +269,14 @@ def ppo_update(s: RolloutStorage, learner: Learner, *, update_actor: bool = True
             model.eval()  # the actor generates again right after
 
 
-def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int | None,
-            rows: torch.Tensor | None, generator: torch.Generator | None) -> dict[str, float]:
+def _epochs(
+    s: RolloutStorage,
+    learner: Learner,
+    update_actor: bool,
+    epochs: int | None,
+    rows: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> dict[str, float]:
     algo = learner.algo
     rows = torch.arange(s.size) if rows is None else rows
     train_critic = learner.critic is not None and s.returns is not None
@@ -256,7 +295,7 @@ def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int
     for _ in range(epochs or algo.ppo_epochs):
         order = rows[torch.randperm(len(rows), generator=generator)]
         for start in range(0, len(order), algo.mini_batch_turns):
-            mini = order[start:start + algo.mini_batch_turns].tolist()
+            mini = order[start : start + algo.mini_batch_turns].tolist()
             groups = _micro_batches(s, mini, learner)
             # one model at a time, so only one model's gradients exist at once
             # a mini-batch whose turns are all out of the policy loss (DAPO's dropped groups, ...)
@@ -277,7 +316,9 @@ def _epochs(s: RolloutStorage, learner: Learner, update_actor: bool, epochs: int
                 for micro in groups:
                     share = (s.value_mask[micro].sum() / tokens).item()
                     record(_critic_step(s, micro, learner, share), share)
-                norm = _step(learner.critic, learner.critic_optimizer, learner.critic_max_grad_norm, learner.critic_scaler)
+                norm = _step(
+                    learner.critic, learner.critic_optimizer, learner.critic_max_grad_norm, learner.critic_scaler
+                )
                 record({"critic_grad_norm": norm}, 1.0)
                 seconds["critic_s"] += time.perf_counter() - tick
     return {key: sums[key] / weights[key] for key in sums if weights[key] > 0} | dict(seconds)
@@ -290,12 +331,22 @@ def _actor_step(s: RolloutStorage, micro: list[int], learner: Learner, share: fl
     with learner.compute():
         trunk = _trunk(s, micro, learner)
         logp, entropy = policy_logprobs(
-            learner.actor, _rows(s, micro, learner, trunk), s.prompt_lengths[micro], s.response_ids[micro],
-            temperature=s.temperatures[micro], with_entropy=algo.entropy_coef > 0, trunk=trunk,
+            learner.actor,
+            _rows(s, micro, learner, trunk),
+            s.prompt_lengths[micro],
+            s.response_ids[micro],
+            temperature=s.temperatures[micro],
+            with_entropy=algo.entropy_coef > 0,
+            trunk=trunk,
         )
     policy_loss, metrics = policy_loss_fn(algo.policy_loss)(
-        logp, s.old_logprobs[micro].to(dev), s.advantages[micro].to(dev), token_mask,
-        clip_eps=algo.clip_eps, dual_clip=algo.dual_clip, clip_eps_high=algo.clip_eps_high,
+        logp,
+        s.old_logprobs[micro].to(dev),
+        s.advantages[micro].to(dev),
+        token_mask,
+        clip_eps=algo.clip_eps,
+        dual_clip=algo.dual_clip,
+        clip_eps_high=algo.clip_eps_high,
         aggregation=algo.loss_aggregation,
     )
     loss = policy_loss
@@ -313,11 +364,16 @@ def _critic_step(s: RolloutStorage, micro: list[int], learner: Learner, share: f
     width = s.values.shape[1]
     with learner.compute():
         trunk = _trunk(s, micro, learner)
-        values = values_at_positions(learner.critic, _rows(s, micro, learner, trunk), s.prompt_lengths[micro], width,
-                                     trunk)
+        values = values_at_positions(
+            learner.critic, _rows(s, micro, learner, trunk), s.prompt_lengths[micro], width, trunk
+        )
     loss, metrics = clipped_value_loss(
-        values, s.values[micro].to(dev), s.returns[micro].to(dev), s.value_mask[micro].to(dev),
-        clip=algo.value_clip, first_value_weight=algo.first_value_weight,
+        values,
+        s.values[micro].to(dev),
+        s.returns[micro].to(dev),
+        s.value_mask[micro].to(dev),
+        clip=algo.value_clip,
+        first_value_weight=algo.first_value_weight,
     )
     metrics.pop("explained_variance", None)  # reported once per batch, before the update
     _backward(algo.value_loss_coef * loss * share, learner.critic_scaler)
@@ -329,8 +385,12 @@ def _backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
     (scaler.scale(loss) if scaler is not None else loss).backward()
 
 
-def _step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float | None,
-          scaler: torch.amp.GradScaler | None = None) -> float:
+def _step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    max_norm: float | None,
+    scaler: torch.amp.GradScaler | None = None,
+) -> float:
     """Clip, step, and free the gradients (they would otherwise hold memory until the next pass).
 
     With a loss scaler the gradients are unscaled before clipping, and a step whose gradients

@@ -43,7 +43,6 @@ def compared_grid(compared: Sequence[Sequence[bool]], turns_per_env: int) -> Ten
     return torch.as_tensor(cells, dtype=torch.long)
 
 
-
 def anchor_ids(infos: Sequence[dict]) -> Tensor:
     """One id per distinct ``info["anchor"]`` of the batch, ``[B]`` long; ``-1`` where none."""
     ids: dict = {}
@@ -144,7 +143,8 @@ class RolloutStorage:
             # a grid row opens with its slot's first turn when that is compared, else with a
             # compared play's first turn (a whole group's plays begin in the batch)
             storage.starts_episode = torch.as_tensor(
-                [start if flags and flags[0] else True for start, flags in zip(batch.starts_episode, batch.compared)])
+                [start if flags and flags[0] else True for start, flags in zip(batch.starts_episode, batch.compared)]
+            )
         storage.token_rewards = storage.env_token_rewards()
         return storage
 
@@ -200,28 +200,37 @@ class RolloutStorage:
             truncated=self._cells(self.truncated, False),
             values=None if self.values is None else self._cells(self.values, 0.0),
             bootstrap_values=self.bootstrap_values,
-            truncation_values=None if self.truncation_values is None else self._cells(self.truncation_values, float("nan")),
+            truncation_values=None
+            if self.truncation_values is None
+            else self._cells(self.truncation_values, float("nan")),
         )
 
     def turn_data(self) -> TurnData:
         """The per-turn data estimators may need, ``[N, K]`` (``[N]`` for episode starts): each
         turn's seed as its group, each slot's episode start, each turn's anchor state."""
-        return TurnData(groups=self._cells(self.seeds, -1), episode_starts=self.starts_episode,
-                        anchors=self._cells(self.anchors, -1))
+        return TurnData(
+            groups=self._cells(self.seeds, -1),
+            episode_starts=self.starts_episode,
+            anchors=self._cells(self.anchors, -1),
+        )
 
     # ------------------------------------------------------------------ advantages
     def set_estimate(self, estimate: Estimate) -> dict[str, float]:
         """Keep an estimator's advantages ``[B, T]``, critic targets ``[B, T + 1]`` and policy mask
         (turns not in the grid of whole groups: advantage ``0``, left out of the policy loss, their
         critic targets their own values)."""
-        self.advantages = self._rows(estimate.advantages, torch.zeros_like(self.response_mask, dtype=estimate.advantages.dtype))
+        self.advantages = self._rows(
+            estimate.advantages, torch.zeros_like(self.response_mask, dtype=estimate.advantages.dtype)
+        )
         if estimate.returns is None:
             self.returns = None
         else:
             held = self.values if self.values is not None else torch.zeros(self.size, estimate.returns.shape[-1])
             self.returns = self._rows(estimate.returns, held.to(estimate.returns.dtype))
         metrics = dict(estimate.metrics)
-        if self.grid is not None and "dropped_turn_frac" in metrics:  # a share of the batch's turns, not of the grid's cells
+        if (
+            self.grid is not None and "dropped_turn_frac" in metrics
+        ):  # a share of the batch's turns, not of the grid's cells
             metrics["dropped_turn_frac"] *= self.num_envs * self.turns_per_env / max(1, self.size)
         included = estimate.included
         if included is None and self.grid is not None:
@@ -252,7 +261,14 @@ class RolloutStorage:
         joined = {}
         for f in fields(first):
             values = [getattr(s, f.name) for s in storages]
-            if f.name in ("num_envs", "turns_per_env", "bootstrap_prompts", "starts_episode", "bootstrap_values", "grid"):
+            if f.name in (
+                "num_envs",
+                "turns_per_env",
+                "bootstrap_prompts",
+                "starts_episode",
+                "bootstrap_values",
+                "grid",
+            ):
                 continue
             if f.name in ("sequences", "truncation_prompts"):
                 joined[f.name] = [seq for v in values for seq in v]
@@ -267,6 +283,9 @@ class RolloutStorage:
                 joined[f.name] = torch.cat(values)
         total = sum(s.size for s in storages)
         return RolloutStorage(
-            num_envs=1, turns_per_env=total, bootstrap_prompts=[], starts_episode=torch.zeros(0, dtype=torch.bool),
+            num_envs=1,
+            turns_per_env=total,
+            bootstrap_prompts=[],
+            starts_episode=torch.zeros(0, dtype=torch.bool),
             **joined,
         )

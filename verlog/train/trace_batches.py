@@ -96,8 +96,7 @@ def lineage_staleness(versions: Iterable[str], trained: tuple[str, int] | None =
 
 def correction_of(settings: TracesConfig) -> OffPolicyCorrection:
     """The off-policy correction ``data.traces`` asks for."""
-    return OffPolicyCorrection(settings.behaviour_weight_cap, settings.staleness.max_versions,
-                               settings.staleness.decay)
+    return OffPolicyCorrection(settings.behaviour_weight_cap, settings.staleness.max_versions, settings.staleness.decay)
 
 
 class TraceSource:
@@ -108,8 +107,15 @@ class TraceSource:
     length, as for live slots.
     """
 
-    def __init__(self, settings: TracesConfig, num_slots: int, turns_per_env: int, *, seed: int = 0,
-                 store: TraceStore | None = None):
+    def __init__(
+        self,
+        settings: TracesConfig,
+        num_slots: int,
+        turns_per_env: int,
+        *,
+        seed: int = 0,
+        store: TraceStore | None = None,
+    ):
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         self.settings = settings
@@ -139,8 +145,10 @@ class TraceSource:
         group = record.info.get(GROUP_KEY, record.episode_id)
         seed = zlib.crc32(str(group).encode()) & 0x7FFFFFFF
         last = len(traced) - 1
-        return [(self._turn(t, record, seed, is_last=i == last), w, t.model_version)
-                for i, (t, w) in enumerate(zip(traced, weights))]
+        return [
+            (self._turn(t, record, seed, is_last=i == last), w, t.model_version)
+            for i, (t, w) in enumerate(zip(traced, weights))
+        ]
 
     @staticmethod
     def _turn(t: TracedTurn, record: TracedEpisode, seed: int, *, is_last: bool) -> Turn:
@@ -162,7 +170,8 @@ class TraceSource:
             raise ConfigError(
                 f"data.traces.store: {self.store.where} holds no episode to train on ({total} episodes, none with "
                 "feedback and trainable turns): attach rewards with POST /v1/feedback or TraceStore.add_feedback, "
-                "or relax data.traces.staleness.max_versions")
+                "or relax data.traces.staleness.max_versions"
+            )
         self.epochs += 1
 
     # ------------------------------------------------------------------ batches
@@ -178,25 +187,40 @@ class TraceSource:
         # the weights of the turns taken, from the weights being trained now (an epoch read earlier
         # may have been queued when the trainer held older ones)
         staleness = lineage_staleness(self.store.versions(), self.trained)
-        now = staleness_weights(torch.as_tensor([staleness.get(v, math.inf) for _, _, v in taken]),
-                                self.correction.max_versions, self.correction.decay).tolist()
+        now = staleness_weights(
+            torch.as_tensor([staleness.get(v, math.inf) for _, _, v in taken]),
+            self.correction.max_versions,
+            self.correction.decay,
+        ).tolist()
         taken = [(t, w, v) for (t, _, v), w in zip(taken, now)]
         k = self.turns_per_env
         turns, weights, versions, boot, starts, seeds = [], [], [], [], [], []
         for i in range(self.num_slots):
-            part = taken[i * k:(i + 1) * k]
+            part = taken[i * k : (i + 1) * k]
             turns.append([t for t, _, _ in part])
             weights.append([w for _, w, _ in part])
             versions.append([v for _, _, v in part])
             seeds.append([t.info["trace_seed"] for t, _, _ in part])
             starts.append(part[0][0].turn_index == 0)
             last = part[-1][0]
-            following = taken[(i + 1) * k][0] if (i + 1) * k < len(taken) else (self._queue[0][0] if self._queue else None)
+            following = (
+                taken[(i + 1) * k][0] if (i + 1) * k < len(taken) else (self._queue[0][0] if self._queue else None)
+            )
             # a cut episode continues with its next recorded turn; a finished one needs no value
-            boot.append(list(following.prompt_ids) if following is not None and not last.done else list(last.prompt_ids))
+            boot.append(
+                list(following.prompt_ids) if following is not None and not last.done else list(last.prompt_ids)
+            )
         episodes = {t.episode_id for slot in turns for t in slot}
-        return TraceBatch(turns=turns, bootstrap_prompt_ids=boot, starts_episode=starts, seeds=seeds,
-                          turn_weights=weights, versions=versions, trace_episodes=len(episodes), trace_turns=need)
+        return TraceBatch(
+            turns=turns,
+            bootstrap_prompt_ids=boot,
+            starts_episode=starts,
+            seeds=seeds,
+            turn_weights=weights,
+            versions=versions,
+            trace_episodes=len(episodes),
+            trace_turns=need,
+        )
 
     def close(self) -> None:
         self.store.close()
@@ -214,12 +238,18 @@ def merge_batches(live: SlotBatch | None, traces: TraceBatch | None) -> SlotBatc
     if live.turns_per_env > traces.turns_per_env or (live.turns_per_env < traces.turns_per_env and not ragged):
         raise ValueError(f"live slots give {live.turns_per_env} turns, recorded slots {traces.turns_per_env}")
     return TraceBatch(
-        turns=live.turns + traces.turns, bootstrap_prompt_ids=live.bootstrap_prompt_ids + traces.bootstrap_prompt_ids,
-        starts_episode=live.starts_episode + traces.starts_episode, seeds=live.seeds + traces.seeds,
-        episodes=live.episodes, failed=live.failed, seconds=live.seconds,
+        turns=live.turns + traces.turns,
+        bootstrap_prompt_ids=live.bootstrap_prompt_ids + traces.bootstrap_prompt_ids,
+        starts_episode=live.starts_episode + traces.starts_episode,
+        seeds=live.seeds + traces.seeds,
+        episodes=live.episodes,
+        failed=live.failed,
+        seconds=live.seconds,
         turn_weights=[[1.0] * len(slot) for slot in live.turns] + traces.turn_weights,
         versions=[[None] * len(slot) for slot in live.turns] + traces.versions,
-        trace_episodes=traces.trace_episodes, trace_turns=traces.trace_turns,
+        trace_episodes=traces.trace_episodes,
+        trace_turns=traces.trace_turns,
         compared=None if not ragged else live.compared + [[True] * len(slot) for slot in traces.turns],
-        whole_groups=live.whole_groups, groups_dropped=live.groups_dropped,
+        whole_groups=live.whole_groups,
+        groups_dropped=live.groups_dropped,
     )

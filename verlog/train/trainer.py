@@ -91,14 +91,22 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
     _warn_shared_rows(config, console)
     run = _Run.build(config, checkpoint, console)
     result = TrainResult(run_dir=run.run_dir, updates=run.state["update"])
-    with RunLogger(config, run.run_dir, console=console, start_update=run.state["update"],
-                   wandb_id=run.state.get("wandb_id"), resume=checkpoint is not None) as logger:
+    with RunLogger(
+        config,
+        run.run_dir,
+        console=console,
+        start_update=run.state["update"],
+        wandb_id=run.state.get("wandb_id"),
+        resume=checkpoint is not None,
+    ) as logger:
         run.logger = logger
         evaluable = run.slots_agent.evaluable
         if not evaluable and (config.eval.at_start or config.eval.at_end or t.eval_every):
-            console.print(f"no evaluations: {config.multi_turn.langgraph.path} defines no make_input(seed) and the "
-                          "config has no data rows (training from recorded episodes alone); evaluate its checkpoints "
-                          "with verlog eval on a config with rows")
+            console.print(
+                f"no evaluations: {config.multi_turn.langgraph.path} defines no make_input(seed) and the "
+                "config has no data rows (training from recorded episodes alone); evaluate its checkpoints "
+                "with verlog eval on a config with rows"
+            )
         try:
             if config.eval.at_start and checkpoint is None and evaluable:
                 result.eval_start = await run.evaluate(0, "evaluating the initial policy", split=config.eval.split)
@@ -119,24 +127,37 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
                 logger.status("update", every_update=True)
                 tick = time.perf_counter()
                 with run.engine.weights_lock():
-                    metrics = score_batch(storage, run.learner, off_policy=run.traces.correction if run.traces else None)
+                    metrics = score_batch(
+                        storage, run.learner, off_policy=run.traces.correction if run.traces else None
+                    )
                     metrics |= ppo_update(storage, run.learner, generator=run.shuffle)
                 metrics["update_s"] = time.perf_counter() - tick
                 # 4. report, save, evaluate
-                logger.log(update, metrics | rollout_metrics(batch) | _trace_metrics(batch) | run.counters()
-                           | run.judge_failures() | memory_metrics())
+                logger.log(
+                    update,
+                    metrics
+                    | rollout_metrics(batch)
+                    | _trace_metrics(batch)
+                    | run.counters()
+                    | run.judge_failures()
+                    | memory_metrics(),
+                )
                 result.history.append({"update": update, **metrics})
                 result.updates = run.state["update"] = update
                 steps_done = t.stop_at_env_steps is not None and run.runner.counters.turns >= t.stop_at_env_steps
                 if t.save_every and update % t.save_every == 0:
                     run.save(update)
                 if steps_done:
-                    console.print(f"{run.runner.counters.turns} environment steps played at update {update} "
-                                  f"(stop_at_env_steps {t.stop_at_env_steps}): stopping")
+                    console.print(
+                        f"{run.runner.counters.turns} environment steps played at update {update} "
+                        f"(stop_at_env_steps {t.stop_at_env_steps}): stopping"
+                    )
                     break
                 if t.eval_every and update % t.eval_every == 0 and update < t.total_updates and evaluable:
                     # validation seeds: the final evaluation is not selected on
-                    checked = await run.evaluate(update, "evaluating", seed=config.eval.validation_seed, split="validation")
+                    checked = await run.evaluate(
+                        update, "evaluating", seed=config.eval.validation_seed, split="validation"
+                    )
                     win_rate = sum(r.win_rate for r in checked) / len(checked)
                     if t.stop_at_win_rate is not None and win_rate >= t.stop_at_win_rate:
                         console.print(f"win rate {win_rate:.3f} >= {t.stop_at_win_rate} at update {update}: stopping")
@@ -145,8 +166,9 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
             if run.state["update"] > 0 and not (t.save_every and run.state["update"] % t.save_every == 0):
                 run.save(run.state["update"])  # the final weights are always saved
             if config.eval.at_end and evaluable:
-                result.eval_end = await run.evaluate(run.state["update"], "evaluating the final policy",
-                                                     split=config.eval.split)
+                result.eval_end = await run.evaluate(
+                    run.state["update"], "evaluating the final policy", split=config.eval.split
+                )
         finally:
             await run.aclose()
     if result.eval_end is not None:
@@ -215,8 +237,9 @@ class _Run:
         # models: the actor (shared with the engine), the critic, the frozen reference
         tokenizer = load_tokenizer(config.model.path)
         full_actor_saved = checkpoint is not None and config.actor.lora.rank == 0
-        actor, peft_actor = load_actor(checkpoint / ckpt.ACTOR_FOLDER if full_actor_saved else config.model.path,
-                                       lora=config.actor.lora, **where)
+        actor, peft_actor = load_actor(
+            checkpoint / ckpt.ACTOR_FOLDER if full_actor_saved else config.model.path, lora=config.actor.lora, **where
+        )
         critic = load_critic(config.model.path, **where) if get_estimator(algo.estimator).needs_critic else None
         reference = load_reference(config.model.path, **where) if algo.kl_coef > 0 else None
         for model, opts, section in ((actor, config.actor, "actor"), (critic, config.critic, "critic")):
@@ -226,43 +249,77 @@ class _Run:
                     model.gradient_checkpointing_enable()
         trunk = _trunk_depth(config, actor, critic)
         learner = Learner(
-            actor, critic, adamw(actor, config.actor), adamw(critic, config.critic) if critic else None,
-            reference, algo, pad_id=pad_token_id(tokenizer), device=device,
-            actor_max_grad_norm=config.actor.max_grad_norm, critic_max_grad_norm=config.critic.max_grad_norm,
-            autocast=compute, actor_scaler=grad_scaler(device, compute),
-            critic_scaler=grad_scaler(device, compute) if critic else None, trunk_depth=trunk,
+            actor,
+            critic,
+            adamw(actor, config.actor),
+            adamw(critic, config.critic) if critic else None,
+            reference,
+            algo,
+            pad_id=pad_token_id(tokenizer),
+            device=device,
+            actor_max_grad_norm=config.actor.max_grad_norm,
+            critic_max_grad_norm=config.critic.max_grad_norm,
+            autocast=compute,
+            actor_scaler=grad_scaler(device, compute),
+            critic_scaler=grad_scaler(device, compute) if critic else None,
+            trunk_depth=trunk,
         )
 
         # rollout: the graph's slots, their model calls gated into fixed-turn batches; the
         # reward section scores each episode as it ends (a judge may reuse the policy's engine)
         engine = EmbeddedEngine(
-            actor, tokenizer, max_batch_size=config.engine.max_batch_size,
-            batch_wait_ms=config.engine.batch_wait_ms, seed=config.rollout.seed,
-            prefix_cache_bytes=int(config.engine.prefix_cache_mb * 2**20), autocast=compute,
+            actor,
+            tokenizer,
+            max_batch_size=config.engine.max_batch_size,
+            batch_wait_ms=config.engine.batch_wait_ms,
+            seed=config.rollout.seed,
+            prefix_cache_bytes=int(config.engine.prefix_cache_mb * 2**20),
+            autocast=compute,
         )
-        scorer = build_scorer(config, cache_dir=Path(t.run_dir),
-                              chat_model_for=judge_chat_models(config, build_chat_model(config, engine, tokenizer)))
+        scorer = build_scorer(
+            config,
+            cache_dir=Path(t.run_dir),
+            chat_model_for=judge_chat_models(config, build_chat_model(config, engine, tokenizer)),
+        )
         traced = config.data.traces if config.data is not None else None
         recorded = trace_slots(traced, t.num_envs, t.group_size) if traced is not None else 0
         slots_agent = _SlotsAgent(config, scorer, plays=t.num_envs - recorded > 0)
         if recorded:
-            console.print(f"batches: {t.num_envs - recorded} live slots and {recorded} of recorded turns "
-                          f"({traced.store}) x {t.turns_per_env} turns")
+            console.print(
+                f"batches: {t.num_envs - recorded} live slots and {recorded} of recorded turns "
+                f"({traced.store}) x {t.turns_per_env} turns"
+            )
         runner = SlotRunner(  # without live slots it never plays (its slots are not started)
-            engine, slots_agent.build, slots_agent.episode_input, num_envs=t.num_envs - recorded or t.group_size,
-            turns_per_env=t.turns_per_env, graph_config=config.multi_turn.langgraph.graph_config,
+            engine,
+            slots_agent.build,
+            slots_agent.episode_input,
+            num_envs=t.num_envs - recorded or t.group_size,
+            turns_per_env=t.turns_per_env,
+            graph_config=config.multi_turn.langgraph.graph_config,
             timeout_s=config.rollout.episode_timeout_s,
             seed=config.rollout.seed if config.data is None or config.data.train is None else 0,
-            group_size=t.group_size, whole_groups=_whole_groups(config),
-            max_consecutive_failures=t.max_consecutive_failures, render_prompt=slots_agent.render_prompt,
+            group_size=t.group_size,
+            whole_groups=_whole_groups(config),
+            max_consecutive_failures=t.max_consecutive_failures,
+            render_prompt=slots_agent.render_prompt,
             on_episode_end=slots_agent.on_episode_end,
             interrupts=InterruptResponder.from_config(config.multi_turn.langgraph),
             keep_discarded=config.multi_turn.langgraph.train_discarded_calls,
         )
-        run = cls(config, Path(t.run_dir), tokenizer, learner, peft_actor, engine, runner, slots_agent,
-                  torch.Generator().manual_seed(t.seed), {"update": 0, "warmup_done": False},
-                  traces=TraceSource(traced, recorded, t.turns_per_env, seed=t.seed) if traced else None,
-                  live_slots=t.num_envs - recorded)
+        run = cls(
+            config,
+            Path(t.run_dir),
+            tokenizer,
+            learner,
+            peft_actor,
+            engine,
+            runner,
+            slots_agent,
+            torch.Generator().manual_seed(t.seed),
+            {"update": 0, "warmup_done": False},
+            traces=TraceSource(traced, recorded, t.turns_per_env, seed=t.seed) if traced else None,
+            live_slots=t.num_envs - recorded,
+        )
         if checkpoint is not None:
             run.restore(checkpoint)
             console.print(f"resuming [bold]{run.run_dir}[/] from {checkpoint.name} (update {run.state['update']})")
@@ -279,10 +336,17 @@ class _Run:
         """Checkpoint ``update`` (atomically; the engine is paused meanwhile)."""
         with self.engine.weights_lock():
             return ckpt.save_checkpoint(
-                self.run_dir, update, save_actor=self._save_actor, critic=self.learner.critic,
-                optimizers=self._optimizers(), rng=ckpt.get_rng_state(self._generators()),
-                state={"warmup_done": self.state["warmup_done"], "runner": self.runner.state_dict(),
-                       "wandb_id": self.logger.wandb_id if self.logger else None},
+                self.run_dir,
+                update,
+                save_actor=self._save_actor,
+                critic=self.learner.critic,
+                optimizers=self._optimizers(),
+                rng=ckpt.get_rng_state(self._generators()),
+                state={
+                    "warmup_done": self.state["warmup_done"],
+                    "runner": self.runner.state_dict(),
+                    "wandb_id": self.logger.wandb_id if self.logger else None,
+                },
                 keep=self.config.trainer.keep_checkpoints,
             )
 
@@ -313,8 +377,10 @@ class _Run:
         try:
             self.runner.load_state_dict(self.state["runner"])
         except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise ckpt.CheckpointError(f"{checkpoint / 'state.json'}: not the slots' counters of this run's "
-                                       f"trainer.num_envs ({ckpt.first_line(exc)})") from None
+            raise ckpt.CheckpointError(
+                f"{checkpoint / 'state.json'}: not the slots' counters of this run's "
+                f"trainer.num_envs ({ckpt.first_line(exc)})"
+            ) from None
 
     # ------------------------------------------------------------------ the rest
     async def collect(self) -> SlotBatch:
@@ -339,23 +405,32 @@ class _Run:
 
     def counters(self) -> dict[str, float]:
         c = self.runner.counters
-        out = {"turns_total": float(c.turns), "episodes_total": float(c.episodes),
-               "failed_total": float(sum(c.failed.values()))}
+        out = {
+            "turns_total": float(c.turns),
+            "episodes_total": float(c.episodes),
+            "failed_total": float(sum(c.failed.values())),
+        }
         if self.runner.whole_groups:
-            out |= {"groups_dropped_total": float(c.groups_dropped), "groups_abandoned_total": float(c.groups_abandoned)}
+            out |= {
+                "groups_dropped_total": float(c.groups_dropped),
+                "groups_abandoned_total": float(c.groups_abandoned),
+            }
         rows = self.slots_agent.plan.size if self.slots_agent.plan is not None else None
         if rows:  # how far the training rows' epochs have gone: rounds begun x groups / rows
             groups = self.config.trainer.num_envs // self.config.trainer.group_size
             out["data_epoch"] = max(self.runner.episodes_started) * groups / rows
         return out
 
-    async def evaluate(self, update: int, status: str, seed: int | None = None, split: str = "test") -> list[TaskResult]:
+    async def evaluate(
+        self, update: int, status: str, seed: int | None = None, split: str = "test"
+    ) -> list[TaskResult]:
         """Held-out episodes on the engine (the slots are all held meanwhile): seeds from
         ``seed``, or the rows of a data ``split``."""
         self.logger.status(status)
         self.judge_failed = self.judge_failures()  # kept for the next update's metrics
-        results = await evaluate(self.config, self.engine, self.tokenizer, seed=seed, split=split,
-                                 scorer=self.slots_agent.scorer)
+        results = await evaluate(
+            self.config, self.engine, self.tokenizer, seed=seed, split=split, scorer=self.slots_agent.scorer
+        )
         if self.slots_agent.scorer is not None:  # the evaluation's own failures are in its error counts
             self.slots_agent.scorer.take_judge_failures()
         self.logger.log_eval(update, results, validation=seed is not None)
@@ -387,8 +462,13 @@ class _SlotsAgent:
     def build(self, engine: Any) -> Any:
         self.agent = load_agent(self.config, engine=engine)
         if self.plays:
-            self.plan = EpisodePlan(self.config, self.agent.graph_file, "train", scorer=self.scorer,
-                                    keep_trajectories=bool(self.scorer and self.scorer.ranking))
+            self.plan = EpisodePlan(
+                self.config,
+                self.agent.graph_file,
+                "train",
+                scorer=self.scorer,
+                keep_trajectories=bool(self.scorer and self.scorer.ranking),
+            )
         return self.agent.graph
 
     @property
@@ -418,9 +498,9 @@ class _SlotsAgent:
             for episode in batch.episodes:
                 if episode.episode_id in kept:
                     groups.setdefault(kept[episode.episode_id][0], []).append(episode)
-        outcomes = await asyncio.gather(*(
-            self.scorer.rank([kept[e.episode_id][1] for e in group]) for group in groups.values()
-        ))
+        outcomes = await asyncio.gather(
+            *(self.scorer.rank([kept[e.episode_id][1] for e in group]) for group in groups.values())
+        )
         for group, results in zip(groups.values(), outcomes):
             for episode, outcome in zip(group, results):
                 outcome.apply(episode)
@@ -472,16 +552,22 @@ def _check_data(config: VerlogConfig) -> None:
     if data is None:
         return
     if data.train is None and data.traces is None:
-        raise ConfigError("data.train: training plays the rows of the training split (or recorded episodes, "
-                          "data.traces); give its file")
+        raise ConfigError(
+            "data.train: training plays the rows of the training split (or recorded episodes, "
+            "data.traces); give its file"
+        )
     if not data.has_rows():  # recorded episodes alone: live slots and evaluations play seeds
         return
     if t.eval_every and data.validation is None:
-        raise ConfigError("trainer.eval_every: the periodic evaluations play data.validation, which is not set "
-                          "(give a validation split, or set trainer.eval_every: 0)")
+        raise ConfigError(
+            "trainer.eval_every: the periodic evaluations play data.validation, which is not set "
+            "(give a validation split, or set trainer.eval_every: 0)"
+        )
     if (ev.at_start or ev.at_end) and data.split(ev.split) is None:
-        raise ConfigError(f"eval.split: the evaluations before/after training play data.{ev.split}, which is not set "
-                          "(give that split, choose the other with eval.split, or set eval.at_start/at_end: false)")
+        raise ConfigError(
+            f"eval.split: the evaluations before/after training play data.{ev.split}, which is not set "
+            "(give that split, choose the other with eval.split, or set eval.at_start/at_end: false)"
+        )
 
 
 def _warn_shared_rows(config: VerlogConfig, console: Console) -> None:
@@ -493,17 +579,24 @@ def _warn_shared_rows(config: VerlogConfig, console: Console) -> None:
         if config.data.split(split) is not None:
             shared = shared_rows(train, split_rows(config, split))
             if shared:
-                console.print(f"[yellow]warning:[/] {shared} of the {split} rows are also training rows "
-                              f"(same content): their {split} scores measure memory, not skill")
+                console.print(
+                    f"[yellow]warning:[/] {shared} of the {split} rows are also training rows "
+                    f"(same content): their {split} scores measure memory, not skill"
+                )
 
 
 def _trace_metrics(batch: SlotBatch) -> dict[str, float]:
     """What a batch took from the trace store: recorded turns and episodes, their staleness weight."""
     if not isinstance(batch, TraceBatch):
         return {}
-    recorded = [w for slot, kinds in zip(batch.turn_weights, batch.versions) for w, v in zip(slot, kinds) if v is not None]
-    return {"trace_turns": float(batch.trace_turns), "trace_episodes": float(batch.trace_episodes),
-            "trace_dropped_turns": float(sum(w == 0 for w in recorded))}
+    recorded = [
+        w for slot, kinds in zip(batch.turn_weights, batch.versions) for w, v in zip(slot, kinds) if v is not None
+    ]
+    return {
+        "trace_turns": float(batch.trace_turns),
+        "trace_episodes": float(batch.trace_episodes),
+        "trace_dropped_turns": float(sum(w == 0 for w in recorded)),
+    }
 
 
 def _warn_masked_logprobs(batch: SlotBatch, console: Console) -> bool:
@@ -512,9 +605,11 @@ def _warn_masked_logprobs(batch: SlotBatch, console: Console) -> bool:
     from the first step). Returns whether it warned."""
     constrained = sum(1 for turn in batch.flat_turns() if turn.constraint)
     if constrained:
-        console.print(f"[yellow]warning:[/] {constrained} turns of this batch were sampled under a constraint "
-                      "(structured output, a forced tool call) and algorithm.recompute_logprobs is false: their "
-                      "old logprobs are the masked distribution's, not the policy's; set recompute_logprobs: true")
+        console.print(
+            f"[yellow]warning:[/] {constrained} turns of this batch were sampled under a constraint "
+            "(structured output, a forced tool call) and algorithm.recompute_logprobs is false: their "
+            "old logprobs are the masked distribution's, not the policy's; set recompute_logprobs: true"
+        )
     return bool(constrained)
 
 
@@ -536,8 +631,10 @@ def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path 
         ckpt.verify_checkpoint(latest)
         saved_lora = os.path.lexists(latest / ckpt.ADAPTER_FOLDER)
         if saved_lora != (config.actor.lora.rank > 0):
-            raise ConfigError(f"actor.lora.rank: {latest.name} holds {'LoRA adapters' if saved_lora else 'a full actor'}"
-                              f" but actor.lora.rank is {config.actor.lora.rank}: resume with the run's own setting")
+            raise ConfigError(
+                f"actor.lora.rank: {latest.name} holds {'LoRA adapters' if saved_lora else 'a full actor'}"
+                f" but actor.lora.rank is {config.actor.lora.rank}: resume with the run's own setting"
+            )
         _check_same_estimator(run_dir, latest, config)
     if resume and latest is None:
         earlier = [p for p in (ckpt.checkpoints_root(run_dir), run_dir / "metrics.jsonl") if os.path.lexists(p)]
@@ -568,15 +665,19 @@ def _check_same_estimator(run_dir: Path, latest: Path, config: VerlogConfig) -> 
         except (yaml.YAMLError, AttributeError):
             saved = None
     if saved is not None and saved != estimator:
-        raise ConfigError(f"algorithm.estimator: the run in {str(run_dir)!r} was trained with {saved!r}, not "
-                          f"{estimator!r}: resume with algorithm.estimator={saved} (or start a new run in another "
-                          "trainer.run_dir)")
+        raise ConfigError(
+            f"algorithm.estimator: the run in {str(run_dir)!r} was trained with {saved!r}, not "
+            f"{estimator!r}: resume with algorithm.estimator={saved} (or start a new run in another "
+            "trainer.run_dir)"
+        )
     has_critic = os.path.lexists(latest / ckpt.CRITIC_FILE)
     if has_critic != get_estimator(estimator).needs_critic:
         held = "holds a critic" if has_critic else "holds no critic"
         needs = "trains with one" if not has_critic else "has none"
-        raise ConfigError(f"algorithm.estimator: {latest.name} {held} but {estimator!r} {needs}: resume with the "
-                          "estimator the run was trained with")
+        raise ConfigError(
+            f"algorithm.estimator: {latest.name} {held} but {estimator!r} {needs}: resume with the "
+            "estimator the run was trained with"
+        )
 
 
 def _seed_everything(seed: int) -> None:

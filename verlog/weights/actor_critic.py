@@ -13,8 +13,15 @@ from verlog.config import ConfigError, LoRAConfig
 from verlog.models import load_causal_lm as _load_causal_lm
 from verlog.models.quiet import quiet_progress_bars
 
-__all__ = ["ValueModel", "apply_lora", "load_actor", "load_critic", "load_reference", "train_last_layers",
-           "trainable_parameters"]
+__all__ = [
+    "ValueModel",
+    "apply_lora",
+    "load_actor",
+    "load_critic",
+    "load_reference",
+    "train_last_layers",
+    "trainable_parameters",
+]
 
 
 class ValueModel(nn.Module):
@@ -64,8 +71,11 @@ def apply_lora(lm: nn.Module, lora: LoRAConfig) -> Any:
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ImportError("actor.lora.rank > 0 needs peft: pip install 'verlog[lora]'") from exc
     config = LoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules=lora.target_modules, task_type="CAUSAL_LM",
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
     )
     return get_peft_model(lm, config)
 
@@ -108,13 +118,18 @@ def train_last_layers(model: nn.Module, layers: int | None, *, section: str) -> 
     backbone = model.backbone if isinstance(model, ValueModel) else model.base_model
     blocks = getattr(backbone, "layers", None)
     if not isinstance(blocks, nn.ModuleList):
-        raise ValueError(f"{section}.train_layers needs a model whose backbone keeps its blocks in `.layers` "
-                         f"({type(backbone).__name__} does not): set {section}.train_layers: null")
+        raise ValueError(
+            f"{section}.train_layers needs a model whose backbone keeps its blocks in `.layers` "
+            f"({type(backbone).__name__} does not): set {section}.train_layers: null"
+        )
     if layers > len(blocks):
         raise ConfigError(f"{section}.train_layers: {layers} is more than the model's {len(blocks)} layers")
     model.requires_grad_(False)
-    for module in (*blocks[len(blocks) - layers:], getattr(backbone, "norm", None),
-                   model.value_head if isinstance(model, ValueModel) else None):
+    for module in (
+        *blocks[len(blocks) - layers :],
+        getattr(backbone, "norm", None),
+        model.value_head if isinstance(model, ValueModel) else None,
+    ):
         if module is not None:
             module.requires_grad_(True)
 

@@ -156,8 +156,12 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
     """The counters saved with a checkpoint (``state.json``)."""
     path = Path(checkpoint) / "state.json"
     state = read_json(path)
-    if not isinstance(state, dict) or not isinstance(state.get("update"), int) or isinstance(state["update"], bool) \
-            or state["update"] < 0:
+    if (
+        not isinstance(state, dict)
+        or not isinstance(state.get("update"), int)
+        or isinstance(state["update"], bool)
+        or state["update"] < 0
+    ):
         raise CheckpointError(f"{path}: not a verlog checkpoint state (a JSON object with an 'update' number)")
     return state
 
@@ -172,8 +176,9 @@ def verify_checkpoint(checkpoint: Path) -> dict[str, Any]:
     state = read_state(checkpoint)
     name = _NAME.fullmatch(checkpoint.name)
     if name is not None and int(name.group(1)) != state["update"]:
-        raise CheckpointError(f"{checkpoint / 'state.json'}: update {state['update']}, but the folder is "
-                              f"{checkpoint.name}")
+        raise CheckpointError(
+            f"{checkpoint / 'state.json'}: update {state['update']}, but the folder is {checkpoint.name}"
+        )
     if os.path.lexists(checkpoint / ADAPTER_FOLDER):
         check_adapter_folder(folder_file(checkpoint, ADAPTER_FOLDER))
     else:
@@ -260,16 +265,19 @@ def load_critic_weights(critic: torch.nn.Module, checkpoint: Path) -> None:
     """Load ``critic.safetensors`` into ``critic`` (a mismatch is a ``CheckpointError``)."""
     path = Path(checkpoint) / CRITIC_FILE
     if not os.path.lexists(path):
-        raise CheckpointError(f"{checkpoint} has no critic.safetensors: it was saved without a critic "
-                              "(an estimator without a critic?); resume with the estimator it was trained with")
+        raise CheckpointError(
+            f"{checkpoint} has no critic.safetensors: it was saved without a critic "
+            "(an estimator without a critic?); resume with the estimator it was trained with"
+        )
     folder_file(path.parent, path.name)
     expected = {k: tuple(v.shape) for k, v in critic.state_dict().items()}
     check_tensors(safetensors_header(path), expected, [], path)
     try:
         critic.load_state_dict(load_file(path))
     except Exception as exc:  # a corrupt file, or another model's shapes
-        raise CheckpointError(f"{path} does not fit this run's critic (was model.path changed?): "
-                              f"{first_line(exc)}") from None
+        raise CheckpointError(
+            f"{path} does not fit this run's critic (was model.path changed?): {first_line(exc)}"
+        ) from None
 
 
 def load_optimizers(checkpoint: Path, optimizers: dict[str, torch.optim.Optimizer | None]) -> None:
@@ -283,8 +291,10 @@ def load_optimizers(checkpoint: Path, optimizers: dict[str, torch.optim.Optimize
                 optimizer.load_state_dict(states[name])
                 _check_shapes(optimizer)
             except Exception as exc:  # other parameter groups or sizes: another model or LoRA setting
-                raise CheckpointError(f"{checkpoint}: the saved {name} optimizer does not fit this run's "
-                                      f"{name} (was model.path, actor.lora or {name}.train_layers changed?): {first_line(exc)}") from None
+                raise CheckpointError(
+                    f"{checkpoint}: the saved {name} optimizer does not fit this run's "
+                    f"{name} (was model.path, actor.lora or {name}.train_layers changed?): {first_line(exc)}"
+                ) from None
 
 
 def _check_shapes(optimizer: torch.optim.Optimizer) -> None:
@@ -293,15 +303,20 @@ def _check_shapes(optimizer: torch.optim.Optimizer) -> None:
         for i, param in enumerate(group["params"]):
             for key, value in optimizer.state.get(param, {}).items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
-                    raise ValueError(f"state {key!r} of parameter {i} has shape {tuple(value.shape)}, "
-                                     f"the parameter {tuple(param.shape)}")
+                    raise ValueError(
+                        f"state {key!r} of parameter {i} has shape {tuple(value.shape)}, "
+                        f"the parameter {tuple(param.shape)}"
+                    )
 
 
 def load_rng(checkpoint: Path) -> dict[str, Any]:
     """The RNG states saved in ``checkpoint``, as ``get_rng_state`` returned them."""
     rng = _load_tree(Path(checkpoint), "rng")
-    if not isinstance(rng, dict) or not {"torch", "python", "numpy", "generators"} <= set(rng) \
-            or not isinstance(rng["generators"], dict):
+    if (
+        not isinstance(rng, dict)
+        or not {"torch", "python", "numpy", "generators"} <= set(rng)
+        or not isinstance(rng["generators"], dict)
+    ):
         raise CheckpointError(f"{checkpoint}/rng.json: not verlog RNG states")
     try:  # each state is tried on a scratch generator: a bad one fails here, not half-way through set_rng_state
         torch.Generator().set_state(rng["torch"])
@@ -353,8 +368,10 @@ def _load_tree(folder: Path, part: str) -> Any:
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT or doc.get("part") != part:
         raise CheckpointError(f"{doc_path} is not a verlog checkpoint file (written by another tool?)")
     if not isinstance(doc.get("version"), int) or doc["version"] > _VERSION:
-        raise CheckpointError(f"{doc_path}: checkpoint format version {doc.get('version')!r} is newer than "
-                              f"this verlog reads ({_VERSION}); upgrade verlog")
+        raise CheckpointError(
+            f"{doc_path}: checkpoint format version {doc.get('version')!r} is newer than "
+            f"this verlog reads ({_VERSION}); upgrade verlog"
+        )
     try:
         tensors = load_file(tensor_path)
     except Exception as exc:  # truncated or not safetensors
@@ -388,8 +405,10 @@ def _encode(obj: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
         if all(isinstance(k, str) and not k.startswith("__") for k in obj):
             return {k: _encode(v, tensors, where) for k, v in obj.items()}
         return {"__items__": [[_encode(k, tensors, where), _encode(v, tensors, where)] for k, v in obj.items()]}
-    raise TypeError(f"{where}: cannot save a {type(obj).__name__} in a checkpoint (tensors, arrays, "
-                    "numbers, strings, lists, tuples and dicts only)")
+    raise TypeError(
+        f"{where}: cannot save a {type(obj).__name__} in a checkpoint (tensors, arrays, "
+        "numbers, strings, lists, tuples and dicts only)"
+    )
 
 
 def _decode(obj: Any, tensors: dict[str, torch.Tensor], path: Path) -> Any:

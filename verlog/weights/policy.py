@@ -83,15 +83,18 @@ def find_policy(spec: str | os.PathLike, *, base: str | os.PathLike | None = Non
             raise ModelNotFoundError(
                 f"no checkpoint in {os.fspath(spec)!r}: expected one of {', '.join(map(repr, MODEL_SPECS))}, an "
                 f"existing folder (a Hugging Face model, a training run or checkpoint, LoRA adapters) or a Hugging "
-                f"Face hub id ({exc.hub})", hub=exc.hub,
+                f"Face hub id ({exc.hub})",
+                hub=exc.hub,
             ) from None
         return PolicySource(path, None, path)
     checkpoint = None
     if path.name in (ACTOR_FOLDER, ADAPTER_FOLDER) and os.path.lexists(path.parent / "state.json"):
         path = path.parent  # a checkpoint's actor named directly: the checkpoint, checked whole (links included)
     if not _is_checkpoint_source(path) and _is_run_without_checkpoint(path):
-        raise FileNotFoundError(f"no checkpoint in {os.fspath(spec)!r}: this training run has saved none yet "
-                                "(one is written every trainer.save_every updates)")
+        raise FileNotFoundError(
+            f"no checkpoint in {os.fspath(spec)!r}: this training run has saved none yet "
+            "(one is written every trainer.save_every updates)"
+        )
     if _is_checkpoint_source(path):
         checkpoint = resolve_checkpoint(path)
         verify_checkpoint(checkpoint)
@@ -105,13 +108,17 @@ def find_policy(spec: str | os.PathLike, *, base: str | os.PathLike | None = Non
     if base is None:
         base = settings.get("base_model_name_or_path")
         if not isinstance(base, str) or not base:
-            raise CheckpointError(f"{path / ADAPTER_CONFIG} names no base model: give the base model's folder "
-                                  "(serve-model --base-model, eval's model.path)")
+            raise CheckpointError(
+                f"{path / ADAPTER_CONFIG} names no base model: give the base model's folder "
+                "(serve-model --base-model, eval's model.path)"
+            )
     try:
         base_path = resolve_model_path(base)
     except FileNotFoundError as exc:
-        raise CheckpointError(f"the base model of the adapters in {path} is not here ({exc}); give its folder "
-                              "(serve-model --base-model, eval's model.path)") from None
+        raise CheckpointError(
+            f"the base model of the adapters in {path} is not here ({exc}); give its folder "
+            "(serve-model --base-model, eval's model.path)"
+        ) from None
     return PolicySource(base_path, path, base_path, checkpoint)
 
 
@@ -128,7 +135,8 @@ def full_model_path(spec: str | os.PathLike) -> str:
     if source.adapter is not None:
         raise CheckpointError(
             f"{source.label} holds LoRA adapters, not a full model: train or roll out its base (model.path="
-            f"{source.model}, actor.lora...), or evaluate it with verlog eval --checkpoint {source.label}")
+            f"{source.model}, actor.lora...), or evaluate it with verlog eval --checkpoint {source.label}"
+        )
     return str(source.model)
 
 
@@ -140,8 +148,10 @@ def check_finite_weights(model: Any, label: str) -> None:
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                raise CheckpointError(f"{label}: tensor {name} holds NaN or infinite values; these weights cannot "
-                                      "be served (was the training run diverging?)")
+                raise CheckpointError(
+                    f"{label}: tensor {name} holds NaN or infinite values; these weights cannot "
+                    "be served (was the training run diverging?)"
+                )
 
 
 def load_policy(source: PolicySource, *, dtype: Any = "float32", device: str = "cpu") -> tuple[Any, Any]:

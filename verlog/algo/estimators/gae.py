@@ -25,7 +25,9 @@ def without_bootstrap(batch: TurnBatch) -> TurnBatch:
 def compute(batch: TurnBatch, data: TurnData, settings: AdvantageSettings) -> Estimate:
     if not settings.bootstrap_cuts:
         batch = without_bootstrap(batch)
-    advantages, returns = dual_gae(batch, settings.gamma_step, settings.lam_step, settings.gamma_token, settings.lam_token)
+    advantages, returns = dual_gae(
+        batch, settings.gamma_step, settings.lam_step, settings.gamma_token, settings.lam_token
+    )
     return Estimate(advantages, returns)
 
 

@@ -99,8 +99,13 @@ def compute(batch: TurnBatch, data: TurnData, settings: AdvantageSettings) -> Es
             "info['anchor'] (e.g. the observation before the step) with each reward; none did"
         )
     advantages, included, metrics = gigpo_advantages(
-        batch, data.groups, data.anchors, data.episode_starts, gamma=settings.gigpo_gamma,
-        step_weight=settings.gigpo_step_weight, scale_by_std=settings.group_norm == "mean_std",  # default: mean
+        batch,
+        data.groups,
+        data.anchors,
+        data.episode_starts,
+        gamma=settings.gigpo_gamma,
+        step_weight=settings.gigpo_step_weight,
+        scale_by_std=settings.group_norm == "mean_std",  # default: mean
     )
     return Estimate(advantages, included=included, metrics=metrics)
 

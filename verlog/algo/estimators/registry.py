@@ -120,8 +120,10 @@ class AdvantageEstimator:
 
 def _check_estimator(name: str, estimator: object) -> None:
     if not isinstance(estimator, AdvantageEstimator) or estimator.name != name:
-        raise TypeError(f"the advantage estimator {name!r} must be an AdvantageEstimator(name={name!r}, ...) "
-                        f"(got {type(estimator).__name__})")
+        raise TypeError(
+            f"the advantage estimator {name!r} must be an AdvantageEstimator(name={name!r}, ...) "
+            f"(got {type(estimator).__name__})"
+        )
 
 
 def _builtin_estimators(registry: Registry[AdvantageEstimator]) -> None:

@@ -36,7 +36,10 @@ def reinforce_pp_advantages(
     dtype = batch.token_rewards.dtype if batch.token_rewards.is_floating_point() else torch.float32
     # the returns G are dual-discount GAE with V = 0 and lambda = 1 (the TD errors are the rewards)
     no_critic = TurnBatch(
-        batch.token_rewards, batch.response_mask, batch.terminated, batch.truncated,
+        batch.token_rewards,
+        batch.response_mask,
+        batch.terminated,
+        batch.truncated,
         values=torch.zeros(n, k, t + 1, dtype=dtype, device=batch.token_rewards.device),
         bootstrap_values=torch.zeros(n, dtype=dtype, device=batch.token_rewards.device),
     )

@@ -23,9 +23,7 @@ __all__ = ["rloo_advantages"]
 
 
 @torch.no_grad()
-def rloo_advantages(
-    batch: TurnBatch, group_ids: Tensor, starts_episode: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+def rloo_advantages(batch: TurnBatch, group_ids: Tensor, starts_episode: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """RLOO's advantages ``[N, K, T]`` and the turns that take part ``[N, K]`` bool (the turns
     of episodes complete in the batch)."""
     ep = episodes_of(batch, group_ids, starts_episode)

@@ -39,7 +39,6 @@ def make(task: str, seed: int | None = None, **kwargs: Any) -> BabaIsAIEnv:
     return BabaIsAIEnv(task=task, seed=seed, **kwargs)
 
 
-
 #: BALROG's 40 BabaIsAI tasks, in its order (its names carry an ``env/`` prefix)
 BALROG_TASKS: tuple[str, ...] = (
     "make_win-distr_obj_rule",

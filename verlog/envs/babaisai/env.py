@@ -53,8 +53,11 @@ SYNONYMS: dict[str, str] = {
     "no op": "idle",
     "do nothing": "idle",
     **{f"{verb} {a}": a for verb in ("move", "go", "step", "walk") for a in ACTIONS[1:]},
-    **{f"{verb} {d}": a for verb in ("move", "go") for d, a in
-       (("north", "up"), ("south", "down"), ("west", "left"), ("east", "right"))},
+    **{
+        f"{verb} {d}": a
+        for verb in ("move", "go")
+        for d, a in (("north", "up"), ("south", "down"), ("west", "left"), ("east", "right"))
+    },
 }
 
 _ACTION_HELP = {
@@ -66,14 +69,20 @@ _ACTION_HELP = {
 }
 
 
-
 #: the instruction under BALROG's protocol: BALROG's facts (the actions, tips on rules), verlog's words
 _BALROG_INSTRUCTION = (
     "Baba Is You is a puzzle game in which the rules of each level can be changed. These are the "
     "actions you can take, each followed by what it does:\n\n"
-    + ",\n".join(f"{a}: {h}" for a, h in (("idle", "wait one step"), ("up", "move one step up"),
-                                          ("right", "move one step to the right"), ("down", "move one step down"),
-                                          ("left", "move one step to the left")))
+    + ",\n".join(
+        f"{a}: {h}"
+        for a, h in (
+            ("idle", "wait one step"),
+            ("up", "move one step up"),
+            ("right", "move one step to the right"),
+            ("down", "move one step down"),
+            ("left", "move one step to the left"),
+        )
+    )
     + ".\n\nTips:\n"
     "- Look at the whole level: every object and every word block.\n"
     '- Rules are word blocks in a line, "[Subject] IS [Property]" (e.g. "BABA IS YOU").\n'
@@ -92,9 +101,7 @@ def relative_position(dx: int, dy: int) -> str:
     return offset_phrase((dx, "to the right", "to the left"), (dy, "down", "up"), here="at your position")
 
 
-def describe(
-    state: GameState, anchor: tuple[int, int] | None = None, show_border: bool = True
-) -> str:
+def describe(state: GameState, anchor: tuple[int, int] | None = None, show_border: bool = True) -> str:
     """The observation text for ``state``.
 
     Lists the active rules, then every word block (as ``rule `is```) and object other than the
@@ -109,8 +116,7 @@ def describe(
         lines.append("You control nothing.")
         return "\n".join(lines)
     rx, ry = ref
-    controlled = [kind_name(k) for k, x, y in state.iter_objects()
-                  if (x, y) == ref and rules.props[k] & game.YOU]
+    controlled = [kind_name(k) for k, x, y in state.iter_objects() if (x, y) == ref and rules.props[k] & game.YOU]
     if controlled:
         lines.append(f"You are the {controlled[0]}.")
     else:
@@ -138,6 +144,7 @@ def describe(
 
 def _balrog_offset(dx: int, dy: int) -> str:
     """BALROG's wording of an offset (``steps`` only for a positive count above one)."""
+
     def unit(v: int) -> str:
         return "steps" if v > 1 else "step"
 
@@ -211,8 +218,9 @@ def broken_you_text(broken: GameState, fresh: GameState) -> str:
     and it starts the new level ``fresh``: a line saying so, run into the broken level's rules,
     then, as the objects on the map, the fresh level's observation dictionary as Python prints it
     (with fixed memory addresses)."""
-    fresh_dict = _RESTART_DICT.format(text=repr(describe_balrog(fresh)), width=32 * fresh.width,
-                                      height=32 * fresh.height)
+    fresh_dict = _RESTART_DICT.format(
+        text=repr(describe_balrog(fresh)), width=32 * fresh.width, height=32 * fresh.height
+    )
     return (
         "[...] IS YOU rule was broken, environment reset"
         f"Active rules:\n{_balrog_rules(broken)}\n\nObjects on the map:\n{fresh_dict}"
@@ -324,7 +332,11 @@ class BabaIsAIEnv(TextEnv):
             self._anchor = you[0]
         self.steps_taken += 1
         lost, observation = outcome.lost, None
-        if self.protocol == "balrog" and not (outcome.won or outcome.lost) and balrog_reference(outcome.state)[1] is None:
+        if (
+            self.protocol == "balrog"
+            and not (outcome.won or outcome.lost)
+            and balrog_reference(outcome.state)[1] is None
+        ):
             # nothing to measure from (the original's step reports only DEFEAT as a loss): BALROG's
             # wrapper starts a new level and the episode goes on
             broken = outcome.state
@@ -339,8 +351,14 @@ class BabaIsAIEnv(TextEnv):
         self.done = terminated or truncated
         extra: dict[str, Any] = {"levels_restarted": self.levels_restarted} if self.levels_restarted else {}
         info = step_info(
-            action, valid, self.steps_taken, done=self.done, success=outcome.won,
-            rules=self._state.rules.texts(), won=outcome.won, lost=lost,
+            action,
+            valid,
+            self.steps_taken,
+            done=self.done,
+            success=outcome.won,
+            rules=self._state.rules.texts(),
+            won=outcome.won,
+            lost=lost,
             progression=goal_value(outcome.won),  # BALROG's: 1 on a win
             **extra,
         )

@@ -295,9 +295,7 @@ class Engine:
         self.height = height
         self.previous_rules_win = win_rule == "previous"
         self.border = bytes(
-            1 if x in (0, width - 1) or y in (0, height - 1) else 0
-            for y in range(height)
-            for x in range(width)
+            1 if x in (0, width - 1) or y in (0, height - 1) else 0 for y in range(height) for x in range(width)
         )
         self.deltas: dict[str, int] = {a: dx + dy * width for a, (dx, dy) in ACTION_DELTAS.items()}
         self._rules: dict[tuple[int, ...], RuleSet] = {}
@@ -312,9 +310,9 @@ class Engine:
             self._rules[words] = rs
         return rs
 
-    def advance(self, words: tuple[int, ...], objects: tuple[int, ...], delta: int, transforms: bool = True) -> tuple[
-        tuple[int, ...], tuple[int, ...], bool, bool
-    ]:
+    def advance(
+        self, words: tuple[int, ...], objects: tuple[int, ...], delta: int, transforms: bool = True
+    ) -> tuple[tuple[int, ...], tuple[int, ...], bool, bool]:
         """Apply one move (grid offset ``delta``; 0 waits): ``(words, objects, won, lost)``.
         ``transforms=False`` leaves ``NOUN IS NOUN`` alone."""
         rs = self.rules(words)
@@ -374,7 +372,7 @@ class Engine:
                 # the upper word of the stack nearest the free end and what lies ahead of it move;
                 # the word it uncovers stops everything behind it, the mover included (the original
                 # pushes one thing at a time, from the far end)
-                for c in reversed(chain[stacked + 1:]):
+                for c in reversed(chain[stacked + 1 :]):
                     dest = c + delta
                     w = word_at.pop(c, None)
                     if w is not None:
@@ -445,9 +443,7 @@ class Engine:
     @staticmethod
     def _defeat(objects: tuple[int, ...], props: Sequence[int]) -> tuple[int, ...]:
         deadly = {c & _CELL for c in objects if props[c >> _SHIFT] & DEFEAT}
-        return tuple(
-            c for c in objects if not (props[c >> _SHIFT] & YOU and (c & _CELL) in deadly)
-        )
+        return tuple(c for c in objects if not (props[c >> _SHIFT] & YOU and (c & _CELL) in deadly))
 
     def step_key(self, key: _Key, action: str) -> tuple[_Key, bool, bool]:
         """:meth:`advance` on a state key with a named action."""
@@ -471,7 +467,8 @@ def step(state: GameState, action: str, win_rule: str = "current") -> StepOutcom
         from .original import advance_original
 
         words, objects, buried, won, lost = advance_original(
-            engine, state.words, state.objects, state.buried, engine.deltas[action])
+            engine, state.words, state.objects, state.buried, engine.deltas[action]
+        )
     else:
         words, objects, won, lost = engine.advance(state.words, state.objects, engine.deltas[action])
         buried = state.buried

@@ -386,6 +386,7 @@ def generate(
             # a level the search cannot win within the bot's budget is redrawn too (proving a level
             # unsolvable takes minutes; such levels are rare and always the unsolvable ones seen)
             return solve(state, depth, max_states=BOT_MAX_STATES, win_rule=win_rule)
+
     for attempt in range(100):
         level = build(task, cfg, rng)
         if solver(level.state, max_steps) is not None:

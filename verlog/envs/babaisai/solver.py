@@ -113,8 +113,13 @@ def _stages(state: GameState, max_states: int) -> list[tuple[frozenset[int], int
     budget = min(_STAGE_STATES, max_states)
     singles: list[set[int]] = [{n} for n in sorted(loose_nouns)] or [set()]
     pairs = [n | {w} for n in singles for w in sorted(other_rule)]  # make one rule, break another
-    movable_sets = [*singles, *pairs, *(n | other_rule for n in singles), *(n | other_rule | you_nouns for n in singles),
-                    loose_nouns | other_rule | you_nouns]
+    movable_sets = [
+        *singles,
+        *pairs,
+        *(n | other_rule for n in singles),
+        *(n | other_rule | you_nouns for n in singles),
+        loose_nouns | other_rule | you_nouns,
+    ]
     stages: list[tuple[frozenset[int], int]] = []
     seen: set[frozenset[int]] = set()
     for movable in movable_sets:
@@ -177,8 +182,9 @@ def bot_answer(env: "BabaIsAIEnv") -> str:
     Plans a shortest win from the state the env is in now (cached, so following the plan step
     by step costs one search); answers ``idle`` when no win is reachable in the steps left.
     """
-    plan = solve(env.state, max_depth=max(1, env.max_steps - env.steps_taken), max_states=BOT_MAX_STATES,
-                 win_rule=env.win_rule)
+    plan = solve(
+        env.state, max_depth=max(1, env.max_steps - env.steps_taken), max_states=BOT_MAX_STATES, win_rule=env.win_rule
+    )
     move = plan[0] if plan else "idle"
     if env.protocol == "balrog":  # BALROG accepts only the bare action name
         return move

@@ -41,8 +41,10 @@ FAMILY = EnvFamily(
     # BALROG: BabyAI-MixedTrainLocal-v0 restricted to one mission kind, num_dists 0; caps are the
     # level's own (minigrid's room_size**2 per instruction step, see verlog/envs/babyai/env.py)
     balrog=BalrogSettings(
-        tasks=tuple((f"BabyAI-MixedTrainLocal-v0/{task}", task)
-                    for task in ("goto", "pickup", "open", "putnext", "pick_up_seq_go_to")),
+        tasks=tuple(
+            (f"BabyAI-MixedTrainLocal-v0/{task}", task)
+            for task in ("goto", "pickup", "open", "putnext", "pick_up_seq_go_to")
+        ),
         episodes_per_task=10,
         invalid_action="go forward",
         env_kwargs={"protocol": "balrog"},

@@ -406,12 +406,7 @@ def describe_view(image: np.ndarray, mission: str, carrying: Any | None) -> str:
     front = describe_cell(image[ax, ay - 1]) or "empty floor"
     held = _with_article(f"{carrying.color} {carrying.type}") if carrying is not None else "nothing"
     seen = "\n".join(lines) if lines else "- nothing but empty floor"
-    return (
-        f"Mission: {mission}\n"
-        f"You see:\n{seen}\n"
-        f"Directly in front of you: {front}.\n"
-        f"You are carrying {held}."
-    )
+    return f"Mission: {mission}\nYou see:\n{seen}\nDirectly in front of you: {front}.\nYou are carrying {held}."
 
 
 def _steps(n: int) -> str:
@@ -501,7 +496,9 @@ class BabyAITextEnv(TextEnv):
             DEFAULT_INVALID_ACTION_PENALTY if invalid_action_penalty is None else invalid_action_penalty
         )
         self.default_action = default_action
-        self.level = BalrogTaskLevel(task, max_steps=max_steps) if protocol == "balrog" else make_level(task, layout, max_steps)
+        self.level = (
+            BalrogTaskLevel(task, max_steps=max_steps) if protocol == "balrog" else make_level(task, layout, max_steps)
+        )
         self._seed = seed
         self._observation = ""
         self._done = True
@@ -557,7 +554,11 @@ class BabyAITextEnv(TextEnv):
         reward = (1.0 if success else 0.0) - (0.0 if valid else self.invalid_action_penalty)
         self._done = bool(terminated or truncated)
         info = step_info(
-            executed, valid, self._steps, done=self._done, success=success,
+            executed,
+            valid,
+            self._steps,
+            done=self._done,
+            success=success,
             progression=goal_value(success),  # BALROG's: 1 once the mission is accomplished
         )
         self._observation = self._render(obs)

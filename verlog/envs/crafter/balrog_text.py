@@ -56,8 +56,10 @@ def semantic_names(game: Any) -> list[str]:
     """Names of the ids of Crafter's semantic map: its materials as Crafter names them (id 0 is
     ``None``), then its creature classes in lower case."""
     view = game._sem_view
-    ids = {**{i: str(material) for material, i in view._mat_ids.items()},
-           **{i: cls.__name__.lower() for cls, i in view._obj_ids.items()}}
+    ids = {
+        **{i: str(material) for material, i in view._mat_ids.items()},
+        **{i: cls.__name__.lower() for cls, i in view._obj_ids.items()},
+    }
     return [ids.get(i, "") for i in range(max(ids) + 1)]
 
 
@@ -79,7 +81,7 @@ def _surroundings(game: Any, names: list[str]) -> str:
         return "Error, you are out of the map."
     half_x, half_y = (int(v) // 2 for v in game._view)
     # the same cut as BALROG's: 9 columns, 7 rows (the rows of the image above the inventory)
-    area = semantic[px - half_x: px + half_x + 1, py - half_y + 1: py + half_y]
+    area = semantic[px - half_x : px + half_x + 1, py - half_y + 1 : py + half_y]
     center = (half_x, half_y - 1)
     fx, fy = (int(v) for v in game._player.facing)
     tx, ty = center[0] + fx, center[1] + fy
@@ -98,7 +100,8 @@ def _surroundings(game: Any, names: list[str]) -> str:
                 nearest[name] = (abs(dx) + abs(dy), _offset_words(dx, dy))
     seen = (
         "You see:\n" + "\n".join(f"- {name} {words}" for name, (_, words) in nearest.items())
-        if nearest else "You see nothing away from you."
+        if nearest
+        else "You see nothing away from you."
     )
     return f"{seen}\n\n{facing}"
 

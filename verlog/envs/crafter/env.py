@@ -114,14 +114,10 @@ def _action_help() -> dict[str, str]:
         help_[f"move {way}"] = f"face {way}; step there onto grass, sand or path"
     for item, rule in constants.place.items():
         where = ", ".join(rule["where"])
-        help_[f"place {item}"] = (
-            f"place a {item} on the cell you face ({where}); uses {_requirements(rule['uses'])}"
-        )
+        help_[f"place {item}"] = f"place a {item} on the cell you face ({where}); uses {_requirements(rule['uses'])}"
     for item, rule in constants.make.items():
         nearby = " and ".join(rule["nearby"])
-        help_[f"make {item.replace('_', ' ')}"] = (
-            f"needs a nearby {nearby}; uses {_requirements(rule['uses'])}"
-        )
+        help_[f"make {item.replace('_', ' ')}"] = f"needs a nearby {nearby}; uses {_requirements(rule['uses'])}"
     return help_
 
 
@@ -216,16 +212,12 @@ def describe(env: crafter.Env, max_per_type: int = 3, step: int | None = None) -
         where.sort()
         spots = "; ".join(relative_position(dx, dy) for _, dx, dy in where[:max_per_type])
         lines.append(f"- {name}: {spots} ({len(where)} in view)")
-    around = ", ".join(
-        f"{way} {_cell_name(world, player.pos + np.array(vec))}" for way, vec in _DIRECTIONS.items()
-    )
+    around = ", ".join(f"{way} {_cell_name(world, player.pos + np.array(vec))}" for way, vec in _DIRECTIONS.items())
     fx, fy = (int(v) for v in player.facing)
     facing = _FACING.get((fx, fy), "down")
     front = _cell_name(world, player.pos + np.array(player.facing))
     status = ", ".join(f"{k} {player.inventory[k]}/{constants.items[k]['max']}" for k in STATUS)
-    items = [
-        f"{k.replace('_', ' ')} {v}" for k, v in player.inventory.items() if k not in STATUS and v
-    ]
+    items = [f"{k.replace('_', ' ')} {v}" for k, v in player.inventory.items() if k not in STATUS and v]
     clock = "It is daytime" if world.daylight >= 0.5 else "It is night"
     head = f"{clock}, step {step}." if step is not None else f"{clock}."
     parts = [
@@ -353,7 +345,12 @@ class CrafterTextEnv(TextEnv):
         self._done = terminated or truncated
         achievements = self.achievements
         info = step_info(
-            executed, valid, self._steps, done=self._done, success=not terminated, achievements=achievements,
+            executed,
+            valid,
+            self._steps,
+            done=self._done,
+            success=not terminated,
+            achievements=achievements,
             progression=crafter_value(achievements),  # BALROG's: achievements / 22
         )
         observation = self._render()

@@ -33,7 +33,7 @@ _UNIT = {"east": (1, 0), "west": (-1, 0), "south": (0, 1), "north": (0, -1)}
 def _article_free(name: str) -> str:
     for article in ("a ", "an ", "the "):
         if name.startswith(article):
-            return name[len(article):]
+            return name[len(article) :]
     return name
 
 
@@ -64,7 +64,7 @@ def parse_observation(text: str) -> NLEObservation:
     section = ""
     for line in text.splitlines():
         if line.startswith("Message: "):
-            facts.message = line[len("Message: "):]
+            facts.message = line[len("Message: ") :]
             continue
         if m := _POSITION.match(line):
             facts.position = (int(m.group(1)), int(m.group(2)))
@@ -92,8 +92,18 @@ def parse_observation(text: str) -> NLEObservation:
 
 
 #: what stops a line of sight and cannot be walked through
-_BLOCKING_WORDS = ("wall", "molten lava", "water", "tree", "iron bars", "edge of the map", "boulder",
-                   "raised drawbridge", "sink", "grave")
+_BLOCKING_WORDS = (
+    "wall",
+    "molten lava",
+    "water",
+    "tree",
+    "iron bars",
+    "edge of the map",
+    "boulder",
+    "raised drawbridge",
+    "sink",
+    "grave",
+)
 
 
 class MiniHackSearchAgent:
@@ -174,11 +184,15 @@ class MiniHackSearchAgent:
         if (a, b) in self.bad_moves:
             return False
         diagonal = a[0] != b[0] and a[1] != b[1]
-        if diagonal and (self.doors.get(a) in ("open door", "closed door") or self.doors.get(b) in ("open door", "closed door")):
+        if diagonal and (
+            self.doors.get(a) in ("open door", "closed door") or self.doors.get(b) in ("open door", "closed door")
+        ):
             return False
         return b not in self.blocked
 
-    def _path(self, start: tuple[int, int], targets: set[tuple[int, int]], through_unknown: bool) -> list[tuple[int, int]] | None:
+    def _path(
+        self, start: tuple[int, int], targets: set[tuple[int, int]], through_unknown: bool
+    ) -> list[tuple[int, int]] | None:
         """Cheapest path (unknown squares cost more) from start to any target."""
         frontier = [(0, start)]
         came: dict[tuple[int, int], tuple[int, int] | None] = {start: None}
@@ -215,13 +229,20 @@ class MiniHackSearchAgent:
         for x, y in self.open:
             for dx, dy, _ in DIRECTIONS.values():
                 cell = (x + dx, y + dy)
-                if cell not in self.open and cell not in self.blocked and cell not in self.doors and 0 <= cell[0] < 80 and 0 <= cell[1] < 21:
+                if (
+                    cell not in self.open
+                    and cell not in self.blocked
+                    and cell not in self.doors
+                    and 0 <= cell[0] < 80
+                    and 0 <= cell[1] < 21
+                ):
                     out.add(cell)
         return out
 
     def _dead_ends(self, searches: int = 15) -> set[tuple[int, int]]:
         """Walkable squares with at most one walkable neighbour, not yet searched ``searches``
         times (hidden corridors continue from such ends); then any walkable square next to rock."""
+
         def neighbours(cell: tuple[int, int]) -> int:
             return sum((cell[0] + dx, cell[1] + dy) in self.open for dx, dy, _ in DIRECTIONS.values())
 
@@ -302,5 +323,9 @@ def play_scripted_episode(env: Any, agent: Any, seed: int | None = None) -> dict
     """Play one episode of ``env`` with ``agent``; returns steps, return, success and last info."""
     results = play_steps(env, agent, seed)
     last = results[-1]
-    return {"steps": len(results), "return": sum(r.reward for r in results), "success": episode_won(last.info),
-            "info": last.info}
+    return {
+        "steps": len(results),
+        "return": sum(r.reward for r in results),
+        "success": episode_won(last.info),
+        "info": last.info,
+    }

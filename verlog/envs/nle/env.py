@@ -133,9 +133,7 @@ _ESC = chr(27)
 def _unknown_task(task: str) -> ValueError:
     valid = ", ".join(f"minihack:{t}" for t in MINIHACK_TASKS)
     left_out = "; ".join(f"{t}: {why}" for t, why in MINIHACK_LEFT_OUT.items())
-    return ValueError(
-        f"unknown MiniHack task {task!r}; valid names: {valid} (left out: {left_out})"
-    )
+    return ValueError(f"unknown MiniHack task {task!r}; valid names: {valid} (left out: {left_out})")
 
 
 def _verlog_only(protocol: str, use: str) -> None:
@@ -171,7 +169,6 @@ def native_keys(gym_id: str) -> frozenset[str]:
         env.close()
 
 
-
 class _NLEGame(TextEnv):
     """An NLE game behind a text environment: what verlog's variant (:class:`NLETextEnv`) and
     BALROG's (:class:`BalrogNLETextEnv`) share: the gym game, its seeding, and the episode
@@ -181,7 +178,12 @@ class _NLEGame(TextEnv):
     default_action = "esc"
 
     def __init__(
-        self, gym_id: str, seed: int | None, *, max_steps: int, invalid_action_penalty: float,
+        self,
+        gym_id: str,
+        seed: int | None,
+        *,
+        max_steps: int,
+        invalid_action_penalty: float,
         gym_kwargs: Mapping[str, Any],
     ) -> None:
         self.gym_id = gym_id
@@ -240,6 +242,7 @@ class _NLEGame(TextEnv):
         self._begin_episode(obs)
         return obs
 
+
 class NLETextEnv(_NLEGame):
     """A NetHack-based game in text: the machinery shared by MiniHack and NetHack.
 
@@ -268,8 +271,9 @@ class NLETextEnv(_NLEGame):
             fix_moon_phase=True,
         )
         kwargs.update(gym_kwargs or {})
-        super().__init__(gym_id, seed, max_steps=max_steps, invalid_action_penalty=invalid_action_penalty,
-                         gym_kwargs=kwargs)
+        super().__init__(
+            gym_id, seed, max_steps=max_steps, invalid_action_penalty=invalid_action_penalty, gym_kwargs=kwargs
+        )
         self._key_index = {chr(int(a)): i for i, a in enumerate(self.game.actions)}
         self._message = ""
 
@@ -384,7 +388,9 @@ class NLETextEnv(_NLEGame):
                         break
                     key = _MORE
                 else:
-                    notes.append(f'(The game asked "{text}" and it was cancelled.)' if text else "(A text prompt was cancelled.)")
+                    notes.append(
+                        f'(The game asked "{text}" and it was cancelled.)' if text else "(A text prompt was cancelled.)"
+                    )
                     key = _ESC
             else:  # extended command prompt
                 key = _ESC
@@ -490,8 +496,11 @@ class NLETextEnv(_NLEGame):
             score -= self.invalid_action_penalty
         end_status = getattr(info.get("end_status"), "name", str(info.get("end_status", "")))
         if terminated:
-            notes.append("(The goal is reached: you won.)" if success else (
-                "(You died: the game is over.)" if end_status == "DEATH" else "(The game is over.)"))
+            notes.append(
+                "(The goal is reached: you won.)"
+                if success
+                else ("(You died: the game is over.)" if end_status == "DEATH" else "(The game is over.)")
+            )
         self._message = self._join(messages, notes)
         self._done = terminated or truncated
         if abort is not None:
@@ -600,8 +609,7 @@ class MiniHackTextEnv(NLETextEnv):
     @property
     def intro(self) -> str:
         return (
-            f"You are playing MiniHack ({self.task}), a small task in the dungeon crawler "
-            "NetHack, as the @ on the map."
+            f"You are playing MiniHack ({self.task}), a small task in the dungeon crawler NetHack, as the @ on the map."
         )
 
     @property
@@ -693,15 +701,30 @@ class NetHackTextEnv(NLETextEnv):
 
 
 #: observation keys BALROG's MiniHack environments are made with (``minihack_env.py``)
-BALROG_MINIHACK_OBSERVATION_KEYS = ("glyphs", "blstats", "tty_chars", "inv_letters", "inv_strs", "tty_cursor", "tty_colors")
+BALROG_MINIHACK_OBSERVATION_KEYS = (
+    "glyphs",
+    "blstats",
+    "tty_chars",
+    "inv_letters",
+    "inv_strs",
+    "tty_cursor",
+    "tty_colors",
+)
 #: BALROG's ``minihack_kwargs`` (config.yaml), less the ones that only save files
 BALROG_MINIHACK_KWARGS: Mapping[str, Any] = {
-    "character": "@", "max_episode_steps": MINIHACK_MAX_STEPS, "penalty_step": -0.01, "penalty_time": 0.0,
-    "penalty_mode": "constant", "autopickup": False,
+    "character": "@",
+    "max_episode_steps": MINIHACK_MAX_STEPS,
+    "penalty_step": -0.01,
+    "penalty_time": 0.0,
+    "penalty_mode": "constant",
+    "autopickup": False,
 }
 #: BALROG's ``nle_kwargs`` (config.yaml), less the ones that only save files
-BALROG_NETHACK_KWARGS: Mapping[str, Any] = {"character": "@", "max_episode_steps": NETHACK_MAX_STEPS,
-                                         "no_progress_timeout": DEFAULT_NO_PROGRESS_TIMEOUT}
+BALROG_NETHACK_KWARGS: Mapping[str, Any] = {
+    "character": "@",
+    "max_episode_steps": NETHACK_MAX_STEPS,
+    "no_progress_timeout": DEFAULT_NO_PROGRESS_TIMEOUT,
+}
 
 
 class BalrogNLETextEnv(_NLEGame):
@@ -731,8 +754,9 @@ class BalrogNLETextEnv(_NLEGame):
         invalid_action_penalty: float,
         gym_kwargs: Mapping[str, Any],
     ) -> None:
-        super().__init__(gym_id, seed, max_steps=max_steps, invalid_action_penalty=invalid_action_penalty,
-                         gym_kwargs=gym_kwargs)
+        super().__init__(
+            gym_id, seed, max_steps=max_steps, invalid_action_penalty=invalid_action_penalty, gym_kwargs=gym_kwargs
+        )
         if "max_episode_steps" in gym_kwargs:  # gymnasium's make keeps this one for its TimeLimit
             self.game._max_episode_steps = gym_kwargs["max_episode_steps"]
         self._key_index = {int(a): i for i, a in enumerate(self.game.actions)}
@@ -810,8 +834,14 @@ def _action_lines(names: Iterable[str]) -> str:
 
 #: one line of help per BALROG action name (verlog's words)
 ACTION_HELP: Mapping[str, str] = {
-    **{d: f"step one square {d}" for d in ("north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest")},
-    **{f"far {d}": f"run {d} until something interesting" for d in ("north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest")},
+    **{
+        d: f"step one square {d}"
+        for d in ("north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest")
+    },
+    **{
+        f"far {d}": f"run {d} until something interesting"
+        for d in ("north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest")
+    },
     "up": "climb the staircase up you stand on",
     "down": "go down the staircase you stand on (only works on stairs down)",
     "wait": "do nothing for one turn",
@@ -877,7 +907,11 @@ class BalrogMiniHackTextEnv(BalrogNLETextEnv):
     default_action = "north"
 
     def __init__(
-        self, task: str, seed: int | None = None, *, max_steps: int = DEFAULT_MINIHACK_MAX_STEPS,
+        self,
+        task: str,
+        seed: int | None = None,
+        *,
+        max_steps: int = DEFAULT_MINIHACK_MAX_STEPS,
         invalid_action_penalty: float = 0.0,
     ) -> None:
         from verlog.envs.nle.balrog_text import minihack_action_names
@@ -886,10 +920,18 @@ class BalrogMiniHackTextEnv(BalrogNLETextEnv):
             raise _unknown_task(task)
         self.task = task
         self.name = f"minihack:{task}"
-        kwargs = {**BALROG_MINIHACK_KWARGS, "max_episode_steps": max_steps,
-                  "observation_keys": BALROG_MINIHACK_OBSERVATION_KEYS}
-        super().__init__(MINIHACK_TASKS[task], seed, max_steps=max_steps,
-                         invalid_action_penalty=invalid_action_penalty, gym_kwargs=kwargs)
+        kwargs = {
+            **BALROG_MINIHACK_KWARGS,
+            "max_episode_steps": max_steps,
+            "observation_keys": BALROG_MINIHACK_OBSERVATION_KEYS,
+        }
+        super().__init__(
+            MINIHACK_TASKS[task],
+            seed,
+            max_steps=max_steps,
+            invalid_action_penalty=invalid_action_penalty,
+            gym_kwargs=kwargs,
+        )
         self._actions = minihack_action_names(self.game.actions)
 
     def _seed_game(self, seed: int) -> None:
@@ -911,8 +953,10 @@ class BalrogMiniHackTextEnv(BalrogNLETextEnv):
         if "corridor" in lowered:
             return "Your goal is to explore the level and reach the staircase down."
         if "quest" in lowered:
-            return ("Your goal is to explore the level, fight the monsters and find your way through "
-                    "rooms and mazes to the staircase down.")
+            return (
+                "Your goal is to explore the level, fight the monsters and find your way through "
+                "rooms and mazes to the staircase down."
+            )
         return "Your goal is to get as far as you can in the game."
 
     @property
@@ -935,15 +979,19 @@ class BalrogNetHackTextEnv(BalrogNLETextEnv):
     default_action = "esc"
 
     def __init__(
-        self, seed: int | None = None, *, max_steps: int = DEFAULT_NETHACK_MAX_STEPS,
+        self,
+        seed: int | None = None,
+        *,
+        max_steps: int = DEFAULT_NETHACK_MAX_STEPS,
         invalid_action_penalty: float = 0.0,
         no_progress_timeout: int = DEFAULT_NO_PROGRESS_TIMEOUT,
     ) -> None:
         from verlog.envs.nle.balrog_text import nethack_action_names
 
         kwargs = {**BALROG_NETHACK_KWARGS, "max_episode_steps": max_steps, "no_progress_timeout": no_progress_timeout}
-        super().__init__(NETHACK_ID, seed, max_steps=max_steps,
-                         invalid_action_penalty=invalid_action_penalty, gym_kwargs=kwargs)
+        super().__init__(
+            NETHACK_ID, seed, max_steps=max_steps, invalid_action_penalty=invalid_action_penalty, gym_kwargs=kwargs
+        )
         self._actions = nethack_action_names()
         self.progress = NetHackProgress()
         self._last_stats: Stats | None = None
@@ -964,9 +1012,13 @@ class BalrogNetHackTextEnv(BalrogNLETextEnv):
             self._last_stats = stats
         stats = self._last_stats or stats
         extra = {
-            "progression": self.progress.value, "depth": stats.depth,
-            "experience_level": stats.experience_level, "max_depth": self.progress.max_depth,
-            "max_experience_level": self.progress.max_experience_level, "score": stats.score, "turn": stats.turn,
+            "progression": self.progress.value,
+            "depth": stats.depth,
+            "experience_level": stats.experience_level,
+            "max_depth": self.progress.max_depth,
+            "max_experience_level": self.progress.max_experience_level,
+            "score": stats.score,
+            "turn": stats.turn,
         }
         return reward, bool(info.get("is_ascended", False)), extra
 
@@ -978,17 +1030,17 @@ class BalrogNetHackTextEnv(BalrogNLETextEnv):
             "You are an agent playing NetHack. These are the actions you can take, each with a "
             f"short description:\n\n{_action_lines(NETHACK_PROMPT_ACTIONS)}.\n\n"
             "Tips:\n"
-            "- When the message asks you to complete something, such as \"What do you want to eat? "
-            "[d or ?*]\", answer with the single letter of the item you mean.\n"
-            "    - For example, for \"What do you want to eat? [dgh or ?*]\" the answers are \"d\", "
-            "\"g\" or \"h\", to eat that food.\n"
-            "- When the message asks \"In what direction?\", answer with a direction.\n"
-            "- When the message ends with --More--, answer \"more\" to see the rest of it.\n"
+            '- When the message asks you to complete something, such as "What do you want to eat? '
+            '[d or ?*]", answer with the single letter of the item you mean.\n'
+            '    - For example, for "What do you want to eat? [dgh or ?*]" the answers are "d", '
+            '"g" or "h", to eat that food.\n'
+            '- When the message asks "In what direction?", answer with a direction.\n'
+            '- When the message ends with --More--, answer "more" to see the rest of it.\n'
             "- Explore to find the staircase down to the next level.\n"
             "- Always read the last message carefully to understand the state of the game before "
             "you choose.\n"
             "- Moving on in one direction ends at a wall, with a message such as \"It's solid "
-            "stone\" or \"It's a wall\": then move another way to keep exploring.\n"
+            'stone" or "It\'s a wall": then move another way to keep exploring.\n'
             "- Read the language observation and look at the ASCII map to decide where to go.\n"
             "- Moving into a monster attacks it.\n\n"
             "Next you will see the history of actions and observations of the game.\n"

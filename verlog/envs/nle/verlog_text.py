@@ -200,14 +200,28 @@ class Stats:
         b = [int(v) for v in blstats]
         nh = nethack
         return cls(
-            x=b[nh.NLE_BL_X], y=b[nh.NLE_BL_Y], hp=b[nh.NLE_BL_HP], max_hp=b[nh.NLE_BL_HPMAX],
-            power=b[nh.NLE_BL_ENE], max_power=b[nh.NLE_BL_ENEMAX], armor_class=b[nh.NLE_BL_AC],
-            experience_level=b[nh.NLE_BL_XP], experience_points=b[nh.NLE_BL_EXP],
-            depth=b[nh.NLE_BL_DEPTH], dungeon_level=b[nh.NLE_BL_DLEVEL], gold=b[nh.NLE_BL_GOLD],
-            turn=b[nh.NLE_BL_TIME], hunger=b[nh.NLE_BL_HUNGER], encumbrance=b[nh.NLE_BL_CAP],
-            conditions=b[nh.NLE_BL_CONDITION], strength=b[nh.NLE_BL_STR25],
-            strength_percent=b[nh.NLE_BL_STR125], dexterity=b[nh.NLE_BL_DEX],
-            constitution=b[nh.NLE_BL_CON], intelligence=b[nh.NLE_BL_INT], wisdom=b[nh.NLE_BL_WIS],
+            x=b[nh.NLE_BL_X],
+            y=b[nh.NLE_BL_Y],
+            hp=b[nh.NLE_BL_HP],
+            max_hp=b[nh.NLE_BL_HPMAX],
+            power=b[nh.NLE_BL_ENE],
+            max_power=b[nh.NLE_BL_ENEMAX],
+            armor_class=b[nh.NLE_BL_AC],
+            experience_level=b[nh.NLE_BL_XP],
+            experience_points=b[nh.NLE_BL_EXP],
+            depth=b[nh.NLE_BL_DEPTH],
+            dungeon_level=b[nh.NLE_BL_DLEVEL],
+            gold=b[nh.NLE_BL_GOLD],
+            turn=b[nh.NLE_BL_TIME],
+            hunger=b[nh.NLE_BL_HUNGER],
+            encumbrance=b[nh.NLE_BL_CAP],
+            conditions=b[nh.NLE_BL_CONDITION],
+            strength=b[nh.NLE_BL_STR25],
+            strength_percent=b[nh.NLE_BL_STR125],
+            dexterity=b[nh.NLE_BL_DEX],
+            constitution=b[nh.NLE_BL_CON],
+            intelligence=b[nh.NLE_BL_INT],
+            wisdom=b[nh.NLE_BL_WIS],
             charisma=b[nh.NLE_BL_CHA],
             alignment=b[nh.NLE_BL_ALIGN] if len(b) > nh.NLE_BL_ALIGN else None,
             score=b[nh.NLE_BL_SCORE],
@@ -383,9 +397,7 @@ def map_text(obs: Mapping[str, np.ndarray]) -> str:
     margin = min(len(r) - len(r.lstrip()) for _, r in numbered)
     first, last = numbered[0][0], numbered[-1][0]
     body = "\n".join(rows[i][margin:] for i in range(first, last + 1))
-    return (
-        f"Map (rows {first} to {last}, columns from {margin}; @ is you, north is up):\n{body}"
-    )
+    return f"Map (rows {first} to {last}, columns from {margin}; @ is you, north is up):\n{body}"
 
 
 def render(
@@ -452,19 +464,22 @@ BASE_ACTIONS: Mapping[str, ActionSpec] = {
     "search": ActionSpec("s", "search the squares around you for hidden doors, passages and traps"),
     "pick up": ActionSpec(",", "pick up everything on your square", select_all=True),
     "look": ActionSpec(":", "look at what is on your square"),
-    "pray": ActionSpec(_m("p"), "pray to your god for help (works rarely; best when in trouble)",
-                       confirm=(("pray", "y"),)),
+    "pray": ActionSpec(
+        _m("p"), "pray to your god for help (works rarely; best when in trouble)", confirm=(("pray", "y"),)
+    ),
     "open <direction>": ActionSpec("o", "open the door next to you in that direction", ("direction",)),
     "close <direction>": ActionSpec("c", "close the door next to you in that direction", ("direction",)),
-    "kick <direction>": ActionSpec(chr(4), "kick whatever is next to you in that direction (locked doors, monsters)",
-                                   ("direction",)),
-    "fight <direction>": ActionSpec("F{direction}", "attack in that direction even if you see no monster there",
-                                    ("direction",)),
+    "kick <direction>": ActionSpec(
+        chr(4), "kick whatever is next to you in that direction (locked doors, monsters)", ("direction",)
+    ),
+    "fight <direction>": ActionSpec(
+        "F{direction}", "attack in that direction even if you see no monster there", ("direction",)
+    ),
     "eat": ActionSpec("e", "eat the food on your square", confirm=(("eat it", "y"), ("eat one", "y"))),
-    "eat <item>": ActionSpec("e", "eat an item you carry (give its letter)", ("item",),
-                             confirm=(("eat it", "n"), ("eat one", "n"))),
-    "quaff <item>": ActionSpec("q", "drink a potion you carry", ("item",),
-                               confirm=(("drink from the", "n"),)),
+    "eat <item>": ActionSpec(
+        "e", "eat an item you carry (give its letter)", ("item",), confirm=(("eat it", "n"), ("eat one", "n"))
+    ),
+    "quaff <item>": ActionSpec("q", "drink a potion you carry", ("item",), confirm=(("drink from the", "n"),)),
     "read <item>": ActionSpec("r", "read a scroll or spellbook you carry", ("item",)),
     "wield <item>": ActionSpec("w", "wield a weapon you carry", ("item",)),
     "wear <item>": ActionSpec("W", "put on a piece of armor you carry", ("item",)),
@@ -478,9 +493,13 @@ BASE_ACTIONS: Mapping[str, ActionSpec] = {
     "fire <direction>": ActionSpec("f", "shoot what is in your quiver in a direction", ("direction",)),
     "zap <item> <direction>": ActionSpec("z", "zap a wand you carry in a direction", ("item", "direction")),
     "zap <item>": ActionSpec("z", "zap a wand that needs no direction", ("item",)),
-    "engrave Elbereth": ActionSpec("E", "write Elbereth in the dust with your fingers (scares most monsters)",
-                                   confirm=(("write in the", "y"), ("add to the", "n"), ("do you want to add", "n")),
-                                   text="Elbereth", item="-"),
+    "engrave Elbereth": ActionSpec(
+        "E",
+        "write Elbereth in the dust with your fingers (scares most monsters)",
+        confirm=(("write in the", "y"), ("add to the", "n"), ("do you want to add", "n")),
+        text="Elbereth",
+        item="-",
+    ),
     "esc": ActionSpec(chr(27), "cancel: does nothing"),
 }
 

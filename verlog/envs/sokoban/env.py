@@ -91,12 +91,17 @@ class SokobanEnv(TextEnv):
         invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
     ) -> None:
         dims = tuple(dim_room) if isinstance(dim_room, (tuple, list)) else ()
-        _check_setting("dim_room", dim_room, len(dims) == 2 and all(isinstance(d, int) and d >= 4 for d in dims),
-                       "two integers (height, width), each at least 4")
+        _check_setting(
+            "dim_room",
+            dim_room,
+            len(dims) == 2 and all(isinstance(d, int) and d >= 4 for d in dims),
+            "two integers (height, width), each at least 4",
+        )
         _check_setting("num_boxes", num_boxes, isinstance(num_boxes, int) and 1 <= num_boxes <= 4, "an integer 1-4")
         _check_setting("max_steps", max_steps, isinstance(max_steps, int) and max_steps >= 1, "an integer >= 1")
-        _check_setting("search_depth", search_depth, isinstance(search_depth, int) and search_depth >= 1,
-                       "an integer >= 1")
+        _check_setting(
+            "search_depth", search_depth, isinstance(search_depth, int) and search_depth >= 1, "an integer >= 1"
+        )
         self.dim_room: tuple[int, int] = (int(dims[0]), int(dims[1]))
         self.num_boxes = num_boxes
         self.max_steps = max_steps
@@ -147,8 +152,13 @@ class SokobanEnv(TextEnv):
         self.won = outcome.solved
         self.done = terminated or truncated
         info = step_info(
-            action, valid, self.steps_taken, done=self.done, success=outcome.solved,
-            won=outcome.solved, moved=outcome.moved,
+            action,
+            valid,
+            self.steps_taken,
+            done=self.done,
+            success=outcome.solved,
+            won=outcome.solved,
+            moved=outcome.moved,
             boxes_on_target=game.boxes_on_target(self.room, self._state),
             progression=goal_value(outcome.solved),
         )

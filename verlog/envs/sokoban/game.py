@@ -188,17 +188,17 @@ def render_rgb(room: Room, state: State, cell_pixels: int = CELL_PIXELS) -> np.n
     inset = max(1, p // 4)
     for r, row in enumerate(cell_kinds(room, state)):
         for c, kind in enumerate(row):
-            tile = image[r * p:(r + 1) * p, c * p:(c + 1) * p]
+            tile = image[r * p : (r + 1) * p, c * p : (c + 1) * p]
             if kind == "wall":
                 tile[:] = COLOURS["wall"]
                 continue
             if (r, c) in room.targets:
                 tile[:] = COLOURS["target"]
-                tile[inset // 2:p - inset // 2, inset // 2:p - inset // 2] = COLOURS["floor"]
+                tile[inset // 2 : p - inset // 2, inset // 2 : p - inset // 2] = COLOURS["floor"]
             if kind in ("box", "box_on_target"):
-                tile[inset // 2:p - inset // 2, inset // 2:p - inset // 2] = COLOURS[kind]
+                tile[inset // 2 : p - inset // 2, inset // 2 : p - inset // 2] = COLOURS[kind]
             elif kind in ("player", "player_on_target"):
-                tile[inset:p - inset, inset:p - inset] = COLOURS["player"]
+                tile[inset : p - inset, inset : p - inset] = COLOURS["player"]
     return image
 
 
@@ -227,7 +227,8 @@ def parse_grid(text: str) -> tuple[Room, State]:
     if len(players) != 1:
         raise ValueError(f"a Sokoban level needs exactly one player (found {len(players)})")
     if not boxes or len(targets) < len(boxes):
-        raise ValueError(f"a Sokoban level needs at least one box and a target per box "
-                         f"(boxes {len(boxes)}, targets {len(targets)})")
+        raise ValueError(
+            f"a Sokoban level needs at least one box and a target per box (boxes {len(boxes)}, targets {len(targets)})"
+        )
     room = Room(len(rows), width, frozenset(walls), frozenset(targets))
     return room, State(players[0], tuple(sorted(boxes)))

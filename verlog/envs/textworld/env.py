@@ -90,7 +90,16 @@ from verlog.envs.textworld.games import (
 )
 from verlog.step_info import step_info
 
-_COOKING_VERLOG = {"recipe": 5, "take": 5, "go": 12, "open": True, "cook": True, "cut": True, "drop": False, "split": "train"}
+_COOKING_VERLOG = {
+    "recipe": 5,
+    "take": 5,
+    "go": 12,
+    "open": True,
+    "cook": True,
+    "cut": True,
+    "drop": False,
+    "split": "train",
+}
 #: protocol -> family -> default generator settings (see the module docstring)
 SETTINGS: Mapping[str, Mapping[str, Mapping[str, Any]]] = {
     "verlog": {
@@ -146,7 +155,9 @@ def settings_for(family: str, protocol: str = "verlog", **overrides: Any) -> dic
     if family not in FAMILIES:
         raise _unknown_family(family)
     settings = dict(SETTINGS[protocol][family])
-    allowed = set(settings) | {"only_last_action", "walkthrough_length"} | ({"recipe_seed"} if family == "cooking" else set())
+    allowed = (
+        set(settings) | {"only_last_action", "walkthrough_length"} | ({"recipe_seed"} if family == "cooking" else set())
+    )
     for key, value in overrides.items():
         if key not in allowed:
             raise ValueError(f"unknown setting {key!r} for textworld:{family}; valid: {', '.join(sorted(allowed))}")
@@ -211,7 +222,7 @@ def _after_objective(text: str, objective: str) -> str | None:
         else:
             pattern += re.escape(char)
     matches = list(re.finditer(pattern, text))
-    return text[matches[-1].end():] if matches else None
+    return text[matches[-1].end() :] if matches else None
 
 
 def balrog_command(answer: str) -> str:
@@ -316,8 +327,16 @@ class TextWorldTextEnv(TextEnv):
         import textworld
 
         return textworld.EnvInfos(
-            admissible_commands=admissible, won=True, lost=True, score=True, max_score=True, objective=True,
-            description=True, inventory=not self.balrog, moves=True, extras=["walkthrough"],
+            admissible_commands=admissible,
+            won=True,
+            lost=True,
+            score=True,
+            max_score=True,
+            objective=True,
+            description=True,
+            inventory=not self.balrog,
+            moves=True,
+            extras=["walkthrough"],
         )
 
     def game_index(self, seed: int) -> int:
@@ -433,8 +452,17 @@ class TextWorldTextEnv(TextEnv):
         self._done = terminated or truncated
         extra: dict[str, Any] = {"game_file": self.game_file.name} if self.game_file is not None else {}
         info = step_info(
-            command, valid, self._steps, done=self._done, success=won, score=score, max_score=self.max_score,
-            won=won, lost=lost, progression=textworld_value(score, self.max_score, won), game_seed=self.game_seed,
+            command,
+            valid,
+            self._steps,
+            done=self._done,
+            success=won,
+            score=score,
+            max_score=self.max_score,
+            won=won,
+            lost=lost,
+            progression=textworld_value(score, self.max_score, won),
+            game_seed=self.game_seed,
             **extra,
         )
         feedback = self._feedback(self._state.feedback)
@@ -469,7 +497,7 @@ class TextWorldTextEnv(TextEnv):
                 shadow = self._shadow = _Shadow(self._game_path, env)
             if shadow.replayed is None:  # a new episode
                 shadow.replayed, shadow.state = 0, shadow.env.reset()
-            for command in self._commands[shadow.replayed:]:
+            for command in self._commands[shadow.replayed :]:
                 shadow.state, _, _ = shadow.env.step(command)
             shadow.replayed = len(self._commands)
             return list(shadow.state["admissible_commands"] or [])
@@ -664,7 +692,7 @@ def keys_dropped_after_use(plan: list[str]) -> list[str]:
         out.append(command)
         if command.startswith("unlock ") and " with " in command:
             key = command.rsplit(" with ", 1)[1]
-            if not any(key in _objects(later) for later in plan[i + 1:]):
+            if not any(key in _objects(later) for later in plan[i + 1 :]):
                 out.append(f"drop {key}")
     return out
 
@@ -691,8 +719,12 @@ def shortened_walkthrough(walkthrough: list[str]) -> list[str]:
 
 
 def pregenerate(
-    family: str, protocol: str = "balrog", games: int | None = None, jobs: int = 1,
-    cache_dir: str | os.PathLike | None = None, **settings: Any,
+    family: str,
+    protocol: str = "balrog",
+    games: int | None = None,
+    jobs: int = 1,
+    cache_dir: str | os.PathLike | None = None,
+    **settings: Any,
 ) -> list[tuple[Path, int]]:
     """Build (or find in the cache) the games a protocol plays, ``jobs`` child processes at a time:
     BALROG's pool of 25 games by default. Returns each game's path and generation seed."""

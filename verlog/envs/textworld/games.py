@@ -107,7 +107,9 @@ def candidates(seed: int) -> list[int]:
     return [seed + k * SEED_STRIDE for k in range(MAX_GENERATION_TRIES)]
 
 
-def cached_game(family: str, settings: Mapping[str, Any], seed: int, root: Path | None = None) -> tuple[Path, int] | None:
+def cached_game(
+    family: str, settings: Mapping[str, Any], seed: int, root: Path | None = None
+) -> tuple[Path, int] | None:
     """The cached game of ``seed`` (path, seed used), or ``None`` when it must be generated."""
     for candidate in candidates(seed):
         final = game_dir(family, settings, candidate, root)
@@ -141,7 +143,9 @@ def _build_in_child(family: str, settings: Mapping[str, Any], seed: int, root: P
     request = {"family": family, "settings": dict(settings), "seed": seed, "root": str(root or cache_root())}
     done = subprocess.run(
         [sys.executable, "-m", "verlog.envs.textworld.games", json.dumps(request)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
@@ -181,8 +185,11 @@ def build_game_here(family: str, settings: Mapping[str, Any], seed: int, root: P
         if wanted is not None and len(walkthrough) != int(wanted):
             _write_atomic(failed, f"walkthrough of {len(walkthrough)} commands (wanted {wanted})\n")
             continue
-        _compile(game, final, {"family": family, "settings": dict(settings), "seed": candidate,
-                               "walkthrough_length": len(walkthrough)})
+        _compile(
+            game,
+            final,
+            {"family": family, "settings": dict(settings), "seed": candidate, "walkthrough_length": len(walkthrough)},
+        )
         return final / "game.z8", candidate
     raise RuntimeError(
         f"TextWorld could not generate a {family} game for seed {seed} "
@@ -256,7 +263,9 @@ def zmachine_game(path: str | os.PathLike, root: Path | None = None) -> Path:
             request = {"zmachine": str(description), "final": str(final)}
             done = subprocess.run(
                 [sys.executable, "-m", "verlog.envs.textworld.games", json.dumps(request)],
-                capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PYTHONWARNINGS": "ignore"},
             )
             if done.returncode != 0 or not (final / "game.z8").is_file():
                 tail = (done.stderr or done.stdout).strip().splitlines()[-15:]

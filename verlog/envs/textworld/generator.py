@@ -187,7 +187,8 @@ def install() -> None:
         for count, action in enumerate(textworld_flatten(self), 1):
             if count > MAX_WALKTHROUGH_SEARCH:
                 raise QuestGenerationError(
-                    f"TextWorld's walkthrough search did not end ({MAX_WALKTHROUGH_SEARCH:,} commands)")
+                    f"TextWorld's walkthrough search did not end ({MAX_WALKTHROUGH_SEARCH:,} commands)"
+                )
             yield action
 
     _replace(chaining._Chainer, "apply", apply)

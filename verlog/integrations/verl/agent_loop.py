@@ -199,9 +199,13 @@ class LangGraphAgentLoop(AgentLoopBase):
 
     def _engine(self, prefix: str, on_output: Any = None) -> LLMServerEngine:
         return LLMServerEngine(
-            self.server_manager, self.verlog_tokenizer, request_prefix=prefix,
-            max_prompt_tokens=self.spec.prompt_length, max_response_tokens=self.spec.response_length,
-            on_output=on_output, server=self.spec.rollout_name,
+            self.server_manager,
+            self.verlog_tokenizer,
+            request_prefix=prefix,
+            max_prompt_tokens=self.spec.prompt_length,
+            max_response_tokens=self.spec.response_length,
+            on_output=on_output,
+            server=self.spec.rollout_name,
         )
 
     def _chat_model(self, engine: Any, sampling_params: dict[str, Any]) -> VerlogChatModel:
@@ -237,8 +241,15 @@ class LangGraphAgentLoop(AgentLoopBase):
         return fallback, fallback
 
     def _training_outputs(
-        self, turns: list[Turn], *, call_id: str, prefix: str, steps: tuple[int, int], summary: dict[str, Any],
-        seeds: list[int], starts_episode: bool,
+        self,
+        turns: list[Turn],
+        *,
+        call_id: str,
+        prefix: str,
+        steps: tuple[int, int],
+        summary: dict[str, Any],
+        seeds: list[int],
+        starts_episode: bool,
     ) -> list[Any]:
         """The rows of a training sample: one per turn (time order), then one value-query row per
         truncated turn whose next prompt is known (``next_state_output``).
@@ -250,8 +261,13 @@ class LangGraphAgentLoop(AgentLoopBase):
             check_turn_temperature(turn, self.spec.rollout_temperature)
         outputs = [
             turn_output(
-                t, trajectory=call_id, position=i, episode_id=prefix + t.episode_id, steps=steps,
-                summary=summary if i == 0 else None, seed=seeds[i],
+                t,
+                trajectory=call_id,
+                position=i,
+                episode_id=prefix + t.episode_id,
+                steps=steps,
+                summary=summary if i == 0 else None,
+                seed=seeds[i],
                 starts_episode=starts_episode if i == 0 else turns[i - 1].episode_id != t.episode_id,
             )
             for i, t in enumerate(turns)
@@ -260,15 +276,25 @@ class LangGraphAgentLoop(AgentLoopBase):
             if turn.truncated and not turn.terminated and turn.next_prompt_ids:
                 outputs.append(
                     next_state_output(
-                        turn.next_prompt_ids, self._pad_id(), trajectory=call_id, position=len(outputs),
-                        episode_id=prefix + turn.episode_id, turn_index=turn.turn_index, steps=steps,
+                        turn.next_prompt_ids,
+                        self._pad_id(),
+                        trajectory=call_id,
+                        position=len(outputs),
+                        episode_id=prefix + turn.episode_id,
+                        turn_index=turn.turn_index,
+                        steps=steps,
                     )
                 )
         return outputs
 
     # ------------------------------------------------------------------ slots (fixed-turn batches)
     async def _run_slot(
-        self, sampling_params: dict[str, Any], index: int, session: int, call_id: str, row: dict[str, Any],
+        self,
+        sampling_params: dict[str, Any],
+        index: int,
+        session: int,
+        call_id: str,
+        row: dict[str, Any],
         info: dict[str, Any],
     ) -> list[Any]:
         key = slot_key(index, session)
@@ -295,15 +321,25 @@ class LangGraphAgentLoop(AgentLoopBase):
         # the runner counts its one slot's episodes (its "seeds" are j = 0, 1, ...): the real seeds
         seeds = [self._slot_seed(index, session, j) for j in batch.seeds[0]]
         outputs = self._training_outputs(
-            turns, call_id=call_id, prefix=prefix, steps=steps, summary=summary, seeds=seeds,
+            turns,
+            call_id=call_id,
+            prefix=prefix,
+            steps=steps,
+            summary=summary,
+            seeds=seeds,
             starts_episode=batch.starts_episode[0],
         )
         last = turns[-1]
         if not last.done:  # the boundary cut the episode: its next prompt is waiting at the gate
             outputs.append(
                 bootstrap_output(
-                    batch.bootstrap_prompt_ids[0], self._pad_id(), trajectory=call_id, position=len(outputs),
-                    episode_id=prefix + last.episode_id, turn_index=last.turn_index + 1, steps=steps,
+                    batch.bootstrap_prompt_ids[0],
+                    self._pad_id(),
+                    trajectory=call_id,
+                    position=len(outputs),
+                    episode_id=prefix + last.episode_id,
+                    turn_index=last.turn_index + 1,
+                    steps=steps,
                 )
             )
         return outputs
@@ -328,8 +364,13 @@ class LangGraphAgentLoop(AgentLoopBase):
             await plan.score(episode, self._slot_seed(index, session, j))
 
         runner = SlotRunner(
-            engine, build, make_input, num_envs=1, turns_per_env=int(settings.turns_per_env or 1),
-            graph_config=self.spec.multi_turn.langgraph.graph_config, timeout_s=settings.episode_timeout_s,
+            engine,
+            build,
+            make_input,
+            num_envs=1,
+            turns_per_env=int(settings.turns_per_env or 1),
+            graph_config=self.spec.multi_turn.langgraph.graph_config,
+            timeout_s=settings.episode_timeout_s,
             max_consecutive_failures=settings.max_consecutive_failures,
             render_prompt=lambda messages, tools: models[-1].render_prompt_ids(messages, tools),
             on_episode_end=score,
@@ -345,8 +386,13 @@ class LangGraphAgentLoop(AgentLoopBase):
         started = max(dropped or 0, int(restored or 0))
         in_flight = None if dropped is not None else (info.get("verlog_in_flight") or {}).get(str(session))
         if started or in_flight is not None:
-            runner.load_state_dict({**runner.state_dict(), "episodes_started": [started],
-                                    "in_flight": [None if in_flight is None else int(in_flight)]})
+            runner.load_state_dict(
+                {
+                    **runner.state_dict(),
+                    "episodes_started": [started],
+                    "in_flight": [None if in_flight is None else int(in_flight)],
+                }
+            )
         slot = _Slot(runner, engine, steps=seen)
         _SLOTS[key] = slot
         return slot
@@ -364,8 +410,13 @@ class LangGraphAgentLoop(AgentLoopBase):
 
     # ------------------------------------------------------------------ whole episodes
     async def _run_episode(
-        self, sampling_params: dict[str, Any], index: int, session: int, call_id: str,
-        row: dict[str, Any], info: dict[str, Any],
+        self,
+        sampling_params: dict[str, Any],
+        index: int,
+        session: int,
+        call_id: str,
+        row: dict[str, Any],
+        info: dict[str, Any],
     ) -> list[Any]:
         settings = self.spec.settings
         evaluation = info.get("verlog_role") == "episode"
@@ -383,12 +434,19 @@ class LangGraphAgentLoop(AgentLoopBase):
         engine = self._engine(f"{uuid.uuid4().hex[:8]}-", on_output=_note_steps(seen))
         model = self._chat_model(engine, sampling_params)
         episode_id = f"{plan.split}-row{plan.key(seed)}" if rows else f"seed{seed}"
-        recorder = TurnRecorder(episode_id, render_prompt=model.render_prompt_ids,
-                                keep_discarded=self.spec.multi_turn.langgraph.train_discarded_calls)
+        recorder = TurnRecorder(
+            episode_id,
+            render_prompt=model.render_prompt_ids,
+            keep_discarded=self.spec.multi_turn.langgraph.train_discarded_calls,
+        )
         episode = await run_episode(
-            self._graph(model), plan.input(seed), episode_id=episode_id,
-            graph_config=self.spec.multi_turn.langgraph.graph_config, timeout_s=settings.episode_timeout_s,
-            recorder=recorder, interrupts=InterruptResponder.from_config(self.spec.multi_turn.langgraph),
+            self._graph(model),
+            plan.input(seed),
+            episode_id=episode_id,
+            graph_config=self.spec.multi_turn.langgraph.graph_config,
+            timeout_s=settings.episode_timeout_s,
+            recorder=recorder,
+            interrupts=InterruptResponder.from_config(self.spec.multi_turn.langgraph),
         )
         if not episode.failed and episode.turns:
             try:
@@ -403,15 +461,24 @@ class LangGraphAgentLoop(AgentLoopBase):
         if evaluation:  # validation trains nothing: every node may sample its own way
             outputs = [
                 turn_output(
-                    t, trajectory=call_id, position=i, episode_id=engine.request_prefix + episode.episode_id,
-                    steps=steps, summary=summary if i == 0 else None,
+                    t,
+                    trajectory=call_id,
+                    position=i,
+                    episode_id=engine.request_prefix + episode.episode_id,
+                    steps=steps,
+                    summary=summary if i == 0 else None,
                 )
                 for i, t in enumerate(episode.turns)
             ]
         else:
             outputs = self._training_outputs(
-                episode.turns, call_id=call_id, prefix=engine.request_prefix, steps=steps, summary=summary,
-                seeds=[seed] * len(episode.turns), starts_episode=True,
+                episode.turns,
+                call_id=call_id,
+                prefix=engine.request_prefix,
+                steps=steps,
+                summary=summary,
+                seeds=[seed] * len(episode.turns),
+                starts_episode=True,
             )
         final = outputs[len(episode.turns) - 1]
         final.reward_score = float(episode.total_reward) if evaluation else final.reward_score

@@ -101,11 +101,13 @@ class VerlogRows(Dataset):
         extra: dict[str, Any] = {"index": index, "verlog_role": role}
         if role == "slot":
             extra["verlog_episodes_started"] = {
-                key.split(":", 1)[1]: int(n) for key, n in self.episodes_started.items()
+                key.split(":", 1)[1]: int(n)
+                for key, n in self.episodes_started.items()
                 if key.split(":", 1)[0] == str(index)
             }
             extra["verlog_in_flight"] = {
-                key.split(":", 1)[1]: round_ for key, round_ in self.in_flight.items()
+                key.split(":", 1)[1]: round_
+                for key, round_ in self.in_flight.items()
                 if key.split(":", 1)[0] == str(index) and round_ is not None
             }
         return {

@@ -182,5 +182,6 @@ def _warn_generates_past(stops: tuple[str, ...]) -> None:
     logger.warning(
         "stop strings %s are more than one token: verl's SGLang server runs without a tokenizer, so it "
         "generates on until an end of sequence or max_tokens and verlog cuts the response at the stop "
-        "(exact, but slower; prefer single-token stops or a small max_tokens)", list(stops),
+        "(exact, but slower; prefer single-token stops or a small max_tokens)",
+        list(stops),
     )

@@ -88,7 +88,9 @@ def compose_verl_config(path: str | Path, overrides: Sequence[str] = ()) -> Any:
     for note in adopt_verl_keys(data):
         print(f"note: {note}", file=sys.stderr)
     verlog_block = data.get("verlog") or {}
-    defaults_name = verlog_block.pop("verl_defaults", "ppo_trainer") if isinstance(verlog_block, dict) else "ppo_trainer"
+    defaults_name = (
+        verlog_block.pop("verl_defaults", "ppo_trainer") if isinstance(verlog_block, dict) else "ppo_trainer"
+    )
     resolve_source_paths(verlog_block, path.parent.resolve(), path.parent.parent.resolve())
     base = _verl_defaults(str(defaults_name))
     with open_dict(base):  # verlog's additions to verl's schema (free-form: validated by verlog)
@@ -110,7 +112,8 @@ def compose_verl_config(path: str | Path, overrides: Sequence[str] = ()) -> Any:
     graph = OmegaConf.select(config, f"{MULTI_TURN_KEY}.langgraph.path")
     if isinstance(graph, str):
         OmegaConf.update(
-            config, f"{MULTI_TURN_KEY}.langgraph.path",
+            config,
+            f"{MULTI_TURN_KEY}.langgraph.path",
             resolve_graph_path(graph, path.parent.resolve(), path.parent.parent.resolve()),
         )
     user_set = {k for k in _flat_keys(data)}
@@ -202,8 +205,11 @@ def wire_verlog(config: Any, keep: set[str] = frozenset()) -> AgentSpec:
     }
     for key, value in forced.items():
         if key in keep and OmegaConf.select(config, key) != value:
-            print(f"note: {key}={OmegaConf.select(config, key)} is set by verlog to {value!r} "
-                  f"({FORCED_WHY.get(key.split('.')[0], 'verlog runs the agent loop and the trainer')})", file=sys.stderr)
+            print(
+                f"note: {key}={OmegaConf.select(config, key)} is set by verlog to {value!r} "
+                f"({FORCED_WHY.get(key.split('.')[0], 'verlog runs the agent loop and the trainer')})",
+                file=sys.stderr,
+            )
     with open_dict(config):
         for key, value in forced.items():
             OmegaConf.update(config, key, value, force_add=True)
@@ -353,7 +359,8 @@ def _validate(config: Any, path: str | Path, *, stand_in: bool) -> None:
     checked = config
     if stand_in:
         missing = [
-            (key, value) for key in _MODEL_KEYS
+            (key, value)
+            for key in _MODEL_KEYS
             if isinstance(value := OmegaConf.select(config, key), str) and value and not Path(value).exists()
         ]
         if missing:

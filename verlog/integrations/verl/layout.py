@@ -173,13 +173,21 @@ def rows_to_turn_batch(
                 bootstrap[i] = values[boot, 0].float()
     critic = values is not None
     batch = TurnBatch(
-        token_rewards=rewards, response_mask=mask, terminated=terminated, truncated=truncated,
-        values=vals if critic else None, bootstrap_values=bootstrap if critic else None,
+        token_rewards=rewards,
+        response_mask=mask,
+        terminated=terminated,
+        truncated=truncated,
+        values=vals if critic else None,
+        bootstrap_values=bootstrap if critic else None,
         truncation_values=truncation if critic else None,
     )
     layout = RowLayout(
-        slot=slot_of, turn=turn_of, trajectories=names, turn_counts=[len(r) for r in turn_rows],
-        has_bootstrap=[b is not None for b in boot_rows], turn_rows=turn_rows,
+        slot=slot_of,
+        turn=turn_of,
+        trajectories=names,
+        turn_counts=[len(r) for r in turn_rows],
+        has_bootstrap=[b is not None for b in boot_rows],
+        turn_rows=turn_rows,
     )
     return batch, layout
 
@@ -211,6 +219,7 @@ def turn_data(infos: Sequence[RowInfo | None], layout: RowLayout) -> TurnData:
     anchor_ids: dict[object, int] = {}
     states = [[-1 if a is None else anchor_ids.setdefault(a, len(anchor_ids)) for a in row] for row in anchors]
     return TurnData(
-        groups=torch.tensor(groups, dtype=torch.long).view(n, k), episode_starts=starts,
+        groups=torch.tensor(groups, dtype=torch.long).view(n, k),
+        episode_starts=starts,
         anchors=torch.tensor(states, dtype=torch.long).view(n, k),
     )

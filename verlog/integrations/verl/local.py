@@ -27,11 +27,29 @@ __all__ = ["EngineServerClient", "MemoryTransferQueue"]
 _STOP_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 #: the ``sampling_params`` keys verl's SGLang server passes to SGLang that a tokenizer-less
 #: SGLang accepts (``logprobs`` is taken by verl itself)
-SGLANG_KEYS = frozenset({
-    "max_new_tokens", "stop_token_ids", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
-    "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "ignore_eos", "skip_special_tokens",
-    "spaces_between_special_tokens", "no_stop_trim", "custom_params", "logit_bias", "sampling_seed", "logprobs",
-})
+SGLANG_KEYS = frozenset(
+    {
+        "max_new_tokens",
+        "stop_token_ids",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "min_new_tokens",
+        "n",
+        "ignore_eos",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "no_stop_trim",
+        "custom_params",
+        "logit_bias",
+        "sampling_seed",
+        "logprobs",
+    }
+)
 
 
 class EngineServerClient:
@@ -79,10 +97,14 @@ class EngineServerClient:
             seed=None if seed is None else int(seed),
         )
         gen = await self.engine.generate(list(prompt_ids), sampling, request_id=request_id)
-        self.calls.append({
-            "request_id": request_id, "prompt_ids": list(prompt_ids), "token_ids": list(gen.token_ids),
-            "logprobs": list(gen.logprobs),
-        })
+        self.calls.append(
+            {
+                "request_id": request_id,
+                "prompt_ids": list(prompt_ids),
+                "token_ids": list(gen.token_ids),
+                "logprobs": list(gen.logprobs),
+            }
+        )
         step = self.global_steps
         return TokenOutput(
             token_ids=list(gen.token_ids),
@@ -200,8 +222,16 @@ class MemoryTransferQueue:
         import transfer_queue
 
         names = [
-            "init", "kv_batch_put", "kv_put", "kv_batch_get", "kv_list", "kv_clear",
-            "async_kv_batch_put", "async_kv_put", "async_kv_batch_get", "async_kv_clear",
+            "init",
+            "kv_batch_put",
+            "kv_put",
+            "kv_batch_get",
+            "kv_list",
+            "kv_clear",
+            "async_kv_batch_put",
+            "async_kv_put",
+            "async_kv_batch_get",
+            "async_kv_clear",
         ]
         saved = {n: getattr(transfer_queue, n) for n in names}
         try:

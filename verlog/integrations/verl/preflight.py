@@ -39,8 +39,10 @@ CPUS_PER_GPU = 3
 #: the attention implementation that needs the flash-attn package
 FLASH_ATTENTION = "flash_attention_2"
 #: the keys naming the attention of verl's trained models
-ATTENTION_KEYS = ("actor_rollout_ref.model.override_config.attn_implementation",
-                  "critic.model.override_config.attn_implementation")
+ATTENTION_KEYS = (
+    "actor_rollout_ref.model.override_config.attn_implementation",
+    "critic.model.override_config.attn_implementation",
+)
 
 
 @dataclass(frozen=True)
@@ -91,14 +93,23 @@ def preflight(
     found: list[Finding] = []
 
     visible = gpus()
-    where = f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']})" if "CUDA_VISIBLE_DEVICES" in os.environ else ""
+    where = (
+        f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']})" if "CUDA_VISIBLE_DEVICES" in os.environ else ""
+    )
     if visible >= per_node:
         found.append(Finding("GPUs", True, f"GPUs: {visible} visible, trainer.n_gpus_per_node={per_node}"))
     else:
-        found.append(Finding("GPUs", False, (
-            f"GPUs: trainer.n_gpus_per_node={per_node} but {visible} CUDA device(s) are visible here{where}; verl has "
-            "no CPU backend: run on a GPU machine, lower trainer.n_gpus_per_node, or train with the embedded trainer "
-            "(verlog train CONFIG)")))
+        found.append(
+            Finding(
+                "GPUs",
+                False,
+                (
+                    f"GPUs: trainer.n_gpus_per_node={per_node} but {visible} CUDA device(s) are visible here{where}; verl has "
+                    "no CPU backend: run on a GPU machine, lower trainer.n_gpus_per_node, or train with the embedded trainer "
+                    "(verlog train CONFIG)"
+                ),
+            )
+        )
 
     need = RAY_FIXED_CPUS + CPUS_PER_GPU * per_node
     address = select("ray_kwargs.ray_init.address")
@@ -109,32 +120,57 @@ def preflight(
         have = int(configured) if configured is not None else (cpus() or 0)
         source = "ray_kwargs.ray_init.num_cpus" if configured is not None else "the machine's cores"
         ok = have >= need
-        line = (f"Ray CPUs: {have} ({source}), verl holds {need}: {RAY_FIXED_CPUS} for its task runner, TransferQueue "
-                f"controller and 2 storage units, {CPUS_PER_GPU} per GPU for its worker groups")
+        line = (
+            f"Ray CPUs: {have} ({source}), verl holds {need}: {RAY_FIXED_CPUS} for its task runner, TransferQueue "
+            f"controller and 2 storage units, {CPUS_PER_GPU} per GPU for its worker groups"
+        )
         if not ok:
-            line += (f"; give Ray at least {need} (ray_kwargs.ray_init.num_cpus={need} if the machine has the cores, "
-                     "else fewer GPUs per node)")
+            line += (
+                f"; give Ray at least {need} (ray_kwargs.ray_init.num_cpus={need} if the machine has the cores, "
+                "else fewer GPUs per node)"
+            )
         found.append(Finding("Ray CPUs", ok, line))
 
     attention = attention_implementation(config)
     flash = has("flash_attn")
     if attention == FLASH_ATTENTION and not flash:
-        found.append(Finding("flash-attn", False, (
-            "flash-attn: not installed but the actor's attention is flash_attention_2; install it (pip install "
-            "flash-attn --no-build-isolation) or set actor_rollout_ref.model.override_config.attn_implementation=sdpa")))
+        found.append(
+            Finding(
+                "flash-attn",
+                False,
+                (
+                    "flash-attn: not installed but the actor's attention is flash_attention_2; install it (pip install "
+                    "flash-attn --no-build-isolation) or set actor_rollout_ref.model.override_config.attn_implementation=sdpa"
+                ),
+            )
+        )
     elif attention == FLASH_ATTENTION:
         found.append(Finding("flash-attn", True, "flash-attn: installed; actor and critic use flash_attention_2"))
     else:
         state = "installed" if flash else "not installed"
-        found.append(Finding("flash-attn", True, (
-            f"flash-attn: {state}; actor and critic use {attention} attention (use_remove_padding off: packed "
-            "sequences need flash_attention_2)")))
+        found.append(
+            Finding(
+                "flash-attn",
+                True,
+                (
+                    f"flash-attn: {state}; actor and critic use {attention} attention (use_remove_padding off: packed "
+                    "sequences need flash_attention_2)"
+                ),
+            )
+        )
 
     engine = str(select("actor_rollout_ref.rollout.name", "sglang"))
     if has(engine):
         found.append(Finding("rollout engine", True, f"rollout engine: {engine} installed"))
     else:
-        found.append(Finding("rollout engine", False, (
-            f"rollout engine: actor_rollout_ref.rollout.name={engine} but the {engine} package is not installed "
-            "(pip install 'verlog[gpu]' installs the stack verl 0.9.1 is tested with; see docs/verl.md)")))
+        found.append(
+            Finding(
+                "rollout engine",
+                False,
+                (
+                    f"rollout engine: actor_rollout_ref.rollout.name={engine} but the {engine} package is not installed "
+                    "(pip install 'verlog[gpu]' installs the stack verl 0.9.1 is tested with; see docs/verl.md)"
+                ),
+            )
+        )
     return found

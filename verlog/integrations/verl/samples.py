@@ -81,9 +81,20 @@ def anchor_key(info: dict[str, Any] | None) -> Any:
 
 
 def _extra(
-    *, kind: str, trajectory: str, position: int, episode_id: str, turn_index: int, reward: float,
-    terminated: bool, truncated: bool, steps: tuple[int, int], summary: dict[str, Any] | None,
-    seed: int | None = None, starts_episode: bool = False, anchor: Any = None,
+    *,
+    kind: str,
+    trajectory: str,
+    position: int,
+    episode_id: str,
+    turn_index: int,
+    reward: float,
+    terminated: bool,
+    truncated: bool,
+    steps: tuple[int, int],
+    summary: dict[str, Any] | None,
+    seed: int | None = None,
+    starts_episode: bool = False,
+    anchor: Any = None,
 ) -> dict[str, Any]:
     return {
         KIND: kind,
@@ -106,8 +117,15 @@ def _extra(
 
 
 def turn_output(
-    turn: Turn, *, trajectory: str, position: int, episode_id: str, steps: tuple[int, int],
-    summary: dict[str, Any] | None = None, seed: int | None = None, starts_episode: bool = False,
+    turn: Turn,
+    *,
+    trajectory: str,
+    position: int,
+    episode_id: str,
+    steps: tuple[int, int],
+    summary: dict[str, Any] | None = None,
+    seed: int | None = None,
+    starts_episode: bool = False,
 ) -> Any:
     """The verl sample of one turn: its exact ids and logprobs, reward and done flags, and what
     estimators group it by (``seed``, ``starts_episode``: it opens its episode; its anchor)."""
@@ -122,17 +140,33 @@ def turn_output(
         num_turns=2,  # verl counts chat messages of a sample: one prompt, one answer
         metrics=AgentLoopMetrics(),
         extra_fields=_extra(
-            kind=TURN, trajectory=trajectory, position=position, episode_id=episode_id,
-            turn_index=turn.turn_index, reward=turn.reward, terminated=turn.terminated,
-            truncated=turn.truncated, steps=steps, summary=summary, seed=seed, starts_episode=starts_episode,
+            kind=TURN,
+            trajectory=trajectory,
+            position=position,
+            episode_id=episode_id,
+            turn_index=turn.turn_index,
+            reward=turn.reward,
+            terminated=turn.terminated,
+            truncated=turn.truncated,
+            steps=steps,
+            summary=summary,
+            seed=seed,
+            starts_episode=starts_episode,
             anchor=anchor_key(turn.info),
         ),
     )
 
 
 def _value_query(
-    kind: str, prompt_ids: Sequence[int], pad_id: int, *, trajectory: str, position: int, episode_id: str,
-    turn_index: int, steps: tuple[int, int],
+    kind: str,
+    prompt_ids: Sequence[int],
+    pad_id: int,
+    *,
+    trajectory: str,
+    position: int,
+    episode_id: str,
+    turn_index: int,
+    steps: tuple[int, int],
 ) -> Any:
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
@@ -145,32 +179,64 @@ def _value_query(
         num_turns=1,
         metrics=AgentLoopMetrics(),
         extra_fields=_extra(
-            kind=kind, trajectory=trajectory, position=position, episode_id=episode_id,
-            turn_index=turn_index, reward=0.0, terminated=False, truncated=False, steps=steps, summary=None,
+            kind=kind,
+            trajectory=trajectory,
+            position=position,
+            episode_id=episode_id,
+            turn_index=turn_index,
+            reward=0.0,
+            terminated=False,
+            truncated=False,
+            steps=steps,
+            summary=None,
         ),
     )
 
 
 def bootstrap_output(
-    prompt_ids: Sequence[int], pad_id: int, *, trajectory: str, position: int, episode_id: str,
-    turn_index: int, steps: tuple[int, int],
+    prompt_ids: Sequence[int],
+    pad_id: int,
+    *,
+    trajectory: str,
+    position: int,
+    episode_id: str,
+    turn_index: int,
+    steps: tuple[int, int],
 ) -> Any:
     """The value-query row of a slot's waiting prompt (``response_mask`` 0: it trains nothing)."""
     return _value_query(
-        BOOTSTRAP, prompt_ids, pad_id, trajectory=trajectory, position=position, episode_id=episode_id,
-        turn_index=turn_index, steps=steps,
+        BOOTSTRAP,
+        prompt_ids,
+        pad_id,
+        trajectory=trajectory,
+        position=position,
+        episode_id=episode_id,
+        turn_index=turn_index,
+        steps=steps,
     )
 
 
 def next_state_output(
-    prompt_ids: Sequence[int], pad_id: int, *, trajectory: str, position: int, episode_id: str,
-    turn_index: int, steps: tuple[int, int],
+    prompt_ids: Sequence[int],
+    pad_id: int,
+    *,
+    trajectory: str,
+    position: int,
+    episode_id: str,
+    turn_index: int,
+    steps: tuple[int, int],
 ) -> Any:
     """The value-query row of the state after truncated turn ``turn_index`` of ``episode_id``
     (its ``next_prompt_ids``; ``response_mask`` 0: it trains nothing)."""
     return _value_query(
-        NEXT_STATE, prompt_ids, pad_id, trajectory=trajectory, position=position, episode_id=episode_id,
-        turn_index=turn_index, steps=steps,
+        NEXT_STATE,
+        prompt_ids,
+        pad_id,
+        trajectory=trajectory,
+        position=position,
+        episode_id=episode_id,
+        turn_index=turn_index,
+        steps=steps,
     )
 
 

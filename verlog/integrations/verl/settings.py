@@ -68,8 +68,10 @@ MULTI_TURN_OWN_KEYS = ("langgraph", "chat_template_kwargs")
 ESTIMATOR_KEY = "algorithm.adv_estimator"
 #: verl's names of estimators verlog has under another name
 VERL_ESTIMATOR_NAMES = {
-    "reinforce_plus_plus": "reinforce_pp", "reinforce_plus_plus_baseline": "reinforce_pp_baseline",
-    "grpo_vectorized": "grpo", "rloo_vectorized": "rloo",
+    "reinforce_plus_plus": "reinforce_pp",
+    "reinforce_plus_plus_baseline": "reinforce_pp_baseline",
+    "grpo_vectorized": "grpo",
+    "rloo_vectorized": "rloo",
 }
 
 
@@ -100,44 +102,58 @@ class VerlSettings(_Section):
     """The ``verlog:`` block of a verl config (defaults: Verlog's BabyAI recipe, those of a verlog
     config's ``trainer``, ``rollout`` and ``eval`` sections)."""
 
-    num_envs: int = Field(_default(TrainerConfig, "num_envs"), ge=1,
-                          description="persistent env slots (= data.train_batch_size)")
+    num_envs: int = Field(
+        _default(TrainerConfig, "num_envs"), ge=1, description="persistent env slots (= data.train_batch_size)"
+    )
     turns_per_env: int | None = Field(
-        _default(TrainerConfig, "turns_per_env"), ge=1,
-        description="turns each slot gives to every batch; null: one whole episode per sample"
+        _default(TrainerConfig, "turns_per_env"),
+        ge=1,
+        description="turns each slot gives to every batch; null: one whole episode per sample",
     )
     seed: int = Field(
-        _default(RolloutConfig, "seed"), description="slot i's j-th episode plays seed + j * G + (g + j) % G: g = i // group_size its group, "
-        "G = num_envs * rollout.n / group_size the number of groups"
+        _default(RolloutConfig, "seed"),
+        description="slot i's j-th episode plays seed + j * G + (g + j) % G: g = i // group_size its group, "
+        "G = num_envs * rollout.n / group_size the number of groups",
     )
     group_size: int = Field(
-        _default(TrainerConfig, "group_size"), ge=1, description="consecutive slots (num_envs * rollout.n in all) playing the same seeds: the groups "
-        "grpo, rloo and gigpo compare (default: actor_rollout_ref.rollout.n, verl's group: a row's sessions)"
+        _default(TrainerConfig, "group_size"),
+        ge=1,
+        description="consecutive slots (num_envs * rollout.n in all) playing the same seeds: the groups "
+        "grpo, rloo and gigpo compare (default: actor_rollout_ref.rollout.n, verl's group: a row's sessions)",
     )
     episode_timeout_s: float | None = Field(
-        _default(RolloutConfig, "episode_timeout_s"), gt=0,
+        _default(RolloutConfig, "episode_timeout_s"),
+        gt=0,
         description="per episode: time in the graph's own code (model calls, queued, generating or held at a batch "
-        "boundary, never count)")
-    max_consecutive_failures: int = Field(_default(TrainerConfig, "max_consecutive_failures"), ge=1,
-                                          description="a slot failing this often in a row fails its verl sample")
+        "boundary, never count)",
+    )
+    max_consecutive_failures: int = Field(
+        _default(TrainerConfig, "max_consecutive_failures"),
+        ge=1,
+        description="a slot failing this often in a row fails its verl sample",
+    )
     eval_episodes: int = Field(DEFAULT_EVAL_EPISODES, ge=1, description="validation episodes (verl's val set)")
     eval_seed: int = Field(_default(EvalConfig, "seed"), description="seed of the first validation episode")
     advantage: VerlAdvantageConfig = Field(default_factory=VerlAdvantageConfig)
     critic_warmup: CriticWarmupConfig = Field(default_factory=CriticWarmupConfig)
     data: DataConfig | None = Field(
-        None, description="task rows instead of make_input(seed): slots play data.train in shuffled epochs, "
-        "validation plays data.validation (the data section of a verlog config)"
+        None,
+        description="task rows instead of make_input(seed): slots play data.train in shuffled epochs, "
+        "validation plays data.validation (the data section of a verlog config)",
     )
     reward: RewardConfig = Field(
-        default_factory=RewardConfig, description="reward functions and rubric judges run on each finished "
-        "episode in the agent loop (the reward section of a verlog config)"
+        default_factory=RewardConfig,
+        description="reward functions and rubric judges run on each finished "
+        "episode in the agent loop (the reward section of a verlog config)",
     )
 
     @model_validator(mode="after")
     def _check_sources(self) -> "VerlSettings":
         if self.data is not None and self.data.traces is not None:
-            raise ValueError("data.traces: training on recorded episodes runs on the embedded trainer (verlog train); "
-                             "the verl path plays live slots only: remove data.traces here")
+            raise ValueError(
+                "data.traces: training on recorded episodes runs on the embedded trainer (verlog train); "
+                "the verl path plays live slots only: remove data.traces here"
+            )
         if self.data is not None and self.data.train is None:
             raise ValueError("data.train: the slots play the training split's rows; give its file")
         for i, judge in enumerate(self.reward.judges):
@@ -327,24 +343,36 @@ def adopt_verl_keys(data: dict[str, Any]) -> list[str]:
                 if verl_key in moved and own.get(split) is not None:
                     raise ConfigError(f"data.{verl_key} and verlog.data.{split} both name the {split} rows: keep one")
             if VERL_PROMPT_KEY in moved and "prompt" in (own.get("input") or {}):
-                raise ConfigError(f"data.{VERL_PROMPT_KEY} and verlog.data.input.prompt both name the prompt column: "
-                                  "keep one")
+                raise ConfigError(
+                    f"data.{VERL_PROMPT_KEY} and verlog.data.input.prompt both name the prompt column: keep one"
+                )
             try:
                 block["data"] = {**own, **verl_data_keys(moved)}
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-            notes += [f"data.{k} is played as verlog.data.{VERL_DATA_FILES.get(k, 'input.prompt')} (verl's "
-                      f"data.{k} names verlog's slot rows)" for k in moved]
+            notes += [
+                f"data.{k} is played as verlog.data.{VERL_DATA_FILES.get(k, 'input.prompt')} (verl's "
+                f"data.{k} names verlog's slot rows)"
+                for k in moved
+            ]
     if isinstance(verl_data, dict) and verl_data.get("train_batch_size") is not None and "num_envs" not in block:
         block["num_envs"] = verl_data.pop("train_batch_size")
-        notes.append(f"data.train_batch_size is verlog.num_envs ({block['num_envs']}): the rows (env slots) of a "
-                     "batch, each played by actor_rollout_ref.rollout.n sessions")
-    rollout = (data.get("actor_rollout_ref") or {}).get("rollout") if isinstance(data.get("actor_rollout_ref"), dict) else None
+        notes.append(
+            f"data.train_batch_size is verlog.num_envs ({block['num_envs']}): the rows (env slots) of a "
+            "batch, each played by actor_rollout_ref.rollout.n sessions"
+        )
+    rollout = (
+        (data.get("actor_rollout_ref") or {}).get("rollout")
+        if isinstance(data.get("actor_rollout_ref"), dict)
+        else None
+    )
     multi_turn = rollout.get("multi_turn") if isinstance(rollout, dict) else None
     for key in sorted(multi_turn or {}):
         if key not in (*MULTI_TURN_OWN_KEYS, "enable", "_target_"):
-            notes.append(f"{MULTI_TURN_KEY}.{key} is a setting of verl's own tool agent, unused here: verlog's agent "
-                         "is the graph (its tools and turn limit: langgraph.graph_kwargs / graph_config.recursion_limit)")
+            notes.append(
+                f"{MULTI_TURN_KEY}.{key} is a setting of verl's own tool agent, unused here: verlog's agent "
+                "is the graph (its tools and turn limit: langgraph.graph_kwargs / graph_config.recursion_limit)"
+            )
     for dotted in VERL_REWARD_FUNCTION_KEYS:
         parent = data
         *path, last = dotted.split(".")
@@ -362,8 +390,10 @@ def adopt_verl_keys(data: dict[str, Any]) -> list[str]:
         reward = dict(block.get("reward") or {})
         reward["functions"] = [*(reward.get("functions") or []), function.model_dump(exclude_defaults=True)]
         block["reward"] = reward
-        notes.append(f"{dotted} ({function.function}) runs as verlog.reward.functions[{len(reward['functions']) - 1}] "
-                     "in the agent loop")
+        notes.append(
+            f"{dotted} ({function.function}) runs as verlog.reward.functions[{len(reward['functions']) - 1}] "
+            "in the agent loop"
+        )
     return notes
 
 

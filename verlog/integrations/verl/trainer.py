@@ -145,7 +145,12 @@ class VerlogPPOTrainer(PPOTrainerSync):
 
     def step(self, metrics: dict, timing_raw: dict) -> KVBatchMeta:
         # no critic, nothing to pre-train (as in the embedded trainer)
-        if self.use_critic and self.critic_warmup.enabled and self.global_steps <= 1 and not getattr(self, "_critic_pretrained", False):
+        if (
+            self.use_critic
+            and self.critic_warmup.enabled
+            and self.global_steps <= 1
+            and not getattr(self, "_critic_pretrained", False)
+        ):
             self._critic_pretrained = True
             with marked_timer("verlog_critic_pretrain", timing_raw, color="cyan"):
                 self._pretrain_critic(metrics)
@@ -179,8 +184,11 @@ class VerlogPPOTrainer(PPOTrainerSync):
         # the estimator on the turns as sampled (each response mask a prefix) ...
         sampled_mask = data.batch["response_mask"]
         data, adv_metrics = compute_turn_advantages(
-            data, infos, settings,
-            kl_ctrl=self.kl_ctrl_in_reward if use_kl else None, kl_penalty=algorithm.kl_penalty,
+            data,
+            infos,
+            settings,
+            kl_ctrl=self.kl_ctrl_in_reward if use_kl else None,
+            kl_penalty=algorithm.kl_penalty,
         )
         metrics.update(adv_metrics)
         self._note_slot_episodes(infos)
@@ -215,7 +223,9 @@ class VerlogPPOTrainer(PPOTrainerSync):
         policy loss (nothing to learn from; the embedded trainer skips such a step too)."""
         if self._policy_tokens == 0:
             metrics["verlog/actor_update_skipped"] = 1.0
-            logger.warning("step %s: every turn is out of the policy loss; the actor update is skipped", self.global_steps)
+            logger.warning(
+                "step %s: every turn is out of the policy loss; the actor update is skipped", self.global_steps
+            )
             return batch
         metrics["verlog/actor_update_skipped"] = 0.0
         return super()._update_actor(batch, metrics)
@@ -237,7 +247,8 @@ class VerlogPPOTrainer(PPOTrainerSync):
         batches = [self._collect_batch() for _ in range(warmup.buffer_multiplier)]
         self.checkpoint_manager.sleep_replicas()  # rollout is done: free its memory for the critic
         buffer = KVBatchMeta(
-            keys=[k for b in batches for k in b.keys], tags=[t for b in batches for t in b.tags],
+            keys=[k for b in batches for k in b.keys],
+            tags=[t for b in batches for t in b.tags],
             partition_id="train",
         )
         prep: dict = {}
@@ -327,7 +338,9 @@ class VerlogPPOTrainer(PPOTrainerSync):
         super()._load_checkpoint()
         if not self.global_steps:
             return
-        folder = self.config.trainer.get("resume_from_path") if self.config.trainer.resume_mode == "resume_path" else None
+        folder = (
+            self.config.trainer.get("resume_from_path") if self.config.trainer.resume_mode == "resume_path" else None
+        )
         folder = folder or os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         if not os.path.isabs(folder):
             folder = os.path.join(os.getcwd(), folder)
