@@ -31,9 +31,11 @@ run: $(STAMP)
 	$(BIN)/verlog train configs/quickstart.yaml
 	$(BIN)/python -m verlog.evaluation.baseline runs/quickstart
 
-# ruff: pyflakes, import order, bugbear ([tool.ruff] in pyproject.toml); a second or two
+# ruff: pyflakes, import order, bugbear ([tool.ruff] in pyproject.toml), and the formatter (`ruff format .`
+# rewrites what it finds); a second or two
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # the linter first (a second), then the default test run; PostgreSQL is installed where it is missing and
 # can be (scripts/ensure_postgres.sh: a fresh CI machine), and its tests must then run, not skip
