@@ -215,10 +215,11 @@ def run(
         "row": row,
         "name": ROW_NAMES[row],
         "seed": seed,
-        "commit": commit(),
+        "commit": sittings[0]["commit"] if sittings else commit(),  # the code it trained with: its first sitting's
         "overrides": overrides,
         "env_steps": played_steps(records, budget),
         "budget_steps": budget,
+        "warmup_steps": warmup_steps,
         "updates": max((r["update"] for r in records if r["kind"] == "update"), default=0),
         "batch_turns": batch_turns,
         "wall_s": wall,
@@ -299,6 +300,14 @@ def _across(values: list[float]) -> str:
     return f"{m:.2f} ± {se:.2f}"
 
 
+def turns_per_update(result: dict[str, Any]) -> float:
+    """The turns an update of a run trained on: its steps after the critic warm-up over its updates
+    (a batch of whole groups holds fewer than its slots could give; files without ``warmup_steps``
+    are of fixed-turn rows, whose every batch was full)."""
+    warmup = result.get("warmup_steps", result["env_steps"] - result["updates"] * result["batch_turns"])
+    return (result["env_steps"] - warmup) / max(1, result["updates"])
+
+
 def table(results_dir: Path) -> str:
     """The ablation table (``table.md``) and ``curves.png`` from every result file in ``results_dir``."""
     results: dict[str, list[dict]] = {}
@@ -314,8 +323,9 @@ def table(results_dir: Path) -> str:
             f"length {r['length']:.0f} ({r['episodes']} held-out worlds).\n"
         )
     lines += [
-        "| row | what | seeds | env steps | achievements | return | length | s per update | training min (load) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| row | what | seeds | env steps | achievements | return | length | turns per update | s per update "
+        "| training min (load) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in ROW_NAMES:
         runs = results.get(row)
@@ -327,7 +337,8 @@ def table(results_dir: Path) -> str:
         ret = _fmt(after[0], "return") if one else _across([a["return"] for a in after])
         lines.append(
             f"| {row} | {ROW_NAMES[row]} | {len(runs)} | {runs[0]['env_steps']:,} | {ach} | {ret} | "
-            f"{_across([a['length'] for a in after])} | {_across([r['seconds_per_update'] for r in runs])} | "
+            f"{_across([a['length'] for a in after])} | {_across([turns_per_update(r) for r in runs])} | "
+            f"{_across([r['seconds_per_update'] for r in runs])} | "
             f"{_across([r['training_wall_s'] / 60 for r in runs])} ({_across([r['load']['mean'] for r in runs])}) |"
         )
     before = next((r["before"] for rs in results.values() for r in rs if r.get("before")), None)
