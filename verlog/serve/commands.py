@@ -221,6 +221,14 @@ def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="JSON passed to the chat template: use training's multi_turn.chat_template_kwargs "
         "(e.g. '{\"enable_thinking\": false}')",
     )
+    _add_trace_arguments(p)
+    _add_limit_arguments(p)
+    p.set_defaults(func=_serve_model)
+    return p
+
+
+def _add_trace_arguments(p: argparse.ArgumentParser) -> None:
+    """serve-model's options for recording its traffic (``--record`` and the store's bounds)."""
     r = p.add_argument_group("traces (production traffic back to training: docs/production_loop.md)")
     r.add_argument(
         "--record",
@@ -264,6 +272,10 @@ def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="the training run whose newest checkpoint POST /v1/admin/reload puts in service (default: "
         "CHECKPOINT itself, when it is a run folder); requests in flight finish on the old weights",
     )
+
+
+def _add_limit_arguments(p: argparse.ArgumentParser) -> None:
+    """serve-model's request limits (sizes, counts, time-outs)."""
     g = p.add_argument_group("request limits")
     g.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     g.add_argument(
@@ -309,8 +321,6 @@ def add_serve_model_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="a client must send a request's headers, then its body, within this many seconds "
         "(else the connection is closed, or answered 408); idle keep-alive connections close after it",
     )
-    p.set_defaults(func=_serve_model)
-    return p
 
 
 # ------------------------------------------------------------------------------------ serve
