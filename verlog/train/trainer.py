@@ -225,45 +225,17 @@ class _Run:
     @classmethod
     def build(cls, config: VerlogConfig, checkpoint: Path | None, console: Console) -> "_Run":
         """Load the models (from ``checkpoint`` when resuming), the engine and the slots."""
-        t, algo = config.trainer, config.algorithm
+        t = config.trainer
         _seed_everything(t.seed)
         # this thread's training passes; the engine sets its own. Oversubscribed cores make torch's
         # threads wait on each other: all cores but one, like the engine, is the safe default.
         torch.set_num_threads(t.torch_threads or max(1, (os.cpu_count() or 2) - 1))
         device = torch.device(pick_device(config.model.device))
-        where = {"dtype": config.model.dtype, "device": str(device)}
         compute = autocast_dtype(config.model.autocast)  # float32 master weights, passes under autocast
 
-        # models: the actor (shared with the engine), the critic, the frozen reference
         tokenizer = load_tokenizer(config.model.path)
-        full_actor_saved = checkpoint is not None and config.actor.lora.rank == 0
-        actor, peft_actor = load_actor(
-            checkpoint / ckpt.ACTOR_FOLDER if full_actor_saved else config.model.path, lora=config.actor.lora, **where
-        )
-        critic = load_critic(config.model.path, **where) if get_estimator(algo.estimator).needs_critic else None
-        reference = load_reference(config.model.path, **where) if algo.kl_coef > 0 else None
-        for model, opts, section in ((actor, config.actor, "actor"), (critic, config.critic, "critic")):
-            if model is not None:
-                train_last_layers(model, opts.train_layers, section=section)
-                if opts.gradient_checkpointing:
-                    model.gradient_checkpointing_enable()
-        trunk = _trunk_depth(config, actor, critic)
-        learner = Learner(
-            actor,
-            critic,
-            adamw(actor, config.actor),
-            adamw(critic, config.critic) if critic else None,
-            reference,
-            algo,
-            pad_id=pad_token_id(tokenizer),
-            device=device,
-            actor_max_grad_norm=config.actor.max_grad_norm,
-            critic_max_grad_norm=config.critic.max_grad_norm,
-            autocast=compute,
-            actor_scaler=grad_scaler(device, compute),
-            critic_scaler=grad_scaler(device, compute) if critic else None,
-            trunk_depth=trunk,
-        )
+        learner, peft_actor = _learner(config, checkpoint, tokenizer, device, compute)
+        actor = learner.actor
 
         # rollout: the graph's slots, their model calls gated into fixed-turn batches; the
         # reward section scores each episode as it ends (a judge may reuse the policy's engine)
@@ -444,6 +416,44 @@ class _Run:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _learner(
+    config: VerlogConfig, checkpoint: Path | None, tokenizer: Any, device: torch.device, compute: torch.dtype | None
+) -> tuple[Learner, Any]:
+    """The models and their optimizers: the actor (from ``checkpoint`` when resuming a full
+    fine-tuning; shared with the engine), the critic, the frozen reference; and the actor's
+    ``PeftModel`` (``None`` without LoRA)."""
+    algo = config.algorithm
+    where = {"dtype": config.model.dtype, "device": str(device)}
+    full_actor_saved = checkpoint is not None and config.actor.lora.rank == 0
+    actor, peft_actor = load_actor(
+        checkpoint / ckpt.ACTOR_FOLDER if full_actor_saved else config.model.path, lora=config.actor.lora, **where
+    )
+    critic = load_critic(config.model.path, **where) if get_estimator(algo.estimator).needs_critic else None
+    reference = load_reference(config.model.path, **where) if algo.kl_coef > 0 else None
+    for model, opts, section in ((actor, config.actor, "actor"), (critic, config.critic, "critic")):
+        if model is not None:
+            train_last_layers(model, opts.train_layers, section=section)
+            if opts.gradient_checkpointing:
+                model.gradient_checkpointing_enable()
+    learner = Learner(
+        actor,
+        critic,
+        adamw(actor, config.actor),
+        adamw(critic, config.critic) if critic else None,
+        reference,
+        algo,
+        pad_id=pad_token_id(tokenizer),
+        device=device,
+        actor_max_grad_norm=config.actor.max_grad_norm,
+        critic_max_grad_norm=config.critic.max_grad_norm,
+        autocast=compute,
+        actor_scaler=grad_scaler(device, compute),
+        critic_scaler=grad_scaler(device, compute) if critic else None,
+        trunk_depth=_trunk_depth(config, actor, critic),
+    )
+    return learner, peft_actor
 
 
 class _SlotsAgent:
