@@ -225,12 +225,7 @@ def _slug(name: str) -> str:
 
 def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     """Plan, play what is not finished yet, report; returns the per-task results."""
-    if args.base_url and args.checkpoint:
-        raise EvalError("--checkpoint and --base-url exclude each other: evaluate one model per run")
-    if bool(args.base_url) != bool(args.model):
-        raise EvalError("--base-url and --model go together: the endpoint and the model name it serves")
-    if args.episodes is not None and args.episodes < 1:
-        raise EvalError(f"--episodes must be at least 1, got {args.episodes}")
+    _check_arguments(args)
     configs, overrides = split_targets(args.targets)
     graph_kwargs = graph_kwargs_option(getattr(args, "graph_kwargs", None))
     tasks = plan_tasks(configs, overrides, suite=args.suite, split=getattr(args, "split", None))
@@ -254,27 +249,7 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     if not args.no_chart:
         require_matplotlib()
     first = tasks[0].config
-    if args.base_url:
-        model: Any = EndpointModel(
-            args.base_url, args.model, api_key=args.api_key, temperature=args.temperature, max_tokens=args.max_tokens
-        )
-        out = Path(args.out or Path("runs") / "eval" / _slug(args.model))
-    else:
-        paths = sorted({t.config.model.path for t in tasks})
-        if len(paths) > 1:
-            raise EvalError(
-                f"the configs name different models ({', '.join(paths)}): one model is evaluated per "
-                "run; give all of them the same one, e.g. model.path=..."
-            )
-        try:
-            model = EngineModel(first, args.checkpoint, temperature=args.temperature, max_tokens=args.max_tokens)
-        except FileNotFoundError as exc:
-            raise EvalError(str(exc)) from None
-        out = (
-            Path(args.out)
-            if args.out
-            else (model.folder / "eval" if model.folder else Path("runs") / "eval" / _slug(model.label))
-        )
+    model, out = _model_and_folder(args, tasks)
 
     seeds = {t.key: episode_seeds(t, args.episodes) for t in tasks}
     for task in tasks:  # a responder that cannot be loaded stops here, in one line, before any episode
@@ -309,6 +284,60 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
 
     new = _play(model, tasks, seeds, specs, finished, log, args.concurrency or first.eval.concurrency, console)
     records = {**on_disk, **{r.episode_id: r for r in new}}
+    about = _about(model, tasks, seeds, graph_kwargs, changed if args.suite else None, source, log)
+    return _report(args, about, tasks, list(records.values()), out, console)
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """The options that exclude or need each other, and the episode count."""
+    if args.base_url and args.checkpoint:
+        raise EvalError("--checkpoint and --base-url exclude each other: evaluate one model per run")
+    if bool(args.base_url) != bool(args.model):
+        raise EvalError("--base-url and --model go together: the endpoint and the model name it serves")
+    if args.episodes is not None and args.episodes < 1:
+        raise EvalError(f"--episodes must be at least 1, got {args.episodes}")
+
+
+def _model_and_folder(args: argparse.Namespace, tasks: list[EvalTask]) -> tuple[Any, Path]:
+    """The model evaluated (an endpoint's, or a checkpoint on the embedded engine) and the folder
+    its results go to."""
+    first = tasks[0].config
+    if args.base_url:
+        model: Any = EndpointModel(
+            args.base_url, args.model, api_key=args.api_key, temperature=args.temperature, max_tokens=args.max_tokens
+        )
+        out = Path(args.out or Path("runs") / "eval" / _slug(args.model))
+    else:
+        paths = sorted({t.config.model.path for t in tasks})
+        if len(paths) > 1:
+            raise EvalError(
+                f"the configs name different models ({', '.join(paths)}): one model is evaluated per "
+                "run; give all of them the same one, e.g. model.path=..."
+            )
+        try:
+            model = EngineModel(first, args.checkpoint, temperature=args.temperature, max_tokens=args.max_tokens)
+        except FileNotFoundError as exc:
+            raise EvalError(str(exc)) from None
+        out = (
+            Path(args.out)
+            if args.out
+            else (model.folder / "eval" if model.folder else Path("runs") / "eval" / _slug(model.label))
+        )
+
+    return model, out
+
+
+def _about(
+    model: Any,
+    tasks: list[EvalTask],
+    seeds: dict[Any, list[int]],
+    graph_kwargs: dict[str, Any],
+    changed: list[str] | None,
+    source: Any,
+    log: EpisodeLog,
+) -> dict[str, Any]:
+    """What the summary says of the run: the model, episodes, seeds or rows, sampling, settings off
+    the suite's protocol (``changed``: ``None`` without a suite), BALROG's wording and the log."""
     about = {
         "model": model.label,
         "episodes": {t.label: len(seeds[t.key]) for t in tasks},
@@ -330,11 +359,11 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
         ),
         "sampling": {t.label: model.sampling(t.config) for t in tasks},
         **({"graph_kwargs_override": graph_kwargs} if graph_kwargs else {}),
-        **({"not_the_suites_protocol": changed} if args.suite else {}),
+        **({"not_the_suites_protocol": changed} if changed is not None else {}),
         **(wording_report(source) if balrog_tasks(tasks) else {}),
         "episodes_file": str(log.path),
     }
-    return _report(args, about, tasks, list(records.values()), out, console)
+    return about
 
 
 def _play(
