@@ -38,7 +38,7 @@ from verlog.config import (
     RolloutConfig,
     TrainerConfig,
     VerlRewardFunctionConfig,
-    _describe,
+    describe_errors,
     verl_data_keys,
 )
 
@@ -243,7 +243,7 @@ def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
     try:
         return model.model_validate(dict(data))
     except ValidationError as exc:
-        lines = [f"  {prefix}.{line.strip()}" for line in _describe(exc, model).splitlines()]
+        lines = [f"  {prefix}.{line.strip()}" for line in describe_errors(exc, model).splitlines()]
         raise ConfigError("invalid verl config:\n" + "\n".join(lines)) from None
 
 
@@ -385,7 +385,9 @@ def adopt_verl_keys(data: dict[str, Any]) -> list[str]:
         try:
             function = VerlRewardFunctionConfig.model_validate(entry).as_function()
         except ValidationError as exc:
-            lines = [f"  {dotted}.{line.strip()}" for line in _describe(exc, VerlRewardFunctionConfig).splitlines()]
+            lines = [
+                f"  {dotted}.{line.strip()}" for line in describe_errors(exc, VerlRewardFunctionConfig).splitlines()
+            ]
             raise ConfigError("invalid verl config:\n" + "\n".join(lines)) from None
         reward = dict(block.get("reward") or {})
         reward["functions"] = [*(reward.get("functions") or []), function.model_dump(exclude_defaults=True)]
