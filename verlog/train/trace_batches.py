@@ -156,7 +156,9 @@ class TraceSource:
         info: dict[str, Any] = {"model_version": t.model_version, "trace_seed": seed}
         if is_last and record.success is not None:
             info[SUCCESS_KEY] = record.success
-        return replace(t, reward=reward, terminated=is_last, info=info)  # a TracedTurn is a Turn
+        # a TracedTurn is a Turn: the batch trains it as stored, less the text it never reads (a batch
+        # holds thousands of turns; a recorded Turn keeps messages only when asked to)
+        return replace(t, reward=reward, terminated=is_last, info=info, messages=None, response_text=None)
 
     def _refill(self) -> None:
         """The next epoch's turns, episode after episode in a shuffled order."""
