@@ -339,9 +339,9 @@ async def test_a_slow_answer_times_out_and_the_retry_succeeds(server):
     started = time.monotonic()
     assert (await judge.score(episode("84"))).reward == pytest.approx(0.7)
     elapsed = time.monotonic() - started
-    # the first attempt had half of timeout_s, then gave up: it never waited for the 10 s answer (the upper
-    # bound leaves a busy machine all the room between the two; it is no speed)
-    assert len(server.requests) == 2 and 1.4 <= elapsed < 9.0
+    # the first attempt had half of timeout_s, then gave up: a second request means it never waited for
+    # the 10 s answer (no upper bound on the time: a busy machine is slow, and no test measures speed)
+    assert len(server.requests) == 2 and 1.4 <= elapsed
 
 
 async def test_no_verdict_within_timeout_s(server):

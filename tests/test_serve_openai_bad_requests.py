@@ -59,7 +59,8 @@ async def _health_during(
     session: aiohttp.ClientSession, server: OpenAIServer, raw: bytes
 ) -> tuple[int, dict, list[float]]:
     """POST ``raw`` and poll ``/health`` until it is answered: (status, body, when each /health
-    answer arrived, on ``time.perf_counter``'s clock)."""
+    answer arrived, on ``time.perf_counter``'s clock). Every /health answer is checked to be a 200;
+    the client's timeout (``HANG_S``) bounds a hang; how fast it answers is P10's figure."""
 
     async def post() -> tuple[int, dict]:
         async with session.post(
@@ -92,7 +93,6 @@ async def test_a_1mib_request_is_refused_without_stalling_health(engine, tiny_to
             assert status == 400, payload
             assert payload["error"]["param"] == "messages" and payload["error"]["code"] == "too_many_messages"
             assert "at most 2048" in payload["error"]["message"]
-            assert answered  # /health was answered (the client's timeout bounds a hang; its speed is P10's)
             # ~1.9k long messages in 1 MiB: under the count, so rendered on a worker thread, then
             # refused for its length (from its byte count: it is never tokenized whole)
             long = _big_body(2_000, 520)
@@ -100,7 +100,6 @@ async def test_a_1mib_request_is_refused_without_stalling_health(engine, tiny_to
             status, payload, answered = await _health_during(session, server, long)
             assert status == 400, payload
             assert payload["error"]["code"] == "context_length_exceeded", payload
-            assert answered  # /health was answered (the client's timeout bounds a hang; its speed is P10's)
     assert not any(code >= 500 for code in server.responses)
 
 
