@@ -1,8 +1,13 @@
 """Production reuse: serve a trained checkpoint and the same graph files, unchanged.
 
 * :mod:`verlog.serve.openai_server`: an OpenAI-compatible chat server on any verlog engine
-  (``verlog serve-model CHECKPOINT``); its wire format in :mod:`verlog.serve.openai_protocol`,
-  its admission (lanes, places, prompt bounds) in :mod:`verlog.serve.admission`.
+  (``verlog serve-model CHECKPOINT``), its endpoints routed through one module per job: the wire
+  format (:mod:`verlog.serve.openai_protocol`), request limits (:mod:`verlog.serve.limits`),
+  error JSON, header bounds, keys and bodies (:mod:`verlog.serve.http_guards`), admission: lanes,
+  places, prompt bounds (:mod:`verlog.serve.admission`), a request made into an engine call and
+  back, streamed or whole (:mod:`verlog.serve.completion`), recording and feedback
+  (:mod:`verlog.serve.trace_capture`), model versions swapped in without dropping requests
+  (:mod:`verlog.serve.policy_swap`).
 * :mod:`verlog.serve.langgraph_app`: the graphs of ``graphs/*.py`` built around LangChain's
   ``ChatOpenAI`` for LangGraph's own server (``langgraph.json``, ``verlog serve GRAPH``), their
   threads kept by a durable checkpointer (:mod:`verlog.serve.durable`: SQLite or Postgres).
