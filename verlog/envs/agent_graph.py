@@ -197,62 +197,124 @@ def build_env_graph(
     if balrog_source and not balrog:
         raise ValueError("balrog_source applies to protocol='balrog' only (BALROG's wording and games)")
     source = open_source(balrog_source) if balrog else None
-    wording = balrog_wording(env_name, source)
-    env_kwargs = {**balrog_env_kwargs(env_name, source), **(env_kwargs or {})}
-    policy_model = model.bind(max_tokens=max_tokens) if max_tokens else model
-    games = GameTable()
+    agent = _GameAgent(
+        model.bind(max_tokens=max_tokens) if max_tokens else model,
+        env_name,
+        protocol=protocol,
+        wording=balrog_wording(env_name, source),
+        env_kwargs={**balrog_env_kwargs(env_name, source), **(env_kwargs or {})},
+        history_turns=history_turns,
+        instruction=instruction,
+        constrain_answers=constrain_answers,
+    )
+    graph = StateGraph(GameState)
+    graph.add_node("reset", agent.reset)
+    graph.add_node("memory", agent.memory)
+    graph.add_node("policy", agent.policy)
+    graph.add_node("environment", agent.environment)
+    graph.add_edge(START, "reset")
+    graph.add_edge("reset", "memory")
+    graph.add_edge("memory", "policy")
+    graph.add_edge("policy", "environment")
+    graph.add_conditional_edges("environment", agent.next_step, ["memory", END])
+    # the graph carries the recursion limit its longest episode needs, so every runner of it
+    # (LangGraph's server in any stream mode, ``graph.invoke``, verlog's runners when their config
+    # sets none) lets an episode end at the game's own step cap
+    cap = step_cap(env_name, protocol, agent.env_kwargs)
+    return graph.compile().with_config(recursion_limit=recursion_limit_for(cap))
 
-    def start_game(seed: int) -> tuple[TextEnv, str]:
-        env = make_env(env_name, protocol=protocol, **(env_kwargs or {}))
+
+class _GameAgent:
+    """The nodes of one game graph (see :func:`build_env_graph` for the settings) and the live
+    games they step (:class:`GameTable`, rebuilt from the state when missing)."""
+
+    def __init__(
+        self,
+        policy_model: Any,
+        env_name: str,
+        *,
+        protocol: str,
+        wording: balrog_protocol.Wording,
+        env_kwargs: dict[str, Any],
+        history_turns: int | None,
+        instruction: str | None,
+        constrain_answers: bool,
+    ):
+        self.policy_model, self.env_name, self.protocol = policy_model, env_name, protocol
+        self.balrog = protocol == "balrog"
+        self.wording, self.env_kwargs = wording, env_kwargs
+        self.history_turns, self.instruction, self.constrain_answers = history_turns, instruction, constrain_answers
+        self.games = GameTable()
+
+    # ------------------------------------------------------------------ games
+    def start_game(self, seed: int) -> tuple[TextEnv, str]:
+        env = make_env(self.env_name, protocol=self.protocol, **self.env_kwargs)
         return env, env.reset(seed)
 
-    def rebuild_game(state: GameState) -> TextEnv:
+    def rebuild_game(self, state: GameState) -> TextEnv:
         """The game of ``state`` rebuilt from its seed and answers (see the module docstring)."""
         if "actions" not in state or state.get("seed") is None:
             raise RuntimeError(
                 f"game {state.get('game_id')!r} is not running and the state cannot rebuild it "
                 "(no seed or answer log: a state saved by an older verlog?)"
             )
-        env, observation = start_game(state["seed"])
+        env, observation = self.start_game(state["seed"])
         for answer in state["actions"]:
-            observation = shown(env.step(answer))[0]
+            observation = self.shown(env.step(answer))[0]
         if observation != state["observation"]:
             env.close()
             raise RuntimeError(
-                f"{env_name}: replaying the {len(state['actions'])} answers of game {state.get('game_id')!r} "
+                f"{self.env_name}: replaying the {len(state['actions'])} answers of game {state.get('game_id')!r} "
                 f"(seed {state['seed']}) did not reach the saved observation: the game is not deterministic "
                 "under its seed, so this thread cannot go on in a new process"
             )
         return env
 
-    def shown(result: StepResult) -> tuple[str, str, str]:
-        return shown_step(result, protocol, wording.invalid_note)
+    def shown(self, result: StepResult) -> tuple[str, str, str]:
+        return shown_step(result, self.protocol, self.wording.invalid_note)
 
-    async def game_of(state: GameState) -> TextEnv:
-        env = games.get(state["game_id"])
+    async def game_of(self, state: GameState) -> TextEnv:
+        env = self.games.get(state["game_id"])
         if env is None:  # another process's (or an evicted) game: rebuild it from the state
-            env = await asyncio.to_thread(rebuild_game, state)
-            games.add(state["game_id"], env)
+            env = await asyncio.to_thread(self.rebuild_game, state)
+            self.games.add(state["game_id"], env)
         return env
 
-    async def reset(state: GameState) -> dict:
+    def prompt_of(self, state: GameState) -> list[BaseMessage]:
+        """What the policy is shown in ``state`` (under training, also the value of a cut episode's
+        next state)."""
+        if self.balrog:
+            assert self.history_turns is not None
+            return balrog_protocol.build_prompt(
+                state["instruction"],
+                state["history"],
+                state["observation"],
+                self.history_turns,
+                self.wording.answer_rule,
+            )
+        return build_prompt(
+            state["instruction"], state["history"], state["observation"], self.history_turns, state.get("feedback", "")
+        )
+
+    # ------------------------------------------------------------------ nodes
+    async def reset(self, state: GameState) -> dict:
         # the seed is drawn here when the input gives none, so that the state can rebuild the game
         seed = state.get("seed")
         seed = random.randrange(2**31) if seed is None else seed
         # in a worker thread: building a game can take seconds (TextWorld generates and compiles
         # one on first use), which must not stall the other episodes on the event loop
-        env, observation = await asyncio.to_thread(start_game, seed)
+        env, observation = await asyncio.to_thread(self.start_game, seed)
         game_id = uuid.uuid4().hex
-        games.add(game_id, env)
+        self.games.add(game_id, env)
         return {
             "seed": seed,
             "game_id": game_id,
             "actions": [],
             "observation": observation,
             "history_observation": str(getattr(env, "history_observation", None) or observation),
-            "instruction": wording.instruction_for(env)
-            if instruction is None
-            else instruction.replace("{mission}", str(getattr(env, "mission", ""))),
+            "instruction": self.wording.instruction_for(env)
+            if self.instruction is None
+            else self.instruction.replace("{mission}", str(getattr(env, "mission", ""))),
             "history": [],
             "feedback": "",
             "steps": 0,
@@ -261,37 +323,26 @@ def build_env_graph(
             "info": {},
         }
 
-    def prompt_of(state: GameState) -> list[BaseMessage]:
-        """What the policy is shown in ``state`` (under training, also the value of a cut episode's
-        next state)."""
-        if balrog:
-            assert history_turns is not None
-            return balrog_protocol.build_prompt(
-                state["instruction"], state["history"], state["observation"], history_turns, wording.answer_rule
-            )
-        return build_prompt(
-            state["instruction"], state["history"], state["observation"], history_turns, state.get("feedback", "")
-        )
+    async def memory(self, state: GameState) -> dict:
+        return {"prompt": self.prompt_of(state)}
 
-    async def memory(state: GameState) -> dict:
-        return {"prompt": prompt_of(state)}
-
-    async def policy(state: GameState) -> dict:
-        model_now = policy_model
-        if constrain_answers:
-            model_now = policy_model.bind(extra_body={"regex": answer_pattern((await game_of(state)).valid_actions())})
+    async def policy(self, state: GameState) -> dict:
+        model_now = self.policy_model
+        if self.constrain_answers:
+            valid = (await self.game_of(state)).valid_actions()
+            model_now = model_now.bind(extra_body={"regex": answer_pattern(valid)})
         answer = await model_now.ainvoke(state["prompt"])
         return {"answer": answer.content if isinstance(answer.content, str) else str(answer.content)}
 
-    async def environment(state: GameState) -> dict:
-        env = await game_of(state)
+    async def environment(self, state: GameState) -> dict:
+        env = await self.game_of(state)
         result = env.step(state["answer"])
-        observation, history_observation, feedback = shown(result)
+        observation, history_observation, feedback = self.shown(result)
         # BALROG's history keeps the answer as it checked it
-        answer = balrog_protocol.clean_answer(state["answer"]) if balrog else state["answer"]
+        answer = balrog_protocol.clean_answer(state["answer"]) if self.balrog else state["answer"]
         if result.done:
-            games.close(state["game_id"])
-        past = state.get("history_observation", state["observation"]) if balrog else state["observation"]
+            self.games.close(state["game_id"])
+        past = state.get("history_observation", state["observation"]) if self.balrog else state["observation"]
         update = {
             "actions": [*state.get("actions", []), state["answer"]],
             "history": [*state["history"], (past, answer)],
@@ -305,7 +356,7 @@ def build_env_graph(
         }
         # a step cap cut the game: the prompt the next step would show is the state to value
         cut = result.truncated and not result.terminated
-        next_messages = prompt_of({**state, **update}) if cut else None
+        next_messages = self.prompt_of({**state, **update}) if cut else None
         # the state the step was taken in, for estimators that compare turns by state (GiGPO)
         anchor = hashlib.sha1(state["observation"].encode()).hexdigest()[:16]
         await areport_reward(
@@ -317,25 +368,8 @@ def build_env_graph(
         )
         return update
 
-    graph = StateGraph(GameState)
-    graph.add_node("reset", reset)
-    graph.add_node("memory", memory)
-    graph.add_node("policy", policy)
-    graph.add_node("environment", environment)
-    graph.add_edge(START, "reset")
-    graph.add_edge("reset", "memory")
-    graph.add_edge("memory", "policy")
-    graph.add_edge("policy", "environment")
-
-    async def next_step(state: GameState) -> str:
+    async def next_step(self, state: GameState) -> str:
         return END if state["done"] else "memory"
-
-    graph.add_conditional_edges("environment", next_step, ["memory", END])
-    # the graph carries the recursion limit its longest episode needs, so every runner of it
-    # (LangGraph's server in any stream mode, ``graph.invoke``, verlog's runners when their config
-    # sets none) lets an episode end at the game's own step cap
-    cap = step_cap(env_name, protocol, env_kwargs or {})
-    return graph.compile().with_config(recursion_limit=recursion_limit_for(cap))
 
 
 class GameTable:
