@@ -338,75 +338,19 @@ class Engine:
             obj_at.setdefault(o[1], []).append(o)
         # the mover furthest along the move goes first, so a line of YOU objects moves together
         movers.sort(key=lambda o: o[1], reverse=delta > 0)
-        border = self.border
         words_moved = False
         entered_win = False  # a mover stepped into a cell holding a WIN object (rules before the move)
         for mover in movers:
             start = mover[1]
-            cell = start + delta
-            chain: list[int] = []  # cells whose pushable contents shift by delta
-            while True:
-                if border[cell]:
-                    break
-                here = obj_at.get(cell)
-                pushes = cell in word_at
-                blocked = False
-                if here:
-                    for o in here:
-                        m = props[o[0]]
-                        if m & PUSH:
-                            pushes = True
-                        elif m & STOP:
-                            blocked = True
-                if blocked:
-                    break
-                if not pushes:
-                    cell = -1  # reached a free cell: the move succeeds
-                    break
-                chain.append(cell)
-                cell += delta
-            if cell != -1:
+            chain = _push_chain(self.border, start, delta, obj_at, word_at, props)
+            if chain is None:
                 continue  # blocked: this mover stays put
             stacked = max((i for i, c in enumerate(chain) if c in covered), default=None)
             if stacked is not None:
-                # the upper word of the stack nearest the free end and what lies ahead of it move;
-                # the word it uncovers stops everything behind it, the mover included (the original
-                # pushes one thing at a time, from the far end)
-                for c in reversed(chain[stacked + 1 :]):
-                    dest = c + delta
-                    w = word_at.pop(c, None)
-                    if w is not None:
-                        w[1] = dest
-                        word_at[dest] = w
-                    here = obj_at.get(c)
-                    if here:
-                        for o in [o for o in here if props[o[0]] & PUSH]:
-                            here.remove(o)
-                            o[1] = dest
-                            obj_at.setdefault(dest, []).append(o)
-                c = chain[stacked]
-                w = word_at.pop(c)
-                w[1] = c + delta
-                word_at[c + delta] = w
-                word_at[c] = covered[c].pop()
-                if not covered[c]:
-                    del covered[c]
+                _push_stack_top(chain, stacked, delta, word_at, covered, obj_at, props)
                 words_moved = True
                 continue
-            for c in reversed(chain):
-                dest = c + delta
-                w = word_at.pop(c, None)
-                if w is not None:
-                    w[1] = dest
-                    word_at[dest] = w
-                    words_moved = True
-                here = obj_at.get(c)
-                if here:
-                    pushed = [o for o in here if props[o[0]] & PUSH and o is not mover]
-                    for o in pushed:
-                        here.remove(o)
-                        o[1] = dest
-                        obj_at.setdefault(dest, []).append(o)
+            words_moved |= _shift_chain(chain, delta, word_at, obj_at, props, mover)
             obj_at[start].remove(mover)
             mover[1] = start + delta
             if any(old_props[o[0]] & WIN for o in obj_at.get(mover[1], ())):
@@ -553,3 +497,92 @@ def state_from_map(rows: Sequence[str]) -> GameState:
                 else:
                     raise ValueError(f"unknown map token {part!r}")
     return GameState.build(len(grid[0]) + 2, len(grid) + 2, words, objects)
+
+
+# ------------------------------------------------------------------ one move's pushes (``advance``)
+Cells = dict[int, list[list[int]]]
+
+
+def _push_chain(
+    border: Sequence[bool], start: int, delta: int, obj_at: Cells, word_at: dict[int, list[int]], props: Sequence[int]
+) -> list[int] | None:
+    """The cells whose pushable contents shift by ``delta`` when the mover at ``start`` moves
+    (words and PUSH objects up to the first free cell), or ``None`` when the border or a STOP
+    object blocks the move."""
+    cell = start + delta
+    chain: list[int] = []
+    while not border[cell]:
+        here = obj_at.get(cell)
+        pushes = cell in word_at
+        if here:
+            for o in here:
+                m = props[o[0]]
+                if m & PUSH:
+                    pushes = True
+                elif m & STOP:
+                    return None
+        if not pushes:
+            return chain  # reached a free cell: the move succeeds
+        chain.append(cell)
+        cell += delta
+    return None
+
+
+def _shift_pushed(c: int, dest: int, obj_at: Cells, props: Sequence[int], mover: list[int] | None = None) -> None:
+    """The PUSH objects of cell ``c`` (the mover aside) moved to ``dest``."""
+    here = obj_at.get(c)
+    if here:
+        for o in [o for o in here if props[o[0]] & PUSH and o is not mover]:
+            here.remove(o)
+            o[1] = dest
+            obj_at.setdefault(dest, []).append(o)
+
+
+def _push_stack_top(
+    chain: list[int],
+    stacked: int,
+    delta: int,
+    word_at: dict[int, list[int]],
+    covered: Cells,
+    obj_at: Cells,
+    props: Sequence[int],
+) -> None:
+    """A push into a stack of words (cell ``chain[stacked]``, the nearest to the free end): its
+    upper word and what lies ahead of it move; the word it uncovers stops everything behind it,
+    the mover included (the original pushes one thing at a time, from the far end)."""
+    for c in reversed(chain[stacked + 1 :]):
+        dest = c + delta
+        w = word_at.pop(c, None)
+        if w is not None:
+            w[1] = dest
+            word_at[dest] = w
+        _shift_pushed(c, dest, obj_at, props)
+    c = chain[stacked]
+    w = word_at.pop(c)
+    w[1] = c + delta
+    word_at[c + delta] = w
+    word_at[c] = covered[c].pop()
+    if not covered[c]:
+        del covered[c]
+
+
+def _shift_chain(
+    chain: list[int],
+    delta: int,
+    word_at: dict[int, list[int]],
+    obj_at: Cells,
+    props: Sequence[int],
+    mover: list[int],
+) -> bool:
+    """Every word and PUSH object of ``chain`` moved by ``delta``, the far end first; whether a
+    word moved (the rules must be read again)."""
+    words_moved = False
+    for c in reversed(chain):
+        dest = c + delta
+        w = word_at.pop(c, None)
+        if w is not None:
+            w[1] = dest
+            word_at[dest] = w
+            words_moved = True
+        _shift_pushed(c, dest, obj_at, props, mover)
+    return words_moved
