@@ -30,3 +30,16 @@ def test_the_package_docstring_names_every_subpackage_and_module():
     packages, modules = _parts()
     missing = [name for name in packages + modules if f"``verlog.{name}``" not in verlog.__doc__]
     assert not missing, f"verlog/__init__.py's docstring leaves out {missing}"
+
+
+def test_no_function_in_the_package_is_over_100_lines():
+    import ast
+
+    long = []
+    for path in sorted((ROOT / "verlog").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 100:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, f"functions over 100 lines (split them by job): {long}"

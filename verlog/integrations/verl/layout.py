@@ -98,35 +98,7 @@ def rows_to_turn_batch(
     b, t = response_mask.shape
     if len(infos) != b:
         raise ValueError(f"{len(infos)} row infos for a batch of {b} rows")
-    groups: dict[str, list[tuple[int, RowInfo]]] = {}
-    for row, info in enumerate(infos):
-        if info is not None:
-            groups.setdefault(info.trajectory, []).append((row, info))
-    names = sorted(groups)
-    turn_rows: list[list[int]] = []
-    boot_rows: list[int | None] = []
-    next_rows: list[dict[tuple[str, int], int]] = []
-    for name in names:
-        rows = sorted(groups[name], key=lambda r: r[1].position)
-        positions = [info.position for _, info in rows]
-        if len(set(positions)) != len(positions):
-            raise ValueError(f"trajectory {name!r} has rows with the same verlog_position: {positions}")
-        turns = [row for row, info in rows if info.kind == TURN]
-        boots = [row for row, info in rows if info.kind == BOOTSTRAP]
-        if len(boots) > 1 or (boots and rows[-1][1].kind != BOOTSTRAP):
-            raise ValueError(f"trajectory {name!r}: a bootstrap row must be its single last row")
-        nexts: dict[tuple[str, int], int] = {}
-        for row, info in rows:
-            if info.kind == NEXT_STATE:
-                if (info.episode_id, info.turn_index) in nexts:
-                    raise ValueError(
-                        f"trajectory {name!r}: two next-state rows for turn {info.turn_index} of {info.episode_id!r}"
-                    )
-                nexts[(info.episode_id, info.turn_index)] = row
-        turn_rows.append(turns)
-        boot_rows.append(boots[0] if boots else None)
-        next_rows.append(nexts)
-
+    names, turn_rows, boot_rows, next_rows = _trajectory_rows(infos)
     n, k = len(names), max((len(r) for r in turn_rows), default=0)
     mask = torch.zeros((n, k, t), dtype=torch.bool)
     rewards = torch.zeros((n, k, t), dtype=torch.float32)
@@ -190,6 +162,43 @@ def rows_to_turn_batch(
         turn_rows=turn_rows,
     )
     return batch, layout
+
+
+def _trajectory_rows(
+    infos: Sequence[RowInfo | None],
+) -> tuple[list[str], list[list[int]], list[int | None], list[dict[tuple[str, int], int]]]:
+    """The rows of each trajectory (sorted by name), checked: its turn rows in position order, its
+    bootstrap row (the single last row, if any) and its next-state rows by ``(episode, turn)``."""
+    groups: dict[str, list[tuple[int, RowInfo]]] = {}
+    for row, info in enumerate(infos):
+        if info is not None:
+            groups.setdefault(info.trajectory, []).append((row, info))
+    names = sorted(groups)
+    turn_rows: list[list[int]] = []
+    boot_rows: list[int | None] = []
+    next_rows: list[dict[tuple[str, int], int]] = []
+    for name in names:
+        rows = sorted(groups[name], key=lambda r: r[1].position)
+        positions = [info.position for _, info in rows]
+        if len(set(positions)) != len(positions):
+            raise ValueError(f"trajectory {name!r} has rows with the same verlog_position: {positions}")
+        turns = [row for row, info in rows if info.kind == TURN]
+        boots = [row for row, info in rows if info.kind == BOOTSTRAP]
+        if len(boots) > 1 or (boots and rows[-1][1].kind != BOOTSTRAP):
+            raise ValueError(f"trajectory {name!r}: a bootstrap row must be its single last row")
+        nexts: dict[tuple[str, int], int] = {}
+        for row, info in rows:
+            if info.kind == NEXT_STATE:
+                if (info.episode_id, info.turn_index) in nexts:
+                    raise ValueError(
+                        f"trajectory {name!r}: two next-state rows for turn {info.turn_index} of {info.episode_id!r}"
+                    )
+                nexts[(info.episode_id, info.turn_index)] = row
+        turn_rows.append(turns)
+        boot_rows.append(boots[0] if boots else None)
+        next_rows.append(nexts)
+
+    return names, turn_rows, boot_rows, next_rows
 
 
 def turn_data(infos: Sequence[RowInfo | None], layout: RowLayout) -> TurnData:
