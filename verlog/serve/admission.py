@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator
 from verlog.backends.token_bytes import TokenBytes
 from verlog.serve.openai_protocol import APIError
 
-__all__ = ["Admission", "LARGE_LANE_SHARE", "Lane", "PromptBound"]
+__all__ = ["Admission", "LARGE_LANE_SHARE", "Lane", "PromptBound", "prompt_too_long"]
 
 #: the share of one core that preparing large bodies may take: the large lane prepares one body
 #: at a time and rests after each in proportion (a body that took 4 ms is followed by 12 ms of rest)
@@ -225,12 +225,7 @@ class PromptBound:
         return self._max_token_bytes or None
 
     def _refuse(self, what: str) -> APIError:
-        return APIError(
-            400,
-            f"the prompt is {what}; this server accepts at most {self.limit}",
-            param="messages",
-            code="context_length_exceeded",
-        )
+        return prompt_too_long(what, self.limit)
 
     def check(self, text: str) -> None:
         """Raise :class:`APIError` (400 ``context_length_exceeded``) if ``text`` is surely longer
@@ -252,3 +247,14 @@ class PromptBound:
             if counted - 2 * cuts > self.limit:
                 raise self._refuse(f"more than {counted - 2 * cuts} tokens long (counted until it passed the limit)")
             start = end
+
+
+def prompt_too_long(what: str, limit: int) -> APIError:
+    """The 400 ``context_length_exceeded`` for a prompt that is ``what`` (e.g. "812 tokens long")
+    where the server accepts at most ``limit`` tokens."""
+    return APIError(
+        400,
+        f"the prompt is {what}; this server accepts at most {limit}",
+        param="messages",
+        code="context_length_exceeded",
+    )

@@ -20,7 +20,7 @@ from verlog.llm.chat_model import VerlogChatModel
 from verlog.llm.prompt import PromptRenderer
 from verlog.llm.tool_calls import TOOL_CALL_OPEN
 from verlog.serve import openai_protocol as proto
-from verlog.serve.admission import PromptBound
+from verlog.serve.admission import PromptBound, prompt_too_long
 from verlog.serve.limits import ServerLimits
 from verlog.serve.openai_protocol import APIError
 
@@ -115,12 +115,7 @@ class CallPlanner:
         """The request's sampling settings, its budget held to the limits and the context (400
         for a prompt or a ``max_tokens`` over them)."""
         if self.max_prompt_tokens is not None and prompt_tokens > self.max_prompt_tokens:
-            raise APIError(
-                400,
-                f"the prompt is {prompt_tokens} tokens long; this server accepts at most {self.max_prompt_tokens}",
-                param="messages",
-                code="context_length_exceeded",
-            )
+            raise prompt_too_long(f"{prompt_tokens} tokens long", self.max_prompt_tokens)
         asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         if asked is not None and asked > self.limits.max_tokens_cap:
