@@ -191,6 +191,10 @@ class VerlogChatModel(BaseChatModel):
         """The prompt ids this model would send the engine for ``messages``."""
         return self._renderer.render(messages, tools)
 
+    def render_prompt_text(self, messages: Sequence[BaseMessage], tools: list[dict] | None = None) -> str:
+        """The prompt this model would render for ``messages``, as text (before tokenization)."""
+        return self._renderer.render_text(messages, tools)
+
     def bind_tools(
         self,
         tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],

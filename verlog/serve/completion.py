@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from verlog.backends.base import Engine, EngineError, Generation, SamplingParams, TokenDelta
 from verlog.llm.chat_model import VerlogChatModel
-from verlog.llm.prompt import PromptRenderer
 from verlog.llm.tool_calls import TOOL_CALL_OPEN
 from verlog.serve import openai_protocol as proto
 from verlog.serve.admission import PromptBound, prompt_too_long
@@ -59,15 +58,13 @@ class CallPlanner:
         model_name: str,
         limits: ServerLimits,
         max_context: int | None,
-        chat_template_kwargs: dict[str, Any] | None = None,
         keep_messages: Callable[[], bool] = lambda: False,
     ):
         self.chat_model, self.model_name, self.limits = chat_model, model_name, limits
         self.max_context = max_context
         self.max_prompt_tokens = limits.max_prompt_tokens or (max_context - 1 if max_context else None)
-        tokenizer = chat_model.tokenizer
-        self._renderer = PromptRenderer(tokenizer, chat_template_kwargs)
-        self._prompt_bound = PromptBound(tokenizer, self.max_prompt_tokens) if self.max_prompt_tokens else None
+        bound = self.max_prompt_tokens
+        self._prompt_bound = PromptBound(chat_model.tokenizer, bound) if bound else None
         self._keep_messages = keep_messages
 
     def unknown_model(self, name: str) -> APIError:
@@ -92,7 +89,9 @@ class CallPlanner:
         choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, proto.NamedToolChoice) else req.tool_choice
         try:  # a forced tool call or a JSON response format is held to its schema by a token mask
             if self._prompt_bound is not None:  # a prompt surely too long is refused before it is tokenized whole
-                self._prompt_bound.check(self._renderer.render_text(messages, tools if choice != "none" else None))
+                self._prompt_bound.check(
+                    self.chat_model.render_prompt_text(messages, tools if choice != "none" else None)
+                )
             plan = self.chat_model.plan_call(
                 messages, tools, choice, response_format, {"regex": req.regex} if req.regex is not None else None
             )

@@ -170,7 +170,6 @@ class OpenAIServer(LocalServer):
             model_name=model_name,
             limits=self.limits,
             max_context=context if isinstance(context, int) and context < 1 << 30 else None,
-            chat_template_kwargs=chat_template_kwargs,
             keep_messages=lambda: self.recorder is not None and self.recorder.store.policy.privacy == "full",
         )
         #: places, lanes (where bodies are prepared, off the event loop) and generation slots

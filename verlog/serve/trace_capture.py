@@ -108,15 +108,13 @@ async def record_turn(
             )
 
 
-async def attach_feedback(recorder: TraceRecorder | None, body: bytes) -> dict[str, Any]:
+async def attach_feedback(recorder: TraceRecorder, body: bytes) -> dict[str, Any]:
     """``POST /v1/feedback``'s body (``{"episode_id", "reward", "success"?, "info"?, "turn"?}``)
-    attached in the trace store; returns the answer's JSON (404 when not recording or for an
-    unknown episode or turn).
+    attached in ``recorder``'s trace store; returns the answer's JSON (404 for an unknown episode
+    or turn).
 
     Never waits for the recorder: a completion is answered once its turn is committed, so the
     turns a client was answered are in the store when it sends feedback on them."""
-    if recorder is None:
-        raise APIError(404, "this server does not record traces (start it with --record)", code="not_recording")
     feedback = proto.parse_feedback(proto.decode_body(body))
     store = recorder.store
 
