@@ -37,13 +37,18 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# the test runs spread over one worker process per core (pytest-xdist; at most 8), a file's tests on one
+# worker (their module fixtures are built once); TEST_WORKERS=0 runs them in this process
+TEST_WORKERS ?= auto
+PYTEST = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadfile
+
 # the linter first (a second), then the default test run; PostgreSQL is installed where it is missing and
 # can be (scripts/ensure_postgres.sh: a fresh CI machine), and its tests must then run, not skip
 test: lint
-	if scripts/ensure_postgres.sh; then export VERLOG_REQUIRE_POSTGRES=1; fi; $(BIN)/python -m pytest -q
+	if scripts/ensure_postgres.sh; then export VERLOG_REQUIRE_POSTGRES=1; fi; $(PYTEST)
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow
+	$(PYTEST) -m slow
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout_overhead.py

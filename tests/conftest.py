@@ -12,6 +12,14 @@ import pytest
 # local cache only (verlog.models.hub), whatever network the machine has
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# under pytest-xdist (`make test`: one worker per core) each worker gets its share of the cores, for
+# torch here and for OpenMP in the processes a test starts, instead of every worker using them all
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+if _WORKERS > 1:
+    _SHARE = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    os.environ.setdefault("OMP_NUM_THREADS", _SHARE)
+    os.environ.setdefault("MKL_NUM_THREADS", _SHARE)
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the project's `tools` and `graphs` folders

@@ -1,4 +1,5 @@
-"""The ``verlog`` command line, run as a user runs it (a real subprocess)."""
+"""The ``verlog`` command line: ``rollout`` and ``play`` run as a user runs them (a real subprocess:
+the smoke tests of those commands), the other checks in this process (``tests/cli_runner.py``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,21 +44,21 @@ def test_rollout_prints_turns_and_writes_json(tmp_path):
 
 
 def test_bad_config_key_is_a_clear_error(tmp_path):
-    result = verlog("rollout", "configs/calculator.yaml", "sampling.temprature=0")
+    result = run_cli("rollout", "configs/calculator.yaml", "sampling.temprature=0")
     assert result.returncode == 2
     assert "sampling.temprature: unknown key" in result.stderr and "temperature" in result.stderr
 
 
 def test_error_messages_keep_their_brackets():
     # rich would read "[0.5]" or "pip install 'verlog[verl]'" as markup and drop it
-    result = verlog("rollout", "configs/calculator.yaml", "sampling.temperature=[0.5]")
+    result = run_cli("rollout", "configs/calculator.yaml", "sampling.temperature=[0.5]")
     assert result.returncode == 2 and "(got [0.5])" in result.stderr
 
 
 def test_graph_file_without_factory_is_a_clear_error(tmp_path):
     graph = tmp_path / "empty.py"
     graph.write_text("x = 1\n")
-    result = verlog("rollout", "configs/calculator.yaml", f"multi_turn.langgraph.path={graph}")
+    result = run_cli("rollout", "configs/calculator.yaml", f"multi_turn.langgraph.path={graph}")
     assert result.returncode == 2 and "has no build_graph(model, **kwargs) function" in result.stderr
 
 
@@ -68,10 +71,10 @@ def test_play_by_hand_and_by_bot():
 
 
 def test_play_random_agent_and_clear_errors():
-    random_play = verlog("play", "babyai:goto", "--seed", "2", "--agent", "random", "--max-steps", "3")
+    random_play = run_cli("play", "babyai:goto", "--seed", "2", "--agent", "random", "--max-steps", "3")
     assert random_play.returncode == 0, random_play.stderr
     assert random_play.stdout.count("> ACTION: ") == 3
-    no_bot = verlog("play", "guess", "--agent", "bot")
+    no_bot = run_cli("play", "guess", "--agent", "bot")
     assert no_bot.returncode == 2 and "unknown environment 'guess'" in no_bot.stderr and "babyai:goto" in no_bot.stderr
     assert "Traceback" not in no_bot.stdout + no_bot.stderr
 

@@ -43,7 +43,8 @@ def learned(tmp_path_factory):
     return train(config, console=Console(quiet=True))
 
 
-@pytest.mark.timeout(1500)  # about 1 minute on a quiet 2-core machine; generous for shared ones
+@pytest.mark.slow  # 2-5 minutes on 2 cores: `make test-slow`
+@pytest.mark.timeout(1500)  # generous for shared machines
 def test_ppo_learns_the_cue_corridor(learned):
     before, after = learned.eval_start[0], learned.eval_end[0]
     print(
@@ -55,6 +56,7 @@ def test_ppo_learns_the_cue_corridor(learned):
     assert after.win_rate >= 0.9  # on test seeds that the early stop never saw
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1500)  # as many updates as the learning run took
 def test_zero_advantages_do_not_learn(learned, tmp_path):
     control = train(
