@@ -150,6 +150,7 @@ async def test_episodes_survive_a_sigkill_of_the_server(slow_endpoint, tmp_path)
             await asyncio.sleep(0.05)
         os.kill(process.pid, signal.SIGKILL)  # mid-episode, no shutdown of any kind
         process.wait(timeout=10)
+    engine.delay_s = 0.0  # the pace only had to outlast the kill; what follows runs at the tiny model's
     assert "threads kept in" in (tmp_path / "first.log").read_text()
 
     port = free_port()

@@ -36,16 +36,17 @@ def postgres_uri():
 def slow_endpoint(tiny_model, tiny_tokenizer):
     engine = SlowCountingEngine(EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0), delay_s=0.25)
     with serve_in_thread(OpenAIServer(engine, tiny_tokenizer, model_name="tiny")) as base_url:
-        yield base_url
+        yield base_url, engine
     engine.inner.close()
 
 
 async def test_a_second_server_continues_a_killed_servers_thread_from_postgres(postgres_uri, slow_endpoint, tmp_path):
+    base_url, engine = slow_endpoint
     cap = 30
     env = {**os.environ, "VERLOG_API_KEY": "", "VERLOG_POSTGRES_URI": postgres_uri}
     first_port, second_port = free_port(), free_port()
-    first = serve_command(slow_endpoint, first_port, tmp_path / "first", max_steps=cap)
-    second = serve_command(slow_endpoint, second_port, tmp_path / "second", max_steps=cap)
+    first = serve_command(base_url, first_port, tmp_path / "first", max_steps=cap)
+    second = serve_command(base_url, second_port, tmp_path / "second", max_steps=cap)
     with server_process(second, env, ROOT, second_port, tmp_path / "second.log") as (second_url, _):
         with server_process(first, env, ROOT, first_port, tmp_path / "first.log") as (first_url, process):
             client = langgraph_sdk.get_client(url=first_url)
@@ -58,6 +59,7 @@ async def test_a_second_server_continues_a_killed_servers_thread_from_postgres(p
                 await asyncio.sleep(0.1)
             os.kill(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
+        engine.delay_s = 0.0  # the pace only had to outlast the kill
         assert "Postgres" in (tmp_path / "first.log").read_text()
         client = langgraph_sdk.get_client(url=second_url)
         # the second server never saw this thread: it takes it from Postgres and goes on

