@@ -56,3 +56,19 @@ def recorder(tmp_path):
     yield recorder
     recorder.close()
     store.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_openai_http_clients():
+    """``langchain_openai`` keeps one async HTTP client per base URL for the process; its pooled
+    connections belong to the event loop that opened them. Every test runs its own loop and a
+    server's port can come round again in a later test, which then finds the old loop's
+    connections (``Event loop is closed``): each test starts with none."""
+    yield
+    _client_utils = sys.modules.get("langchain_openai.chat_models._client_utils")
+    if _client_utils is None:  # not imported: nothing cached
+        return
+    for cached in ("_cached_async_httpx_client", "_cached_sync_httpx_client"):
+        clear = getattr(getattr(_client_utils, cached, None), "cache_clear", None)
+        if clear is not None:
+            clear()
