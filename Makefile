@@ -43,9 +43,10 @@ TEST_WORKERS ?= auto
 PYTEST = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8 --dist loadfile
 
 # the linter first (a second), then the default test run; PostgreSQL is installed where it is missing and
-# can be (scripts/ensure_postgres.sh: a fresh CI machine), and its tests must then run, not skip
+# can be (scripts/ensure_postgres.sh: a fresh CI machine), and its tests must then run, not skip; the
+# slowest 10 tests are listed at the end
 test: lint
-	if scripts/ensure_postgres.sh; then export VERLOG_REQUIRE_POSTGRES=1; fi; $(PYTEST)
+	if scripts/ensure_postgres.sh; then export VERLOG_REQUIRE_POSTGRES=1; fi; $(PYTEST) --durations=10
 
 test-slow: $(STAMP)
 	$(PYTEST) -m slow
