@@ -89,6 +89,21 @@ class SlowCountingEngine(Engine):
         return await self.inner.generate(prompt_ids, sampling, request_id=request_id)
 
 
+@contextmanager
+def paced_endpoint(model, tokenizer, delay_s: float = 0.25) -> Iterator[tuple[str, SlowCountingEngine]]:
+    """``serve-model``'s API on ``model`` answering at a bigger model's pace (``delay_s`` a call):
+    its base URL and the engine (set ``engine.delay_s = 0`` once the pace has done its job)."""
+    from verlog.backends.embedded import EmbeddedEngine
+    from verlog.serve import OpenAIServer, serve_in_thread
+
+    engine = SlowCountingEngine(EmbeddedEngine(model, tokenizer, seed=0), delay_s=delay_s)
+    try:
+        with serve_in_thread(OpenAIServer(engine, tokenizer, model_name="tiny")) as base_url:
+            yield base_url, engine
+    finally:
+        engine.inner.close()
+
+
 def serve_command(base_url: str, port: int, state_dir: Path, **graph_kwargs) -> list[str]:
     # short answers (the tiny model's are noise anyway); seeded sampling: the same episode each time
     return [

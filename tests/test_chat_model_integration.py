@@ -75,7 +75,9 @@ class TestVerlogChatModelIntegration(integration.ChatModelIntegrationTests):
         return True
 
     @pytest.fixture(autouse=True)
-    def _skip_what_needs_a_capable_model(self, request: pytest.FixtureRequest) -> None:
+    def _per_test(self, request: pytest.FixtureRequest) -> None:
+        """Notes the test's name (``chat_model_params`` sizes its answers by it) and skips the tests
+        that need a capable model."""
         self._test_name = request.node.originalname
         reason = NEEDS_A_CAPABLE_MODEL.get(request.node.originalname)
         if reason:

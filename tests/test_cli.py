@@ -1,5 +1,5 @@
 """The ``verlog`` command line: ``rollout`` and ``play`` run as a user runs them (a real subprocess:
-the smoke tests of those commands), the other checks in this process (``tests/cli_runner.py``)."""
+the smoke tests of those commands), the other checks in this process through ``verlog.cli.main``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli_runner import run_cli
+from verlog.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
+CALCULATOR = str(ROOT / "configs" / "calculator.yaml")
 
 
 def verlog(*args: str, stdin: str = "", cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -43,23 +44,23 @@ def test_rollout_prints_turns_and_writes_json(tmp_path):
     assert len(turn["logprobs"]) == len(turn["response_ids"]) <= 9 and turn["prompt_ids"]
 
 
-def test_bad_config_key_is_a_clear_error(tmp_path):
-    result = run_cli("rollout", "configs/calculator.yaml", "sampling.temprature=0")
-    assert result.returncode == 2
-    assert "sampling.temprature: unknown key" in result.stderr and "temperature" in result.stderr
+def test_bad_config_key_is_a_clear_error(capsys):
+    assert main(["rollout", CALCULATOR, "sampling.temprature=0"]) == 2
+    err = capsys.readouterr().err
+    assert "sampling.temprature: unknown key" in err and "temperature" in err
 
 
-def test_error_messages_keep_their_brackets():
+def test_error_messages_keep_their_brackets(capsys):
     # rich would read "[0.5]" or "pip install 'verlog[verl]'" as markup and drop it
-    result = run_cli("rollout", "configs/calculator.yaml", "sampling.temperature=[0.5]")
-    assert result.returncode == 2 and "(got [0.5])" in result.stderr
+    assert main(["rollout", CALCULATOR, "sampling.temperature=[0.5]"]) == 2
+    assert "(got [0.5])" in capsys.readouterr().err
 
 
-def test_graph_file_without_factory_is_a_clear_error(tmp_path):
+def test_graph_file_without_factory_is_a_clear_error(tmp_path, capsys):
     graph = tmp_path / "empty.py"
     graph.write_text("x = 1\n")
-    result = run_cli("rollout", "configs/calculator.yaml", f"multi_turn.langgraph.path={graph}")
-    assert result.returncode == 2 and "has no build_graph(model, **kwargs) function" in result.stderr
+    assert main(["rollout", CALCULATOR, f"multi_turn.langgraph.path={graph}"]) == 2
+    assert "has no build_graph(model, **kwargs) function" in capsys.readouterr().err
 
 
 def test_play_by_hand_and_by_bot():
@@ -70,13 +71,13 @@ def test_play_by_hand_and_by_bot():
     assert bot.returncode == 0 and "success True" in bot.stdout
 
 
-def test_play_random_agent_and_clear_errors():
-    random_play = run_cli("play", "babyai:goto", "--seed", "2", "--agent", "random", "--max-steps", "3")
-    assert random_play.returncode == 0, random_play.stderr
-    assert random_play.stdout.count("> ACTION: ") == 3
-    no_bot = run_cli("play", "guess", "--agent", "bot")
-    assert no_bot.returncode == 2 and "unknown environment 'guess'" in no_bot.stderr and "babyai:goto" in no_bot.stderr
-    assert "Traceback" not in no_bot.stdout + no_bot.stderr
+def test_play_random_agent_and_clear_errors(capsys):
+    assert main(["play", "babyai:goto", "--seed", "2", "--agent", "random", "--max-steps", "3"]) == 0
+    assert capsys.readouterr().out.count("> ACTION: ") == 3
+    assert main(["play", "guess", "--agent", "bot"]) == 2
+    out, err = capsys.readouterr()
+    assert "unknown environment 'guess'" in err and "babyai:goto" in err
+    assert "Traceback" not in out + err
 
 
 def test_examples_run():

@@ -31,7 +31,7 @@ pytest.importorskip("langchain_openai")
 pytest.importorskip("langgraph_api")
 langgraph_sdk = pytest.importorskip("langgraph_sdk")
 
-from langgraph_server import SlowCountingEngine, free_port, running, serve_command, server_process  # noqa: E402
+from langgraph_server import free_port, paced_endpoint, running, serve_command, server_process  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CAP = 128  # BabyAI's step cap under verlog's protocol
@@ -46,12 +46,11 @@ def endpoint(tiny_model, tiny_tokenizer):
     engine.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def slow_endpoint(tiny_model, tiny_tokenizer):
-    engine = SlowCountingEngine(EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0), delay_s=0.25)
-    with serve_in_thread(OpenAIServer(engine, tiny_tokenizer, model_name="tiny")) as base_url:
-        yield base_url, engine
-    engine.inner.close()
+    """A paced endpoint of the test's own (the test drops the pace after its kill)."""
+    with paced_endpoint(tiny_model, tiny_tokenizer) as endpoint:
+        yield endpoint
 
 
 def assert_whole_episode(state: dict) -> None:

@@ -18,11 +18,8 @@ pytest.importorskip("langgraph.checkpoint.postgres")
 pytest.importorskip("langgraph_api")
 langgraph_sdk = pytest.importorskip("langgraph_sdk")
 
-from langgraph_server import ROOT, SlowCountingEngine, free_port, serve_command, server_process  # noqa: E402
+from langgraph_server import ROOT, free_port, paced_endpoint, serve_command, server_process  # noqa: E402
 from postgres_server import running_postgres  # noqa: E402
-
-from verlog.backends.embedded import EmbeddedEngine  # noqa: E402
-from verlog.serve import OpenAIServer, serve_in_thread  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +29,11 @@ def postgres_uri():
         yield uri
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def slow_endpoint(tiny_model, tiny_tokenizer):
-    engine = SlowCountingEngine(EmbeddedEngine(tiny_model, tiny_tokenizer, seed=0), delay_s=0.25)
-    with serve_in_thread(OpenAIServer(engine, tiny_tokenizer, model_name="tiny")) as base_url:
-        yield base_url, engine
-    engine.inner.close()
+    """A paced endpoint of the test's own (the test drops the pace after its kill)."""
+    with paced_endpoint(tiny_model, tiny_tokenizer) as endpoint:
+        yield endpoint
 
 
 async def test_a_second_server_continues_a_killed_servers_thread_from_postgres(postgres_uri, slow_endpoint, tmp_path):
