@@ -11,6 +11,11 @@ and, for scale, a bare Python loop rendering the chat template and calling the e
 training path: the same loop as one env slot of a ``SlotRunner`` collecting a batch of N turns
 (every call through the batch gate on the runner's loop, the graph on the slot's own loop and thread).
 
+Every observation is new (a counter in its text), so no cache of earlier prompts answers the newest
+message. A last section times the prompt ids of long histories (11, 51, 201 messages), where the
+pieces of earlier messages are remembered (``verlog.tokens.encode_plain``), against the template
+plus the tokenizer's own call on the whole prompt.
+
 Prints ms per turn for each and the added cost per style (goal: verlog - plain <= 0.3 ms/turn;
 plain LangGraph itself costs about 1 ms a turn on a 2-core machine).
 Usage: python benchmarks/rollout_overhead.py [--turns 200] [--repeats 9]
@@ -39,6 +44,14 @@ from verlog.testing.scripted_engine import ScriptedEngine
 
 ANSWER = "I go forward.\nACTION: go forward"
 OBSERVATION = "You see a red ball 2 steps forward and a wall 3 steps to the left."
+#: every observation of the run is new (a game's are), so no cache of earlier prompts can answer
+#: the newest message for free; what repeats is what repeats in a game: the system prompt and
+#: the template's role headers
+_MOVES = itertools.count()
+
+
+def observation() -> str:
+    return f"{OBSERVATION} (move {next(_MOVES)})"
 
 
 class State(TypedDict):
@@ -56,7 +69,7 @@ def build_loop(model, turns: int, report: bool, sync: bool = False):
 
     def advance(state: State) -> dict:
         step = state["step"] + 1
-        return {"step": step, "observation": f"{OBSERVATION} (step {step})"}
+        return {"step": step, "observation": observation()}
 
     async def policy(state: State) -> dict:
         return {"last_answer": (await model.ainvoke(prompt(state))).content}
@@ -90,7 +103,7 @@ def build_loop(model, turns: int, report: bool, sync: bool = False):
 
 
 def start(turns: int) -> dict:
-    return {"observation": OBSERVATION, "last_answer": "", "step": 0}
+    return {"observation": observation(), "last_answer": "", "step": 0}
 
 
 async def time_plain(turns: int) -> float:
@@ -156,13 +169,34 @@ async def time_bare(turns: int, tokenizer) -> float:
     renderer = PromptRenderer(tokenizer)
     sampling = SamplingParams()
     t0 = time.perf_counter()
-    observation = OBSERVATION
-    for step in range(turns):
-        ids = renderer.render([SystemMessage("Play the game."), HumanMessage(observation)])
+    seen = observation()
+    for _ in range(turns):
+        ids = renderer.render([SystemMessage("Play the game."), HumanMessage(seen)])
         gen = await engine.generate(ids, sampling)
         tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        observation = f"{OBSERVATION} (step {step + 1})"
+        seen = observation()
     return (time.perf_counter() - t0) / turns
+
+
+def time_history(tokenizer, messages: int, turns: int = 100) -> tuple[float, float]:
+    """A prompt of ``messages`` messages (a game's history, a new observation last): ms per turn
+    for its ids through verlog's renderer, and through the template plus the tokenizer's own
+    call (every turn encodes its whole history again)."""
+    renderer = PromptRenderer(tokenizer)
+    history: list = [SystemMessage("Play the game.")]
+    while len(history) < messages - 1:
+        history += [HumanMessage(observation()), AIMessage(ANSWER)]
+    prompts = [history + [HumanMessage(observation())] for _ in range(turns)]
+    t0 = time.perf_counter()
+    for prompt in prompts:
+        renderer.render(prompt)
+    ours = (time.perf_counter() - t0) / turns
+    prompts = [history + [HumanMessage(observation())] for _ in range(turns)]
+    t0 = time.perf_counter()
+    for prompt in prompts:
+        tokenizer(renderer.render_text(prompt), add_special_tokens=False, verbose=False)
+    whole = (time.perf_counter() - t0) / turns
+    return ours * 1000, whole * 1000
 
 
 async def main(turns: int, repeats: int) -> None:
@@ -200,6 +234,12 @@ async def main(turns: int, repeats: int) -> None:
     print("training path (one env slot, calls through the batch gate; no P1 target):")
     for style, plain, ours in (("async nodes", "plain", "slots"), ("sync nodes", "plain_sync", "slots_sync")):
         print(f"  {style:<11}: {med[ours]:.3f} ms/turn, {med[ours] - med[plain]:+.3f} over plain LangGraph")
+    print("prompt ids of a long history (template + encoding; earlier messages' pieces remembered):")
+    for messages in (11, 51, 201):
+        ours, whole = time_history(tokenizer, messages)
+        print(
+            f"  {messages:>3} messages: {ours:.3f} ms/turn; encoding it whole each turn: {whole:.3f} ms ({whole / ours:.1f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -61,3 +61,79 @@ def test_encode_plain_is_the_tokenizers_own_call(name) -> None:
     tokenizer.backend_tokenizer.enable_truncation(4)
     assert encode_plain(tokenizer, texts[0]) == tokenizer(texts[0], add_special_tokens=False)["input_ids"]
     assert len(encode_plain(tokenizer, texts[0])) > 4
+
+
+def _conversation_texts(tokenizer) -> list[str]:
+    """Prompts of a growing game conversation: each repeats the pieces of the one before."""
+    history = [{"role": "system", "content": "Play."}]
+    texts = []
+    for step in range(6):
+        history.append({"role": "user", "content": f"step {step}: a wall  \n\n ahead ✓"})
+        texts.append(tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True))
+        history.append({"role": "assistant", "content": "ACTION: turn left" if step % 2 else "<tool_call>\n{}"})
+    return texts
+
+
+@pytest.mark.parametrize("name", ["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
+def test_encode_plain_piece_by_piece_is_exact(name) -> None:
+    """The pieces between added tokens are encoded once and then remembered: prompts that repeat
+    earlier pieces, added tokens side by side or touching text, a piece seen before beside a new
+    one, all give the tokenizer's own ids; tokens added after the first prompt are found too."""
+    from verlog.models import load_tokenizer
+
+    tokenizer = load_tokenizer(name)
+    start, end = "<|im_start|>", "<|im_end|>"
+    texts = _conversation_texts(tokenizer) + [
+        f"{start}{end}{start}{end}",
+        f"x{start}y{end}z",
+        f"{end}\n{end}\n",
+        "Play.<|im_end|",  # an added token cut short is text
+    ]
+    for _ in range(2):  # the second pass answers from the remembered pieces
+        for text in texts:
+            assert encode_plain(tokenizer, text) == tokenizer(text, add_special_tokens=False)["input_ids"], text[:60]
+    assert (
+        encode_plain(tokenizer, "a <my_new_token> b")
+        == tokenizer("a <my_new_token> b", add_special_tokens=False)["input_ids"]
+    )
+    tokenizer.add_tokens(["<my_new_token>"])
+    new_id = tokenizer.convert_tokens_to_ids("<my_new_token>")
+    ids = encode_plain(tokenizer, "a <my_new_token> b")
+    assert new_id in ids and ids == tokenizer("a <my_new_token> b", add_special_tokens=False)["input_ids"]
+
+
+def _trained_tokenizer(kind: str):
+    """A small tokenizer trained here, with one added token ``<sep>``, whose pieces are not
+    encoded on their own: ``metaspace`` (SentencePiece-style, a prefix on the first piece only)
+    or ``lstrip`` (the added token eats the spaces before it)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    if kind == "metaspace":
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    else:
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    corpus = ["the wall is ahead", "turn left and go forward", "a red ball"] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    backend.train_from_iterator(corpus, trainer)
+    backend.add_special_tokens([AddedToken("<sep>", lstrip=kind == "lstrip", normalized=False)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+@pytest.mark.parametrize("kind", ["metaspace", "lstrip"])
+def test_encode_plain_where_pieces_are_not_independent(kind) -> None:
+    """Where encoding the pieces one by one would give other ids (checked here), the tokenizer
+    is encoded whole, and agrees with its own call."""
+    from verlog.tokens import _PieceEncoder
+
+    tokenizer = _trained_tokenizer(kind)
+    backend = tokenizer.backend_tokenizer
+    assert _PieceEncoder.build(backend) is None
+    texts = ("the wall<sep>turn left", "go forward  <sep> a red ball", "<sep>the")
+    forced = _PieceEncoder(backend, {"<sep>": tokenizer.convert_tokens_to_ids("<sep>")})
+    assert any(forced.encode(t) != tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts)
+    for text in texts:
+        assert encode_plain(tokenizer, text) == tokenizer(text, add_special_tokens=False)["input_ids"], text
