@@ -62,8 +62,9 @@ def recorder(tmp_path):
 def _fresh_openai_http_clients():
     """``langchain_openai`` keeps one async HTTP client per base URL for the process; its pooled
     connections belong to the event loop that opened them. Every test runs its own loop and a
-    server's port can come round again in a later test, which then finds the old loop's
-    connections (``Event loop is closed``): each test starts with none."""
+    server's port can come round again in a later test, whose plain ``ChatOpenAI`` would find the
+    old loop's connections (``Event loop is closed``): each test starts with none. (verlog's own
+    ``ChatOpenAI`` models keep a pool per loop, ``verlog.llm.loop_http``, and need none of this.)"""
     yield
     _client_utils = sys.modules.get("langchain_openai.chat_models._client_utils")
     if _client_utils is None:  # not imported: nothing cached

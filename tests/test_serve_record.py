@@ -317,3 +317,22 @@ async def test_structured_output_calls_name_the_runs_episode(tiny_model, tiny_to
     engine.close()
     turns = recorder.store.turns("judged")
     assert [t.turn_index for t in turns] == [0, 1] and turns[1].constraint == "json_schema"
+
+
+def test_episode_model_answers_from_one_event_loop_after_another(tiny_tokenizer):
+    """Two ``asyncio.run`` in one process against one endpoint (a script that evaluates twice, a
+    notebook): the second is not handed the first loop's closed connections, for
+    ``episode_chat_openai`` and for ``verlog eval --base-url``'s model alike."""
+    from verlog.evaluation.players import EndpointModel
+    from verlog.serve import serve_in_thread
+    from verlog.testing.scripted_engine import ScriptedEngine
+    from verlog.traces import episode_chat_openai
+
+    engine = ScriptedEngine(tiny_tokenizer, ["one", "two", "three", "four"])
+    with serve_in_thread(OpenAIServer(engine, tiny_tokenizer, model_name="tiny")) as base_url:
+        models = [
+            episode_chat_openai(base_url=base_url, model="tiny", api_key="k", max_retries=0),
+            EndpointModel(base_url, "tiny", api_key="k", max_retries=0)._client(),
+        ]
+        answers = [asyncio.run(model.ainvoke("hi")).content for model in models for _ in range(2)]
+    assert answers == ["one", "two", "three", "four"]

@@ -19,6 +19,7 @@ from typing import Any
 from verlog.config import VerlogConfig
 from verlog.evaluation.runner import EvalError
 from verlog.evaluation.tasks import EvalTask
+from verlog.llm.loop_http import loop_local_async_client
 
 __all__ = ["EndpointModel", "EngineModel", "sampling_of"]
 
@@ -120,6 +121,8 @@ class EndpointModel:
         #: the endpoint's address is transport, not identity: the same model behind a new port
         #: resumes the same evaluation
         self.label = model
+        #: one pool of connections per event loop, shared by every task's model
+        self._http = loop_local_async_client()
 
     def sampling(self, config: VerlogConfig) -> dict[str, Any]:
         s = sampling_of(config, self.temperature, self.max_tokens)
@@ -129,7 +132,9 @@ class EndpointModel:
     def _client(self, **settings: Any) -> Any:
         from langchain_openai import ChatOpenAI
 
-        return ChatOpenAI(base_url=self.base_url, model=self.model, api_key=self.api_key, **settings)
+        return ChatOpenAI(
+            base_url=self.base_url, model=self.model, api_key=self.api_key, http_async_client=self._http, **settings
+        )
 
     def chat_model(self, task: EvalTask) -> Any:
         s = self.sampling(task.config)

@@ -67,5 +67,12 @@ def _episode_class() -> type:
 
 def episode_chat_openai(**kwargs: Any) -> Any:
     """A ``langchain_openai.ChatOpenAI`` (built with ``kwargs``) that names each request's
-    episode from the run's config (see the module doc)."""
-    return _episode_class()(**kwargs)
+    episode from the run's config (see the module doc). Its async requests use a pool of
+    connections per event loop (:func:`verlog.llm.loop_http.loop_local_async_client`) unless
+    ``kwargs`` give an ``http_async_client`` or an ``openai_proxy`` of their own."""
+    cls = _episode_class()
+    if "http_async_client" not in kwargs and not kwargs.get("openai_proxy"):
+        from verlog.llm.loop_http import loop_local_async_client
+
+        kwargs["http_async_client"] = loop_local_async_client()
+    return cls(**kwargs)
