@@ -13,7 +13,7 @@ import functools
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Coroutine, Literal, TypeVar, get_args
+from typing import Any, AsyncIterator, Callable, Coroutine, Literal, Mapping, TypeVar, get_args
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -136,6 +136,16 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class ImageInputs:
+    """A prompt's images for a vision-language model: ``images``, the encoded files in prompt
+    order (what a turn keeps), and ``tensors``, the model processor's pixel inputs made from them
+    (``pixel_values`` and the like: what the model's forward pass takes with the prompt ids)."""
+
+    images: tuple[bytes, ...]
+    tensors: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class TokenDelta:
     """The tokens an engine chose since the previous item of a :meth:`Engine.stream`."""
 
@@ -156,6 +166,10 @@ class Engine(abc.ABC):
 
     #: the :class:`Constraint` kinds this engine enforces (none unless an engine says so)
     constraint_kinds: frozenset[str] = frozenset()
+
+    #: whether ``generate``/``stream`` take ``images=`` (:class:`ImageInputs`): a vision-language
+    #: model's engine; a call with images to an engine without is refused by the chat model
+    accepts_images: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

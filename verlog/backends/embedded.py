@@ -14,6 +14,11 @@ Logprobs are ``log_softmax(logits / temperature)`` of the chosen token (plain ``
 greedy decoding), before any top-k / top-p truncation: the same quantity a trainer recomputes
 with a teacher-forced forward pass.
 
+A request with images (``images=``, :class:`~verlog.backends.base.ImageInputs`; a vision-language
+model such as Idefics3/SmolVLM) is prefilled on its own with its pixel inputs, then decodes in the
+batch like any row (its next tokens need only the KV). Its prompt neither reads nor fills the prefix
+cache: the KV of an image's tokens depends on the pixels, which the ids do not name.
+
 A request with a ``sampling.constraint`` (a JSON schema, regex or Lark grammar) is decoded under
 a token mask (:mod:`verlog.backends.grammar`): before each choice the logits of tokens that would
 break the grammar are set to ``-inf``, so the sample, and the logprob recorded for it, come from
@@ -50,6 +55,7 @@ from verlog.backends.base import (
     Engine,
     EngineError,
     Generation,
+    ImageInputs,
     SamplingParams,
     TokenDelta,
     ends_with_stop,
@@ -86,6 +92,8 @@ class _Request:
     matcher: ConstraintMatcher | None = None
     #: a failure of this request alone (its constraint broke): reported instead of a generation
     error: EngineError | None = None
+    #: the prompt's images (a vision-language model's request): prefilled alone, never cached
+    images: ImageInputs | None = None
 
     @property
     def host_work(self) -> bool:
@@ -218,6 +226,13 @@ class EmbeddedEngine(Engine):
     constraint_kinds = frozenset(CONSTRAINT_KINDS)
 
     @property
+    def accepts_images(self) -> bool:  # type: ignore[override]
+        """Whether the model takes images: a vision-language model whose positions are plain
+        1-D ones (Idefics3/SmolVLM, LLaVA-style). Models with multimodal rotary positions
+        (Qwen2-VL's 3-D M-RoPE) are not served with images yet."""
+        return _image_model_problem(self.model) is None
+
+    @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
@@ -241,15 +256,19 @@ class EmbeddedEngine(Engine):
         *,
         request_id: str | None = None,
         on_token: Callable[[int, float], Any] | None = None,
+        images: ImageInputs | None = None,
     ) -> Generation:
         """Generate one response (see :meth:`Engine.generate`).
 
         ``on_token(token_id, logprob)``, if given, is called on the caller's event loop as each
         token is chosen, before the returned generation completes (for token streaming).
+        ``images``: the prompt's images (a vision-language model; see the module doc).
         Cancelling the call frees its batch row at the next decode step.
         """
         if self._closed:
             raise EngineError("the embedded engine is closed")
+        if images is not None and (problem := _image_model_problem(self.model)) is not None:
+            raise EngineError(f"this request has images, and {problem}")
         if not prompt_ids:
             raise EngineError("prompt_ids is empty")
         if len(prompt_ids) + 1 > self.max_context:
@@ -258,7 +277,7 @@ class EmbeddedEngine(Engine):
                 f"engine's max_context of {self.max_context} tokens"
             )
         loop = asyncio.get_running_loop()
-        req = _Request(list(prompt_ids), sampling, loop, loop.create_future(), on_token=on_token)
+        req = _Request(list(prompt_ids), sampling, loop, loop.create_future(), on_token=on_token, images=images)
         if sampling.seed is not None:
             req.seed = seed_stream(sampling.seed)
         if sampling.stop:  # new stop strings join the device table off the loop
@@ -278,13 +297,18 @@ class EmbeddedEngine(Engine):
         sampling: SamplingParams,
         *,
         request_id: str | None = None,
+        images: ImageInputs | None = None,
     ) -> AsyncIterator[TokenDelta | Generation]:
         """Tokens as they are chosen (see :meth:`Engine.stream`); tokens chosen while the
         consumer was busy arrive together. Closing the iterator early stops the generation."""
         chosen: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
         task = asyncio.ensure_future(
             self.generate(
-                prompt_ids, sampling, request_id=request_id, on_token=lambda t, lp: chosen.put_nowait((t, lp))
+                prompt_ids,
+                sampling,
+                request_id=request_id,
+                on_token=lambda t, lp: chosen.put_nowait((t, lp)),
+                images=images,
             )
         )
         task.add_done_callback(lambda _: chosen.put_nowait(None))
@@ -421,6 +445,8 @@ class EmbeddedEngine(Engine):
         and its last token is fed with the running rows' tokens at the next decode step, which
         picks its first token (``_waiting_rows``). The returned batch then holds such rows too.
         """
+        if any(r.images is not None for r in batch):
+            return self._prefill_with_images(batch)
         device, cache_store = self.device, self.prefix_cache
         prompts = [r.prompt_ids for r in batch]
         unseeded = [r for r in batch if r.seed is None]
@@ -478,6 +504,27 @@ class EmbeddedEngine(Engine):
         assert running is not None
         return running
 
+    def _prefill_with_images(self, batch: list[_Request]) -> "_Running":
+        """Prefill a batch holding requests with images: the others as usual, then each request
+        with images in a pass of its own (its pixel inputs with its ids, no prefix cache)."""
+        plain = [r for r in batch if r.images is None]
+        running = self._prefill(plain) if plain else None
+        for r in batch:
+            if r.images is None:
+                continue
+            if r.seed is None:  # its random stream starts from the engine's generator, as others'
+                r.seed = int(torch.randint(-(2**63), 2**63 - 1, (1,), generator=self._default_generator))
+            r.cache_epoch = self.prefix_cache.epoch
+            self.stats.prompt_tokens += len(r.prompt_ids)
+            self.stats.computed_prompt_tokens += len(r.prompt_ids)
+            self.stats.requests += 1
+            pixels = {k: v.to(self.device) for k, v in r.images.tensors.items()}
+            part, logits = self._prefill_rows([r], [(0, None)], pixels)
+            self._advance(part, logits)
+            if part.requests:
+                running = part if running is None or not running.requests else running.merge(part)
+        return running if running is not None else part
+
     def _waiting_rows(self, batch: list[_Request], prefix: list[tuple[int, torch.Tensor | None]]) -> "_Running":
         """Rows whose prefix KV covers all of their prompt but its last token: the KV is laid in
         (right-aligned), the last token waits to be fed at the next decode step."""
@@ -496,9 +543,13 @@ class EmbeddedEngine(Engine):
         )
 
     def _prefill_rows(
-        self, batch: list[_Request], prefix: list[tuple[int, torch.Tensor | None]]
+        self,
+        batch: list[_Request],
+        prefix: list[tuple[int, torch.Tensor | None]],
+        pixels: dict[str, torch.Tensor] | None = None,
     ) -> tuple["_Running", torch.Tensor]:
-        """One forward pass over ``batch``'s prompts, each after its prefix KV; the last logits."""
+        """One forward pass over ``batch``'s prompts, each after its prefix KV; the last logits.
+        ``pixels``: the one request's image inputs (a vision-language model's prompt)."""
         device = self.device
         prompts = [r.prompt_ids for r in batch]
         lengths = [n for n, _ in prefix]
@@ -522,6 +573,7 @@ class EmbeddedEngine(Engine):
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **(pixels or {}),
         ).logits[:, -1, :]
         rows = DecodeRows([self._row_spec(r) for r in batch], device)
         return _Running(list(batch), cache, attention, positions[:, -1] + 1, rows), logits
@@ -618,7 +670,7 @@ class EmbeddedEngine(Engine):
                 req.fail(req.error)
                 continue
             req.resolve(ids, lps)
-            if self.prefix_cache.enabled and not abort[row]:
+            if self.prefix_cache.enabled and not abort[row] and req.images is None:
                 # the prompt and the answer's tokens fed so far: the next turn of a chat extends them
                 self._keep_prefix(running, row, req.prompt_ids + ids[:-1], req.cache_epoch)
         running.select(np.flatnonzero(~ended).tolist())
@@ -706,6 +758,19 @@ class _GrowingLayer(DynamicLayer):
             buf[:, :, used : used + n] = new
             self._len[name] = used + n
         return self.keys, self.values
+
+
+def _image_model_problem(model: torch.nn.Module) -> str | None:
+    """Why ``model`` cannot be served with images here (``None``: it can)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "vision_config", None) is None:
+        return f"{type(model).__name__} is a text model (a vision-language model takes images, e.g. 'tiny-vl')"
+    if hasattr(getattr(model, "model", None), "get_rope_index"):
+        return (
+            f"{type(model).__name__}'s multimodal rotary positions (M-RoPE) are not handled by the embedded engine "
+            "yet; serve it with images through SGLang, or use a model with 1-D positions (Idefics3/SmolVLM)"
+        )
+    return None
 
 
 def _new_cache(config: Any) -> DynamicCache:

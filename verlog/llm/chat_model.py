@@ -36,6 +36,7 @@ constraint's kind); an unconstrained call is never masked.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import uuid
@@ -53,7 +54,15 @@ from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
 from langchain_core.tools import BaseTool
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from verlog.backends.base import Constraint, Engine, Generation, SamplingParams, check_sync_call, run_sync
+from verlog.backends.base import (
+    Constraint,
+    Engine,
+    Generation,
+    ImageInputs,
+    SamplingParams,
+    check_sync_call,
+    run_sync,
+)
 from verlog.llm.constrained import (
     extra_body_constraint,
     forced_tool_call,
@@ -103,12 +112,14 @@ class CallPlan:
 
     ``prompt_ids`` end with the ids of ``prefix`` (the prefilled start of the answer, non-empty
     when a tool call is forced); ``constraint`` is the grammar the rest must follow (``None``:
-    unconstrained); ``has_tools`` says whether tools are offered (their calls are parsed)."""
+    unconstrained); ``has_tools`` says whether tools are offered (their calls are parsed);
+    ``images`` are the prompt's images (``None``: a text prompt)."""
 
     prompt_ids: list[int]
     prefix: str
     constraint: Constraint | None
     has_tools: bool
+    images: ImageInputs | None = None
 
 
 def normalize_tool_choice(tool_choice: Any, tool_names: Sequence[str]) -> str | None:
@@ -152,6 +163,10 @@ class VerlogChatModel(BaseChatModel):
 
     engine: Engine
     tokenizer: Any = Field(description="a transformers tokenizer with a chat_template")
+    processor: Any = Field(
+        default=None,
+        description="a vision-language model's processor (verlog.models.load_processor): messages may hold images",
+    )
     model_name: str = "verlog"
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     temperature: float = 1.0
@@ -165,7 +180,7 @@ class VerlogChatModel(BaseChatModel):
     _eos_ids: frozenset[int] = PrivateAttr()
 
     def model_post_init(self, context: Any) -> None:
-        self._renderer = PromptRenderer(self.tokenizer, self.chat_template_kwargs)
+        self._renderer = PromptRenderer(self.tokenizer, self.chat_template_kwargs, self.processor)
         eos = set(self.engine.eos_token_ids)
         for tid in (getattr(self.tokenizer, "eos_token_id", None),):
             if isinstance(tid, int):
@@ -274,13 +289,18 @@ class VerlogChatModel(BaseChatModel):
                     f"{formats[0][0]} needs constrained decoding, which {type(self.engine).__name__} does not do "
                     f"(it enforces: {', '.join(sorted(self.engine.constraint_kinds)) or 'no constraints'})"
                 )
-        prompt_ids = self._renderer.render(messages, tools)
+        prompt_ids, images = self._renderer.render_images(messages, tools)
+        if images is not None and not self.engine.accepts_images:
+            raise ValueError(
+                f"the messages hold images, and {type(self.engine).__name__} does not take images "
+                "(the embedded engine does, with a vision-language model)"
+            )
         prefix, constraint = "", wanted
         if choice is not None:
             forced = forced_tool_call(tools or [], choice, self.engine.constraint_kinds, self.tokenizer)
             prefix, constraint = forced.prefix, forced.constraint
             prompt_ids += encode_plain(self.tokenizer, prefix)
-        return CallPlan(prompt_ids, prefix, constraint, bool(tools))
+        return CallPlan(prompt_ids, prefix, constraint, bool(tools), images)
 
     def with_structured_output(
         self,
@@ -308,10 +328,11 @@ class VerlogChatModel(BaseChatModel):
         *,
         has_tools: bool,
         prefix: str = "",
+        images: ImageInputs | None = None,
     ) -> AIMessage:
         """The ``AIMessage`` of an engine's generation, exactly as ``ainvoke`` returns it
         (end-of-sequence and stop text removed, tool calls parsed when tools were offered)."""
-        return self._to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
+        return self._to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix, images=images)
 
     def answer_text(self, token_ids: Sequence[int], sampling: SamplingParams, *, finished: bool) -> str:
         """The visible text of (part of) an answer: trailing end/stop ids dropped, special tokens
@@ -352,9 +373,9 @@ class VerlogChatModel(BaseChatModel):
         messages: list[BaseMessage],
         stop: list[str] | None,
         kwargs: dict[str, Any],
-    ) -> tuple[list[int], SamplingParams, str, bool]:
-        """A call's prompt ids, sampling (with its constraint), forced prefix, and whether tools
-        are offered."""
+    ) -> tuple[list[int], SamplingParams, str, bool, ImageInputs | None]:
+        """A call's prompt ids, sampling (with its constraint), forced prefix, whether tools are
+        offered, and the prompt's images."""
         sampling = self._sampling(stop, kwargs)
         plan = self.plan_call(
             messages,
@@ -365,7 +386,7 @@ class VerlogChatModel(BaseChatModel):
         )
         if plan.constraint is not None:
             sampling = dataclasses.replace(sampling, constraint=plan.constraint)
-        return plan.prompt_ids, sampling, plan.prefix, plan.has_tools
+        return plan.prompt_ids, sampling, plan.prefix, plan.has_tools, plan.images
 
     @staticmethod
     def _identify(
@@ -389,10 +410,13 @@ class VerlogChatModel(BaseChatModel):
         kwargs: dict[str, Any],
     ) -> ChatResult:
         run_id, request_id = self._identify(run_manager, kwargs)
-        prompt_ids, sampling, prefix, has_tools = self._prepare(messages, stop, kwargs)
+        prompt_ids, sampling, prefix, has_tools, images = self._prepare(messages, stop, kwargs)
         with _engine_call(run_id):
-            generation = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
-        message = self._to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix)
+            if images is None:
+                generation = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
+            else:
+                generation = await self.engine.generate(prompt_ids, sampling, request_id=request_id, images=images)
+        message = self._to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix, images=images)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     async def _pieces(
@@ -405,16 +429,21 @@ class VerlogChatModel(BaseChatModel):
         """The answer in pieces as the engine chooses tokens (``Engine.stream``); the pieces join
         into exactly the answer ``ainvoke`` returns, token data and tool calls included."""
         run_id, request_id = self._identify(run_manager, kwargs)
-        prompt_ids, sampling, prefix, has_tools = self._prepare(messages, stop, kwargs)
+        prompt_ids, sampling, prefix, has_tools, images = self._prepare(messages, stop, kwargs)
         releaser = TextReleaser(
             lambda ids: self.answer_text(ids, sampling, finished=False), sampling, hold_all=has_tools or bool(prefix)
         )
-        async with contextlib.aclosing(self.engine.stream(prompt_ids, sampling, request_id=request_id)) as items:
+        with_images = {} if images is None else {"images": images}
+        async with contextlib.aclosing(
+            self.engine.stream(prompt_ids, sampling, request_id=request_id, **with_images)
+        ) as items:
             with _engine_call(run_id):  # the request is made with the first item
                 item = await anext(items, None)
             while item is not None:
                 if isinstance(item, Generation):
-                    final = self._to_message(prompt_ids, item, sampling, has_tools=has_tools, prefix=prefix)
+                    final = self._to_message(
+                        prompt_ids, item, sampling, has_tools=has_tools, prefix=prefix, images=images
+                    )
                     yield ChatGenerationChunk(message=last_chunk(final, releaser.sent))
                     return
                 piece = releaser.push(item.token_ids)
@@ -527,6 +556,7 @@ class VerlogChatModel(BaseChatModel):
         *,
         has_tools: bool,
         prefix: str = "",
+        images: ImageInputs | None = None,
     ) -> AIMessage:
         ids = gen.token_ids
         text = prefix + self.answer_text(ids, sampling, finished=gen.finish_reason == "stop")
@@ -543,6 +573,8 @@ class VerlogChatModel(BaseChatModel):
             finish_reason=gen.finish_reason,
             sampling=drawn,
         )
+        if images is not None:
+            metadata["images"] = [base64.b64encode(data).decode("ascii") for data in images.images]
         usage = {
             "input_tokens": len(prompt_ids),
             "output_tokens": len(ids),

@@ -35,6 +35,8 @@ class TokenMetadata(TypedDict, total=False):
     logprobs: list[float]
     finish_reason: str
     sampling: SamplingMetadata
+    #: the prompt's images (a vision-language model's call): each encoded file in base64, in order
+    images: list[str]
 
 
 #: the keys without which a message carries no training data

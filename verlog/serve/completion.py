@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
-from verlog.backends.base import Engine, EngineError, Generation, SamplingParams, TokenDelta
+from verlog.backends.base import Engine, EngineError, Generation, ImageInputs, SamplingParams, TokenDelta
 from verlog.llm.chat_model import VerlogChatModel
 from verlog.llm.tool_calls import TOOL_CALL_OPEN
 from verlog.serve import openai_protocol as proto
@@ -41,6 +41,8 @@ class PreparedCall:
     has_tools: bool
     #: the request's messages as sent (kept for the trace store's ``full`` privacy mode)
     messages: Any = None
+    #: the prompt's images (``image_url`` parts, for a vision-language model); ``None``: none
+    images: ImageInputs | None = None
 
 
 class CallPlanner:
@@ -83,7 +85,7 @@ class CallPlanner:
         req = proto.parse_request(body)
         if req.model != self.model_name:
             raise self.unknown_model(req.model)
-        messages = proto.to_langchain_messages(req)
+        messages = proto.to_langchain_messages(req, images=self.chat_model.processor is not None)
         tools = body["tools"] if req.tools else None  # as sent: the template renders them verbatim
         response_format = req.response_format.model_dump(exclude_none=True) if req.response_format else None
         choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, proto.NamedToolChoice) else req.tool_choice
@@ -98,7 +100,15 @@ class CallPlanner:
         except APIError:
             raise
         except ValueError as exc:  # tool_choice naming no offered tool, a format that cannot be had
-            param = "response_format" if response_format else "regex" if req.regex is not None else "tool_choice"
+            param = (
+                "messages"
+                if "image" in str(exc)
+                else "response_format"
+                if response_format
+                else "regex"
+                if req.regex is not None
+                else "tool_choice"
+            )
             raise APIError(400, str(exc), param=param) from None
         except Exception as exc:  # the chat template refused the conversation (jinja's errors)
             raise APIError(
@@ -107,7 +117,7 @@ class CallPlanner:
         sampling = dataclasses.replace(self.sampling(req, len(plan.prompt_ids)), constraint=plan.constraint)
         kept = body["messages"] if self._keep_messages() else None
         return PreparedCall(
-            req, plan.prompt_ids, plan.prefix, sampling, bool(tools) and req.tool_choice != "none", kept
+            req, plan.prompt_ids, plan.prefix, sampling, bool(tools) and req.tool_choice != "none", kept, plan.images
         )
 
     def sampling(self, req: proto.ChatCompletionRequest, prompt_tokens: int) -> SamplingParams:
@@ -157,8 +167,10 @@ class TokenStream:
     for engines that cannot report them earlier). Iterate for batches of ``(id, logprob)``; then
     ``generation`` holds the whole generation."""
 
-    def __init__(self, engine: Engine, prompt_ids: list[int], sampling: SamplingParams):
-        self._items = engine.stream(prompt_ids, sampling)
+    def __init__(
+        self, engine: Engine, prompt_ids: list[int], sampling: SamplingParams, images: ImageInputs | None = None
+    ):
+        self._items = engine.stream(prompt_ids, sampling, **({} if images is None else {"images": images}))
         self._generation: Generation | None = None
 
     @property

@@ -458,9 +458,10 @@ def message_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
     for i, part in enumerate(content):
         kind = part.get("type")
         if kind != "text":
+            why = " (this model takes no images)" if kind == "image_url" else ""
             raise APIError(
                 400,
-                f"{where}.content[{i}]: only text parts are supported (got type {kind!r})",
+                f"{where}.content[{i}]: only text parts are supported{why} (got type {kind!r})",
                 param=f"{where}.content[{i}].type",
             )
         if not isinstance(part.get("text"), str):
@@ -482,19 +483,49 @@ def _check_unicode(text: str, where: str) -> None:
         ) from None
 
 
-def to_langchain_messages(request: ChatCompletionRequest) -> list[BaseMessage]:
-    """The request's messages as the LangChain messages verlog's chat model renders."""
+def _without_images(content: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+    return (
+        content if isinstance(content, str) or content is None else [p for p in content if p.get("type") != "image_url"]
+    )
+
+
+def _user_content(content: str | list[dict[str, Any]], where: str) -> str | list[dict[str, Any]]:
+    """A user message's content for the chat model: its text, or, with ``image_url`` parts
+    (base64 data URLs; a vision-language model renders them), its parts in order."""
+    if isinstance(content, str) or not any(p.get("type") == "image_url" for p in content):
+        return message_text(content, where)
+    parts: list[dict[str, Any]] = []
+    for i, part in enumerate(content):
+        if part.get("type") != "image_url":
+            parts.append({"type": "text", "text": message_text([part], where)})
+            continue
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if not isinstance(url, str) or not url.startswith("data:"):
+            raise APIError(
+                400,
+                f"{where}.content[{i}].image_url.url must be a base64 data URL (data:image/png;base64,...): "
+                "this server fetches no image",
+                param=f"{where}.content[{i}].image_url.url",
+            )
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return parts
+
+
+def to_langchain_messages(request: ChatCompletionRequest, *, images: bool = False) -> list[BaseMessage]:
+    """The request's messages as the LangChain messages verlog's chat model renders; ``images``:
+    the model takes images (user messages may hold ``image_url`` parts)."""
     out: list[BaseMessage] = []
     for i, m in enumerate(request.messages):
         where = f"messages[{i}]"
-        text = message_text(m.content, where)
+        text = message_text(_without_images(m.content) if images and m.role == "user" else m.content, where)
         _check_unicode(text, where)
         if m.role in ("system", "developer"):
             out.append(SystemMessage(text))
         elif m.role == "user":
             if m.content is None:
                 raise APIError(400, f"{where}: a user message needs 'content'", param=f"{where}.content")
-            out.append(HumanMessage(text))
+            out.append(HumanMessage(_user_content(m.content, where) if images else text))
         elif m.role == "assistant":
             calls = []
             for j, call in enumerate(m.tool_calls or []):

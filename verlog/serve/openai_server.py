@@ -75,7 +75,7 @@ from typing import Any, Callable, Iterator
 from aiohttp import web
 from langchain_core.messages import HumanMessage
 
-from verlog.backends.base import Engine, EngineError, Generation, SamplingParams
+from verlog.backends.base import Engine, EngineError, Generation, ImageInputs, SamplingParams
 from verlog.llm.chat_model import VerlogChatModel
 from verlog.local_server import LocalServer
 from verlog.serve import openai_protocol as proto
@@ -120,6 +120,8 @@ class OpenAIServer(LocalServer):
             ``None``: the endpoint answers 404.
         check_at_start: run :meth:`check_engine` on ``engine`` when the server starts (it does
             not start if the model cannot answer).
+        processor: a vision-language model's processor (``verlog.models.load_processor``): user
+            messages may then hold ``image_url`` parts (base64 data URLs).
     """
 
     def __init__(
@@ -138,6 +140,7 @@ class OpenAIServer(LocalServer):
         reloader: Callable[[], Reloaded] | None = None,
         admin_key: str | None = None,
         check_at_start: bool = False,
+        processor: Any = None,
     ):
         super().__init__(host, port)
         self.recorder = recorder
@@ -160,6 +163,7 @@ class OpenAIServer(LocalServer):
             model_name=model_name,
             chat_template_kwargs=dict(chat_template_kwargs or {}),
             max_tokens=self.limits.default_max_tokens,
+            processor=processor,
         )
         self.versions = PolicyVersions(
             engine, model_version or model_name, tokenizer, reloader=reloader, on_swap=self._serve_engine
@@ -331,7 +335,7 @@ class OpenAIServer(LocalServer):
                 try:
                     if call.request.stream:
                         return await self._stream(request, call, policy=policy, episode=episode)
-                    generation = await self._generate(call.prompt_ids, call.sampling, policy.engine)
+                    generation = await self._generate(call.prompt_ids, call.sampling, policy.engine, call.images)
                 finally:
                     policy.leave()
         text = self.calls.answer_text(generation, call.sampling, call.prefix)
@@ -354,7 +358,7 @@ class OpenAIServer(LocalServer):
     def _completion(self, call: PreparedCall, generation: Generation, text: str) -> dict[str, Any]:
         """The ``chat.completion`` answer: the message (content and tool calls), logprobs if asked, usage."""
         message = self.chat_model.to_message(
-            call.prompt_ids, generation, call.sampling, has_tools=call.has_tools, prefix=call.prefix
+            call.prompt_ids, generation, call.sampling, has_tools=call.has_tools, prefix=call.prefix, images=call.images
         )
         content, calls = proto.answer_parts(message, text)
         choice: dict[str, Any] = {
@@ -402,9 +406,14 @@ class OpenAIServer(LocalServer):
             call.messages,
         )
 
-    async def _generate(self, prompt_ids: list[int], sampling: SamplingParams, engine: Engine) -> Generation:
+    async def _generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, engine: Engine, images: ImageInputs | None = None
+    ) -> Generation:
+        with_images = {} if images is None else {"images": images}
         try:
-            generation = await asyncio.wait_for(engine.generate(prompt_ids, sampling), self.limits.request_timeout_s)
+            generation = await asyncio.wait_for(
+                engine.generate(prompt_ids, sampling, **with_images), self.limits.request_timeout_s
+            )
         except asyncio.TimeoutError:
             raise APIError(
                 504,
@@ -468,7 +477,7 @@ class OpenAIServer(LocalServer):
         content (:func:`streamable`, with its logprobs if asked), then the tool calls, the finish
         reason and the usage (:meth:`_stream_end`). A failure mid-stream ends it with an error event."""
         started = time.perf_counter()
-        stream = TokenStream(policy.engine, call.prompt_ids, call.sampling)
+        stream = TokenStream(policy.engine, call.prompt_ids, call.sampling, call.images)
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -524,7 +533,7 @@ class OpenAIServer(LocalServer):
         text = self.calls.answer_text(generation, call.sampling, call.prefix)
         await self._record(call, generation, policy, episode, latency_s, text)
         message = self.chat_model.to_message(
-            call.prompt_ids, generation, call.sampling, has_tools=call.has_tools, prefix=call.prefix
+            call.prompt_ids, generation, call.sampling, has_tools=call.has_tools, prefix=call.prefix, images=call.images
         )
         content, calls = proto.answer_parts(message, text)
         rest = content[len(events.sent) :] if content.startswith(events.sent) else ""

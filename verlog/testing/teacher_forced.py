@@ -11,12 +11,18 @@ __all__ = ["teacher_forced_logprobs"]
 
 
 def teacher_forced_logprobs(
-    model: Any, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+    model: Any,
+    prompt_ids: list[int],
+    response_ids: list[int],
+    temperature: float = 1.0,
+    pixels: dict[str, Any] | None = None,
 ) -> list[float]:
     """The logprob of each of ``response_ids`` after ``prompt_ids`` under ``model`` at
-    ``temperature`` (a greedy turn, temperature 0, is scored at 1)."""
+    ``temperature`` (a greedy turn, temperature 0, is scored at 1); ``pixels``: a vision-language
+    model's image inputs for the prompt (``PromptRenderer.image_inputs``)."""
     ids = torch.tensor([list(prompt_ids) + list(response_ids)])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float() / (temperature or 1.0)
+        out = model(input_ids=ids, **(pixels or {}))
+        logits = out.logits[0, len(prompt_ids) - 1 : -1].float() / (temperature or 1.0)
     picked = torch.tensor(list(response_ids)).unsqueeze(-1)
     return torch.log_softmax(logits, -1).gather(-1, picked).squeeze(-1).tolist()

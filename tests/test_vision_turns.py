@@ -1,0 +1,189 @@
+"""Image turns: a graph sends images to the tiny vision-language model (Idefics3) on the embedded
+engine; each turn records the prompt ids (every image's placeholder expanded into its tokens) and
+the images themselves, and the logprobs a teacher-forced pass recomputes from them equal the
+engine's. ``serve-model``'s API takes the same images as OpenAI ``image_url`` parts."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+from langgraph.graph import END, START, MessagesState, StateGraph
+
+from verlog.backends.embedded import EmbeddedEngine
+from verlog.llm import VerlogChatModel
+from verlog.llm.prompt import PromptRenderer
+from verlog.models.tiny_vl import IMAGE_SEQ_LEN
+from verlog.rollout import run_episode
+from verlog.testing.teacher_forced import teacher_forced_logprobs
+
+
+@pytest.fixture(scope="module")
+def vl():
+    """The tiny vision-language model, its processor and an embedded engine serving it."""
+    from verlog.models import load_causal_lm, load_processor
+
+    processor = load_processor("tiny-vl")
+    model = load_causal_lm("tiny-vl")
+    engine = EmbeddedEngine(model, processor.tokenizer, seed=0)
+    yield model, processor, engine
+    engine.close()
+
+
+def png(color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    image = Image.new("RGB", size, color)
+    image.putpixel((3, 5), (255 - color[0], 17, 200))  # not one flat colour
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def image_graph(model):
+    """One policy node: the game's picture (three block shapes) and a question."""
+    shapes = (
+        lambda d: {"type": "image_url", "image_url": {"url": data_url(d)}},  # OpenAI's
+        lambda d: {"type": "image", "base64": base64.b64encode(d).decode(), "mime_type": "image/png"},  # LangChain's
+        lambda d: {
+            "type": "image",
+            "source_type": "base64",
+            "data": base64.b64encode(d).decode(),
+            "mime_type": "image/png",
+        },
+    )
+
+    async def policy(state: MessagesState) -> dict:
+        turn = sum(m.type == "ai" for m in state["messages"])
+        picture = shapes[turn % 3](png((40 * turn, 90, 200)))
+        question = HumanMessage(content=[{"type": "text", "text": f"Turn {turn}: what do you see?"}, picture])
+        answer = await model.ainvoke([SystemMessage("Describe the picture."), *state["messages"], question])
+        return {"messages": [question, answer]}
+
+    def more(state: MessagesState) -> str:
+        return "policy" if sum(m.type == "ai" for m in state["messages"]) < 3 else END
+
+    g = StateGraph(MessagesState)
+    g.add_node("policy", policy)
+    g.add_edge(START, "policy")
+    g.add_conditional_edges("policy", more, ["policy", END])
+    return g.compile()
+
+
+async def test_image_turns_record_ids_and_images_and_their_logprobs_match(vl):
+    model, processor, engine = vl
+    tokenizer = processor.tokenizer
+    chat = VerlogChatModel(engine=engine, tokenizer=tokenizer, processor=processor, max_tokens=8)
+    episode = await run_episode(image_graph(chat), {"messages": []})
+    assert episode.status == "ok", episode.error
+    assert len(episode.turns) == 3
+    image_id = tokenizer.convert_tokens_to_ids("<image>")
+    renderer = PromptRenderer(tokenizer, processor=processor)
+    for k, turn in enumerate(episode.turns):
+        # the history's pictures come along: turn k's prompt holds k + 1 images, each expanded
+        assert len(turn.images) == k + 1
+        assert turn.prompt_ids.count(image_id) == (k + 1) * IMAGE_SEQ_LEN
+        images = [base64.b64decode(x) for x in turn.images]
+        assert images[-1] == png((40 * k, 90, 200))  # the very bytes the graph sent
+        pixels = renderer.image_inputs(images)
+        recomputed = teacher_forced_logprobs(model, turn.prompt_ids, turn.response_ids, turn.temperature, pixels)
+        assert max(abs(a - b) for a, b in zip(recomputed, turn.logprobs)) < 1e-5
+        # the pixels are part of the computation: another picture gives other logprobs
+        other = renderer.image_inputs([png((255, 255, 0))] * len(images))
+        moved = teacher_forced_logprobs(model, turn.prompt_ids, turn.response_ids, turn.temperature, other)
+        assert max(abs(a - b) for a, b in zip(moved, turn.logprobs)) > 1e-4
+
+
+async def test_image_prompts_never_use_the_prefix_cache(vl):
+    """Two pictures behind the same ids: neither reads KV cached for the other (the ids do not
+    name the pixels), and text prompts beside them keep their cache."""
+    model, processor, engine = vl
+    tokenizer = processor.tokenizer
+    chat = VerlogChatModel(engine=engine, tokenizer=tokenizer, processor=processor, max_tokens=4, temperature=0.0)
+    renderer = PromptRenderer(tokenizer, processor=processor)
+    before = engine.stats.cached_prompt_tokens
+    answers = []
+    for color in ((255, 0, 0), (0, 0, 255)):
+        message = HumanMessage(
+            content=[
+                {"type": "text", "text": "Which?"},
+                {"type": "image_url", "image_url": {"url": data_url(png(color))}},
+            ]
+        )
+        answers.append((color, await chat.ainvoke([message])))
+    assert engine.stats.cached_prompt_tokens == before
+    (_, first), (_, second) = answers
+    assert first.response_metadata["prompt_ids"] == second.response_metadata["prompt_ids"]
+    for color, answer in answers:
+        meta = answer.response_metadata
+        pixels = renderer.image_inputs([png(color)])
+        recomputed = teacher_forced_logprobs(model, meta["prompt_ids"], meta["response_ids"], 1.0, pixels)
+        assert max(abs(a - b) for a, b in zip(recomputed, meta["logprobs"])) < 1e-5
+    await chat.ainvoke("a text prompt")
+    await chat.ainvoke("a text prompt")
+    assert engine.stats.cached_prompt_tokens > before  # text still uses the cache
+
+
+async def test_images_where_they_cannot_go_are_refused_clearly(vl, tiny_tokenizer):
+    from verlog.testing.scripted_engine import ScriptedEngine
+
+    _, processor, engine = vl
+    picture = {"type": "image_url", "image_url": {"url": data_url(png((1, 2, 3)))}}
+    text_model = VerlogChatModel(engine=ScriptedEngine(tiny_tokenizer, ["x"]), tokenizer=tiny_tokenizer)
+    with pytest.raises(ValueError, match="vision-language model"):
+        await text_model.ainvoke([HumanMessage(content=[picture])])
+    no_images = VerlogChatModel(
+        engine=ScriptedEngine(processor.tokenizer, ["x"]), tokenizer=processor.tokenizer, processor=processor
+    )
+    with pytest.raises(ValueError, match="does not take images"):
+        await no_images.ainvoke([HumanMessage(content=[picture])])
+    vision = VerlogChatModel(engine=engine, tokenizer=processor.tokenizer, processor=processor)
+    with pytest.raises(ValueError, match="not fetched"):
+        await vision.ainvoke(
+            [HumanMessage(content=[{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}])]
+        )
+    with pytest.raises(ValueError, match="does not open"):
+        await vision.ainvoke(
+            [HumanMessage(content=[{"type": "image_url", "image_url": {"url": data_url(b"not a png")}}])]
+        )
+
+
+def test_serve_model_answers_image_url_parts_from_the_official_client(vl):
+    """``OpenAIServer`` with the processor (what ``serve-model tiny-vl`` builds): the official
+    ``openai`` client sends an ``image_url`` part; the prompt counts the image's tokens, a URL it
+    would have to fetch is a 400 naming the part."""
+    openai = pytest.importorskip("openai")
+    from verlog.serve import OpenAIServer, serve_in_thread
+
+    _, processor, engine = vl
+    server = OpenAIServer(engine, processor.tokenizer, model_name="tiny-vl", processor=processor)
+    text = "What is in the picture?"
+    with serve_in_thread(server) as base_url:
+        client = openai.OpenAI(base_url=base_url, api_key="k", max_retries=0)
+        content = [
+            {"type": "text", "text": text},
+            {"type": "image_url", "image_url": {"url": data_url(png((9, 99, 199)))}},
+        ]
+        reply = client.chat.completions.create(
+            model="tiny-vl", messages=[{"role": "user", "content": content}], max_tokens=6
+        )
+        plain = client.chat.completions.create(
+            model="tiny-vl", messages=[{"role": "user", "content": text}], max_tokens=6
+        )
+        assert reply.choices[0].message.content is not None
+        # the image's placeholder became its tokens (and the two markers around them)
+        assert reply.usage.prompt_tokens - plain.usage.prompt_tokens >= IMAGE_SEQ_LEN
+        with pytest.raises(openai.BadRequestError, match="data URL"):
+            client.chat.completions.create(
+                model="tiny-vl",
+                messages=[
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.org/a.png"}}]}
+                ],
+                max_tokens=4,
+            )
