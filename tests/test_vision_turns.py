@@ -187,3 +187,34 @@ def test_serve_model_answers_image_url_parts_from_the_official_client(vl):
                 ],
                 max_tokens=4,
             )
+
+
+def test_verlog_train_trains_image_turns(tmp_path, capsys):
+    """``verlog train`` on the picture game with the tiny vision-language model: 3 PPO updates
+    with the critic; every batch's logprobs recomputed from the turns' ids and images equal the
+    engine's (ratio 1), and batches cut mid-episode bootstrap from held prompts with pictures."""
+    import json
+    from pathlib import Path
+
+    from verlog.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    run_dir = tmp_path / "run"
+    code = main(
+        [
+            "train",
+            str(root / "configs" / "color_picture.yaml"),
+            f"trainer.run_dir={run_dir}",
+            "trainer.turns_per_env=2",  # the 3-picture episodes are cut: held prompts hold pictures
+            "eval.at_end=false",
+        ]
+    )
+    assert code == 0, capsys.readouterr().out
+    updates = [
+        r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "rollout_logprob_gap" in r
+    ]
+    assert len(updates) == 3
+    for record in updates:
+        assert record["rollout_logprob_gap"] < 1e-5
+        assert abs(record["ratio_max"] - 1.0) < 1e-4
+        assert record["prompt_length"] > 2 * IMAGE_SEQ_LEN  # the pictures' tokens are in the prompts

@@ -60,11 +60,18 @@ def build_engine(config: VerlogConfig, tokenizer: Any, model: Any = None) -> Eng
 
 
 def build_chat_model(config: VerlogConfig, engine: Engine, tokenizer: Any) -> VerlogChatModel:
-    """verlog's chat model with the config's sampling defaults and chat-template options."""
+    """verlog's chat model with the config's sampling defaults and chat-template options (and a
+    vision-language model's processor: its messages may hold images)."""
+    from verlog.models import load_processor
+
     s = config.sampling
+    processor = load_processor(config.model.path)
+    if processor is not None:
+        processor.tokenizer = tokenizer
     return VerlogChatModel(
         engine=engine,
         tokenizer=tokenizer,
+        processor=processor,
         model_name=config.model.path,
         chat_template_kwargs=config.multi_turn.chat_template_kwargs,
         temperature=s.temperature,

@@ -67,6 +67,7 @@ as the chat model would; the trainer reads the critic's value there.
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 import time
 import warnings
@@ -77,7 +78,7 @@ from uuid import UUID
 
 from langchain_core.runnables import Runnable
 
-from verlog.backends.base import BlockingCallError, Engine, Generation, SamplingParams
+from verlog.backends.base import BlockingCallError, Engine, Generation, ImageInputs, SamplingParams
 from verlog.graph_file import GraphFileError
 from verlog.llm.chat_model import engine_call_run
 from verlog.rollout.graph_loop import GraphLoop
@@ -127,6 +128,8 @@ class SlotBatch:
     #: failed episodes dropped while this batch was collected (their turns are not in ``turns``)
     failed: list[Episode] = field(default_factory=list)
     seconds: float = 0.0
+    #: the images of each slot's held prompt (base64 files, as ``Turn.images``; ``[]``: none anywhere)
+    bootstrap_images: list[tuple[str, ...]] = field(default_factory=list)
     #: with whole groups (``SlotRunner(whole_groups=True)``): per turn (``[num_envs][len(turns[i])]``),
     #: whether its play belongs to a group whose ``group_size`` plays all began and ended in this
     #: batch, the only plays a group estimator may compare; ``None``: no such promise
@@ -163,6 +166,10 @@ class SlotBatch:
         """Calls of chat models without verlog's token data in the episodes that ended or failed
         while this batch was collected: they are not trained."""
         return sum(e.uncaptured_calls for e in (*self.episodes, *self.failed))
+
+    def slot_images(self) -> list[tuple[str, ...]]:
+        """:attr:`bootstrap_images`, one entry per slot (``()`` where none)."""
+        return list(self.bootstrap_images) or [() for _ in self.bootstrap_prompt_ids]
 
 
 class _SlotRecorder(TurnRecorder):
@@ -242,6 +249,8 @@ class _Call:
     batch: int | None = None
     #: while held at the gate: its prompt (the bootstrap state if it is the slot's first held call)
     prompt_ids: list[int] | None = None
+    #: ... and its prompt's images (base64 files; ``()``: none)
+    prompt_images: tuple[str, ...] = ()
     #: the task waiting at the gate or on the engine (cancelled if its episode ends first)
     task: asyncio.Task | None = None
     turn: Turn | None = None
@@ -387,6 +396,7 @@ class _GatedEngine(Engine):
         self._runner = runner
         self.eos_token_ids = runner.engine.eos_token_ids
         self.constraint_kinds = runner.engine.constraint_kinds  # constraints pass through to it
+        self.accepts_images = runner.engine.accepts_images  # and images
 
     def stop_token_ids(self, sampling: SamplingParams) -> list[int]:
         return self._runner.engine.stop_token_ids(sampling)
@@ -395,9 +405,14 @@ class _GatedEngine(Engine):
         return self._runner._loop or self._runner.engine.sync_loop()
 
     async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        images: ImageInputs | None = None,
     ) -> Generation:
-        return await self._runner._gated_generate(prompt_ids, sampling, request_id)
+        return await self._runner._gated_generate(prompt_ids, sampling, request_id, images)
 
     async def aclose(self) -> None:
         await self._runner.engine.aclose()
@@ -598,6 +613,7 @@ class SlotRunner:
             if group.playing:
                 group.row.straddled = True
         turns, bootstrap, starts, seeds, compared = [], [], [], [], []
+        bootstrap_images: list[tuple[str, ...]] = []
         for slot in self._slots:
             order = {id(segment): k for k, segment in enumerate(slot.segments)}
 
@@ -616,11 +632,15 @@ class SlotRunner:
             turns.append([c.turn for c in calls])
             seeds.append([c.segment.seed for c in calls])
             # an idle slot (whole groups) holds nothing: its last turn ended its play
-            bootstrap.append(list(min(slot.held, key=when).prompt_ids or []) if slot.held else [])
+            first_held = min(slot.held, key=when) if slot.held else None
+            bootstrap.append(list(first_held.prompt_ids or []) if first_held is not None else [])
+            bootstrap_images.append(first_held.prompt_images if first_held is not None else ())
             compared.append([c.segment.row is not None and c.segment.row.whole for c in calls])
             slot.batch_calls = []
             slot.segments = [s for s in slot.segments if s.episode is None]
         batch = SlotBatch(turns, bootstrap, starts, seeds, episodes=self._ended, failed=self._failed)
+        if any(bootstrap_images):
+            batch.bootstrap_images = bootstrap_images
         if self.whole_groups:
             batch.compared, batch.whole_groups, batch.groups_dropped = compared, self._whole, self._dropped
             self._whole, self._dropped = [], 0
@@ -649,14 +669,14 @@ class SlotRunner:
 
     # ------------------------------------------------------------------ the gate
     async def _gated_generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None, images: ImageInputs | None = None
     ) -> Generation:
         """A model call of the slots' graph: on the runner's loop, held past the slot's quota."""
         run_id, home = engine_call_run(), self._loop
+        admit = self._admit(prompt_ids, sampling, request_id, run_id, images)
         if home is not None and asyncio.get_running_loop() is not home:  # not through the chat model's sync path
-            future = asyncio.run_coroutine_threadsafe(self._admit(prompt_ids, sampling, request_id, run_id), home)
-            return await asyncio.wrap_future(future)
-        return await self._admit(prompt_ids, sampling, request_id, run_id)
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(admit, home))
+        return await admit
 
     async def _admit(
         self,
@@ -664,26 +684,29 @@ class SlotRunner:
         sampling: SamplingParams,
         request_id: str | None,
         run_id: UUID | None,
+        images: ImageInputs | None = None,
     ) -> Generation:
+        with_images: dict[str, Any] = {} if images is None else {"images": images}
         call = self._calls.get(run_id) if run_id is not None else None
         if call is None:  # no slot trains on it
-            return await self.engine.generate(prompt_ids, sampling, request_id=request_id)
+            return await self.engine.generate(prompt_ids, sampling, request_id=request_id, **with_images)
         slot = self._slots[call.segment.slot]
         call.task = asyncio.current_task()
         try:
             while not self._accepting or len(slot.batch_calls) >= self.turns_per_env:
                 if self._closed:  # a call the episode made while its slot was being stopped
                     raise RuntimeError("the slot runner is closed: its episodes are being stopped")
-                await self._hold(slot, call, prompt_ids)
+                await self._hold(slot, call, prompt_ids, images)
             call.batch = self._batch
             slot.batch_calls.append(call)
-            return await self.engine.generate(prompt_ids, sampling, request_id=request_id)
+            return await self.engine.generate(prompt_ids, sampling, request_id=request_id, **with_images)
         finally:
             call.task = None
 
-    async def _hold(self, slot: _Slot, call: _Call, prompt_ids: list[int]) -> None:
+    async def _hold(self, slot: _Slot, call: _Call, prompt_ids: list[int], images: ImageInputs | None) -> None:
         """Wait at the boundary until the slot may give another call; the prompt is on show meanwhile."""
         call.prompt_ids = list(prompt_ids)
+        call.prompt_images = () if images is None else tuple(base64.b64encode(x).decode("ascii") for x in images.images)
         reopened = slot.reopened
         slot.held.append(call)
         self._notify()
@@ -692,7 +715,7 @@ class SlotRunner:
         finally:
             if call in slot.held:
                 slot.held.remove(call)
-            call.prompt_ids = None
+            call.prompt_ids, call.prompt_images = None, ()
 
     def _call_started(self, episode_id: str, run_id: UUID, index: int) -> None:
         """A training call of a slot's episode has started (its recorder saw it)."""

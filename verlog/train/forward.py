@@ -98,6 +98,9 @@ class PackedRows:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     prefix_ids: torch.Tensor | None = None
+    #: a vision-language model's pixel inputs of the one row's images (``pixel_values``...);
+    #: such a row runs alone, whole (no shared prefix, no trunk)
+    pixels: dict[str, torch.Tensor] | None = None
 
     @property
     def offset(self) -> int:
@@ -283,6 +286,12 @@ def pad_states(states: Sequence[torch.Tensor]) -> torch.Tensor:
 def backbone_hidden(backbone: nn.Module, rows: PackedRows, trunk: Trunk | None = None) -> torch.Tensor:
     """Last hidden states ``[B, W, H]`` of a transformer backbone at positions ``offset ..``
     (with ``trunk``: the blocks above it run on its states; ``rows`` then share no prefix)."""
+    if rows.pixels is not None:
+        if trunk is not None or rows.prefix_ids is not None:
+            raise ValueError("a row with images runs whole, from its ids and pixels (no trunk, no shared prefix)")
+        return backbone(
+            input_ids=rows.input_ids, attention_mask=rows.attention_mask, use_cache=False, **rows.pixels
+        ).last_hidden_state
     if trunk is not None:
         if rows.prefix_ids is not None:
             raise ValueError("a pass from the trunk's states runs whole rows (no shared prefix)")
@@ -382,11 +391,21 @@ def last_token_values(
     token_budget: int,
     device: torch.device | str,
     min_shared: int = 0,
+    pixels: Sequence[dict[str, torch.Tensor] | None] | None = None,
 ) -> torch.Tensor:
-    """``V(s)`` of whole prompts (the value at each prompt's last token), ``[len(prompts)]``."""
+    """``V(s)`` of whole prompts (the value at each prompt's last token), ``[len(prompts)]``;
+    ``pixels[i]``: prompt ``i``'s image inputs (a vision-language model's; such prompts run alone)."""
     out = torch.zeros(len(prompts))
     lengths = [len(p) for p in prompts]
-    for group in micro_batches(range(len(prompts)), lengths, token_budget):
+    with_images = [i for i in range(len(prompts)) if pixels is not None and pixels[i] is not None]
+    for i in with_images:
+        assert pixels is not None
+        ids, mask = pad_rows([prompts[i]], pad_id, device)
+        rows = PackedRows(ids, mask, pixels={k: v.to(ids.device) for k, v in pixels[i].items()})
+        out[i] = critic.values(backbone_hidden(critic.backbone, rows))[0, lengths[i] - 1].float().cpu()
+    plain = [i for i in range(len(prompts)) if i not in set(with_images)]
+    for part in micro_batches(plain, lengths, token_budget):
+        group = list(part)
         last = [lengths[r] - 1 for r in group]
         rows = pack_rows([prompts[r] for r in group], pad_id, device, first_read=last, min_shared=min_shared)
         values = critic.values(backbone_hidden(critic.backbone, rows))

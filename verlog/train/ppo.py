@@ -8,10 +8,11 @@ losses themselves live in ``verlog.algo``.
 
 from __future__ import annotations
 
+import base64
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -26,6 +27,7 @@ from verlog.train.forward import (
     last_token_values,
     micro_batches,
     pack_rows,
+    pad_rows,
     pad_states,
     policy_logprobs,
     trunk_states,
@@ -75,15 +77,32 @@ class Learner:
     #: is computed once per batch and every pass starts above them (``None``: each pass runs
     #: every block; see ``shared_trunk_depth``)
     trunk_depth: int | None = None
+    #: a vision-language model's pixel inputs of a prompt's images (``Turn.images``, base64
+    #: files): ``PromptRenderer.image_inputs``; ``None``: a text model
+    image_inputs: Callable[[Sequence[bytes]], dict[str, torch.Tensor]] | None = None
 
     def compute(self):
         """The forward passes' precision context (``torch.autocast`` or nothing)."""
         return autocast(self.device, self.autocast)
 
 
+def pixels_of(images: Sequence[str], learner: Learner) -> dict[str, torch.Tensor] | None:
+    """The pixel inputs of a prompt's images (base64 files) on the learner's device (``None``: none)."""
+    if not images:
+        return None
+    if learner.image_inputs is None:
+        raise ValueError("a turn holds images, and the model being trained has no image processor")
+    made = learner.image_inputs([base64.b64decode(x) for x in images])
+    return {k: v.to(learner.device) for k, v in made.items()}
+
+
 def _rows(s: RolloutStorage, group: list[int], learner: Learner, trunk: Trunk | None = None) -> PackedRows:
     """The turns ``group`` laid out for one pass, their shared leading tokens computed once
-    (a pass from the ``trunk``'s states runs whole rows: the trunk is where sharing would save)."""
+    (a pass from the ``trunk``'s states runs whole rows: the trunk is where sharing would save).
+    A turn with images is a group of its own, run whole with its pixels."""
+    if len(group) == 1 and s.row_images(group[0]):
+        ids, mask = pad_rows([s.sequences[group[0]]], learner.pad_id, learner.device)
+        return PackedRows(ids, mask, pixels=pixels_of(s.row_images(group[0]), learner))
     share = 0 if trunk is not None else learner.algo.shared_prefix_min_tokens
     return pack_rows(
         [s.sequences[r] for r in group],
@@ -96,7 +115,7 @@ def _rows(s: RolloutStorage, group: list[int], learner: Learner, trunk: Trunk | 
 
 def _trunk(s: RolloutStorage, group: list[int], learner: Learner) -> Trunk | None:
     """The trunk's states of the turns ``group``, for a pass that starts above it."""
-    if learner.trunk_depth is None or s.trunk_states is None:
+    if learner.trunk_depth is None or s.trunk_states is None or any(s.row_images(r) for r in group):
         return None
     return Trunk(learner.trunk_depth, pad_states([s.trunk_states[r] for r in group]).to(learner.device))
 
@@ -127,7 +146,9 @@ def _micro_batches(s: RolloutStorage, rows: Sequence[int], learner: Learner) -> 
         shared = common_prefix_len(s.sequences, int(s.prompt_lengths.min()) - 1)
         shared = shared if shared >= algo.shared_prefix_min_tokens else 0
     lengths = [len(seq) - shared for seq in s.sequences]
-    return micro_batches(rows, lengths, max(1, algo.micro_batch_tokens - shared))
+    alone = [[r] for r in rows if s.row_images(r)]  # a turn with images runs alone, with its pixels
+    plain = [r for r in rows if not s.row_images(r)] if alone else rows
+    return micro_batches(plain, lengths, max(1, algo.micro_batch_tokens - shared)) + alone
 
 
 @torch.no_grad()
@@ -172,7 +193,13 @@ def _compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> N
     s.values = values * s.value_mask
     share = learner.algo.shared_prefix_min_tokens
     s.bootstrap_values = last_token_values(
-        critic, s.bootstrap_prompts, learner.pad_id, learner.algo.micro_batch_tokens, learner.device, share
+        critic,
+        s.bootstrap_prompts,
+        learner.pad_id,
+        learner.algo.micro_batch_tokens,
+        learner.device,
+        share,
+        [pixels_of(x, learner) for x in s.bootstrap_images] if any(s.bootstrap_images) else None,
     )
     s.truncation_values = torch.full((s.size,), float("nan"))
     known = [row for row, prompt in enumerate(s.truncation_prompts) if prompt]

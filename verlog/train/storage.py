@@ -16,7 +16,7 @@ played whole in the batch is never compared, not even in part. The advantages co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 import torch
@@ -101,6 +101,10 @@ class RolloutStorage:
     #: each turn's output ``[len, H]`` of the frozen trunk the actor and critic share
     #: (``Learner.trunk_depth``; computed once per batch by ``score_batch``), ``None``: not computed
     trunk_states: list[Tensor] | None = None
+    #: per turn, the images of its prompt (``Turn.images``: base64 files; a vision-language
+    #: model's turns), and of each slot's held prompt; empty lists: a batch without images
+    images: list[tuple[str, ...]] = field(default_factory=list)
+    bootstrap_images: list[tuple[str, ...]] = field(default_factory=list)
 
     @classmethod
     def from_batch(cls, batch: SlotBatch) -> "RolloutStorage":
@@ -145,8 +149,16 @@ class RolloutStorage:
             storage.starts_episode = torch.as_tensor(
                 [start if flags and flags[0] else True for start, flags in zip(batch.starts_episode, batch.compared)]
             )
+        if any(t.images for t in turns):
+            storage.images = [tuple(t.images) for t in turns]
+        if any(batch.bootstrap_images):
+            storage.bootstrap_images = [tuple(x) for x in batch.bootstrap_images]
         storage.token_rewards = storage.env_token_rewards()
         return storage
+
+    def row_images(self, row: int) -> tuple[str, ...]:
+        """The images of turn ``row``'s prompt (``()``: none)."""
+        return self.images[row] if self.images else ()
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -265,12 +277,15 @@ class RolloutStorage:
                 "num_envs",
                 "turns_per_env",
                 "bootstrap_prompts",
+                "bootstrap_images",
                 "starts_episode",
                 "bootstrap_values",
                 "grid",
             ):
                 continue
-            if f.name in ("sequences", "truncation_prompts"):
+            if f.name == "images":
+                joined[f.name] = [] if not any(values) else [x for st in storages for x in _row_images(st)]
+            elif f.name in ("sequences", "truncation_prompts"):
                 joined[f.name] = [seq for v in values for seq in v]
             elif f.name == "trunk_states":
                 joined[f.name] = None if any(v is None for v in values) else [x for v in values for x in v]
@@ -289,3 +304,7 @@ class RolloutStorage:
             starts_episode=torch.zeros(0, dtype=torch.bool),
             **joined,
         )
+
+
+def _row_images(storage: RolloutStorage) -> list[tuple[str, ...]]:
+    return [storage.row_images(r) for r in range(storage.size)]

@@ -242,6 +242,7 @@ def merge_batches(live: SlotBatch | None, traces: TraceBatch | None) -> SlotBatc
     return TraceBatch(
         turns=live.turns + traces.turns,
         bootstrap_prompt_ids=live.bootstrap_prompt_ids + traces.bootstrap_prompt_ids,
+        bootstrap_images=live.slot_images() + traces.slot_images(),
         starts_episode=live.starts_episode + traces.starts_episode,
         seeds=live.seeds + traces.seeds,
         episodes=live.episodes,

@@ -452,8 +452,22 @@ def _learner(
         actor_scaler=grad_scaler(device, compute),
         critic_scaler=grad_scaler(device, compute) if critic else None,
         trunk_depth=_trunk_depth(config, actor, critic),
+        image_inputs=_image_inputs(config, tokenizer),
     )
     return learner, peft_actor
+
+
+def _image_inputs(config: VerlogConfig, tokenizer: Any) -> Any:
+    """A vision-language model's pixel inputs of a turn's images (its processor's), ``None`` for
+    a text model."""
+    from verlog.llm.prompt import PromptRenderer
+    from verlog.models import load_processor
+
+    processor = load_processor(config.model.path)
+    if processor is None:
+        return None
+    processor.tokenizer = tokenizer
+    return PromptRenderer(tokenizer, processor=processor).image_inputs
 
 
 class _SlotsAgent:

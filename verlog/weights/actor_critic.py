@@ -43,7 +43,7 @@ class ValueModel(nn.Module):
         """A critic initialised from a causal LM's weights (its backbone; the LM head is dropped)."""
         backbone = lm.base_model
         head_dtype = next(backbone.parameters()).dtype
-        critic = cls(backbone, lm.config.hidden_size)
+        critic = cls(backbone, lm.config.get_text_config().hidden_size)  # (a vision model's: its text model's)
         critic.value_head.to(dtype=head_dtype, device=next(backbone.parameters()).device)
         return critic
 
