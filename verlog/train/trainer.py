@@ -331,6 +331,7 @@ class _Run:
             else:
                 self.learner.actor.save_pretrained(folder / ckpt.ACTOR_FOLDER, safe_serialization=True)
                 self.tokenizer.save_pretrained(folder / ckpt.ACTOR_FOLDER)
+                _copy_processor_config(self.config.model.path, folder / ckpt.ACTOR_FOLDER)
 
     def restore(self, checkpoint: Path) -> None:
         """Weights not loaded with the actor, optimizers, RNGs, slot counters."""
@@ -455,6 +456,20 @@ def _learner(
         image_inputs=_image_inputs(config, tokenizer),
     )
     return learner, peft_actor
+
+
+def _copy_processor_config(model_path: str, actor_folder: Path) -> None:
+    """A vision-language model's processor settings, beside the saved actor (its images are
+    then processed as in training wherever the checkpoint is served or evaluated)."""
+    import shutil
+
+    from verlog.models import resolve_model_path
+    from verlog.models.safe_load import PROCESSOR_FILES
+
+    source = resolve_model_path(model_path)
+    for name in PROCESSOR_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, actor_folder / name)
 
 
 def _image_inputs(config: VerlogConfig, tokenizer: Any) -> Any:
