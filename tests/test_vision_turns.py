@@ -9,6 +9,7 @@ import base64
 import io
 
 import pytest
+import torch
 from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 
@@ -218,3 +219,76 @@ def test_verlog_train_trains_image_turns(tmp_path, capsys):
         assert record["rollout_logprob_gap"] < 1e-5
         assert abs(record["ratio_max"] - 1.0) < 1e-4
         assert record["prompt_length"] > 2 * IMAGE_SEQ_LEN  # the pictures' tokens are in the prompts
+
+
+async def test_a_truncated_turn_whose_next_state_has_pictures_bootstraps_from_nothing(vl):
+    """``next_messages`` with a picture: the episode is fine, the state after the cut unknown."""
+    from verlog.rollout import TurnRecorder, areport_reward
+
+    model, processor, engine = vl
+    chat = VerlogChatModel(engine=engine, tokenizer=processor.tokenizer, processor=processor, max_tokens=4)
+    picture = {"type": "image_url", "image_url": {"url": data_url(png((5, 6, 7)))}}
+
+    async def policy(state: MessagesState) -> dict:
+        answer = await chat.ainvoke([HumanMessage(content=[{"type": "text", "text": "go"}, picture])])
+        await areport_reward(0.0, truncated=True, next_messages=[HumanMessage(content=[picture])])
+        return {"messages": [answer]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("policy", policy)
+    g.add_edge(START, "policy")
+    g.add_edge("policy", END)
+    recorder = TurnRecorder("cut", render_prompt=chat.render_prompt_ids)
+    episode = await run_episode(g.compile(), {"messages": []}, recorder=recorder)
+    assert episode.status == "ok", episode.error
+    [turn] = episode.turns
+    assert turn.truncated and turn.next_prompt_ids is None and len(turn.images) == 1
+
+
+def test_the_doc_pages_commands_run_as_written(tmp_path, monkeypatch, capsys):
+    """docs/vision_agents.md: roll out, train, evaluate the checkpoint (in a folder of its own)."""
+    import shlex
+    from pathlib import Path
+
+    from doc_pages import doc_commands
+
+    from verlog.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    for name in ("configs", "graphs"):
+        (tmp_path / name).symlink_to(root / name)
+    monkeypatch.chdir(tmp_path)
+    commands = doc_commands("vision_agents.md")
+    assert [c.split()[:2] for c in commands] == [["verlog", "rollout"], ["verlog", "train"], ["verlog", "eval"]]
+    for command in commands:
+        assert main(shlex.split(command)[1:]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "color_picture" in out and (tmp_path / "runs" / "color_picture" / "checkpoints" / "latest").exists()
+
+
+def test_a_placeholder_token_in_the_response_is_a_plain_token(vl):
+    """A model may generate its image placeholder: the engine decodes it as a plain token after
+    the prompt's KV, and the trainer's pass does the same (only the prompt's placeholders take
+    the pictures; one pass over the whole row would give the pictures to the response's too)."""
+    from verlog.train.forward import PackedRows, pad_rows, policy_logprobs
+
+    model, processor, _ = vl
+    tokenizer = processor.tokenizer
+    renderer = PromptRenderer(tokenizer, processor=processor)
+    message = HumanMessage(
+        content=[
+            {"type": "text", "text": "Say it."},
+            {"type": "image_url", "image_url": {"url": data_url(png((9, 8, 7)))}},
+        ]
+    )
+    ids, images = renderer.render_images([message])
+    response = [tokenizer.convert_tokens_to_ids("<image>"), *tokenizer("a red", add_special_tokens=False)["input_ids"]]
+    pixels = renderer.image_inputs(list(images.images))
+    expected = teacher_forced_logprobs(model, ids, response, 1.0, pixels)
+    seq, mask = pad_rows([ids + response], 0, "cpu")
+    rows = PackedRows(seq, mask, pixels=pixels, pixels_prompt_len=len(ids))
+    with torch.no_grad():
+        logp, _ = policy_logprobs(model, rows, torch.tensor([len(ids)]), torch.tensor([response]))
+        assert max(abs(a - b) for a, b in zip(logp[0].tolist(), expected)) < 1e-5
+        with pytest.raises(RuntimeError):  # the whole row in one pass: a placeholder without a picture
+            model(input_ids=seq, **pixels)

@@ -51,6 +51,7 @@ from langchain_core.outputs import LLMResult
 from langchain_core.tracers.context import register_configure_hook
 from langgraph.errors import GraphBubbleUp, GraphInterrupt
 
+from verlog.llm.images import is_image_block
 from verlog.llm.metadata import SamplingMetadata, TokenMetadata, has_tokens
 from verlog.rollout.events import REWARD_EVENT, RewardPayload
 from verlog.rollout.turn import Episode, EpisodeStatus, Turn
@@ -72,6 +73,11 @@ register_configure_hook(_ACTIVE, inheritable=True)
 #: where a call stands in LangGraph's order: per node level, root first, (superstep, task path);
 #: then its start order (see :meth:`TurnRecorder._recipient`)
 OrderKey = tuple[tuple[tuple[int, Any], ...], int]
+
+
+def _holds_images(messages: Sequence[BaseMessage]) -> bool:
+    """Whether any of ``messages`` has an image content block."""
+    return any(not isinstance(m.content, str) and any(is_image_block(b) for b in m.content) for m in messages)
 
 
 def _orderable(part: Any) -> Any:
@@ -297,7 +303,8 @@ class TurnRecorder(BaseCallbackHandler):
             if data.get("info"):
                 turn.info.update(data["info"])
             next_messages = data.get("next_messages")
-            if turn.truncated and next_messages and self.render_prompt is not None:
+            if turn.truncated and next_messages and self.render_prompt is not None and not _holds_images(next_messages):
+                # (a next state with pictures is not rendered without them: its value is unknown)
                 turn.next_prompt_ids = list(self.render_prompt(next_messages, self._tools.get(id(turn))))
             return turn
 

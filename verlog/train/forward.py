@@ -101,6 +101,9 @@ class PackedRows:
     #: a vision-language model's pixel inputs of the one row's images (``pixel_values``...);
     #: such a row runs alone, whole (no shared prefix, no trunk)
     pixels: dict[str, torch.Tensor] | None = None
+    #: with ``pixels``: how many leading tokens are the prompt the images belong to (the rest,
+    #: the response, runs after the prompt's KV as the engine decoded it)
+    pixels_prompt_len: int = 0
 
     @property
     def offset(self) -> int:
@@ -289,9 +292,7 @@ def backbone_hidden(backbone: nn.Module, rows: PackedRows, trunk: Trunk | None =
     if rows.pixels is not None:
         if trunk is not None or rows.prefix_ids is not None:
             raise ValueError("a row with images runs whole, from its ids and pixels (no trunk, no shared prefix)")
-        return backbone(
-            input_ids=rows.input_ids, attention_mask=rows.attention_mask, use_cache=False, **rows.pixels
-        ).last_hidden_state
+        return _prompt_with_images_then_rest(backbone, rows)
     if trunk is not None:
         if rows.prefix_ids is not None:
             raise ValueError("a pass from the trunk's states runs whole rows (no shared prefix)")
@@ -302,6 +303,35 @@ def backbone_hidden(backbone: nn.Module, rows: PackedRows, trunk: Trunk | None =
     if rows.prefix_ids is None:
         return backbone(input_ids=rows.input_ids, attention_mask=rows.attention_mask, use_cache=False).last_hidden_state
     return _prefix_then_rows(backbone, rows)[1]
+
+
+def _prompt_with_images_then_rest(backbone: nn.Module, rows: PackedRows) -> torch.Tensor:
+    """One row with images: its prompt with the pixel inputs, then the rest of the row after the
+    prompt's keys and values, as the engine decoded it. (The rest's ids are plain tokens even
+    where one is an image placeholder the model happened to generate: only the prompt's
+    placeholders take the pictures.)"""
+    assert rows.pixels is not None and rows.input_ids.shape[0] == 1
+    cut = rows.pixels_prompt_len or rows.input_ids.shape[1]
+    ids = rows.input_ids
+    with cache_safe_checkpointing(backbone):
+        cache = Cache(layer_class_to_replicate=DynamicLayer)
+        prompt = backbone(
+            input_ids=ids[:, :cut],
+            attention_mask=rows.attention_mask[:, :cut],
+            past_key_values=cache,
+            use_cache=True,
+            **rows.pixels,
+        ).last_hidden_state
+        if cut == ids.shape[1]:
+            return prompt
+        rest = backbone(
+            input_ids=ids[:, cut:],
+            attention_mask=rows.attention_mask,
+            position_ids=torch.arange(cut, ids.shape[1], device=ids.device)[None],
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state
+    return torch.cat([prompt, rest], dim=1)
 
 
 def _prefix_then_rows(backbone: nn.Module, rows: PackedRows) -> tuple[torch.Tensor, torch.Tensor]:
@@ -401,7 +431,9 @@ def last_token_values(
     for i in with_images:
         assert pixels is not None
         ids, mask = pad_rows([prompts[i]], pad_id, device)
-        rows = PackedRows(ids, mask, pixels={k: v.to(ids.device) for k, v in pixels[i].items()})
+        rows = PackedRows(
+            ids, mask, pixels={k: v.to(ids.device) for k, v in pixels[i].items()}, pixels_prompt_len=lengths[i]
+        )
         out[i] = critic.values(backbone_hidden(critic.backbone, rows))[0, lengths[i] - 1].float().cpu()
     plain = [i for i in range(len(prompts)) if i not in set(with_images)]
     for part in micro_batches(plain, lengths, token_budget):

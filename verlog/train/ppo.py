@@ -102,7 +102,12 @@ def _rows(s: RolloutStorage, group: list[int], learner: Learner, trunk: Trunk | 
     A turn with images is a group of its own, run whole with its pixels."""
     if len(group) == 1 and s.row_images(group[0]):
         ids, mask = pad_rows([s.sequences[group[0]]], learner.pad_id, learner.device)
-        return PackedRows(ids, mask, pixels=pixels_of(s.row_images(group[0]), learner))
+        return PackedRows(
+            ids,
+            mask,
+            pixels=pixels_of(s.row_images(group[0]), learner),
+            pixels_prompt_len=int(s.prompt_lengths[group[0]]),
+        )
     share = 0 if trunk is not None else learner.algo.shared_prefix_min_tokens
     return pack_rows(
         [s.sequences[r] for r in group],
