@@ -25,7 +25,8 @@ def build_graph(model, task: str = "goto_win-distr_obj", protocol: str = "verlog
     """The BabaIsAI agent for ``task`` (one of BabaIsAI's 40 tasks); ``settings``: ``history_turns``,
     ``max_tokens``, ``max_steps``, ``invalid_action_penalty``, ``show_border``, ``ensure_solvable``,
     ``balrog_source`` (your BALROG checkout, whose wording ``protocol="balrog"`` then uses; default
-    ``$VERLOG_BALROG``)."""
+    ``$VERLOG_BALROG``), ``max_image_history`` (above 0: BALROG's vision protocol, the level as an
+    image beside the text; BALROG's VLM mode: 1)."""
     tasks = get_family("babaisai").tasks
     if task not in tasks:
         raise ValueError(f"unknown BabaIsAI task {task!r}; valid: {', '.join(tasks)}")

@@ -28,7 +28,8 @@ def build_graph(model, task: str = "goto", protocol: str = "verlog", **settings:
     ``instruction`` (a text instead of the game's instruction, ``{mission}`` the level's mission),
     ``constrain_answers`` (each answer held to an action name by the engine),
     ``balrog_source`` (your BALROG checkout, whose wording ``protocol="balrog"`` then uses; default
-    ``$VERLOG_BALROG``)."""
+    ``$VERLOG_BALROG``), ``max_image_history`` (above 0: BALROG's vision protocol, the agent's view
+    as an image beside the text; BALROG's VLM mode: 1)."""
     if task not in TASKS:
         raise ValueError(f"unknown BabyAI task {task!r}; valid: {', '.join(TASKS)}")
     return build_game_graph(model, f"babyai:{task}", protocol=protocol, **settings)

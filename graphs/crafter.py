@@ -23,5 +23,6 @@ def make_input(seed: int) -> dict[str, Any]:
 def build_graph(model, protocol: str = "verlog", **settings: Any):
     """The Crafter agent; ``settings``: ``history_turns``, ``max_tokens``, ``max_steps``,
     ``invalid_action_penalty``, ``max_per_type``, ``balrog_source`` (your BALROG checkout, whose
-    wording ``protocol="balrog"`` then uses; default ``$VERLOG_BALROG``)."""
+    wording ``protocol="balrog"`` then uses; default ``$VERLOG_BALROG``), ``max_image_history``
+    (above 0: BALROG's vision protocol, the game's frame beside the text; BALROG's VLM mode: 1)."""
     return build_game_graph(model, "crafter", protocol=protocol, **settings)

@@ -39,11 +39,13 @@ def build_graph(
     invalid_action_penalty: float | None = None,
     show_map: bool = False,
     balrog_source: Any = None,
+    max_image_history: int = 0,
 ):
     """The MiniHack agent for ``task``; ``show_map`` adds the ASCII map to verlog's observation
     (BALROG's always has it). ``history_turns`` and ``max_tokens`` default to the protocol's;
     ``balrog_source``: your BALROG checkout (default ``$VERLOG_BALROG``), whose wording
-    ``protocol="balrog"`` then uses."""
+    ``protocol="balrog"`` then uses; ``max_image_history`` above 0: BALROG's vision protocol (the
+    map's image beside the text; BALROG's VLM mode: 1)."""
     if task not in TASKS:
         left_out = "; ".join(f"{name}: {why}" for name, why in get_family("minihack").left_out.items())
         raise ValueError(f"unknown MiniHack task {task!r}; valid: {', '.join(TASKS)} (left out: {left_out})")
@@ -57,5 +59,6 @@ def build_graph(
         max_steps=max_steps,
         invalid_action_penalty=invalid_action_penalty,
         balrog_source=balrog_source,
+        max_image_history=max_image_history,
         **verlog_only,
     )

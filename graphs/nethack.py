@@ -36,11 +36,13 @@ def build_graph(
     invalid_action_penalty: float | None = None,
     show_map: bool = False,
     balrog_source: Any = None,
+    max_image_history: int = 0,
 ):
     """The NetHack agent; ``max_steps`` caps the episode (BALROG: 100,000), ``show_map`` adds
     the ASCII map to verlog's observation. ``history_turns`` and ``max_tokens`` default to the
     protocol's; ``balrog_source``: your BALROG checkout (default ``$VERLOG_BALROG``), whose
-    wording ``protocol="balrog"`` then uses."""
+    wording ``protocol="balrog"`` then uses; ``max_image_history`` above 0: BALROG's vision
+    protocol (the map's image beside the text; BALROG's VLM mode: 1)."""
     verlog_only = {"show_map": show_map} if check_protocol(protocol) == "verlog" else {}  # BALROG's text has the map
     return build_game_graph(
         model,
@@ -51,5 +53,6 @@ def build_graph(
         max_steps=max_steps,
         invalid_action_penalty=invalid_action_penalty,
         balrog_source=balrog_source,
+        max_image_history=max_image_history,
         **verlog_only,
     )

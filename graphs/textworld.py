@@ -37,11 +37,14 @@ def build_graph(
     invalid_action_penalty: float = 0.1,
     settings: dict[str, Any] | None = None,
     balrog_source: Any = None,
+    max_image_history: int = 0,
 ):
     """The TextWorld agent for ``game``; ``settings`` overrides the generator's (e.g.
     ``{"level": 30}``). ``history_turns`` and ``max_tokens`` default to the protocol's (verlog:
     1 and the model's own; BALROG: 16 and 8,192). ``balrog_source``: your BALROG checkout (default
-    ``$VERLOG_BALROG``), whose wording and game files ``protocol="balrog"`` then uses."""
+    ``$VERLOG_BALROG``), whose wording and game files ``protocol="balrog"`` then uses;
+    ``max_image_history``: BALROG's vision protocol (TextWorld has no image: only its history
+    window, ``2 * max(history_turns, max_image_history)`` events, follows it)."""
     if game not in GAMES:
         raise ValueError(f"unknown TextWorld game {game!r}; valid: {', '.join(GAMES)}")
     return build_game_graph(
@@ -53,5 +56,6 @@ def build_graph(
         max_steps=max_steps,
         invalid_action_penalty=invalid_action_penalty,
         balrog_source=balrog_source,
+        max_image_history=max_image_history,
         **(settings or {}),
     )

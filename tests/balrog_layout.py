@@ -1,8 +1,9 @@
 """A small folder laid out like a BALROG checkout, with texts written for the tests (not BALROG's).
 
 :func:`write_balrog_layout` writes the files verlog reads from a user's BALROG — the naive agent's
-answer rule, the evaluator's invalid-answer note, each environment package's
-``get_instruction_prompt`` and TextWorld's games folder — each shaped as BALROG's are (the rule
+answer rule, the evaluator's invalid-answer note, the prompt builder's image note (BALROG's vision
+protocol), each environment package's ``get_instruction_prompt`` and TextWorld's games folder —
+each shaped as BALROG's are (the rule
 inside a method, the note an f-string added before ``long_term_context``, imports of packages
 that are not installed, a literal imported from a sibling module), so the tests check that verlog
 reads them verbatim. :data:`EXPECTED` holds what each text must read.
@@ -40,6 +41,28 @@ class Evaluator:
             if action != response
             else obs["text"]["long_term_context"]
         )
+"""
+
+IMAGE_NOTE = "[fixture] picture enclosed"
+
+_HISTORY = """
+from collections import deque  # verlog reads this file, it does not run it
+
+
+class HistoryPromptBuilder:
+    def get_prompt(self):
+        messages = []
+        for idx, event in enumerate(self._events):
+            message_parts = ["Observation:"]
+            if event.get("include_text", False):
+                message_parts.append(event["text"])
+
+            image = None
+            if event.get("include_image", False):
+                image = event["image"]
+                message_parts.append("[fixture] picture enclosed")
+            messages.append("\\n".join(message_parts))
+        return messages
 """
 
 _BABYAI = '''
@@ -137,6 +160,7 @@ FILES = {
     "balrog/__init__.py": "",
     "balrog/agents/naive.py": _NAIVE,
     "balrog/evaluator.py": _EVALUATOR,
+    "balrog/prompt_builder/history.py": _HISTORY,
     "balrog/config/config.yaml": _CONFIG,
     "balrog/environments/babyai_text/__init__.py": _BABYAI,
     "balrog/environments/babaisai/__init__.py": _BABAISAI,
@@ -160,6 +184,7 @@ EXPECTED = {
     "minihack": "FIXTURE MINIHACK MiniHack-{task}-v0: north (go up the map), east (go right), south (go down the map), "
     "west (go left)",
     "nethack": "FIXTURE NETHACK: get as deep as you can.",
+    "image_note": IMAGE_NOTE,
 }
 
 

@@ -133,6 +133,9 @@ class EngineStats:
     cached_prompt_tokens: int = 0
     #: prompt tokens not recomputed because concurrent prompts shared them
     shared_prefix_tokens: int = 0
+    #: requests whose prompt held images (each prefilled alone with its pixels), and their images
+    image_requests: int = 0
+    images: int = 0
     busy_s: float = 0.0
     #: of ``busy_s``: time in prefill passes (new prompts) and in decode steps
     prefill_s: float = 0.0
@@ -518,6 +521,8 @@ class EmbeddedEngine(Engine):
             self.stats.prompt_tokens += len(r.prompt_ids)
             self.stats.computed_prompt_tokens += len(r.prompt_ids)
             self.stats.requests += 1
+            self.stats.image_requests += 1
+            self.stats.images += len(r.images.images)
             pixels = {k: v.to(self.device) for k, v in r.images.tensors.items()}
             part, logits = self._prefill_rows([r], [(0, None)], pixels)
             self._advance(part, logits)

@@ -9,6 +9,9 @@
   (each game's instruction, the answer rule, the invalid-answer note) is verlog's wording unless
   the user's BALROG is given (``balrog_source=PATH`` or ``$VERLOG_BALROG``:
   :mod:`verlog.envs.balrog_source`), whose texts, and TextWorld games, are then used verbatim.
+  ``max_image_history`` above 0 plays BALROG's vision protocol (:mod:`verlog.envs.balrog_vision`):
+  the newest observations carry an image of the game, an OpenAI ``image_url`` part after their
+  text in the ``HumanMessage``'s content, for a vision-language model.
 * ``policy`` asks the model for an answer (free reasoning, then ``ACTION: <action>``).
 * ``environment`` steps the game with the answer text and reports the reward, the episode end
   and the step's info through LangChain's callback channel (``areport_reward``).
@@ -47,7 +50,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langgraph.graph import END, START, StateGraph
 from typing_extensions import TypedDict
 
-from verlog.envs import balrog_protocol
+from verlog.envs import balrog_protocol, balrog_vision
 from verlog.envs.balrog_source import BalrogSource, open_source
 from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
@@ -75,6 +78,12 @@ class GameState(TypedDict, total=False):
     history_observation: str
     #: past (observation, answer) exchanges, oldest first
     history: list[tuple[str, str]]
+    #: BALROG's vision protocol only: the PNG data URL of the current observation's image
+    #: (``None`` for a game without one)
+    image: str | None
+    #: BALROG's vision protocol only: the images of the history's observations, one per exchange
+    #: (``None`` where none is kept: only the newest ``max_image_history`` are)
+    history_images: list[str | None]
     prompt: list[BaseMessage]
     answer: str
     feedback: str
@@ -126,9 +135,10 @@ def shown_step(
     return note + observation, note + past, ""
 
 
-def balrog_wording(env_name: str, source: BalrogSource | None) -> balrog_protocol.Wording:
+def balrog_wording(env_name: str, source: BalrogSource | None, vision: bool = False) -> balrog_protocol.Wording:
     """The wording of ``env_name``'s games under BALROG's protocol: BALROG's own texts, read from
-    ``source`` (the user's BALROG), or verlog's (``source=None``)."""
+    ``source`` (the user's BALROG), or verlog's (``source=None``); ``vision``: the image note too
+    (BALROG's vision protocol)."""
     if source is None:
         return balrog_protocol.VERLOG_WORDING
     family, task = split_env_name(env_name)
@@ -143,6 +153,7 @@ def balrog_wording(env_name: str, source: BalrogSource | None) -> balrog_protoco
         invalid_note=source.invalid_note,
         instruction=instruction,
         source=str(source.root),
+        image_note=source.image_note if vision else balrog_vision.IMAGE_NOTE,
     )
 
 
@@ -157,6 +168,15 @@ def balrog_env_kwargs(env_name: str, source: BalrogSource | None) -> dict[str, A
     return dict(family.balrog.source_kwargs(source, family.balrog.balrog_name(task)))
 
 
+def vision_env_kwargs(env_name: str, max_image_history: int) -> dict[str, Any]:
+    """Constructor settings of BALROG's vision protocol for ``env_name``'s game (NetHack and
+    MiniHack: the language-only text); none under the text protocol (``max_image_history`` 0)."""
+    if max_image_history <= 0:
+        return {}
+    family, _ = split_env_name(env_name)
+    return dict(family.balrog.vision_kwargs) if family.balrog is not None else {}
+
+
 def build_env_graph(
     model: Any,
     env_name: str,
@@ -168,6 +188,7 @@ def build_env_graph(
     instruction: str | None = None,
     balrog_source: str | os.PathLike | Mapping[str, Any] | None = None,
     constrain_answers: bool = False,
+    max_image_history: int = balrog_vision.TEXT_ONLY,
 ):
     """A compiled graph playing ``env_name`` with ``model``.
 
@@ -189,6 +210,9 @@ def build_env_graph(
             verlog's engines and ``verlog serve-model`` enforce by token masking): a model that
             does not yet know the format plays from the first step. Off by default; a model
             behind an API that knows no ``regex`` field must leave it off.
+        max_image_history: under ``protocol="balrog"``, BALROG's vision protocol when above 0
+            (BALROG's VLM mode: 1): the newest this many observations that have an image carry
+            it (:mod:`verlog.envs.balrog_vision`); 0, the default, is the text protocol.
     """
     check_protocol(protocol)
     balrog = protocol == "balrog"
@@ -196,16 +220,27 @@ def build_env_graph(
         raise ValueError("protocol='balrog' keeps a fixed number of past observations: give history_turns (BALROG: 16)")
     if balrog_source and not balrog:
         raise ValueError("balrog_source applies to protocol='balrog' only (BALROG's wording and games)")
+    balrog_vision.check_image_history(max_image_history)
+    if max_image_history and not balrog:
+        raise ValueError(
+            f"max_image_history={max_image_history}: images are BALROG's vision protocol, give protocol='balrog' "
+            "(verlog's protocol is text only: max_image_history 0)"
+        )
     source = open_source(balrog_source) if balrog else None
     agent = _GameAgent(
         model.bind(max_tokens=max_tokens) if max_tokens else model,
         env_name,
         protocol=protocol,
-        wording=balrog_wording(env_name, source),
-        env_kwargs={**balrog_env_kwargs(env_name, source), **(env_kwargs or {})},
+        wording=balrog_wording(env_name, source, vision=max_image_history > 0),
+        env_kwargs={
+            **balrog_env_kwargs(env_name, source),
+            **vision_env_kwargs(env_name, max_image_history),
+            **(env_kwargs or {}),
+        },
         history_turns=history_turns,
         instruction=instruction,
         constrain_answers=constrain_answers,
+        max_image_history=max_image_history,
     )
     graph = StateGraph(GameState)
     graph.add_node("reset", agent.reset)
@@ -239,11 +274,13 @@ class _GameAgent:
         history_turns: int | None,
         instruction: str | None,
         constrain_answers: bool,
+        max_image_history: int = 0,
     ):
         self.policy_model, self.env_name, self.protocol = policy_model, env_name, protocol
         self.balrog = protocol == "balrog"
         self.wording, self.env_kwargs = wording, env_kwargs
         self.history_turns, self.instruction, self.constrain_answers = history_turns, instruction, constrain_answers
+        self.max_image_history = max_image_history
         self.games = GameTable()
 
     # ------------------------------------------------------------------ games
@@ -273,6 +310,22 @@ class _GameAgent:
     def shown(self, result: StepResult) -> tuple[str, str, str]:
         return shown_step(result, self.protocol, self.wording.invalid_note)
 
+    def image_of(self, env: TextEnv) -> str | None:
+        """The data URL of ``env``'s current observation image under BALROG's vision protocol
+        (``None`` for a game without images, and under the text protocol: none is drawn)."""
+        return balrog_vision.data_url_of(env) if self.max_image_history > 0 else None
+
+    def kept_images(self, state: GameState) -> list[str | None]:
+        """The history's images once the current observation joins it: only the newest
+        ``max_image_history`` are kept (no prompt shows older ones), the others ``None``."""
+        images = [*state.get("history_images", [None] * len(state["history"])), state.get("image")]
+        kept, left = [], self.max_image_history
+        for url in reversed(images):
+            keep = url is not None and left > 0
+            left -= keep
+            kept.append(url if keep else None)
+        return kept[::-1]
+
     async def game_of(self, state: GameState) -> TextEnv:
         env = self.games.get(state["game_id"])
         if env is None:  # another process's (or an evicted) game: rebuild it from the state
@@ -291,6 +344,10 @@ class _GameAgent:
                 state["observation"],
                 self.history_turns,
                 self.wording.answer_rule,
+                images=state.get("history_images"),
+                image=state.get("image"),
+                max_image_history=self.max_image_history,
+                image_note=self.wording.image_note,
             )
         return build_prompt(
             state["instruction"], state["history"], state["observation"], self.history_turns, state.get("feedback", "")
@@ -316,6 +373,7 @@ class _GameAgent:
             if self.instruction is None
             else self.instruction.replace("{mission}", str(getattr(env, "mission", ""))),
             "history": [],
+            **({"image": self.image_of(env), "history_images": []} if self.max_image_history > 0 else {}),
             "feedback": "",
             "steps": 0,
             "episode_return": 0.0,
@@ -338,6 +396,7 @@ class _GameAgent:
         env = await self.game_of(state)
         result = env.step(state["answer"])
         observation, history_observation, feedback = self.shown(result)
+        image = self.image_of(env)  # before a finished game is closed: a cut episode's next prompt shows it
         # BALROG's history keeps the answer as it checked it
         answer = balrog_protocol.clean_answer(state["answer"]) if self.balrog else state["answer"]
         if result.done:
@@ -346,6 +405,7 @@ class _GameAgent:
         update = {
             "actions": [*state.get("actions", []), state["answer"]],
             "history": [*state["history"], (past, answer)],
+            **({"image": image, "history_images": self.kept_images(state)} if self.max_image_history > 0 else {}),
             "observation": observation,
             "history_observation": history_observation,
             "feedback": feedback,
@@ -456,12 +516,14 @@ def build_game_graph(
     instruction: str | None = None,
     balrog_source: str | os.PathLike | Mapping[str, Any] | None = None,
     constrain_answers: bool = False,
+    max_image_history: int = balrog_vision.TEXT_ONLY,
     **env_kwargs: Any,
 ):
     """:func:`build_env_graph` with the protocol's defaults: verlog's (one past exchange, the
     model's own answer budget) or BALROG's for the game's family (``BalrogSettings``: 16 past
     observations, 8192 tokens, its step cap). Explicit values override the defaults;
-    ``balrog_source`` names the user's BALROG (its wording, see :func:`build_env_graph`)."""
+    ``balrog_source`` names the user's BALROG (its wording, see :func:`build_env_graph`);
+    ``max_image_history`` above 0 plays BALROG's vision protocol (BALROG's VLM mode: 1)."""
     check_protocol(protocol)
     balrog = get_family(env_name).balrog if protocol == "balrog" else None
     if protocol == "balrog" and balrog is None:
@@ -481,4 +543,5 @@ def build_game_graph(
         instruction=instruction,
         balrog_source=balrog_source,
         constrain_answers=constrain_answers,
+        max_image_history=max_image_history,
     )

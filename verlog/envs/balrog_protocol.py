@@ -20,11 +20,14 @@ stand beside that leaderboard:
   text, so after empty answers older ones appear as a bare ``Observation:``.
 * **Budget.** ``max_tokens`` 8192 per answer; no time limit per episode; an episode runs until the
   game ends or its step cap.
+* **Images** (BALROG's vision protocol, ``max_image_history`` > 0): the newest observations carry
+  an image of the game beside their text (:mod:`verlog.envs.balrog_vision`).
 
 Three texts are prose rather than rules: each game's instruction, the answer rule and the
-invalid-answer note. verlog ships its own wording of them (:data:`VERLOG_WORDING`: the same facts
-in other words); :mod:`verlog.envs.balrog_source` reads BALROG's own from a BALROG checkout the
-user points to, so a run can use them verbatim without verlog carrying them.
+invalid-answer note (a fourth under the vision protocol: the line saying an image is attached).
+verlog ships its own wording of them (:data:`VERLOG_WORDING`: the same facts in other words);
+:mod:`verlog.envs.balrog_source` reads BALROG's own from a BALROG checkout the user points to, so
+a run can use them verbatim without verlog carrying them.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+
+from verlog.envs.balrog_vision import IMAGE_NOTE, image_content
 
 #: past observations kept in the prompt (BALROG's ``agent.max_text_history``)
 HISTORY_LENGTH = 16
@@ -100,12 +105,15 @@ class Wording:
         instruction: the first user message for a game, or ``None`` for the game's own
             ``instruction`` (verlog's words).
         source: where the texts come from: ``"verlog"``, or the BALROG checkout they were read from.
+        image_note: under BALROG's vision protocol, the last line of an observation's text when
+            its image is attached.
     """
 
     answer_rule: str = ANSWER_RULE
     invalid_note: Callable[[str], str] = invalid_answer_note
     instruction: Callable[[Any], str] | None = None
     source: str = "verlog"
+    image_note: str = IMAGE_NOTE
 
     def instruction_for(self, env: Any) -> str:
         """The instruction of the game ``env`` in this wording."""
@@ -122,33 +130,58 @@ def build_prompt(
     observation: str,
     history_length: int = HISTORY_LENGTH,
     answer_rule: str = ANSWER_RULE,
+    *,
+    images: Sequence[str | None] | None = None,
+    image: str | None = None,
+    max_image_history: int = 0,
+    image_note: str = IMAGE_NOTE,
 ) -> list[BaseMessage]:
     """The messages of one model call under BALROG's protocol.
 
     ``history`` holds the past (observation, cleaned answer) pairs, oldest first; ``observation``
     is the newest one (with the invalid-answer note in front when the last answer was invalid).
     An empty answer adds no message (BALROG records no action for it); the window is the last
-    ``2 * history_length`` events, and only its newest ``history_length`` observations keep their
-    text (the others read ``Observation:`` alone, as in BALROG's history builder).
+    ``2 * max(history_length, max_image_history)`` events, and only its newest ``history_length``
+    observations keep their text (the others read ``Observation:`` alone, as in BALROG's history
+    builder).
+
+    BALROG's vision protocol (``max_image_history`` > 0, :mod:`verlog.envs.balrog_vision`):
+    ``images`` are the data URLs of the history's observation images (aligned with ``history``,
+    ``None`` where there is none) and ``image`` the newest observation's; the newest
+    ``max_image_history`` observations of the window that have one carry it: ``image_note`` is
+    their text's last line and the message's content is that text, then the image part.
     """
-    events: list[tuple[str, str]] = []
-    for past_observation, past_answer in history:
-        events.append(("observation", past_observation))
+    past_images = list(images) if images is not None else [None] * len(history)
+    if len(past_images) != len(history):
+        raise ValueError(f"images: one per past observation ({len(history)}), got {len(past_images)}")
+    events: list[tuple[str, str, str | None]] = []
+    for (past_observation, past_answer), past_image in zip(history, past_images):
+        events.append(("observation", past_observation, past_image))
         if past_answer:
-            events.append(("answer", past_answer))
-    events.append(("observation", observation))
-    window = events[-2 * history_length :] if history_length > 0 else events[-1:]
+            events.append(("answer", past_answer, None))
+    events.append(("observation", observation, image))
+    span = max(history_length, max_image_history)
+    window = events[-2 * span :] if span > 0 else events[-1:]
     shown = max(history_length, 1)
-    observations = [i for i, (kind, _) in enumerate(window) if kind == "observation"]
+    observations = [i for i, (kind, _, _) in enumerate(window) if kind == "observation"]
     with_text = set(observations[-shown:])
+    pictured = [i for i in observations if window[i][2] is not None]
+    with_image = set(pictured[-max_image_history:]) if max_image_history > 0 else set()
     messages: list[BaseMessage] = [HumanMessage(instruction)]
-    for index, (kind, text) in enumerate(window):
+    for index, (kind, text, url) in enumerate(window):
         if kind == "answer":
             messages.append(AIMessage(text))
             continue
-        body = f"\n{text}" if index in with_text else ""
-        if index == len(window) - 1:
-            messages.append(HumanMessage(f"Current Observation:{body}\n\n{answer_rule}"))
+        newest = index == len(window) - 1
+        parts = ["Current Observation:" if newest else "Observation:"]
+        if index in with_text:
+            parts.append(text)
+        if index in with_image:
+            parts.append(image_note)
+        content = "\n".join(parts) + (f"\n\n{answer_rule}" if newest else "")
+        if index in with_image:
+            assert url is not None
+            messages.append(HumanMessage(content=image_content(content, url)))
         else:
-            messages.append(HumanMessage(f"Observation:{body}"))
+            messages.append(HumanMessage(content))
     return messages

@@ -19,6 +19,9 @@ What is read, from that folder (:class:`BalrogSource`):
 * **the answer rule**: the ``naive_instruction`` text of ``balrog/agents/naive.py``.
 * **the invalid-answer note**: the f-string ``balrog/evaluator.py`` puts before the observation
   after an invalid answer, filled with the action that ran instead.
+* **the image note** (BALROG's vision protocol only): the line ``balrog/prompt_builder/history.py``
+  adds to an observation's text when its image is attached (the text appended to the message's
+  parts where the event's ``include_image`` flag is set).
 * **TextWorld's games**: the ``*.ulx`` then ``*.z8`` files under BALROG's games folder
   (``envs.textworld_kwargs.textworld_games_path`` of ``balrog/config/config.yaml``, ``tw_games``
   by default, next to the package), grouped by the name of the folder holding each file (BALROG's
@@ -53,11 +56,11 @@ PROMPT_PACKAGES: tuple[str, ...] = ("babyai_text", "babaisai", "crafter", "textw
 NAIVE_AGENT = Path("balrog/agents/naive.py")
 EVALUATOR = Path("balrog/evaluator.py")
 CONFIG = Path("balrog/config/config.yaml")
+PROMPT_BUILDER = Path("balrog/prompt_builder/history.py")
 #: BALROG's files outside the environment packages whose rules verlog plays by (hashed, not read)
 RULE_FILES_ALSO: tuple[Path, ...] = (
     Path("balrog/environments/__init__.py"),
     Path("balrog/environments/env_wrapper.py"),
-    Path("balrog/prompt_builder/history.py"),
 )
 #: the kinds of file in BALROG's environment packages that decide a game's text or rules
 RULE_SUFFIXES = frozenset({".py", ".json", ".yaml", ".txt"})
@@ -135,6 +138,7 @@ class BalrogSource:
         self._modules: dict[str, dict[str, Any]] = {}
         self._answer_rule: str | None = None
         self._note: Callable[[str], str] | None = None
+        self._image_note: str | None = None
         self._games: dict[str, list[Path]] | None = None
         self._provenance: dict[str, Any] | None = None
         for relative in self.required_files():
@@ -154,9 +158,9 @@ class BalrogSource:
 
     def text_files(self) -> list[Path]:
         """Every file the texts come from, relative to the root: :meth:`required_files`, the
-        sibling modules the environment packages import from (Crafter's ``env.py``) and BALROG's
-        config (where the TextWorld games are)."""
-        files = self.required_files() + ([CONFIG] if (self.root / CONFIG).is_file() else [])
+        sibling modules the environment packages import from (Crafter's ``env.py``), BALROG's
+        config (where the TextWorld games are) and its prompt builder (the image note)."""
+        files = self.required_files() + [path for path in (CONFIG, PROMPT_BUILDER) if (self.root / path).is_file()]
         for package in PROMPT_PACKAGES:
             folder = Path("balrog/environments") / package
             for node in _parse(self.root / folder / "__init__.py").body:
@@ -244,6 +248,40 @@ class BalrogSource:
             code = compile(ast.Expression(template), str(path), "eval")
             self._note = lambda action: str(eval(code, {"__builtins__": {}}, {"action": action}))
         return self._note(action)
+
+    @property
+    def image_note(self) -> str:
+        """The line BALROG's prompt builder adds to an observation's text when its image is
+        attached (BALROG's vision protocol): the text appended to the message's parts under the
+        ``include_image`` test of ``balrog/prompt_builder/history.py``."""
+        if self._image_note is None:
+            path = self.root / PROMPT_BUILDER
+            if not path.is_file():
+                raise BalrogSourceError(f"{self.root} is not a complete BALROG: {PROMPT_BUILDER} is missing")
+            for node in ast.walk(_parse(path)):
+                if not isinstance(node, ast.If) or not any(
+                    isinstance(n, ast.Constant) and n.value == "include_image" for n in ast.walk(node.test)
+                ):
+                    continue
+                for call in (n for statement in node.body for n in ast.walk(statement)):
+                    if (
+                        isinstance(call, ast.Call)
+                        and isinstance(call.func, ast.Attribute)
+                        and call.func.attr == "append"
+                        and len(call.args) == 1
+                        and isinstance(call.args[0], ast.Constant)
+                        and isinstance(call.args[0].value, str)
+                    ):
+                        self._image_note = call.args[0].value
+                        break
+                if self._image_note is not None:
+                    break
+            else:
+                raise BalrogSourceError(
+                    f"{path}: no image note found (a text appended to the message's parts under the "
+                    "event's include_image test)"
+                )
+        return self._image_note
 
     def _module(self, package: str) -> dict[str, Any]:
         """The namespace of ``balrog/environments/<package>/__init__.py``, run without its imports."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import random
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Mapping, Protocol
+from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 from verlog.step_info import StepInfo
 
@@ -91,6 +91,12 @@ class TextEnv(abc.ABC):
     @abc.abstractmethod
     def instruction(self) -> str:
         """The system text: the game's rules, the goal of this episode, the answer format."""
+
+    def observation_image(self) -> Any:
+        """The current observation as a PIL RGB image, drawn as BALROG's vision protocol draws
+        it (:mod:`verlog.envs.balrog_vision`), or ``None`` for a game shown as text only (the
+        default; TextWorld). Drawing it changes nothing in the game."""
+        return None
 
     def close(self) -> None:  # noqa: B027 (a hook: most games hold nothing to release)
         """Release resources."""

@@ -14,7 +14,9 @@ no task). Its :class:`EnvFamily` says everything the rest of verlog needs to kno
   step's ``info`` (see :mod:`verlog.envs.progression`);
 * ``balrog``: the :class:`BalrogSettings` of BALROG's evaluation protocol for this game (its task
   list, step caps, history length, answer budget, the action run on an invalid answer, and the
-  constructor settings that switch the game to BALROG's levels and wording), or ``None``.
+  constructor settings that switch the game to BALROG's levels and wording, and to its vision
+  protocol's text), or ``None``. A game that BALROG shows as an image too draws it in its
+  ``TextEnv.observation_image``.
 
 This module holds the types and the protocol names only. verlog's own families are declared in
 their game folders (``verlog/envs/<game>/__init__.py``: ``babyai``, ``babaisai``, ``crafter``,
@@ -63,6 +65,8 @@ class BalrogSettings:
             the game's own instruction is always used.
         source_kwargs: constructor settings taken from the user's BALROG, ``(BalrogSource,
             BALROG's task name) -> kwargs`` (TextWorld: its game files).
+        vision_kwargs: constructor settings of BALROG's vision protocol (``max_image_history``
+            above 0: :mod:`verlog.envs.balrog_vision`), e.g. NetHack's language-only text.
     """
 
     tasks: tuple[tuple[str, str], ...]
@@ -75,6 +79,7 @@ class BalrogSettings:
     left_out: Mapping[str, str] = field(default_factory=dict)
     prompt: Callable[[TextEnv, str], Any] | None = None
     source_kwargs: Callable[[Any, str], Mapping[str, Any]] | None = None
+    vision_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def task_names(self) -> tuple[str, ...]:
         """BALROG's task names, in its order."""

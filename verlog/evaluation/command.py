@@ -3,7 +3,7 @@
     verlog eval CONFIG [CONFIG ...] [key=value ...] [--suite balrog]
                 [--checkpoint DIR | --base-url URL --model NAME [--api-key KEY]]
                 [--episodes N] [--concurrency N] [--temperature T] [--max-tokens N]
-                [--graph-kwargs JSON] [--balrog PATH] [--out DIR] [--fresh] [--json FILE] [--no-chart]
+                [--graph-kwargs JSON] [--balrog PATH] [--vision] [--out DIR] [--fresh] [--json FILE] [--no-chart]
 
 Every finished episode is appended to ``OUT/episodes.jsonl``. Run the same command again after
 an interruption and the finished episodes are read back, not played again; episodes that ended
@@ -33,7 +33,14 @@ from verlog.evaluation.progress import EvalProgress
 from verlog.evaluation.report import plot_progression, require_matplotlib, summary_table, write_json
 from verlog.evaluation.results import EpisodeRecord, TaskResult, summarize
 from verlog.evaluation.runner import EpisodeLog, EvalError, episode_seeds, play_tasks, task_spec
-from verlog.evaluation.suite_protocol import NO_BALROG_SOURCE, balrog_tasks, protocol_differences, wording_report
+from verlog.evaluation.suite_protocol import (
+    NO_BALROG_SOURCE,
+    balrog_tasks,
+    protocol_differences,
+    vision_report,
+    with_vision,
+    wording_report,
+)
 from verlog.evaluation.tasks import EvalTask, plan_tasks
 from verlog.rollout.interrupts import InterruptResponder
 
@@ -100,6 +107,13 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
         "$VERLOG_BALROG): BALROG-protocol tasks use its own instructions, answer rule and invalid-answer "
         "note, and TextWorld its games; without it the wording is verlog's (the run says so)",
     )
+    p.add_argument(
+        "--vision",
+        action="store_true",
+        help="BALROG's vision protocol (its VLM leaderboard's setting, agent.max_image_history 1): "
+        "BALROG-protocol tasks also show the model an image of the current observation, a PNG "
+        "image_url part after its text, so the model must read images (a vision-language model)",
+    )
     p.add_argument("--out", default=None, help="output folder (default: CHECKPOINT/eval, else runs/eval/MODEL)")
     p.add_argument("--fresh", action="store_true", help="discard the episodes already in the output folder")
     p.add_argument("--json", default=None, help="also write the summary JSON to this file")
@@ -159,6 +173,24 @@ def _balrog_source(path: str | None, tasks: list[EvalTask], console: Console) ->
         f"wording: BALROG's own, read from {provenance['path']} (sha256 {provenance['sha256'][:12]})", soft_wrap=True
     )
     return source
+
+
+def _vision(tasks: list[EvalTask], console: Console) -> None:
+    """``--vision``: BALROG's vision protocol in the BALROG-protocol tasks (an ``EvalError`` when
+    there are none); the run says so."""
+    from verlog.envs.balrog_vision import IMAGE_HISTORY
+
+    playing = with_vision(tasks)
+    if not playing:
+        raise EvalError(
+            "--vision is BALROG's vision protocol: no task here plays BALROG's protocol (give --suite balrog, "
+            "or configs whose graph_kwargs set protocol: balrog)"
+        )
+    console.print(
+        f"images: BALROG's vision protocol in {len(playing)} task(s), the current observation's image "
+        f"(max_image_history {IMAGE_HISTORY}) after its text: the model must read images",
+        soft_wrap=True,
+    )
 
 
 #: where ``verlog eval`` keeps the provenance of the BALROG files its episodes were played with
@@ -232,9 +264,12 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     # --graph-kwargs win over the suite's and the configs' own
     for t in tasks:
         t.graph_kwargs = {**t.graph_kwargs, **graph_kwargs}
+    vision = bool(getattr(args, "vision", False))
+    if vision:
+        _vision(tasks, console)
     source = _balrog_source(getattr(args, "balrog", None), tasks, console)
     # every setting that differs from the suite's protocol is named, whatever changed it
-    changed = protocol_differences(tasks, args.suite, args.episodes) if args.suite else []
+    changed = protocol_differences(tasks, args.suite, args.episodes, vision=vision) if args.suite else []
     if changed:
         why = (
             " (balrog_source: no --balrog, so verlog's wording and regenerated TextWorld games, not BALROG's)"
@@ -361,6 +396,7 @@ def _about(
         **({"graph_kwargs_override": graph_kwargs} if graph_kwargs else {}),
         **({"not_the_suites_protocol": changed} if changed is not None else {}),
         **(wording_report(source) if balrog_tasks(tasks) else {}),
+        **(vision_report(tasks) if balrog_tasks(tasks) else {}),
         "episodes_file": str(log.path),
     }
     return about

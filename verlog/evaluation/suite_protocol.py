@@ -23,6 +23,11 @@ But a BALROG-protocol task of the suite played *without* one (no ``--balrog``) s
 paraphrase of BALROG's instructions, answer rule and invalid-answer note and plays verlog's
 regenerated TextWorld games: its prompts are not BALROG's, so ``balrog_source``
 (:data:`NO_BALROG_SOURCE`) is named too.
+
+BALROG's vision protocol (``verlog eval --vision``, :func:`with_vision`) is the same suite with one
+more setting, ``max_image_history`` (:mod:`verlog.envs.balrog_vision`): BALROG's VLM value, 1, in
+every BALROG-protocol task. Under it any other value is named; without it, any value but the text
+protocol's 0 (given or not).
 """
 
 from __future__ import annotations
@@ -31,9 +36,18 @@ import inspect
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
+from verlog.envs import balrog_vision
 from verlog.evaluation.tasks import EvalTask, load_suite
 
-__all__ = ["NO_BALROG_SOURCE", "PROVENANCE_KEYS", "protocol_differences", "suite_settings", "wording_report"]
+__all__ = [
+    "NO_BALROG_SOURCE",
+    "PROVENANCE_KEYS",
+    "protocol_differences",
+    "suite_settings",
+    "vision_report",
+    "with_vision",
+    "wording_report",
+]
 
 #: graph settings that say where texts come from, not how a game is played
 PROVENANCE_KEYS = frozenset({"balrog_source"})
@@ -130,9 +144,12 @@ def config_differences(task: EvalTask, pinned: Mapping[str, Any], episodes: int 
     return changed
 
 
-def protocol_differences(tasks: Sequence[EvalTask], suite: str, episodes: int | None = None) -> list[str]:
+def protocol_differences(
+    tasks: Sequence[EvalTask], suite: str, episodes: int | None = None, vision: bool = False
+) -> list[str]:
     """Every setting, over the suite's tasks, that differs from the suite's protocol (sorted,
-    each named once). ``episodes``: ``--episodes`` when given."""
+    each named once). ``episodes``: ``--episodes`` when given; ``vision``: the protocol is the
+    suite's under BALROG's vision protocol (``--vision``)."""
     from verlog.graph_file import load_graph_file
 
     settings = suite_settings(suite)
@@ -145,7 +162,15 @@ def protocol_differences(tasks: Sequence[EvalTask], suite: str, episodes: int | 
         path = task.config.multi_turn.langgraph.path
         if path not in builders:
             builders[path] = load_graph_file(path).build_graph
-        changed.update(graph_differences(task.graph_kwargs, suite_kwargs, builders[path]))
+        graph_kwargs = task.graph_kwargs
+        if suite_kwargs.get("protocol") == "balrog":
+            key = balrog_vision.SETTING
+            expected = balrog_vision.IMAGE_HISTORY if vision else suite_kwargs.get(key, balrog_vision.TEXT_ONLY)
+            if graph_kwargs.get(key, balrog_vision.TEXT_ONLY) != expected:
+                changed.add(key)
+            graph_kwargs = {k: v for k, v in graph_kwargs.items() if k != key}
+            suite_kwargs = {k: v for k, v in suite_kwargs.items() if k != key}
+        changed.update(graph_differences(graph_kwargs, suite_kwargs, builders[path]))
         changed.update(config_differences(task, pinned, episodes))
         if task.graph_kwargs.get("protocol") == "balrog" and not task.graph_kwargs.get("balrog_source"):
             changed.add(NO_BALROG_SOURCE)
@@ -155,6 +180,26 @@ def protocol_differences(tasks: Sequence[EvalTask], suite: str, episodes: int | 
 def balrog_tasks(tasks: Iterable[EvalTask]) -> list[EvalTask]:
     """The tasks played under BALROG's protocol."""
     return [t for t in tasks if t.graph_kwargs.get("protocol") == "balrog"]
+
+
+def with_vision(tasks: Iterable[EvalTask]) -> list[EvalTask]:
+    """Turn BALROG's vision protocol on in the BALROG-protocol tasks: ``max_image_history`` 1
+    (BALROG's VLM mode) where the task does not set it itself (``--graph-kwargs`` can, and is then
+    named as off the protocol). The tasks it applies to."""
+    playing = balrog_tasks(tasks)
+    for task in playing:
+        task.graph_kwargs.setdefault(balrog_vision.SETTING, balrog_vision.IMAGE_HISTORY)
+    return playing
+
+
+def vision_report(tasks: Iterable[EvalTask]) -> dict[str, Any]:
+    """What ``summary.json`` says about images in the BALROG-protocol tasks: BALROG's text protocol,
+    or its vision protocol with each task's ``max_image_history``."""
+    key = balrog_vision.SETTING
+    images = {t.label: t.graph_kwargs.get(key, balrog_vision.TEXT_ONLY) for t in balrog_tasks(tasks)}
+    if not any(images.values()):
+        return {"balrog_images": "none (BALROG's text protocol)"}
+    return {"balrog_images": "BALROG's vision protocol", key: images}
 
 
 def wording_report(source: Any) -> dict[str, Any]:

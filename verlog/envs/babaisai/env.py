@@ -21,6 +21,9 @@ Two protocols (``protocol=``):
   step is what BALROG's wrapper prints then (:func:`broken_you_text`). A YOU object destroyed by
   DEFEAT ends the episode as a loss (no BALROG task has DEFEAT).
 
+The image of an observation (BALROG's vision protocol: :meth:`BabaIsAIEnv.observation_image`) is
+the level as the original game draws it (:mod:`.image`).
+
 Reward 1 for winning.
 """
 
@@ -39,6 +42,7 @@ from verlog.step_info import step_info
 
 from . import game
 from .game import ACTIONS, OBJECT_NAMES, GameState, kind_name, render_ascii
+from .image import FACING
 from .levels import TASKS, Level, generate
 
 #: extra phrasings accepted for each action (matching is case- and punctuation-insensitive)
@@ -271,6 +275,9 @@ class BabaIsAIEnv(TextEnv):
         self.level: Level | None = None
         self._state: GameState | None = None
         self._anchor: tuple[int, int] | None = None
+        #: the direction of the player's last move as the original numbers it (0 right, 1 down,
+        #: 2 left, 3 up; a level starts facing right): which way the image's baba points
+        self.facing = 0
         self.steps_taken = 0
         self.done = False
         self.won = False
@@ -297,6 +304,7 @@ class BabaIsAIEnv(TextEnv):
         )
         self._state = self.level.state
         self._anchor = self._state.you_positions()[0]
+        self.facing = 0
 
     def reset_to(self, state: GameState) -> str:
         """Start an episode from a given state (custom puzzles, tests); returns its observation."""
@@ -307,6 +315,7 @@ class BabaIsAIEnv(TextEnv):
         self.level = Level(self.task, state, win_object="", distractor=None, plan="")
         self._state = state
         self._anchor = you[0]
+        self.facing = 0
         self.levels_restarted = 0
         self.steps_taken = 0
         self.done = False
@@ -327,6 +336,8 @@ class BabaIsAIEnv(TextEnv):
         reward = 0.0 if valid else -self.invalid_action_penalty
         outcome = game.step(self._state, action, self.win_rule)
         self._state = outcome.state
+        if action != "idle":  # the original turns the player even when the move is blocked
+            self.facing = FACING[action]
         you = self._state.you_positions()
         if you:
             self._anchor = you[0]
@@ -382,6 +393,16 @@ class BabaIsAIEnv(TextEnv):
     def render(self) -> str:
         """ASCII drawing of the grid (for debugging and ``verlog play``)."""
         return render_ascii(self.state)
+
+    def observation_image(self) -> Any:
+        """The level as BALROG's BabaIsAI wrapper shows it: the original game's
+        ``render(mode="rgb_array")``, the whole level at 32 pixels a cell
+        (:func:`verlog.envs.babaisai.image.render_level`)."""
+        from verlog.envs.balrog_vision import rgb_image
+
+        from .image import render_level
+
+        return rgb_image(render_level(self.state, self.facing))
 
     @property
     def instruction(self) -> str:

@@ -39,6 +39,9 @@ Two protocols (``protocol=``):
     an open door reads "a open ..." as in BabyAI-Text). An answer is valid only if it *is* an action
     name (:mod:`verlog.envs.balrog_protocol`); otherwise "go forward" runs. No penalty.
 
+The image of an observation (BALROG's vision protocol, :meth:`BabyAITextEnv.observation_image`)
+is the agent's view as minigrid draws it, 16 pixels a cell (112x112).
+
 Reward is binary: 1 when the mission is accomplished (not minigrid's time-discounted reward), minus
 the invalid-action penalty.
 """
@@ -456,6 +459,11 @@ def describe_view_balrog(image: np.ndarray, carrying: Any | None) -> str:
 # environment
 
 
+#: pixels per cell of BALROG's BabyAI image (``get_pov_render(tile_size=16)`` in its
+#: ``babyai_text/clean_lang_wrapper.py``)
+POV_TILE_SIZE = 16
+
+
 class BabyAITextEnv(TextEnv):
     """One BabyAI task family as a seeded text game (see the module docstring).
 
@@ -525,6 +533,14 @@ class BabyAITextEnv(TextEnv):
         self._steps = 0
         self._observation = self._render(obs)
         return self._observation
+
+    def observation_image(self) -> Any:
+        """The agent's view as BALROG's BabyAI wrapper draws it: minigrid's
+        ``get_pov_render(tile_size=16)`` (the 7x7 cells in front of the agent, the agent at the
+        bottom middle facing up, the cells it cannot see shaded: 112x112 pixels)."""
+        from verlog.envs.balrog_vision import rgb_image
+
+        return rgb_image(self.level.get_pov_render(tile_size=POV_TILE_SIZE))
 
     def _render(self, obs: Mapping[str, Any]) -> str:
         if self.protocol == "balrog":

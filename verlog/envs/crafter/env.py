@@ -20,7 +20,8 @@ every reset, exact-match answers with ``Noop`` for anything else and no penalty,
 the random numbers BALROG's image rendering draws at night drawn too (:class:`_TextCrafter`), so
 the game stays BALROG's step for step.
 
-The game image is never rendered (the text does not need it), which doubles the step rate. The
+The game image is rendered only when asked for (:meth:`CrafterTextEnv.observation_image`, BALROG's
+vision protocol): the text does not need it, and not rendering it doubles the step rate. The
 first reset in a process can take about a second while ``opensimplex`` (Crafter's terrain noise)
 is compiled or loaded by numba; later resets take tens of milliseconds.
 """
@@ -138,6 +139,9 @@ class _TextCrafter(crafter.Env):
     the game would do draws exactly those numbers (the same count, from the same generator, at
     the same moment) without drawing the image: the game stays, step for step, the one whose
     image is rendered at ``size``. Without it (verlog's protocol) nothing is drawn.
+
+    :meth:`frame` draws that image when it is wanted (BALROG's vision protocol), from the numbers
+    the last :meth:`rendered` drew, without drawing from the game's generator again.
     """
 
     def __init__(self, *args: Any, render_draws: bool = False, **kwargs: Any) -> None:
@@ -146,6 +150,8 @@ class _TextCrafter(crafter.Env):
         unit = np.array(self._size) // np.array(self._view)
         #: the local view's image shape, whose pixels each night rendering draws noise for
         self.noise_shape = tuple(int(v) for v in np.array(self._local_view._grid) * unit)
+        #: the generator's state when :meth:`rendered` last drew (what :meth:`frame` draws from)
+        self._frame_random: Any = None
 
     def _obs(self) -> None:  # type: ignore[override]
         if self.render_draws:
@@ -155,8 +161,22 @@ class _TextCrafter(crafter.Env):
     def rendered(self) -> None:
         """Draw what one rendering of the current frame draws from the game's generator: a
         noise value per pixel of the local view at night (``daylight < 0.5``), else nothing."""
+        self._frame_random = self._world.random.get_state()
         if self._world.daylight < 0.5:
             self._world.random.uniform(32, 127, self.noise_shape)
+
+    def frame(self) -> np.ndarray:
+        """The image of the current frame (``crafter.Env.render``, ``size`` pixels) as the last
+        :meth:`rendered` would have drawn it: its night noise comes from a copy of the generator
+        as it was then (the current one when nothing was rendered), so the game's own generator
+        is not touched."""
+        scratch = np.random.RandomState()
+        scratch.set_state(self._frame_random if self._frame_random is not None else self._world.random.get_state())
+        world_random, self._world.random = self._world.random, scratch
+        try:
+            return crafter.Env.render(self)
+        finally:
+            self._world.random = world_random
 
     def _balance_chunk(self, chunk: Any, objs: Any) -> None:
         ordered = sorted(objs, key=lambda obj: (int(obj.pos[0]), int(obj.pos[1])))
@@ -313,12 +333,22 @@ class CrafterTextEnv(TextEnv):
         if seed is not None:
             self.game.reseed(seed)
         self.game.reset()
+        self.game._frame_random = None
         if self.balrog:  # BALROG's wrapper plays one Noop on reset: the first observation follows it
             self.game.step(0)
             self.game.rendered()  # the wrapper renders the image of the observation too
         self._steps = 0
         self._done = False
         return self._render()
+
+    def observation_image(self) -> Any:
+        """The game's image as BALROG's Crafter wrapper draws it after each step: Crafter's
+        ``render()`` at the game's size (under BALROG's protocol its ``crafter_kwargs.size``,
+        256x256), the 9x7 cells around the player above the inventory, dimmed and noisy at night.
+        Drawing it leaves the game as it is (:meth:`_TextCrafter.frame`)."""
+        from verlog.envs.balrog_vision import rgb_image
+
+        return rgb_image(self.game.frame())
 
     def _parse(self, action_text: str) -> tuple[int, str, bool]:
         """(Crafter action id, the action's name, whether the answer named it)."""

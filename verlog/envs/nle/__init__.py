@@ -37,6 +37,8 @@ NETHACK_ID = "NetHackChallenge-v0"
 #: BALROG's step caps
 MINIHACK_MAX_STEPS = 100
 NETHACK_MAX_STEPS = 100_000
+#: BALROG's vision protocol: its NLE wrapper's ``vlm`` flag (the language view; the map as an image)
+VISION_KWARGS: Mapping[str, Any] = {"vlm": True}
 
 
 def _make_minihack(task: str, seed: int | None, **kwargs: Any) -> TextEnv:
@@ -88,6 +90,7 @@ MINIHACK_FAMILY = EnvFamily(
         env_kwargs={"protocol": "balrog"},
         left_out={f"MiniHack-{task}-v0": why for task, why in MINIHACK_LEFT_OUT.items()},
         prompt=_minihack_prompt,
+        vision_kwargs=VISION_KWARGS,
     ),
 )
 
@@ -104,6 +107,7 @@ NETHACK_FAMILY = EnvFamily(
         invalid_action="esc",
         env_kwargs={"protocol": "balrog"},
         prompt=lambda env, name: PromptCall("nle"),
+        vision_kwargs=VISION_KWARGS,
     ),
 )
 

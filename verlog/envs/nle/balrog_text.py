@@ -17,7 +17,10 @@ computes the same texts from the same arrays by the wrapper's rules, in Python:
   east than northeast). Lines run from the farthest to the nearest, then clockwise from north; a
   thing seen in one direction several times at one distance is named in the plural;
 * :func:`text_cursor`: where the terminal cursor is (on the agent: ``Yourself a <monster>``);
-* :func:`text_inventory`: ``<letter>: <item>`` lines.
+* :func:`text_inventory`: ``<letter>: <item>`` lines;
+* :func:`text_blstats`: the bottom-line statistics, which BALROG shows only in the wrapper's
+  *language* view (:func:`balrog_language_texts`), the text of its vision protocol, where an image
+  of the map (:mod:`verlog.envs.nle.tiles`) replaces the terminal.
 
 Where the wrapper reads out of its arrays' bounds (a first message line that is blank, a ``(n of
 m)`` marker at a line's edge, ``ch`` plurals) we take the reading its memory layout gives in
@@ -865,6 +868,88 @@ def text_message(tty_chars: np.ndarray) -> str:
 def ascii_map(tty_chars: np.ndarray) -> str:
     """The terminal below the message line, every row in full, each ending with a newline."""
     return "".join(row + "\n" for row in _rows(tty_chars)[1:])
+
+
+#: the wrapper's words for NetHack's alignment, hunger and encumbrance values (``blstats``); a
+#: value it has no word for reads as nothing, as its ``std::unordered_map`` lookup gives
+_ALIGNMENTS = {-128: "None", 1: "Lawful", 0: "Neutral", -1: "Chaotic"}
+_HUNGER = ("Satiated", "Not Hungry", "Hungry", "Weak", "Fainting", "Fainted", "Starved")
+_ENCUMBRANCE = ("Unencumbered", "Burdened", "Stressed", "Strained", "Overtaxed", "Overloaded")
+#: the wrapper's condition names, in the order its ``std::unordered_map`` of 13 masks (13 buckets,
+#: libstdc++) is walked: latest declared first, except that Riding (bucket 4096 % 13 = 1) comes
+#: just before Stoned, the first declared, whose bucket it shares
+_CONDITIONS: tuple[tuple[str, str], ...] = (
+    ("BL_MASK_FLY", "Flying"),
+    ("BL_MASK_LEV", "Levitating"),
+    ("BL_MASK_HALLU", "Hallucinating"),
+    ("BL_MASK_CONF", "Confused"),
+    ("BL_MASK_STUN", "Stunned"),
+    ("BL_MASK_DEAF", "Deaf"),
+    ("BL_MASK_BLIND", "Blind"),
+    ("BL_MASK_TERMILL", "Terminally Ill"),
+    ("BL_MASK_FOODPOIS", "Food Poisoning"),
+    ("BL_MASK_STRNGL", "Strangled"),
+    ("BL_MASK_SLIME", "Slimed"),
+    ("BL_MASK_RIDE", "Riding"),
+    ("BL_MASK_STONE", "Stoned"),
+)
+
+
+def _word(words: Sequence[str], value: int) -> str:
+    return words[value] if 0 <= value < len(words) else ""
+
+
+def text_blstats(blstats: np.ndarray) -> str:
+    """The wrapper's bottom-line statistics: one ``Name: value`` line each, from strength (its
+    ``blstats[3]/blstats[2]``) to the conditions (``None`` when there are none)."""
+    b = [int(v) for v in blstats]
+    conditions = [name for mask, name in _CONDITIONS if b[25] & getattr(nethack, mask)]
+    lines = [
+        ("Strength", f"{b[3]}/{b[2]}"),
+        ("Dexterity", b[4]),
+        ("Constitution", b[5]),
+        ("Intelligence", b[6]),
+        ("Wisdom", b[7]),
+        ("Charisma", b[8]),
+        ("Depth", b[12]),
+        ("Gold", b[13]),
+        ("HP", f"{b[10]}/{b[11]}"),
+        ("Energy", f"{b[14]}/{b[15]}"),
+        ("AC", b[16]),
+        ("XP", f"{b[18]}/{b[19]}"),
+        ("Time", b[20]),
+        ("Position", f"{b[0]}|{b[1]}"),
+        ("Hunger", _word(_HUNGER, b[21])),
+        ("Monster Level", b[17]),
+        ("Encumbrance", _word(_ENCUMBRANCE, b[22])),
+        ("Dungeon Number", b[23]),
+        ("Level Number", b[24]),
+        ("Score", b[9]),
+        ("Alignment", _ALIGNMENTS.get(b[26], "")),
+        ("Condition", " ".join(conditions) or "None"),
+    ]
+    return "\n".join(f"{name}: {value}" for name, value in lines)
+
+
+def balrog_language_texts(obs: Mapping[str, np.ndarray], message: str) -> tuple[str, str]:
+    """BALROG's *language* observation of an NLE state (its vision protocol, where the image
+    stands in for the map): ``(current, past)``.
+
+    ``past`` (what the history keeps) is the message, the language observation and the cursor;
+    ``current`` shows the statistics (:func:`text_blstats`) and the inventory first, then the same.
+    """
+    sections = [
+        ("message", message),
+        ("language observation", text_glyphs(obs["glyphs"], obs["blstats"])),
+        ("cursor", text_cursor(obs["glyphs"], obs["blstats"], obs["tty_cursor"])),
+    ]
+    past = "\n".join(f"{name}:\n{text}\n" for name, text in sections)
+    short = [
+        ("statistics", text_blstats(obs["blstats"])),
+        ("inventory", text_inventory(obs["inv_strs"], obs["inv_letters"])),
+    ]
+    current = "\n".join(f"{name}:\n{text}\n" for name, text in short)
+    return f"{current}\n{past}", past
 
 
 def balrog_texts(obs: Mapping[str, np.ndarray], message: str) -> tuple[str, str]:

@@ -743,6 +743,9 @@ class BalrogNLETextEnv(_NLEGame):
     * **Questions and menus reach the model** (``What do you want to eat? [fg or ?*]``): it answers
       with the item's letter, a direction, ``esc``. Only ``--More--`` is continued automatically
       (BALROG's ``skip_more``), its texts joined into the message.
+    * **Vision** (``vlm=True``: BALROG's vision protocol, as its ``vlm`` flag of the wrapper): the
+      wrapper's *language* view instead (:func:`verlog.envs.nle.balrog_text.balrog_language_texts`:
+      no map, the statistics with the inventory), and :meth:`observation_image` the map in tiles.
     """
 
     def __init__(
@@ -753,10 +756,12 @@ class BalrogNLETextEnv(_NLEGame):
         max_steps: int,
         invalid_action_penalty: float,
         gym_kwargs: Mapping[str, Any],
+        vlm: bool = False,
     ) -> None:
         super().__init__(
             gym_id, seed, max_steps=max_steps, invalid_action_penalty=invalid_action_penalty, gym_kwargs=gym_kwargs
         )
+        self.vlm = vlm
         if "max_episode_steps" in gym_kwargs:  # gymnasium's make keeps this one for its TimeLimit
             self.game._max_episode_steps = gym_kwargs["max_episode_steps"]
         self._key_index = {int(a): i for i, a in enumerate(self.game.actions)}
@@ -772,10 +777,19 @@ class BalrogNLETextEnv(_NLEGame):
         return self._observation
 
     def _render(self, message: str) -> None:
-        from verlog.envs.nle.balrog_text import balrog_texts
+        from verlog.envs.nle.balrog_text import balrog_language_texts, balrog_texts
 
         assert self._obs is not None
-        self._observation, self._history_observation = balrog_texts(self._obs, message)
+        texts = balrog_language_texts if self.vlm else balrog_texts
+        self._observation, self._history_observation = texts(self._obs, message)
+
+    def observation_image(self) -> Any:
+        """The map as BALROG's wrapper draws it (``render("tiles")``): every glyph as its 16x16
+        tile of NetHack's tile set (21x79 glyphs: 1264x336 pixels; :mod:`verlog.envs.nle.tiles`)."""
+        from verlog.envs.balrog_vision import rgb_image
+        from verlog.envs.nle.tiles import render_tiles
+
+        return rgb_image(render_tiles(self.raw_observation["glyphs"]))
 
     @property
     def history_observation(self) -> str:
@@ -913,6 +927,7 @@ class BalrogMiniHackTextEnv(BalrogNLETextEnv):
         *,
         max_steps: int = DEFAULT_MINIHACK_MAX_STEPS,
         invalid_action_penalty: float = 0.0,
+        vlm: bool = False,
     ) -> None:
         from verlog.envs.nle.balrog_text import minihack_action_names
 
@@ -931,6 +946,7 @@ class BalrogMiniHackTextEnv(BalrogNLETextEnv):
             max_steps=max_steps,
             invalid_action_penalty=invalid_action_penalty,
             gym_kwargs=kwargs,
+            vlm=vlm,
         )
         self._actions = minihack_action_names(self.game.actions)
 
@@ -985,12 +1001,18 @@ class BalrogNetHackTextEnv(BalrogNLETextEnv):
         max_steps: int = DEFAULT_NETHACK_MAX_STEPS,
         invalid_action_penalty: float = 0.0,
         no_progress_timeout: int = DEFAULT_NO_PROGRESS_TIMEOUT,
+        vlm: bool = False,
     ) -> None:
         from verlog.envs.nle.balrog_text import nethack_action_names
 
         kwargs = {**BALROG_NETHACK_KWARGS, "max_episode_steps": max_steps, "no_progress_timeout": no_progress_timeout}
         super().__init__(
-            NETHACK_ID, seed, max_steps=max_steps, invalid_action_penalty=invalid_action_penalty, gym_kwargs=kwargs
+            NETHACK_ID,
+            seed,
+            max_steps=max_steps,
+            invalid_action_penalty=invalid_action_penalty,
+            gym_kwargs=kwargs,
+            vlm=vlm,
         )
         self._actions = nethack_action_names()
         self.progress = NetHackProgress()
