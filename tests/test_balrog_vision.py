@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from aiohttp import web
 from balrog_layout import EXPECTED, IMAGE_NOTE, RULE, write_balrog_layout
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
+from scripted_endpoint import ScriptedChatServer
 
 from verlog.envs import balrog_vision, get_family
 from verlog.envs.agent_graph import build_game_graph
@@ -46,7 +46,6 @@ from verlog.envs.balrog_protocol import build_prompt
 from verlog.envs.balrog_source import ENV_VAR, BalrogSource, BalrogSourceError
 from verlog.envs.base import TextEnv
 from verlog.envs.registry import make_env
-from verlog.local_server import LocalServer
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 1_000_000
@@ -466,39 +465,12 @@ def test_the_image_note_is_read_from_balrogs_prompt_builder(tmp_path: Path) -> N
 # ----------------------------------------------------------------------------------- verlog eval
 
 
-class VisionEndpoint(LocalServer):
-    """An OpenAI-compatible ``/v1/chat/completions`` answering ``go forward``, keeping every request."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.requests: list[dict[str, Any]] = []
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self.chat)
-        return app
-
-    async def chat(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.requests.append(body)
-        message = {"role": "assistant", "content": "go forward"}
-        return web.json_response(
-            {
-                "id": "x",
-                "object": "chat.completion",
-                "model": body["model"],
-                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-            }
-        )
-
-
 @pytest.fixture
 def endpoint():
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    server = VisionEndpoint()
+    server = ScriptedChatServer(default=lambda body: "go forward")  # keeps every request
     asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
     yield server
     asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)

@@ -13,17 +13,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-from aiohttp import web
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
+from scripted_endpoint import ScriptedChatServer
 
 from verlog.backends.embedded import EmbeddedEngine
 from verlog.config import ConfigError, JudgeConfig, RewardConfig
 from verlog.llm import VerlogChatModel
-from verlog.local_server import LocalServer
 from verlog.rewards import RewardError, RewardScorer, Trajectory
 from verlog.rewards.judge import (
     RETRY_TEMPERATURE,
@@ -68,73 +67,11 @@ def verdict_for(body: dict[str, Any], score: int = 7) -> str:
     return json.dumps({"explanation": "uses the tool and answers 84", "score": score})
 
 
-class ScriptedJudgeServer(LocalServer):
-    """An OpenAI-compatible ``/v1/chat/completions`` that plays ``script`` one entry per request
-    (then answers a valid verdict), keeping every request body and the most requests in flight.
+class ScriptedJudgeServer(ScriptedChatServer):
+    """The scripted endpoint (``tests/scripted_endpoint.py``) answering a valid verdict by default."""
 
-    Script entries: ``("status", code, headers)``, ``("slow", seconds)`` (then a valid verdict),
-    ``("text", content)`` (an answer with this content), ``("cut", content)`` (the same, cut by
-    ``max_tokens``) or a callable ``body -> content``."""
-
-    def __init__(self, script: list[Any] | None = None, default: Callable[[dict], str] = verdict_for):
-        super().__init__()
-        self.script = list(script or [])
-        self.default = default
-        self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.refuse_response_format = False  # as a server that knows no structured output
-
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self.chat)
-        return app
-
-    async def chat(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.requests.append(body)
-        self.headers.append(dict(request.headers))
-        if self.refuse_response_format and "response_format" in body:
-            return web.json_response({"error": {"message": "response_format is not supported"}}, status=400)
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            step = self.script.pop(0) if self.script else self.default
-            if isinstance(step, tuple) and step[0] == "status":
-                return web.json_response(
-                    {"error": {"message": f"scripted {step[1]}"}},
-                    status=step[1],
-                    headers=step[2] if len(step) > 2 else None,
-                )
-            if isinstance(step, tuple) and step[0] == "slow":
-                await asyncio.sleep(step[1])
-                content = verdict_for(body)
-            elif isinstance(step, tuple) and step[0] in ("text", "cut"):
-                content = step[1]
-            else:
-                await asyncio.sleep(0.05)  # long enough for concurrent requests to overlap
-                content = step(body)
-            return web.json_response(
-                {
-                    "id": "x",
-                    "object": "chat.completion",
-                    "model": body["model"],
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": content},
-                            "finish_reason": "length" if isinstance(step, tuple) and step[0] == "cut" else "stop",
-                        }
-                    ],
-                }
-            )
-        finally:
-            self.in_flight -= 1
+    def __init__(self, script: list[Any] | None = None):
+        super().__init__(script, default=verdict_for)
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 from verlog.models.quiet import quiet_progress_bars
 
@@ -483,28 +484,33 @@ def _patch_tokenizer_config(out_dir: Path) -> None:
     path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def seeded_model(model_cls: Any, config: Any, seed: int, *, pad_id: int, eos_id: int) -> Any:
+    """``model_cls(config)`` initialised under torch seed ``seed`` (the same weights on every
+    machine; the caller's random state untouched), its generation config naming the pad token as
+    the beginning of a sequence, in eval mode: how verlog's offline models are born."""
+    import torch
+    from transformers import GenerationConfig
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config)
+    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
+    return model.eval()
+
+
 def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     """Build the tiny model and tokenizer into ``out_dir`` (created if needed) and return it.
 
     The result depends only on ``seed`` (weights) and this file (tokenizer): two builds give the
     same token ids and bit-identical weights. Takes about a second on CPU.
     """
-    import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()
     config = tiny_config(tokenizer)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-    )
-    model.eval()
+    model = seeded_model(Qwen2ForCausalLM, config, seed, pad_id=config.pad_token_id, eos_id=config.eos_token_id)
     with quiet_progress_bars():
         model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -42,11 +42,16 @@ def build_tiny_vl_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
 
     The result depends only on ``seed`` (weights) and this file: two builds give the same ids,
     pixels and bit-identical weights. Takes about a second on CPU."""
-    import torch
-    from transformers import GenerationConfig, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    from verlog.models.tiny import SPECIAL_TOKENS, _patch_tokenizer_config, build_tiny_tokenizer, chatml_tool_template
+    from verlog.models.tiny import (
+        SPECIAL_TOKENS,
+        _patch_tokenizer_config,
+        build_tiny_tokenizer,
+        chatml_tool_template,
+        seeded_model,
+    )
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,11 +95,7 @@ def build_tiny_vl_model(out_dir: str | os.PathLike, seed: int = 0) -> Path:
         pad_token_id=pad_id,
         dtype="float32",
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Idefics3ForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
-    model.eval()
+    model = seeded_model(Idefics3ForConditionalGeneration, config, seed, pad_id=pad_id, eos_id=eos_id)
     image_processor = Idefics3ImageProcessorPil(
         size={"longest_edge": _IMAGE_SIDE}, max_image_size={"longest_edge": _IMAGE_SIDE}, do_image_splitting=False
     )

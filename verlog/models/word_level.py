@@ -105,10 +105,10 @@ def save_word_model(
 ) -> Path:
     """Save a random-init Qwen2 (``seed``) for ``tokenizer`` and the tokenizer into ``out_dir``,
     reloadable by ``verlog.models.load_tokenizer`` with the same ids."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from verlog.models.quiet import quiet_progress_bars
+    from verlog.models.tiny import seeded_model
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -129,10 +129,7 @@ def save_word_model(
         pad_token_id=pad_id,
         dtype="float32",
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
+    model = seeded_model(Qwen2ForCausalLM, config, seed, pad_id=pad_id, eos_id=eos_id)
     with quiet_progress_bars():
         model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
