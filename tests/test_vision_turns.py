@@ -163,7 +163,10 @@ def test_serve_model_answers_image_url_parts_from_the_official_client(vl):
     from verlog.serve import OpenAIServer, serve_in_thread
 
     _, processor, engine = vl
-    server = OpenAIServer(engine, processor.tokenizer, model_name="tiny-vl", processor=processor)
+    from verlog.serve.limits import ServerLimits
+
+    limits = ServerLimits(max_prompt_tokens=2000)  # (a prompt bound reads the text before the images expand)
+    server = OpenAIServer(engine, processor.tokenizer, model_name="tiny-vl", processor=processor, limits=limits)
     text = "What is in the picture?"
     with serve_in_thread(server) as base_url:
         client = openai.OpenAI(base_url=base_url, api_key="k", max_retries=0)

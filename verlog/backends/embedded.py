@@ -201,7 +201,8 @@ class EmbeddedEngine(Engine):
         self.min_shared_prefix = min_shared_prefix
         self.admit_wait_steps = admit_wait_steps
         config = getattr(model, "config", None)
-        self.max_context = max_context or getattr(config, "max_position_embeddings", None) or 1 << 30
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config  # (a VLM's)
+        self.max_context = max_context or getattr(text_config, "max_position_embeddings", None) or 1 << 30
         eos = _as_id_set(getattr(tokenizer, "eos_token_id", None))
         gen_cfg = getattr(model, "generation_config", None)
         eos |= _as_id_set(getattr(gen_cfg, "eos_token_id", None))

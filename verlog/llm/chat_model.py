@@ -207,8 +207,9 @@ class VerlogChatModel(BaseChatModel):
         return self._renderer.render(messages, tools)
 
     def render_prompt_text(self, messages: Sequence[BaseMessage], tools: list[dict] | None = None) -> str:
-        """The prompt this model would render for ``messages``, as text (before tokenization)."""
-        return self._renderer.render_text(messages, tools)
+        """The prompt this model would render for ``messages``, as text (before tokenization; an
+        image is its placeholder, before the processor expands it)."""
+        return self._renderer.render_text(messages, tools, images=[])
 
     def bind_tools(
         self,
