@@ -28,6 +28,17 @@ next prompt gets a next-state row (its value bootstraps the turn). A training tu
 another temperature than ``actor_rollout_ref.rollout.temperature`` is refused
 (``TurnTemperatureError``): verl's trainer scores every row at that one temperature.
 
+**Images.** With a vision-language model (a folder with a processor config), the chat model
+renders image blocks through verlog's processor (the turn's ids are the processor's expanded
+ids) and the engine sends the images to verl's server as ``image_data``; the turn's sample
+carries them as ``multi_modal_data`` (``verlog.integrations.verl.samples``), from which verl's
+worker computes the row's pixel inputs and positions with *its* processor. Where verl cannot
+(its ``hf_processor`` builds no processor for this model: verl 0.9.1 knows Qwen2-VL, Qwen2.5-VL,
+Qwen3-VL, GLM-4V, GLM-4.6V, Mllama and Gemma4; or ``data.mm_processor_kwargs`` would make its
+pixels differ from the ones verlog expanded the prompt for), every model call with images fails
+its episode with the reason (``images_refused``), and a row with images raises
+``ImageTurnError``: images are never dropped silently.
+
 A failed episode (graph error, recursion limit, timeout, engine failure) yields no sample: an
 episode row returns ``[]``; a slot drops the failed episode's turns in the batch being
 collected, starts a new episode and refills its quota, and counts the failure
@@ -72,6 +83,7 @@ from verlog.tokens import pad_token_id
 
 __all__ = [
     "AGENT_NAME",
+    "ImageTurnError",
     "LangGraphAgentLoop",
     "TurnTemperatureError",
     "check_turn_temperature",
@@ -95,6 +107,23 @@ def _tokenizer(model_path: str, chat_template: str | None) -> Any:
     if chat_template:
         tokenizer.chat_template = chat_template
     return tokenizer
+
+
+@functools.lru_cache(maxsize=8)
+def _processor(model_path: str, chat_template: str | None) -> Any:
+    """verlog's processor of a vision-language model (None for a text model, or one whose
+    processor does not load: its prompts then take no images), around the tokenizer of
+    ``_tokenizer``; loaded once per worker process."""
+    from verlog.models import load_processor
+
+    try:
+        processor = load_processor(model_path)
+    except Exception as exc:  # e.g. a processor class this transformers cannot build here
+        logger.warning("verlog: the processor of %s does not load (%s): its prompts take no images", model_path, exc)
+        return None
+    if processor is not None:
+        processor.tokenizer = _tokenizer(model_path, chat_template)
+    return processor
 
 
 @functools.lru_cache(maxsize=8)
@@ -151,6 +180,40 @@ class TurnTemperatureError(ValueError):
     """A turn was sampled at a temperature verl's trainer would not score it at."""
 
 
+class ImageTurnError(ValueError):
+    """A row has images that verl could not train with their pixels (``images_refused``)."""
+
+
+#: the vision-language processors verl 0.9.1's ``hf_processor`` builds (others come back None)
+VERL_PROCESSORS = "Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, GLM-4.6V, Mllama and Gemma4"
+
+
+def images_refused(verl_processor: Any, verlog_processor: Any, mm_processor_kwargs: Any) -> str | None:
+    """Why verl cannot train image turns of this model (``None``: it can).
+
+    ``verl_processor``: the processor verl's worker built (``None`` where verl has none for the
+    model: its worker would keep the prompt's image placeholders and drop the pixels);
+    ``verlog_processor``: the one verlog renders prompts with (named in the message);
+    ``mm_processor_kwargs``: verl's ``data.mm_processor_kwargs``, applied by verl's server and
+    worker but not by verlog's rendering (the pixels, and so the number of image tokens, would
+    differ from the prompt's)."""
+    if verl_processor is None:
+        name = type(verlog_processor).__name__ if verlog_processor is not None else "none"
+        return (
+            f"verl has no processor for this model (verl builds {VERL_PROCESSORS} processors; this model's is "
+            f"{name}): its agent-loop worker would keep the prompt's image placeholders and drop the pixels. "
+            "Train image turns of this model with verlog's own trainer (verlog train CONFIG)"
+        )
+    kwargs = dict(mm_processor_kwargs or {})
+    if kwargs:
+        return (
+            f"data.mm_processor_kwargs={kwargs} is set: verl's server and trainer would process the images with "
+            "those settings, verlog expanded the prompt's image placeholders with the processor's own. Put them in "
+            "the model folder's processor config and leave data.mm_processor_kwargs empty"
+        )
+    return None
+
+
 def check_turn_temperature(turn: Turn, rollout_temperature: float) -> None:
     """Refuse a training turn sampled at another temperature than verl scores every row at.
 
@@ -181,7 +244,15 @@ class LangGraphAgentLoop(AgentLoopBase):
         self.spec: AgentSpec = agent_spec(self.config)
         chat_template = self.config.actor_rollout_ref.model.get("custom_chat_template", None)
         self.verlog_tokenizer = _tokenizer(self.spec.model_path, chat_template)
+        self.verlog_processor = _processor(self.spec.model_path, chat_template)
         self.graph_file = _graph_file(self.spec.multi_turn.langgraph.path)
+        #: why image turns cannot train here (None: they can), and the placeholders a response must not hold
+        self.images_refused = (
+            None
+            if self.verlog_processor is None
+            else images_refused(self.processor, self.verlog_processor, self.mm_processor_kwargs)
+        )
+        self.image_token_ids = _placeholder_ids(self.processor)
 
     async def run(self, sampling_params: dict[str, Any], **row: Any) -> list[Any]:
         """One slot's share of a training batch, or one whole episode (see the module docstring)."""
@@ -206,6 +277,8 @@ class LangGraphAgentLoop(AgentLoopBase):
             max_response_tokens=self.spec.response_length,
             on_output=on_output,
             server=self.spec.rollout_name,
+            images_refused=self.images_refused,
+            image_token_ids=self.image_token_ids,
         )
 
     def _chat_model(self, engine: Any, sampling_params: dict[str, Any]) -> VerlogChatModel:
@@ -213,6 +286,7 @@ class LangGraphAgentLoop(AgentLoopBase):
         return VerlogChatModel(
             engine=engine,
             tokenizer=self.verlog_tokenizer,
+            processor=self.verlog_processor,
             model_name=self.spec.model_path,
             chat_template_kwargs=dict(self.spec.multi_turn.chat_template_kwargs),
             temperature=float(sampling_params.get("temperature", 1.0)),
@@ -340,9 +414,10 @@ class LangGraphAgentLoop(AgentLoopBase):
                     episode_id=prefix + last.episode_id,
                     turn_index=last.turn_index + 1,
                     steps=steps,
+                    images=batch.slot_images()[0],
                 )
             )
-        return outputs
+        return self._checked_images(outputs)
 
     def _new_slot(
         self, key: str, index: int, session: int, sampling_params: dict[str, Any], info: dict[str, Any]
@@ -407,6 +482,13 @@ class LangGraphAgentLoop(AgentLoopBase):
 
     def _pad_id(self) -> int:
         return pad_token_id(self.verlog_tokenizer)
+
+    def _checked_images(self, outputs: list[Any]) -> list[Any]:
+        """``outputs``, refused (``ImageTurnError``) if a row has images verl could not train with
+        their pixels (e.g. a held prompt with pictures, which never reached the engine)."""
+        if self.images_refused is not None and any(o.multi_modal_data for o in outputs):
+            raise ImageTurnError(f"a row's prompt has images, and {self.images_refused}")
+        return outputs
 
     # ------------------------------------------------------------------ whole episodes
     async def _run_episode(
@@ -485,7 +567,15 @@ class LangGraphAgentLoop(AgentLoopBase):
         # verl reads the episode's metrics from the last output (a next-state row may follow the last turn)
         for output in {id(final): final, id(outputs[-1]): outputs[-1]}.values():
             output.extra_fields["reward_extra_info"] = _episode_metrics(episode)
-        return outputs
+        return self._checked_images(outputs)
+
+
+def _placeholder_ids(processor: Any) -> tuple[int, ...]:
+    """The image and video placeholder ids of verl's processor (none without one)."""
+    from verl.utils.tokenizer import get_processor_token_id
+
+    found = (get_processor_token_id(processor, name) for name in ("image", "video"))
+    return tuple(i for i in found if i is not None)
 
 
 def _row_extra(row: dict[str, Any]) -> dict[str, Any]:

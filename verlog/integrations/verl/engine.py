@@ -27,6 +27,15 @@ nothing re-tokenized.
   what was sampled). vLLM, which verl starts with its tokenizer, is sent the strings as well.
 * The sampling seed goes under each server's own name: ``sampling_seed`` for SGLang, ``seed``
   for vLLM (each rejects the other's key).
+* **Images** (a vision-language model's prompt, ``images=ImageInputs``) go to the server as verl's
+  own agent loops send them: ``image_data``, the prompt's images as RGB ``PIL.Image`` objects in
+  prompt order, with the prompt ids exactly as verlog's processor expanded them (verl's loops
+  send the processor's expanded ids too). Where verl cannot train image turns, the agent loop
+  says why (``images_refused``) and every call with images raises ``EngineError`` with that
+  reason before the server sees it: images are never dropped. A response holding the model's
+  image placeholder (``image_token_ids``) is an ``EngineError`` too: verl's post-processing
+  counts placeholders over the whole row (prompt and response) for its pixel inputs and M-RoPE
+  positions, and fails on one without an image.
 """
 
 from __future__ import annotations
@@ -34,11 +43,20 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable, Collection
 
-from verlog.backends.base import Engine, EngineError, FinishReason, Generation, SamplingParams, cut_at_stop
+from verlog.backends.base import (
+    Engine,
+    EngineError,
+    FinishReason,
+    Generation,
+    ImageInputs,
+    SamplingParams,
+    TokenDelta,
+    cut_at_stop,
+)
 
-__all__ = ["LLMServerEngine", "finish_reason", "single_token_ids"]
+__all__ = ["LLMServerEngine", "finish_reason", "server_images", "single_token_ids"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +77,14 @@ def single_token_ids(tokenizer: Any, stops: tuple[str, ...]) -> tuple[list[int],
         else:
             longer.append(stop)
     return ids, tuple(longer)
+
+
+def server_images(images: ImageInputs) -> list[Any]:
+    """A prompt's images as verl's servers take them (``image_data``): RGB ``PIL.Image`` objects
+    in prompt order, opened from the very bytes the turn keeps."""
+    from verlog.llm.images import open_images
+
+    return open_images(images.images)
 
 
 def finish_reason(stop_reason: str | None) -> FinishReason:
@@ -82,7 +108,14 @@ class LLMServerEngine(Engine):
         on_output: called with each ``TokenOutput`` (e.g. to note the weights' version).
         server: verl's rollout engine (``actor_rollout_ref.rollout.name``): ``vllm`` gets vLLM's
             keys, anything else SGLang's.
+        images_refused: why verl cannot train image turns here (``None``: it can); a call with
+            images raises ``EngineError`` with it.
+        image_token_ids: the model's image and video placeholder ids (as verl's processor names
+            them); a response holding one raises ``EngineError``.
     """
+
+    #: calls with images go to the server as ``image_data`` (unless ``images_refused`` says why not)
+    accepts_images = True
 
     def __init__(
         self,
@@ -94,9 +127,13 @@ class LLMServerEngine(Engine):
         max_response_tokens: int | None = None,
         on_output: Callable[[Any], None] | None = None,
         server: str = "sglang",
+        images_refused: str | None = None,
+        image_token_ids: Collection[int] = (),
     ):
         self.client = client
         self.server = server
+        self.images_refused = images_refused
+        self.image_token_ids = frozenset(int(i) for i in image_token_ids)
         self._stop_split: dict[tuple[str, ...], tuple[list[int], tuple[str, ...]]] = {}
         self.tokenizer = tokenizer
         self.request_prefix = request_prefix
@@ -140,7 +177,12 @@ class LLMServerEngine(Engine):
         return self._stop_split[stops]
 
     async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        images: ImageInputs | None = None,
     ) -> Generation:
         if self.max_prompt_tokens is not None and len(prompt_ids) > self.max_prompt_tokens:
             raise EngineError(
@@ -148,10 +190,15 @@ class LLMServerEngine(Engine):
                 f"{self.max_prompt_tokens}; raise it (verl would cut the prompt, so the trained one would "
                 "not be the one the model saw)"
             )
+        with_images: dict[str, Any] = {}
+        if images is not None:
+            if self.images_refused is not None:
+                raise EngineError(f"this prompt has images, and {self.images_refused}")
+            with_images["image_data"] = server_images(images)
         rid = f"{self.request_prefix}{request_id or uuid.uuid4().hex}"
         params = self.sampling_params(sampling)
         try:
-            out = await self.client.generate(rid, prompt_ids=list(prompt_ids), sampling_params=params)
+            out = await self.client.generate(rid, prompt_ids=list(prompt_ids), sampling_params=params, **with_images)
         except EngineError:
             raise
         except Exception as exc:  # a replica crashed, a Ray call failed...
@@ -172,8 +219,30 @@ class LLMServerEngine(Engine):
         cut = cut_at_stop(self.tokenizer, ids, tuple(sampling.stop))
         if cut is not None and cut < len(ids):
             ids, logprobs, reason = ids[:cut], logprobs[:cut], "stop"
+        placeholders = sorted(self.image_token_ids.intersection(ids))
+        if placeholders:
+            raise EngineError(
+                f"the response to request {rid} holds the model's image placeholder (token id {placeholders[0]}): "
+                "verl's post-processing counts placeholders over prompt and response for its pixel inputs and "
+                "positions, and fails on one without an image; the episode fails"
+            )
         info = {k: v for k, v in (out.extra_fields or {}).items() if k in _STEP_KEYS}
         return Generation(ids, logprobs, reason, info=info)
+
+    async def stream(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        images: ImageInputs | None = None,
+    ) -> AsyncIterator[TokenDelta | Generation]:
+        """verl's servers answer whole generations: one delta with every token, then the generation
+        (as ``Engine.stream``'s default, with the prompt's images passed on)."""
+        generation = await self.generate(prompt_ids, sampling, request_id=request_id, images=images)
+        if generation.token_ids:
+            yield TokenDelta(list(generation.token_ids), list(generation.logprobs))
+        yield generation
 
 
 @functools.lru_cache(maxsize=64)

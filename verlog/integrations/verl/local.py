@@ -5,6 +5,9 @@
   ``TokenOutput``; it records the request ids it saw. As verl's SGLang server (the default), it
   refuses what that server cannot take: ``stop`` strings (SGLang runs without a tokenizer under
   verl) and keys SGLang's sampling parameters do not have (``seed``: SGLang's is ``sampling_seed``).
+  It takes a prompt's images as verl's servers do (``image_data``: ``PIL.Image`` objects) and hands
+  them to the engine as ``ImageInputs`` made by the model's ``processor``; a client without one
+  (a text model's server) refuses them, as it refuses video and audio.
 * ``MemoryTransferQueue`` stands in for verl's TransferQueue (the key-value store between verl's
   agent-loop workers and its trainer): ``patch()`` swaps its functions into the
   ``transfer_queue`` module, so verl's real ``AgentLoopWorkerTQ`` and trainer code write and read
@@ -20,7 +23,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from verlog.backends.base import Engine, SamplingParams
+from verlog.backends.base import Engine, ImageInputs, SamplingParams
 
 __all__ = ["EngineServerClient", "MemoryTransferQueue"]
 
@@ -59,13 +62,16 @@ class EngineServerClient:
         engine: the engine that generates.
         global_steps: reported as the weights' version (``TokenOutput.extra_fields``).
         server: the server verl would run: ``sglang`` (checks the keys as above) or ``vllm``.
+        processor: a vision-language model's processor: ``image_data`` becomes the engine's
+            ``ImageInputs`` (the images as PNG files and the processor's pixel inputs from them).
     """
 
-    def __init__(self, engine: Engine, *, global_steps: int = 0, server: str = "sglang"):
+    def __init__(self, engine: Engine, *, global_steps: int = 0, server: str = "sglang", processor: Any = None):
         self.engine = engine
         self.global_steps = global_steps
         self.server = server
-        #: every ``generate`` call, in order: request id, prompt ids, token ids, logprobs
+        self.processor = processor
+        #: every ``generate`` call, in order: request id, prompt ids, token ids, logprobs, image_data
         self.calls: list[dict[str, Any]] = []
 
     @property
@@ -73,11 +79,43 @@ class EngineServerClient:
         """The request id of every ``generate`` call, in order."""
         return [c["request_id"] for c in self.calls]
 
+    def image_inputs(self, image_data: Sequence[Any]) -> ImageInputs:
+        """verl's ``image_data`` (``PIL.Image`` objects) as the engine's ``ImageInputs``."""
+        import io
+
+        from verlog.llm.prompt import PromptRenderer
+
+        if self.processor is None or not self.engine.accepts_images:
+            raise ValueError("this server's model takes no images (a text model's server)")
+        files = []
+        for image in image_data:
+            out = io.BytesIO()
+            image.save(out, format="PNG")  # lossless: the same pixels come back
+            files.append(out.getvalue())
+        renderer = PromptRenderer(self.processor.tokenizer, processor=self.processor)
+        return ImageInputs(tuple(files), renderer.image_inputs(files))
+
     async def generate(
-        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Sequence[Any] | None = None,
+        video_data: Any = None,
+        audio_data: Any = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> Any:
         from verl.workers.rollout.replica import TokenOutput
 
+        if video_data is not None or audio_data is not None:
+            raise ValueError("this server takes no video or audio")
+        if mm_processor_kwargs:
+            raise ValueError(
+                f"this server processes images with its processor's own settings, not {mm_processor_kwargs}"
+            )
+        images = None if image_data is None else self.image_inputs(image_data)
         params = dict(sampling_params)
         if self.server == "sglang":
             unknown = sorted(set(params) - SGLANG_KEYS)
@@ -96,13 +134,15 @@ class EngineServerClient:
             stop_token_ids=tuple(params.get("stop_token_ids") or ()),
             seed=None if seed is None else int(seed),
         )
-        gen = await self.engine.generate(list(prompt_ids), sampling, request_id=request_id)
+        with_images = {} if images is None else {"images": images}
+        gen = await self.engine.generate(list(prompt_ids), sampling, request_id=request_id, **with_images)
         self.calls.append(
             {
                 "request_id": request_id,
                 "prompt_ids": list(prompt_ids),
                 "token_ids": list(gen.token_ids),
                 "logprobs": list(gen.logprobs),
+                "image_data": None if image_data is None else list(image_data),
             }
         )
         step = self.global_steps

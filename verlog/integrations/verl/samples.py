@@ -23,6 +23,15 @@ verl copies the last output's ``reward_score`` onto the others of the same list 
 reward per trajectory), so a turn's own reward is carried in ``verlog_reward`` and the trainer
 rewrites ``rm_scores`` from it.
 
+An image turn (``Turn.images``: a vision-language model's prompt) carries its images as verl's own
+agent loops do: ``multi_modal_data={"images": [PIL.Image, ...]}``, RGB images opened from the very
+bytes the turn keeps, in prompt order; its ``prompt_ids`` stay the turn's (the processor's
+expanded ids). verl's agent-loop worker turns them into the row's ``multi_modal_inputs`` (its
+processor's pixel inputs, e.g. ``pixel_values`` and ``image_grid_thw``) and ``position_ids``
+(M-RoPE's for Qwen2-VL-like models), and drops the images themselves. A bootstrap row whose
+held prompt has images carries them the same way (the critic values the prompt with its
+pictures). A text row has no ``multi_modal_data``.
+
 A turn row also carries what the advantage estimators of ``verlog.algo.estimators`` may need
 besides rewards (``TurnData``): the seed of its episode (``verlog_seed``: episodes of one seed
 form a group for grpo, rloo and gigpo), whether it opens its episode (``verlog_starts_episode``:
@@ -32,6 +41,7 @@ environment reported with its reward (``verlog_anchor``, from ``info["anchor"]``
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
@@ -46,6 +56,7 @@ __all__ = [
     "anchor_key",
     "bootstrap_output",
     "episode_summary",
+    "multi_modal_data",
     "next_state_output",
     "row_info",
     "turn_output",
@@ -78,6 +89,24 @@ def anchor_key(info: dict[str, Any] | None) -> Any:
     if anchor is None or isinstance(anchor, (str, int, float, bool)):
         return anchor
     return repr(anchor)
+
+
+def multi_modal_data(images: Sequence[str]) -> dict[str, Any] | None:
+    """The ``multi_modal_data`` of a row whose prompt has ``images`` (base64 files, as
+    ``Turn.images``): ``{"images": [PIL.Image, ...]}`` in prompt order, what verl's agent-loop
+    worker computes the row's pixel inputs from; ``None`` for a text prompt."""
+    if not images:
+        return None
+    from verlog.llm.images import open_images
+
+    return {"images": open_images([base64.b64decode(x) for x in images])}
+
+
+def _with_images(images: Sequence[str]) -> dict[str, Any]:
+    """``AgentLoopOutput`` keyword arguments for a prompt's images (none for a text prompt: its
+    row's fields stay exactly a text row's)."""
+    data = multi_modal_data(images)
+    return {} if data is None else {"multi_modal_data": data}
 
 
 def _extra(
@@ -127,8 +156,9 @@ def turn_output(
     seed: int | None = None,
     starts_episode: bool = False,
 ) -> Any:
-    """The verl sample of one turn: its exact ids and logprobs, reward and done flags, and what
-    estimators group it by (``seed``, ``starts_episode``: it opens its episode; its anchor)."""
+    """The verl sample of one turn: its exact ids and logprobs (and its prompt's images), reward
+    and done flags, and what estimators group it by (``seed``, ``starts_episode``: it opens its
+    episode; its anchor)."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
     return AgentLoopOutput(
@@ -139,6 +169,7 @@ def turn_output(
         reward_score=float(turn.reward),
         num_turns=2,  # verl counts chat messages of a sample: one prompt, one answer
         metrics=AgentLoopMetrics(),
+        **_with_images(turn.images),
         extra_fields=_extra(
             kind=TURN,
             trajectory=trajectory,
@@ -167,6 +198,7 @@ def _value_query(
     episode_id: str,
     turn_index: int,
     steps: tuple[int, int],
+    images: Sequence[str] = (),
 ) -> Any:
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
@@ -178,6 +210,7 @@ def _value_query(
         reward_score=0.0,
         num_turns=1,
         metrics=AgentLoopMetrics(),
+        **_with_images(images),
         extra_fields=_extra(
             kind=kind,
             trajectory=trajectory,
@@ -202,8 +235,10 @@ def bootstrap_output(
     episode_id: str,
     turn_index: int,
     steps: tuple[int, int],
+    images: Sequence[str] = (),
 ) -> Any:
-    """The value-query row of a slot's waiting prompt (``response_mask`` 0: it trains nothing)."""
+    """The value-query row of a slot's waiting prompt (``response_mask`` 0: it trains nothing),
+    with the prompt's ``images`` (base64 files, as ``SlotBatch.slot_images()``) where it has some."""
     return _value_query(
         BOOTSTRAP,
         prompt_ids,
@@ -213,6 +248,7 @@ def bootstrap_output(
         episode_id=episode_id,
         turn_index=turn_index,
         steps=steps,
+        images=images,
     )
 
 
