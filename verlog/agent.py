@@ -65,9 +65,7 @@ def build_chat_model(config: VerlogConfig, engine: Engine, tokenizer: Any) -> Ve
     from verlog.models import load_processor
 
     s = config.sampling
-    processor = load_processor(config.model.path)
-    if processor is not None:
-        processor.tokenizer = tokenizer
+    processor = load_processor(config.model.path, tokenizer)
     return VerlogChatModel(
         engine=engine,
         tokenizer=tokenizer,

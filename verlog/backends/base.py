@@ -235,15 +235,17 @@ class Engine(abc.ABC):
         sampling: SamplingParams,
         *,
         request_id: str | None = None,
+        images: ImageInputs | None = None,
     ) -> AsyncIterator[TokenDelta | Generation]:
         """Generate one response, yielding :class:`TokenDelta` items as tokens are chosen, then
         the whole :class:`Generation` as the last item (the same one :meth:`generate` returns).
 
         For token streaming (a chat server). Closing the iterator early stops the generation
         where the engine can. This default, for engines that cannot stream, yields every token in
-        one delta once the generation is done.
+        one delta once the generation is done (``images`` passed on to an engine that takes them).
         """
-        generation = await self.generate(prompt_ids, sampling, request_id=request_id)
+        with_images = {} if images is None else {"images": images}
+        generation = await self.generate(prompt_ids, sampling, request_id=request_id, **with_images)
         if generation.token_ids:
             yield TokenDelta(list(generation.token_ids), list(generation.logprobs))
         yield generation

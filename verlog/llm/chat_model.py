@@ -412,11 +412,9 @@ class VerlogChatModel(BaseChatModel):
     ) -> ChatResult:
         run_id, request_id = self._identify(run_manager, kwargs)
         prompt_ids, sampling, prefix, has_tools, images = self._prepare(messages, stop, kwargs)
+        with_images = {} if images is None else {"images": images}  # (engines without images take no such option)
         with _engine_call(run_id):
-            if images is None:
-                generation = await self.engine.generate(prompt_ids, sampling, request_id=request_id)
-            else:
-                generation = await self.engine.generate(prompt_ids, sampling, request_id=request_id, images=images)
+            generation = await self.engine.generate(prompt_ids, sampling, request_id=request_id, **with_images)
         message = self._to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix, images=images)
         return ChatResult(generations=[ChatGeneration(message=message)])
 

@@ -178,13 +178,13 @@ def load_tokenizer(spec_or_path: str | os.PathLike):
     return load_checked_tokenizer(resolve_model_path(spec_or_path))
 
 
-def load_processor(spec_or_path: str | os.PathLike):
+def load_processor(spec_or_path: str | os.PathLike, tokenizer=None):
     """The processor of a vision-language model spec or folder (its image processor and
     tokenizer, :func:`verlog.models.safe_load.load_checked_processor`), or ``None`` for a text
-    model (a folder with no processor config)."""
+    model (a folder with no processor config). ``tokenizer``: the folder's, if already loaded."""
     from verlog.models.safe_load import load_checked_processor
 
-    return load_checked_processor(resolve_model_path(spec_or_path))
+    return load_checked_processor(resolve_model_path(spec_or_path), tokenizer)
 
 
 def load_causal_lm(spec_or_path: str | os.PathLike, *, dtype="float32", device="cpu"):

@@ -374,14 +374,15 @@ def load_checked_tokenizer(folder: str | os.PathLike) -> Any:
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 
 
-def load_checked_processor(folder: str | os.PathLike) -> Any:
+def load_checked_processor(folder: str | os.PathLike, tokenizer: Any = None) -> Any:
     """The processor of a vision-language model's ``folder`` (image processor + the tokenizer
     :func:`load_checked_tokenizer` loads), or ``None`` for a folder without a processor config.
 
     transformers' ``AutoProcessor`` is tried first; where it cannot build the image processor
     (its default backend needs torchvision, which CPU installs lack), the processor class the
     folder names is built with the image processor's PIL backend (``<Name>Pil``) from the same
-    settings: the same pixels for the same image."""
+    settings: the same pixels for the same image. ``tokenizer``: the folder's tokenizer, already
+    loaded (by :func:`load_checked_tokenizer`; loaded here without one)."""
     import transformers
 
     folder = Path(folder)
@@ -389,7 +390,7 @@ def load_checked_processor(folder: str | os.PathLike) -> Any:
     found = [n for n in PROCESSOR_FILES if n in names]
     if not found:
         return None
-    tokenizer = load_checked_tokenizer(folder)
+    tokenizer = tokenizer if tokenizer is not None else load_checked_tokenizer(folder)
     try:
         processor = transformers.AutoProcessor.from_pretrained(folder, trust_remote_code=False)
         processor.tokenizer = tokenizer  # the tokenizer verlog checked (and loads from tokenizer.json)
@@ -405,7 +406,8 @@ def load_checked_processor(folder: str | os.PathLike) -> Any:
         image.get("image_processor_type") if isinstance(image, dict) else None,
     )
     processor_cls = getattr(transformers, str(cls_name), None)
-    image_cls = _pil_image_processor(str(kind))
+    model_type = read_json(folder / "config.json").get("model_type") if "config.json" in names else None
+    image_cls = _pil_image_processor(str(model_type), str(kind))
     if processor_cls is None or image_cls is None:
         raise CheckpointError(f"{folder}: the processor does not load ({auto_error})")
     extra = {k: v for k, v in settings.items() if k not in ("image_processor", "processor_class")}
@@ -420,22 +422,16 @@ def load_checked_processor(folder: str | os.PathLike) -> Any:
         raise CheckpointError(f"{folder}: the processor does not load ({first_line(exc)}; {auto_error})") from None
 
 
-def _pil_image_processor(kind: str) -> Any:
-    """transformers' PIL-backend class of the image processor named ``kind``, if it has one."""
+def _pil_image_processor(model_type: str, kind: str) -> Any:
+    """transformers' PIL-backend class (``<kind>Pil``) of a ``model_type`` model's image
+    processor ``kind``, if it has one."""
     import importlib
 
-    import transformers
-
-    for model_type in dir(transformers.models):
-        if model_type.replace("_", "") and kind.lower().startswith(model_type.replace("_", "")):
-            try:
-                module = importlib.import_module(f"transformers.models.{model_type}.image_processing_pil_{model_type}")
-            except ImportError:
-                continue
-            found = getattr(module, f"{kind}Pil", None)
-            if found is not None:
-                return found
-    return None
+    try:
+        module = importlib.import_module(f"transformers.models.{model_type}.image_processing_pil_{model_type}")
+    except ImportError:
+        return None
+    return getattr(module, f"{kind}Pil", None)
 
 
 # ---------------------------------------------------------------------------------- LoRA adapters

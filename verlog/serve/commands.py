@@ -85,9 +85,7 @@ def _run_serve_model(args: argparse.Namespace) -> int:
     recorder = _open_recorder(args)  # before the model: a store that cannot be opened fails at once
     _say(f"loading {source.model}{adapters} on {device} ...")
     model, tokenizer = load_policy(source, dtype=args.dtype, device=device)
-    processor = load_processor(source.model)  # a vision-language model's: image_url parts are rendered
-    if processor is not None:
-        processor.tokenizer = tokenizer
+    processor = load_processor(source.model, tokenizer)  # a vision-language model's: image_url parts are rendered
     engine = EmbeddedEngine(model, tokenizer, max_batch_size=args.max_batch_size, seed=args.seed)
 
     def reload() -> tuple[Any, Any, str]:

@@ -478,10 +478,9 @@ def _image_inputs(config: VerlogConfig, tokenizer: Any) -> Any:
     from verlog.llm.prompt import PromptRenderer
     from verlog.models import load_processor
 
-    processor = load_processor(config.model.path)
+    processor = load_processor(config.model.path, tokenizer)
     if processor is None:
         return None
-    processor.tokenizer = tokenizer
     return PromptRenderer(tokenizer, processor=processor).image_inputs
 
 

@@ -117,13 +117,10 @@ def _processor(model_path: str, chat_template: str | None) -> Any:
     from verlog.models import load_processor
 
     try:
-        processor = load_processor(model_path)
+        return load_processor(model_path, _tokenizer(model_path, chat_template))
     except Exception as exc:  # e.g. a processor class this transformers cannot build here
         logger.warning("verlog: the processor of %s does not load (%s): its prompts take no images", model_path, exc)
         return None
-    if processor is not None:
-        processor.tokenizer = _tokenizer(model_path, chat_template)
-    return processor
 
 
 @functools.lru_cache(maxsize=8)

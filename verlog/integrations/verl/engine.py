@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from typing import Any, AsyncIterator, Callable, Collection
+from typing import Any, Callable, Collection
 
 from verlog.backends.base import (
     Engine,
@@ -52,7 +52,6 @@ from verlog.backends.base import (
     Generation,
     ImageInputs,
     SamplingParams,
-    TokenDelta,
     cut_at_stop,
 )
 
@@ -228,21 +227,6 @@ class LLMServerEngine(Engine):
             )
         info = {k: v for k, v in (out.extra_fields or {}).items() if k in _STEP_KEYS}
         return Generation(ids, logprobs, reason, info=info)
-
-    async def stream(
-        self,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        *,
-        request_id: str | None = None,
-        images: ImageInputs | None = None,
-    ) -> AsyncIterator[TokenDelta | Generation]:
-        """verl's servers answer whole generations: one delta with every token, then the generation
-        (as ``Engine.stream``'s default, with the prompt's images passed on)."""
-        generation = await self.generate(prompt_ids, sampling, request_id=request_id, images=images)
-        if generation.token_ids:
-            yield TokenDelta(list(generation.token_ids), list(generation.logprobs))
-        yield generation
 
 
 @functools.lru_cache(maxsize=64)
