@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Literal
 
 import jsonschema
@@ -490,3 +491,38 @@ def test_closed_schema_closes_objects_that_do_not_say():
     assert closed["properties"]["open"]["additionalProperties"] is True  # said explicitly: kept
     assert closed["$defs"]["Item"]["additionalProperties"] is False
     assert "additionalProperties" not in schema  # the caller's schema is not changed
+
+
+# ------------------------------------------------------------------------------ word-level models
+async def test_a_word_level_model_takes_regex_constraints_exactly():
+    """llguidance cannot read the WordPiece decoder of verlog's word-level models; the engine
+    gives it each token's text plus the space that decoder writes between words. A regex then
+    holds the decoded answer exactly (one word or several, never a word's prefix: ``do`` is not
+    a way into ``down``), so ``constrain_answers`` works with such a model; grammars that
+    describe JSON or Lark text are refused, naming what the model takes."""
+    from verlog.models import load_causal_lm, load_tokenizer, resolve_model_path
+
+    folder = resolve_model_path("sokoban-words")
+    tokenizer = load_tokenizer(folder)
+    engine = EmbeddedEngine(load_causal_lm(folder), tokenizer, seed=0)
+    try:
+        chat = VerlogChatModel(engine=engine, tokenizer=tokenizer, temperature=1.0, max_tokens=4)
+        one = chat.bind(extra_body={"regex": "(up|down)"})
+        several = chat.bind(extra_body={"regex": "(up|left)( (down|right))+"})
+        singles = await asyncio.gather(*[one.ainvoke("sokoban", seed=s) for s in SEEDS])
+        phrases = await asyncio.gather(*[several.ainvoke("sokoban", seed=s) for s in SEEDS])
+        with pytest.raises(InvalidConstraintError, match="allowed for such a model: regex"):
+            await chat.bind(response_format={"type": "json_object"}).ainvoke("sokoban")
+    finally:
+        engine.close()
+    assert {a.content for a in singles} == {"up", "down"}
+    for answer in singles:
+        assert len(answer.response_metadata["response_ids"]) <= 2  # the word, then the end token
+        assert answer.response_metadata["sampling"]["constraint"] == "regex"
+    assert all(re.fullmatch("(up|left)( (down|right))+", a.content) for a in phrases)
+    assert len({a.content for a in phrases}) > 2
+    # a tokenizer without a decoder (``toy``'s) joins its words with spaces too
+    toy = load_tokenizer(resolve_model_path("toy"))
+    matcher = GrammarCompiler(toy, len(toy), (toy.eos_token_id,)).matcher(Constraint("regex", "(left|right)"))
+    allowed = matcher.allowed(len(toy)).nonzero().flatten().tolist()
+    assert sorted(toy.convert_ids_to_tokens(allowed)) == ["left", "right"]

@@ -21,7 +21,7 @@ from verlog.backends.embedded import EmbeddedEngine
 from verlog.graph_file import load_graph_file
 from verlog.llm import VerlogChatModel
 from verlog.llm.prompt import to_chat_dicts
-from verlog.rollout import Episode, run_episodes
+from verlog.rollout import Episode, run_episode, run_episodes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -184,6 +184,67 @@ async def test_two_rewards_for_one_call_sum(model):
     assert turn.reward == pytest.approx(-1.5)
     assert turn.terminated and turn.info == {"valid_action": True, "shaping": 0.5, "success": False}
     assert episode.total_reward == pytest.approx(-1.25)
+
+
+@pytest.mark.parametrize("style", ["sync", "async"])
+async def test_reward_events_reach_the_recorder_directly_and_every_other_listener_as_always(model, monkeypatch, style):
+    """Where verlog's recorder is the only listener, a reward event is handed to it directly
+    (LangChain's dispatch is not called: it would copy the run's callbacks for every event), with
+    the run id, tags and metadata LangChain's dispatch gives it; with another listener (a user's
+    handler) the event goes through LangChain's dispatch and reaches both."""
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    from verlog.rollout import TurnRecorder, areport_reward, events, report_reward
+
+    seen: dict[str, list] = {"recorder": [], "user": []}
+
+    class Recorder(TurnRecorder):
+        def on_custom_event(self, name, data, *, run_id, **kwargs):
+            seen["recorder"].append((name, data["reward"], sorted(kwargs["tags"]), sorted(kwargs["metadata"])))
+            super().on_custom_event(name, data, run_id=run_id, **kwargs)
+
+    class User(BaseCallbackHandler):
+        def on_custom_event(self, name, data, *, run_id, **kwargs):
+            seen["user"].append((name, data["reward"]))
+
+    async def act(state: MessagesState) -> dict:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    async def async_env(state: MessagesState) -> dict:
+        await areport_reward(1.5, terminated=True)
+        return {}
+
+    def sync_env(state: MessagesState) -> dict:
+        report_reward(1.5, terminated=True)
+        return {}
+
+    g = StateGraph(MessagesState)
+    g.add_node("act", act)
+    g.add_node("env", sync_env if style == "sync" else async_env)
+    g.add_edge(START, "act")
+    g.add_edge("act", "env")
+    g.add_edge("env", END)
+    graph = g.compile()
+    dispatched = []
+    for name in ("dispatch_custom_event", "adispatch_custom_event"):
+        original = getattr(events, name)
+
+        def counting(*args, _original=original, **kwargs):
+            dispatched.append(args[0])
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(events, name, counting)
+
+    run = {"graph_config": {"tags": ["mine"], "metadata": {"who": "me"}}}
+    alone = await run_episode(graph, {"messages": [HumanMessage("go")]}, episode_id="a", recorder=Recorder("a"), **run)
+    assert dispatched == [] and alone.turns[0].reward == 1.5 and alone.turns[0].terminated
+    direct = seen["recorder"].pop()
+    run["graph_config"]["callbacks"] = [User()]
+    shared = await run_episode(graph, {"messages": [HumanMessage("go")]}, episode_id="b", recorder=Recorder("b"), **run)
+    assert dispatched == [events.REWARD_EVENT] and shared.turns[0].reward == 1.5
+    assert seen["user"] == [(events.REWARD_EVENT, 1.5)]
+    assert seen["recorder"] == [direct]  # the same name, tags and metadata keys either way
+    assert "mine" in direct[2] and "who" in direct[3]
 
 
 def test_sync_invoke_inside_and_outside_a_loop(model):

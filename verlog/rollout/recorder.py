@@ -140,6 +140,7 @@ class TurnRecorder(BaseCallbackHandler):
     ignore_agent = True
     ignore_retriever = True
     ignore_retry = True
+    verlog_direct_listener = True  # events.DIRECT_LISTENER: its reward events may skip LangChain's dispatch
 
     def __init__(
         self,
