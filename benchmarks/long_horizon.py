@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from sittings import MetricsTail, Sittings, commit, metric_records, num, timed, training_wall  # noqa: E402
+from sittings import MetricsTail, Sittings, add_overrides, commit, metric_records, num, timed, training_wall  # noqa: E402
 
 from verlog.config import load_config  # noqa: E402
 from verlog.evaluation.results import PROGRESSION_SCALE  # noqa: E402
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="trainer.torch_threads")
     q = sub.add_parser("random", help="random valid actions on the held-out worlds")
     for parser_ in (p, q):
-        parser_.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides (last)")
+        add_overrides(parser_)
     p.add_argument("--out", type=Path, default=OUT, help="where the run folders go (checkpoints, metrics)")
     for parser_ in (p, q, sub.add_parser("table", help="the table and curves from the result files")):
         parser_.add_argument("--results", type=Path, default=RESULTS, help="where the result files go")

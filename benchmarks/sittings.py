@@ -24,6 +24,7 @@ __all__ = [
     "LoadSampler",
     "MetricsTail",
     "Sittings",
+    "add_overrides",
     "commit",
     "comparison_main",
     "comparison_rows",
@@ -45,6 +46,18 @@ def commit() -> str:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def add_overrides(parser: Any) -> None:
+    """A benchmark command's ``--set KEY=VALUE ...`` config overrides (``--set`` may repeat)."""
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more config overrides (last; --set may repeat)",
+    )
 
 
 def num(value: Any) -> float:
@@ -267,7 +280,7 @@ def comparison_main(
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="train and evaluate (run again to resume)")
     p.add_argument("--updates", type=int, default=None, help="trainer.total_updates (default: the config's)")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides (last)")
+    add_overrides(p)
     p.add_argument("--out", type=Path, default=out, help="where the run folder goes (checkpoints, metrics)")
     if more_run_args is not None:
         more_run_args(p)

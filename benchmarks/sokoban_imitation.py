@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--eval-rooms", type=int, default=128, help="held-out rooms played")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the result file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     kwargs = load_config(CONFIG).multi_turn.langgraph.graph_kwargs
@@ -163,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         "random": play(None, held_out, 1.0, rng),
         "wall_s": time.perf_counter() - started,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1))
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=1))
     for name in ("greedy", "sampled", "random"):
         r = result[name]
         print(f"{name:>8}: {r['success']:.3f} ± {r['se']:.3f} of {r['rooms']} held-out rooms solved")

@@ -275,3 +275,28 @@ def _load_toy(config):
     from verlog.models import load_causal_lm
 
     return load_causal_lm(config.model.path)
+
+
+def test_cpu_training_passes_flush_subnormal_floats():
+    """On a CPU the trainer's thread treats subnormal floats as zero (a sharpening policy's
+    backward passes fill with them, which a CPU computes many times slower); the setting is the
+    calling thread's, so it is checked in a thread of its own (the test process keeps its own)."""
+    import threading
+
+    from verlog.weights.precision import flush_subnormals
+
+    tiny = 1e-39  # below float32's smallest normal number (1.2e-38)
+    seen = {}
+
+    def in_a_thread() -> None:
+        seen["before"] = (torch.tensor([tiny]) * 1.0).item()
+        seen["flushed"] = flush_subnormals(torch.device("cpu"))
+        seen["after"] = (torch.tensor([tiny]) * 1.0).item()
+        seen["elsewhere"] = flush_subnormals(torch.device("meta"))
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join()
+    assert seen["before"] == pytest.approx(tiny) and seen["flushed"] is True
+    assert seen["after"] == 0.0 and seen["elsewhere"] is False
+    assert (torch.tensor([tiny]) * 1.0).item() == pytest.approx(tiny)  # this thread is untouched

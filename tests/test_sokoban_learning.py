@@ -159,7 +159,11 @@ def test_the_recipe_is_verlogs_on_verl_agents_sokoban_evaluated_on_held_out_room
 
 def test_too_few_held_out_rooms_is_refused_before_training(tmp_path):
     with pytest.raises(SystemExit, match="eval.episodes=8 is too few"):
-        _bench().main(["run", "--out", str(tmp_path / "runs"), "--results", str(tmp_path), "--set", "eval.episodes=8"])
+        # (a repeated --set adds to the overrides: the first one is not dropped)
+        _bench().main(
+            ["run", "--out", str(tmp_path / "runs"), "--results", str(tmp_path)]
+            + ["--set", "eval.episodes=8", "--set", "eval.concurrency=2"]
+        )
     assert not (tmp_path / "runs").exists()
 
 
@@ -240,3 +244,29 @@ def test_doc_train_and_baseline_commands_run_with_a_tiny_budget(tmp_path):
     )
     assert baseline.returncode == 0, baseline.stderr[-2000:] + baseline.stdout[-2000:]
     assert "random valid actions" in baseline.stdout and "after 1 updates" in baseline.stdout
+
+
+def test_the_imitation_ceiling_fits_the_oracles_moves_and_writes_its_figures(tmp_path, capsys):
+    """``benchmarks/sokoban_imitation.py`` (the doc page's command, here on a few rooms): its pairs
+    are the oracle's shortest solutions, played from each room's start under the prompt the graph
+    builds; it trains, plays the held-out rooms three ways and writes the figures."""
+    command = next(c for c in doc_commands("environments_sokoban.md") if "sokoban_imitation.py" in c)
+    assert command.split() == ["python", "benchmarks/sokoban_imitation.py"]
+    bench = import_python_file(ROOT / "benchmarks" / "sokoban_imitation.py", what="benchmark")
+    policy = bench.Policy("sokoban")
+    prompts, moves = bench.oracle_pairs(policy, range(3))
+    env, replayed = SokobanEnv(), 0
+    for seed in range(3):  # the moves, in order, solve each room
+        env.reset(seed)
+        while not env.done:
+            env.step(ACTIONS[moves[replayed]])
+            replayed += 1
+        assert env.won
+    assert replayed == len(prompts) and all(len(p) == len(prompts[0]) for p in prompts)
+    assert prompts[0] == policy.prompt(SokobanEnv().reset(0))
+    out = tmp_path / "imitation.json"
+    assert bench.main(["--rooms", "20", "--epochs", "1", "--eval-rooms", "4", "--results", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["oracle_moves"] > 20 and len(result["curve"]) == 1
+    assert {k: result[k]["rooms"] for k in ("greedy", "sampled", "random")} == {"greedy": 4, "sampled": 4, "random": 4}
+    assert "held-out rooms solved" in capsys.readouterr().out

@@ -61,7 +61,7 @@ from verlog.train.trace_batches import TraceBatch, TraceSource, merge_batches, t
 from verlog.weights import checkpoint as ckpt
 from verlog.weights.actor_critic import load_actor, load_critic, load_reference, train_last_layers
 from verlog.weights.policy import check_finite_weights
-from verlog.weights.precision import autocast_dtype, check_master_dtype, grad_scaler
+from verlog.weights.precision import autocast_dtype, check_master_dtype, flush_subnormals, grad_scaler
 
 __all__ = ["TrainResult", "train"]
 
@@ -231,6 +231,7 @@ class _Run:
         # threads wait on each other: all cores but one, like the engine, is the safe default.
         torch.set_num_threads(t.torch_threads or max(1, (os.cpu_count() or 2) - 1))
         device = torch.device(pick_device(config.model.device))
+        flush_subnormals(device)
         compute = autocast_dtype(config.model.autocast)  # float32 master weights, passes under autocast
 
         tokenizer = load_tokenizer(config.model.path)

@@ -13,6 +13,9 @@ gradients are unscaled before clipping, and a step whose gradients overflowed is
 the scale comes down. The scale is not checkpointed: a resumed run starts again from
 ``GradScaler``'s initial scale and finds its level within a few skipped steps.
 
+On a CPU the trainer's thread treats subnormal floats as zero (:func:`flush_subnormals`): a
+sharpening policy's backward passes fill with them, and a CPU computes them many times slower.
+
 Config: ``model.dtype`` is the weights' dtype (training refuses anything but float32),
 ``model.autocast`` the compute dtype (``none``, ``bfloat16``, ``float16``).
 """
@@ -24,7 +27,15 @@ from typing import ContextManager
 
 import torch
 
-__all__ = ["AUTOCAST_DTYPES", "MASTER_DTYPE", "autocast", "autocast_dtype", "check_master_dtype", "grad_scaler"]
+__all__ = [
+    "AUTOCAST_DTYPES",
+    "MASTER_DTYPE",
+    "autocast",
+    "autocast_dtype",
+    "check_master_dtype",
+    "flush_subnormals",
+    "grad_scaler",
+]
 
 #: ``model.autocast`` values and the compute dtype each one means
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -64,3 +75,17 @@ def grad_scaler(device: torch.device, dtype: torch.dtype | None) -> torch.amp.Gr
     if dtype != torch.float16:
         return None
     return torch.amp.GradScaler(device.type)
+
+
+def flush_subnormals(device: torch.device) -> bool:
+    """On a CPU, have this thread's passes treat subnormal floats as zero; returns whether it did.
+
+    As a policy sharpens, its backward passes fill with subnormal numbers (the softmax of answers
+    it has all but ruled out), which a CPU computes many times slower: a ``sokoban-words`` run's
+    updates went from 4.6 s to 18.5 s over 288 updates, and back to 4.6 s when resumed with
+    subnormals flushed (its actor's forward and backward pass: 387 ms, 222 ms flushed, 217 ms at
+    the start). Values that small (below 1.2e-38) change no sum a loss is made of. The setting
+    is the calling thread's (the trainer's, where its passes run with ``torch_threads: 1``)."""
+    if device.type != "cpu":
+        return False
+    return bool(torch.set_flush_denormal(True))
