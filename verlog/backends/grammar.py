@@ -11,11 +11,11 @@ same time (mean 15 us on the tiny model's 1.5k vocabulary, 43 us on SmolLM2's, m
 random walks through a tool-call schema). It reads JSON schemas, regular expressions and Lark
 grammars, and Lark may embed JSON schemas (``%json {...}``): what a Hermes tool call needs.
 A tokenizer that writes a space between its tokens (WordPiece's decoder, or none: verlog's
-word-level models), which llguidance cannot read,
-is given to it as a table of each token's bytes (:class:`_WordTable`); such a model takes regex
-constraints. In the engine a constrained token costs about 0.13 ms more on SmolLM2's vocabulary (mask 0.08,
-applying it to the logits 0.04, advancing the matcher 0.005; one CPU thread), against about
-10 ms for a decode step of 8 rows on a 2-core machine.
+word-level models), which llguidance cannot read, is given to it as a table of each token's
+bytes (:class:`_WordTable`); such a model takes regex constraints. In the engine a constrained
+token costs about 0.13 ms more on SmolLM2's vocabulary (mask 0.08, applying it to the logits
+0.04, advancing the matcher 0.005; one CPU thread), against about 10 ms for a decode step of 8
+rows on a 2-core machine.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ is no such handler and the event costs nothing.
 
 Where the run's only listeners for custom events are verlog's recorders (the case under
 training), the event is handed to them directly, as LangChain would hand it (the same name, data,
-run id, tags and metadata), without LangChain copying the run's callback manager for each event
-first (about 0.05 ms a step). With any other listener (a tracer, ``astream_events``, a user's
+run id, tags and metadata), without LangChain building a callback manager for each event first
+(``benchmarks/rollout_overhead.py``, async nodes: +0.31 -> +0.27 ms a turn; sync nodes: within the
+run-to-run spread). With any other listener (a tracer, ``astream_events``, a user's
 handler) the event goes through LangChain's dispatch, as always.
 """
 

@@ -85,7 +85,8 @@ def flush_subnormals(device: torch.device) -> bool:
     updates went from 4.6 s to 18.5 s over 288 updates, and back to 4.6 s when resumed with
     subnormals flushed (its actor's forward and backward pass: 387 ms, 222 ms flushed, 217 ms at
     the start). Values that small (below 1.2e-38) change no sum a loss is made of. The setting
-    is the calling thread's (the trainer's, where its passes run with ``torch_threads: 1``)."""
+    is the calling thread's (the trainer's, where its passes run with ``torch_threads: 1``), and
+    stays set for that thread after training."""
     if device.type != "cpu":
         return False
     return bool(torch.set_flush_denormal(True))
