@@ -22,13 +22,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import uuid
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 import yaml
+from verl_agent_loop import dataset_batch, rollout_step
 
 from verlog.backends.base import Engine, Generation
 
@@ -111,30 +110,6 @@ def settings(model_path, **verlog) -> dict:
         },
         "trainer": {"n_gpus_per_node": 1, "total_training_steps": 2},
     }
-
-
-def dataset_batch(files, step):
-    """A rollout batch of verlog's dataset rows, as verl's trainer builds one for step ``step``."""
-    from verl.utils import tensordict_utils as tu
-    from verl.utils.dataset.rl_dataset import collate_fn
-
-    from verlog.integrations.verl.dataset import VerlogRows
-
-    rows = VerlogRows(files)
-    data = collate_fn([rows[i] for i in range(len(rows))])
-    data["uid"] = np.array([uuid.uuid4().hex for _ in range(len(rows))], dtype=object)
-    batch = tu.get_tensordict(data)
-    tu.assign_non_tensor_data(batch, "global_steps", step)
-    return batch
-
-
-async def rollout_step(worker, store, batch) -> list[str]:
-    """One agent-loop call of verl's worker on ``batch``; the trajectory keys it added."""
-    before = set(store.trajectory_keys("train"))
-    await asyncio.wait_for(worker.generate_sequences(batch), 120)
-    while worker.background_tasks:
-        await asyncio.sleep(0.02)
-    return [k for k in store.trajectory_keys("train") if k not in before]
 
 
 def run_worker(root, model_path, client, steps=(1,), **verlog):

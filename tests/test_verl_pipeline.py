@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import uuid
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 import yaml
+from verl_agent_loop import dataset_batch, rollout_step
 
 GRAPH = '''
 """Countdown: episode `seed` lasts 2 + seed % 3 turns (seed 3: 4); seeds in `fail_seeds` crash at step 2."""
@@ -67,36 +66,6 @@ def build_graph(model, fail_seeds=()):
 '''
 
 NUM_ENVS, TURNS = 2, 3
-
-
-def dataset_batch(files, step, validate=False, episodes_started=None, in_flight=None):
-    """A rollout batch of verlog's dataset rows, as verl's trainer builds one for step ``step``."""
-    from verl.utils import tensordict_utils as tu
-    from verl.utils.dataset.rl_dataset import collate_fn
-
-    from verlog.integrations.verl.dataset import VerlogRows
-
-    rows = VerlogRows(files)
-    if episodes_started is not None:  # as the trainer restores them from a checkpoint
-        rows.episodes_started = episodes_started
-    if in_flight is not None:
-        rows.in_flight = in_flight
-    data = collate_fn([rows[i] for i in range(len(rows))])
-    data["uid"] = np.array([uuid.uuid4().hex for _ in range(len(rows))], dtype=object)
-    batch = tu.get_tensordict(data)
-    tu.assign_non_tensor_data(batch, "global_steps", step)
-    if validate:
-        tu.assign_non_tensor_data(batch, "validate", True)
-    return batch
-
-
-async def rollout_step(worker, store, batch, partition="train") -> list[str]:
-    """One agent-loop call of verl's worker on ``batch``; the trajectory keys it added."""
-    before = set(store.trajectory_keys(partition))
-    await asyncio.wait_for(worker.generate_sequences(batch), 120)
-    while worker.background_tasks:
-        await asyncio.sleep(0.02)
-    return [k for k in store.trajectory_keys(partition) if k not in before]
 
 
 def _rows(store, partition, keys):

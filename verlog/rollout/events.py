@@ -24,14 +24,15 @@ from langchain_core.runnables.config import ensure_config
 
 from verlog.step_info import StepInfo
 
-__all__ = ["DIRECT_LISTENER", "REWARD_EVENT", "RewardPayload", "areport_reward", "report_reward"]
+__all__ = ["REWARD_EVENT", "DirectListener", "RewardPayload", "areport_reward", "report_reward"]
 
 #: the custom-event name the recorder listens for
 REWARD_EVENT = "verlog.reward"
 
-#: set (True) on a callback handler class whose ``on_custom_event`` may be called directly, as
-#: LangChain's dispatch calls an inline handler (verlog's recorder)
-DIRECT_LISTENER = "verlog_direct_listener"
+
+class DirectListener:
+    """Marks a callback handler (verlog's recorder) whose ``on_custom_event`` may be called
+    directly, as LangChain's dispatch calls an inline handler."""
 
 
 class RewardPayload(TypedDict, total=False):
@@ -104,14 +105,14 @@ def report_reward(
 
 def _delivered(payload: RewardPayload, config: RunnableConfig | None) -> bool:
     """Hand the event to the run's listeners directly when every one of them is a
-    :data:`DIRECT_LISTENER` (see the module's doc); ``False``: left to LangChain's dispatch
+    :class:`DirectListener` (see the module's doc); ``False``: left to LangChain's dispatch
     (other listeners, or no run to report from, which LangChain's dispatch reports)."""
     config = ensure_config(config)
     manager = config.get("callbacks")
     if not isinstance(manager, BaseCallbackManager) or manager.parent_run_id is None:
         return False
     listeners = [h for h in manager.handlers if not h.ignore_custom_event]
-    if not listeners or not all(getattr(h, DIRECT_LISTENER, False) and h.run_inline for h in listeners):
+    if not listeners or not all(isinstance(h, DirectListener) and h.run_inline for h in listeners):
         return False
     # what LangChain's dispatch adds to the manager it makes: the config's tags and metadata
     tags = [*manager.tags, *(t for t in config.get("tags", ()) if t not in manager.tags)]

@@ -53,7 +53,7 @@ from langgraph.errors import GraphBubbleUp, GraphInterrupt
 
 from verlog.llm.images import is_image_block
 from verlog.llm.metadata import SamplingMetadata, TokenMetadata, has_tokens
-from verlog.rollout.events import REWARD_EVENT, RewardPayload
+from verlog.rollout.events import REWARD_EVENT, DirectListener, RewardPayload
 from verlog.rollout.turn import Episode, EpisodeStatus, Turn
 
 __all__ = ["NO_TRAIN_TAG", "RenderPrompt", "TurnRecorder", "recording"]
@@ -121,7 +121,7 @@ def recording(recorder: "TurnRecorder | None") -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
-class TurnRecorder(BaseCallbackHandler):
+class TurnRecorder(BaseCallbackHandler, DirectListener):
     """Records the turns of one episode.
 
     Args:
@@ -140,7 +140,6 @@ class TurnRecorder(BaseCallbackHandler):
     ignore_agent = True
     ignore_retriever = True
     ignore_retry = True
-    verlog_direct_listener = True  # events.DIRECT_LISTENER: its reward events may skip LangChain's dispatch
 
     def __init__(
         self,
