@@ -131,6 +131,19 @@ def test_entropy_of_known_distributions():
     assert entropy_from_logits(uniform.to(torch.bfloat16)).dtype == torch.float32
 
 
+def test_entropy_gradient_of_masked_logits_is_the_allowed_tokens_own():
+    """Tokens masked to ``-inf`` (a grammar's) add nothing to the entropy nor to its gradient:
+    the gradient equals that of the entropy over the allowed tokens alone (a NaN here once
+    poisoned every weight after one update)."""
+    allowed = torch.tensor([0.3, -1.2, 2.0], requires_grad=True)
+    entropy_from_logits(allowed).backward()
+    full = torch.tensor([0.3, -math.inf, -1.2, -math.inf, 2.0], requires_grad=True)
+    entropy_from_logits(full).backward()
+    assert torch.isfinite(full.grad).all()
+    assert full.grad[[1, 3]].tolist() == [0.0, 0.0]
+    assert torch.allclose(full.grad[[0, 2, 4]], allowed.grad)
+
+
 def test_kl_estimators_by_hand():
     logp = torch.tensor([-1.0, -2.0], dtype=torch.float64)
     ref = torch.tensor([-1.5, -1.0], dtype=torch.float64)

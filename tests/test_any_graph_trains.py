@@ -478,6 +478,26 @@ def test_engine_logprobs_of_constrained_turns_are_warned_about(tmp_path, capsys)
     """``recompute_logprobs: false`` trains constrained turns on the masked distribution's
     logprobs: the trainer says so (once)."""
     config, _ = any_call_config(tmp_path, "masked", styles=["structured"])
-    assert main(["train", str(config), "trainer.total_updates=2", "algorithm.recompute_logprobs=false"]) == 0
+    overrides = ["algorithm.recompute_logprobs=false", "algorithm.constrained_logprobs=policy"]
+    assert main(["train", str(config), "trainer.total_updates=2", *overrides]) == 0
     said = capsys.readouterr()
     assert " ".join((said.out + said.err).split()).count("recompute_logprobs is false") == 1  # (rich wraps lines)
+
+
+@pytest.mark.timeout(300)
+def test_constrained_turns_train_on_the_distribution_they_were_sampled_from(tmp_path, capsys):
+    """Structured-output turns (a Lark grammar around a tool call's JSON, on a BPE vocabulary) are
+    scored under the grammar's masks, rebuilt from each turn's recorded grammar: the trainer's old
+    logprobs equal the engine's (within float32 noise), every constrained turn masked; with
+    ``constrained_logprobs: policy`` they are the whole distribution's, far from the engine's."""
+    config, run_dir = any_call_config(tmp_path, "masked", styles=["structured", "ainvoke"])
+    assert main(["train", str(config), "trainer.total_updates=2"]) == 0
+    masked = metrics_rows(run_dir)
+    assert all(r["masked_turns"] > 0 and r["unmasked_constrained_turns"] == 0 for r in masked)
+    assert all(r["rollout_logprob_gap"] < 1e-4 for r in masked)
+    assert "recompute_logprobs is false" not in capsys.readouterr().out
+    config, run_dir = any_call_config(tmp_path, "policy", styles=["structured", "ainvoke"])
+    assert main(["train", str(config), "trainer.total_updates=2", "algorithm.constrained_logprobs=policy"]) == 0
+    whole = metrics_rows(run_dir)
+    assert all("masked_turns" not in r for r in whole)
+    assert all(r["rollout_logprob_gap"] > 100 * m["rollout_logprob_gap"] for r, m in zip(whole, masked))

@@ -117,3 +117,26 @@ async def test_bad_requests_and_failures_keep_the_engine_serving(tiny_model, tin
     engine.close()
     with pytest.raises(EngineError, match="closed"):
         await engine.generate(p, SamplingParams())
+
+
+async def test_broken_weights_fail_the_request_with_their_cause(tiny_model, tiny_tokenizer):
+    """Logits that are NaN (weights a diverged update broke) fail each request, sampled or greedy,
+    with an error that says so (not an index error from the sampler), and the engine serves on."""
+    import copy
+
+    model = copy.deepcopy(tiny_model)
+    engine = EmbeddedEngine(model, tiny_tokenizer, max_batch_size=8)
+    try:
+        p = prompt(tiny_tokenizer, "x")
+        head = model.get_output_embeddings().weight
+        kept = head.detach().clone()
+        with engine.weights_lock(), torch.no_grad():
+            head.fill_(float("nan"))
+        for temperature in (1.0, 0.0):
+            with pytest.raises(EngineError, match="logits are not finite"):
+                await engine.generate(p, SamplingParams(temperature=temperature, max_new_tokens=4, seed=1))
+        with engine.weights_lock(), torch.no_grad():  # (as a trainer changes them: the prefix cache is cleared)
+            head.copy_(kept)
+        assert (await engine.generate(p, SamplingParams(max_new_tokens=4))).token_ids
+    finally:
+        engine.close()

@@ -24,7 +24,7 @@ def test_the_recipe_is_smollm2_on_balrogs_go_to_with_ppo_and_a_critic():
     assert config.model.path == "smollm2" and config.multi_turn.langgraph.path.endswith("graphs/babyai.py")
     assert kwargs["task"] == "goto" and kwargs["protocol"] == "balrog" and kwargs["constrain_answers"] is True
     assert config.algorithm.estimator == "gae" and config.critic_warmup.buffer_multiplier > 0
-    assert config.algorithm.recompute_logprobs is True  # constrained turns train on the policy's own logprobs
+    assert config.algorithm.constrained_logprobs == "masked"  # constrained turns train on the masked distribution
     assert config.eval.episodes >= 128 and config.eval.at_start and config.eval.at_end
     assert config.actor.train_layers == config.critic.train_layers  # one frozen trunk, run once per batch
 

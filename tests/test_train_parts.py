@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from typing import Sequence
 
 import pytest
@@ -15,7 +16,7 @@ from verlog.config import AlgorithmConfig
 from verlog.rollout.slots import SlotBatch
 from verlog.rollout.turn import Turn
 from verlog.train.forward import micro_batches, pack_rows, policy_logprobs, values_at_positions
-from verlog.train.ppo import Learner, ppo_update, score_batch
+from verlog.train.ppo import Learner, build_token_masks, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
 from verlog.weights import checkpoint as ckpt
 from verlog.weights.actor_critic import ValueModel
@@ -182,6 +183,100 @@ def test_a_mini_batch_with_no_policy_token_does_not_step_the_actor(toy):
     assert all(torch.equal(p, q) for p, q in zip(actor.parameters(), before))
     assert "policy_loss" not in metrics and "actor_grad_norm" not in metrics
     assert any(not torch.equal(p, q) for p, q in zip(critic.parameters(), critic_before))
+
+
+def _toy_learner(lm, tokenizer, algo: AlgorithmConfig, masks: bool = False) -> Learner:
+    from verlog.tokens import eos_token_ids
+    from verlog.train.grammar_masks import ResponseMasks
+
+    actor, critic = copy.deepcopy(lm), ValueModel.from_causal_lm(copy.deepcopy(lm))
+    vocab = actor.get_output_embeddings().weight.shape[0]
+    return Learner(
+        actor,
+        critic,
+        torch.optim.AdamW(actor.parameters(), lr=1e-2),
+        torch.optim.AdamW(critic.parameters(), lr=1e-2),
+        None,
+        algo,
+        pad_id=0,
+        device=torch.device("cpu"),
+        token_masks=ResponseMasks(tokenizer, vocab, eos_token_ids(tokenizer, actor)) if masks else None,
+    )
+
+
+def test_a_step_with_non_finite_gradients_is_skipped(toy):
+    """A NaN in the loss (here: one turn's advantage) leaves the actor's weights as they were and
+    is counted (``actor_skipped_steps``); its norm is kept out of the mean; the critic still trains."""
+    lm, tokenizer = toy
+    learner = _toy_learner(lm, tokenizer, AlgorithmConfig(ppo_epochs=1, mini_batch_turns=12, kl_coef=0.0))
+    s = RolloutStorage.from_batch(random_batch())
+    score_batch(s, learner)
+    s.advantages[0, 0] = float("nan")
+    before = [p.detach().clone() for p in learner.actor.parameters()]
+    critic_before = [p.detach().clone() for p in learner.critic.parameters()]
+    metrics = ppo_update(s, learner, generator=torch.Generator().manual_seed(0))
+    assert all(torch.equal(p, q) for p, q in zip(learner.actor.parameters(), before))
+    assert metrics["actor_skipped_steps"] == 1 and "actor_grad_norm" not in metrics
+    assert any(not torch.equal(p, q) for p, q in zip(learner.critic.parameters(), critic_before))
+    assert "critic_skipped_steps" not in metrics
+
+
+def test_constrained_turns_are_scored_under_their_rebuilt_masks(toy):
+    """A turn sampled under a regex is scored under the tokens the grammar allowed at each of its
+    positions (old logprobs, the PPO pass and its entropy), rebuilt from ``Turn.grammar``; a turn
+    with no recorded grammar, or with a token the grammar forbids, is scored under the whole
+    distribution and counted; unconstrained turns are untouched."""
+    lm, tokenizer = toy
+    ids = {w: tokenizer.convert_tokens_to_ids(w) for w in ("up", "down", "left", "right", "red", "north")}
+    batch = random_batch(num_envs=2, turns_per_env=3)
+    constrained = {  # row: (grammar, response)
+        0: ("(up|down) (red|north)", [ids["up"], ids["north"]]),
+        1: ("left|right", [ids["right"]]),
+        2: ("up|down", [ids["red"]]),  # a token the grammar forbids: not masked
+    }
+    rows = [t for slot in batch.turns for t in slot]
+    for row, (grammar, response) in constrained.items():
+        rows[row].response_ids, rows[row].logprobs = response, [-1.0] * len(response)
+        rows[row].constraint, rows[row].grammar = "regex", grammar
+    rows[3].constraint = "regex"  # constrained, its grammar unknown (e.g. a stored trace)
+    algo = AlgorithmConfig(ppo_epochs=1, mini_batch_turns=6, kl_coef=0.0, entropy_coef=0.01)
+    masked = _toy_learner(lm, tokenizer, algo, masks=True)
+    whole = _toy_learner(lm, tokenizer, algo, masks=False)
+    s, plain = RolloutStorage.from_batch(batch), RolloutStorage.from_batch(batch)
+    metrics = score_batch(s, masked)
+    score_batch(plain, whole)
+    assert metrics["masked_turns"] == 2 and metrics["unmasked_constrained_turns"] == 2
+    assert sorted(s.token_masks) == [0, 1]
+    full = plain.old_logprobs
+    # the masked logprob: the logit's log-softmax over the allowed tokens alone
+    logp = torch.log_softmax(_toy_logits(masked.actor, rows[0]), dim=-1)
+    allowed_first = [ids["up"], ids["down"]]
+    allowed_second = [ids["red"], ids["north"]]
+    expect = [
+        logp[0, ids["up"]] - torch.logsumexp(logp[0, allowed_first], 0),
+        logp[1, ids["north"]] - torch.logsumexp(logp[1, allowed_second], 0),
+    ]
+    assert torch.allclose(s.old_logprobs[0, :2], torch.stack(expect), atol=1e-5)
+    assert (s.old_logprobs[:2] > full[:2] + 0.1).masked_select(s.response_mask[:2]).all()
+    unconstrained = [r for r in range(s.size) if r not in (0, 1)]
+    assert torch.equal(s.old_logprobs[unconstrained], full[unconstrained])
+    # the critic warm-up's buffer joins batches: its rows keep their constraints
+    again = RolloutStorage.from_batch(batch)
+    score_batch(again, whole)  # (scored without masks: the joined rows are rebuilt)
+    joined = RolloutStorage.cat([s, again])
+    assert joined.constraints == s.constraints * 2 and joined.unknown_grammars == 2 and joined.token_masks is None
+    assert build_token_masks(joined, masked)["masked_turns"] == 4 and sorted(joined.token_masks) == [0, 1, 6, 7]
+    update = ppo_update(s, masked, generator=torch.Generator().manual_seed(0))
+    assert math.isfinite(update["entropy"]) and update["actor_grad_norm"] > 0
+
+
+def _toy_logits(lm, turn: Turn) -> torch.Tensor:
+    """The logits ``[len(response), V]`` that predict each response token of ``turn``."""
+    ids = torch.tensor([turn.prompt_ids + turn.response_ids])
+    with torch.no_grad():
+        logits = lm(input_ids=ids).logits[0]
+    p = len(turn.prompt_ids)
+    return logits[p - 1 : p - 1 + len(turn.response_ids)].float()
 
 
 def test_checkpoints_are_atomic_rotated_and_found(tmp_path):

@@ -2,6 +2,8 @@
 
 * :func:`pad_token_id`: the id that fills padding (never trained on, never attended to): the
   tokenizer's pad token; without one its end-of-sequence token; else 0.
+* :func:`eos_token_ids`: the ids that end a response: the tokenizer's end-of-sequence token and
+  the model's generation config's (the engine stops on them; a completed grammar allows only them).
 * :func:`common_prefix_len`: how many leading tokens some sequences share (the engine computes a
   shared prompt start once; the trainer's forward pass packs rows behind a shared prefix).
 * :func:`encode_plain`: the ids of a rendered prompt (no special tokens added), as the tokenizer's
@@ -19,7 +21,7 @@ import threading
 import weakref
 from typing import Any, Iterable, Sequence
 
-__all__ = ["common_prefix_len", "encode_plain", "pad_token_id"]
+__all__ = ["common_prefix_len", "encode_plain", "eos_token_ids", "pad_token_id"]
 
 
 def _first_id(value: Any) -> int | None:
@@ -42,6 +44,22 @@ def pad_token_id(tokenizer: Any, eos_ids: Iterable[int] = ()) -> int:
         if found is not None:
             return found
     return 0
+
+
+def _id_set(value: Any) -> set[int]:
+    if isinstance(value, int):
+        return {value}
+    if isinstance(value, (list, tuple, set)):
+        return {v for v in value if isinstance(v, int)}
+    return set()
+
+
+def eos_token_ids(tokenizer: Any, model: Any = None) -> tuple[int, ...]:
+    """The ids that end a response, sorted: ``tokenizer.eos_token_id`` and those of
+    ``model.generation_config`` (one id or a list each; either may be missing)."""
+    eos = _id_set(getattr(tokenizer, "eos_token_id", None))
+    eos |= _id_set(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+    return tuple(sorted(eos))
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]], limit: int | None = None) -> int:

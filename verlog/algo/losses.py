@@ -261,13 +261,15 @@ def _masked_var(x: Tensor, mask: Tensor) -> Tensor:
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy of the softmax over the last dim: ``H = -sum_v p_v log p_v`` (one per position).
 
-    Half-precision logits are computed in float32; masked-out logits (``-inf``, ``p = 0``) add 0.
+    Half-precision logits are computed in float32; masked-out logits (``-inf``, ``p = 0``) add 0,
+    and so does their gradient (``log p`` is replaced before the product: ``0 * -inf`` would make
+    the backward pass NaN).
     """
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     logp = F.log_softmax(logits, dim=-1)
     p = logp.exp()
-    return -torch.where(p > 0, p * logp, torch.zeros((), dtype=p.dtype, device=p.device)).sum(-1)
+    return -(p * torch.where(p > 0, logp, torch.zeros((), dtype=p.dtype, device=p.device))).sum(-1)
 
 
 def entropy_bonus(logits: Tensor, mask: Tensor, aggregation: LossAggregation = "token_mean") -> Tensor:

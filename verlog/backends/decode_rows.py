@@ -206,7 +206,8 @@ class DecodeRows:
             cdf = probs.cumsum(dim=1)
             total = cdf[:, -1]
             u = torch.minimum(uniforms(self.seed, self.produced) * total, torch.nextafter(total, total.new_zeros(())))
-            picks = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]
+            # (a row of NaN logits finds no token: its pick is clamped and its logprob is NaN)
+            picks = torch.searchsorted(cdf, u[:, None], right=True)[:, 0].clamp(max=logits.shape[1] - 1)
             choice = torch.where(self.greedy, choice, picks) if self.any_greedy else picks
         chosen_logprobs = logprobs.gather(1, choice[:, None])[:, 0]
         self._record(choice, chosen_logprobs)

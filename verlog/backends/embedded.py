@@ -64,7 +64,7 @@ from verlog.backends.decode_rows import DecodeRows, RowSpec, seed_stream, unpack
 from verlog.backends.grammar import ConstraintMatcher, GrammarCompiler, fill_masks
 from verlog.backends.prefix_cache import PrefixCache
 from verlog.backends.stop_strings import StopStrings
-from verlog.tokens import common_prefix_len, pad_token_id
+from verlog.tokens import common_prefix_len, eos_token_ids, pad_token_id
 
 #: the prefix cache's default size: about 11,000 tokens of SmolLM2-135M's KV in float32
 DEFAULT_PREFIX_CACHE_BYTES = 512 * 2**20
@@ -203,10 +203,7 @@ class EmbeddedEngine(Engine):
         config = getattr(model, "config", None)
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config  # (a VLM's)
         self.max_context = max_context or getattr(text_config, "max_position_embeddings", None) or 1 << 30
-        eos = _as_id_set(getattr(tokenizer, "eos_token_id", None))
-        gen_cfg = getattr(model, "generation_config", None)
-        eos |= _as_id_set(getattr(gen_cfg, "eos_token_id", None))
-        self.eos_token_ids = tuple(sorted(eos))
+        self.eos_token_ids = eos_token_ids(tokenizer, model)
         self.pad_id = pad_token_id(tokenizer, self.eos_token_ids)
         self.stats = EngineStats()
         if prefix_cache_bytes < 0:
@@ -657,8 +654,13 @@ class EmbeddedEngine(Engine):
         self.stats.steps += 1
         self.stats.generated_tokens += len(reqs)
         # the one read-back per step: which rows completed a stop (lengths are counted on the host)
-        stop = stopped.cpu().numpy()
-        abort = np.zeros(len(reqs), dtype=bool)
+        # and which chose from logits that are not finite (broken weights: a NaN logprob)
+        stop, broken = torch.stack([stopped, logprobs.isnan()]).cpu().numpy()
+        abort = broken.copy()
+        for row in np.flatnonzero(broken).tolist():
+            reqs[row].error = reqs[row].error or EngineError(
+                "the model's logits are not finite (NaN): its weights are broken (a diverged update?)"
+            )
         if running.host_rows:
             self._host_work(running, tokens, logprobs, stop, abort)
         while not self._cancelled.empty():
@@ -896,11 +898,3 @@ def _pack_by_length(lengths: list[int], overhead: int) -> list[list[int]]:
 def _shared_start(prompts: list[list[int]]) -> int:
     """Length of the prompts' common prefix, leaving at least one own token to every prompt."""
     return common_prefix_len(prompts, min(len(p) for p in prompts) - 1)
-
-
-def _as_id_set(value: Any) -> set[int]:
-    if isinstance(value, int):
-        return {value}
-    if isinstance(value, (list, tuple, set)):
-        return {v for v in value if isinstance(v, int)}
-    return set()

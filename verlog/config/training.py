@@ -184,6 +184,12 @@ class AlgorithmConfig(AdvantageConfig):
         True,
         description="old logprobs from a training forward pass (else the engine's own, drawn at each turn's temperature)",
     )
+    constrained_logprobs: Literal["masked", "policy"] = Field(
+        "masked",
+        description="constrained turns (structured output, a forced tool call, a regex): masked = every logprob, "
+        "ratio, entropy and KL under the grammar's token masks, the distribution the engine sampled from; "
+        "policy = the model's whole distribution",
+    )
 
     @field_validator("estimator")
     @classmethod

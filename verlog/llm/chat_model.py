@@ -564,6 +564,7 @@ class VerlogChatModel(BaseChatModel):
         drawn = SamplingMetadata(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
         if sampling.constraint is not None:  # the logprobs are those of the masked distribution
             drawn["constraint"] = sampling.constraint.kind
+            drawn["grammar"] = sampling.constraint.grammar
         metadata = TokenMetadata(
             model_name=self.model_name,
             prompt_ids=list(prompt_ids),

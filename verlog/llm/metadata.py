@@ -18,12 +18,14 @@ __all__ = ["TOKEN_KEYS", "SamplingMetadata", "TokenMetadata", "has_tokens"]
 class SamplingMetadata(TypedDict, total=False):
     """The sampling a response was drawn with (training recomputes logprobs at its temperature).
     ``constraint`` names the grammar kind the response was sampled under (its logprobs are then
-    those of the masked distribution); absent when unconstrained."""
+    those of the masked distribution) and ``grammar`` is the grammar itself (training rebuilds
+    the masks from it); both absent when unconstrained."""
 
     temperature: float
     top_p: float
     top_k: int
     constraint: str
+    grammar: str
 
 
 class TokenMetadata(TypedDict, total=False):

@@ -385,6 +385,7 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
                 top_p=float(sampling.get("top_p", 1.0)),
                 top_k=int(sampling.get("top_k", -1)),
                 constraint=sampling.get("constraint"),
+                grammar=sampling.get("grammar"),
                 images=tuple(meta.get("images") or ()),
                 node=node,
                 messages=messages,

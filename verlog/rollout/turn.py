@@ -41,6 +41,9 @@ class Turn:
     #: the kind of constraint (grammar) the response was sampled under, ``None`` if unconstrained:
     #: its logprobs are those of the masked distribution, not of the policy
     constraint: str | None = None
+    #: that constraint's grammar (``Constraint.grammar``), from which training rebuilds the masks
+    #: the response was sampled under (``None``: unconstrained, or not known, e.g. a stored trace)
+    grammar: str | None = None
     #: the images of the prompt (a vision-language model's turn), in prompt order: each encoded
     #: file in base64; the model's processor turns them into the pixels the engine saw
     images: tuple[str, ...] = ()

@@ -373,12 +373,15 @@ def policy_logprobs(
     temperature: float | torch.Tensor = 1.0,
     with_entropy: bool = False,
     trunk: Trunk | None = None,
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities ``[B, T]`` of ``response_ids`` (``[B, T]``, padded) under ``lm``, and
     optionally the policy's entropy at the same positions.
 
     Only the response positions go through the LM head (``logits / temperature``, as sampled);
-    ``temperature`` is one number or one per row (``[B]``: each turn at its own).
+    ``temperature`` is one number or one per row (``[B]``: each turn at its own). ``allowed``
+    (``[B, T, V]`` bool): the tokens a grammar allowed at each position; the others' logits are
+    ``-inf``, so logprobs and entropy are those of the masked distribution the engine sampled from.
     """
     hidden = backbone_hidden(lm.base_model, rows, trunk)
     width = response_ids.shape[1]
@@ -388,6 +391,8 @@ def policy_logprobs(
 
     def head(picked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = lm.get_output_embeddings()(picked).float()
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))
         if isinstance(temperature, torch.Tensor):
             logits = logits / temperature.to(logits).view(-1, 1, 1)
         elif temperature != 1.0:

@@ -9,6 +9,7 @@ losses themselves live in ``verlog.algo``.
 from __future__ import annotations
 
 import base64
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from verlog.train.forward import (
     trunk_states,
     values_at_positions,
 )
+from verlog.train.grammar_masks import ResponseMasks, allowed_tokens
 from verlog.train.storage import RolloutStorage
 from verlog.weights.actor_critic import trainable_parameters
 from verlog.weights.precision import autocast
@@ -80,6 +82,9 @@ class Learner:
     #: a vision-language model's pixel inputs of a prompt's images (``Turn.images``, base64
     #: files): ``PromptRenderer.image_inputs``; ``None``: a text model
     image_inputs: Callable[[Sequence[bytes]], dict[str, torch.Tensor]] | None = None
+    #: rebuilds constrained turns' token masks (``algorithm.constrained_logprobs: masked``);
+    #: ``None``: constrained turns are scored under the model's whole distribution
+    token_masks: ResponseMasks | None = None
 
     def compute(self):
         """The forward passes' precision context (``torch.autocast`` or nothing)."""
@@ -156,6 +161,33 @@ def _micro_batches(s: RolloutStorage, rows: Sequence[int], learner: Learner) -> 
     return micro_batches(plain, lengths, max(1, algo.micro_batch_tokens - shared)) + alone
 
 
+def _allowed(s: RolloutStorage, rows: list[int], learner: Learner) -> torch.Tensor | None:
+    """The tokens the grammar allowed at each response position of ``rows`` (``[b, T, V]`` bool
+    on the learner's device), ``None`` when none of them is a masked constrained turn."""
+    if not s.token_masks or learner.token_masks is None:
+        return None
+    allowed = allowed_tokens(s.token_masks, rows, s.response_ids.shape[1], learner.token_masks.vocab_size)
+    return None if allowed is None else allowed.to(learner.device)
+
+
+def build_token_masks(s: RolloutStorage, learner: Learner) -> dict[str, float]:
+    """Rebuild the token masks of the batch's constrained turns (once per batch); returns how
+    many turns are scored under their masks and how many constrained turns could not be."""
+    if learner.token_masks is None or not (s.constraints or s.unknown_grammars):
+        return {}
+    s.token_masks, unmasked = {}, s.unknown_grammars
+    for row, constraint in enumerate(s.constraints):
+        if constraint is None:
+            continue
+        n = int(s.response_mask[row].sum())
+        packed = learner.token_masks.packed(constraint, s.response_ids[row, :n].tolist())
+        if packed is None:
+            unmasked += 1
+        else:
+            s.token_masks[row] = packed
+    return {"masked_turns": float(len(s.token_masks)), "unmasked_constrained_turns": float(unmasked)}
+
+
 @torch.no_grad()
 def _policy_logprobs(lm: nn.Module, s: RolloutStorage, learner: Learner) -> torch.Tensor:
     """Teacher-forced logprobs ``[B, T]`` of every turn's response under ``lm``."""
@@ -170,6 +202,7 @@ def _policy_logprobs(lm: nn.Module, s: RolloutStorage, learner: Learner) -> torc
                 s.response_ids[group],
                 temperature=s.temperatures[group],
                 trunk=trunk,
+                allowed=_allowed(s, group, learner),
             )
         out[group] = logp.float().cpu()
     return out * s.response_mask
@@ -237,6 +270,8 @@ def score_batch(
         compute_trunk(s, learner)
         metrics["trunk_s"] = time.perf_counter() - tick
         tick = time.perf_counter()
+    if s.token_masks is None:
+        metrics |= build_token_masks(s, learner)
     if logprobs or s.old_logprobs is None:
         if algo.recompute_logprobs or recorded:
             s.old_logprobs = _policy_logprobs(learner.actor, s, learner)
@@ -314,12 +349,18 @@ def _epochs(
     train_critic = learner.critic is not None and s.returns is not None
     sums: dict[str, float] = defaultdict(float)
     weights: dict[str, float] = defaultdict(float)
-    seconds: dict[str, float] = defaultdict(float)  # each model's passes and steps, summed
+    seconds: dict[str, float] = defaultdict(float)  # each model's passes and steps (and skipped steps), summed
 
     def record(values: dict[str, Any], weight: float) -> None:
         for key, value in values.items():
             sums[key] += float(value) * weight
             weights[key] += weight
+
+    def stepped(model: str, norm: float) -> None:  # a skipped step (not finite) is counted, not averaged
+        if math.isfinite(norm):
+            record({f"{model}_grad_norm": norm}, 1.0)
+        else:
+            seconds[f"{model}_skipped_steps"] += 1
 
     for optimizer in (learner.actor_optimizer if update_actor else None, learner.critic_optimizer):
         if optimizer is not None:
@@ -340,7 +381,7 @@ def _epochs(
                     share = aggregation_weight(s.policy_mask[micro], algo.loss_aggregation) / policy_weight
                     record(_actor_step(s, micro, learner, share), share)
                 norm = _step(learner.actor, learner.actor_optimizer, learner.actor_max_grad_norm, learner.actor_scaler)
-                record({"actor_grad_norm": norm}, 1.0)
+                stepped("actor", norm)
                 seconds["actor_s"] += time.perf_counter() - tick
             if train_critic:
                 tick = time.perf_counter()
@@ -351,7 +392,7 @@ def _epochs(
                 norm = _step(
                     learner.critic, learner.critic_optimizer, learner.critic_max_grad_norm, learner.critic_scaler
                 )
-                record({"critic_grad_norm": norm}, 1.0)
+                stepped("critic", norm)
                 seconds["critic_s"] += time.perf_counter() - tick
     return {key: sums[key] / weights[key] for key in sums if weights[key] > 0} | dict(seconds)
 
@@ -370,6 +411,7 @@ def _actor_step(s: RolloutStorage, micro: list[int], learner: Learner, share: fl
             temperature=s.temperatures[micro],
             with_entropy=algo.entropy_coef > 0,
             trunk=trunk,
+            allowed=_allowed(s, micro, learner),
         )
     policy_loss, metrics = policy_loss_fn(algo.policy_loss)(
         logp,
@@ -425,8 +467,9 @@ def _step(
 ) -> float:
     """Clip, step, and free the gradients (they would otherwise hold memory until the next pass).
 
-    With a loss scaler the gradients are unscaled before clipping, and a step whose gradients
-    overflowed is skipped (the returned norm is then not finite) while the scale comes down."""
+    A step whose gradients are not finite (a NaN or an infinity anywhere) is skipped, so the
+    weights never take one: the returned norm is then not finite (the metrics' grad norm shows
+    it). With a loss scaler the gradients are unscaled before clipping and the scale comes down."""
     params = [p for p in model.parameters() if p.grad is not None]
     if scaler is not None:
         scaler.unscale_(optimizer)
@@ -434,7 +477,7 @@ def _step(
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
-    else:
+    elif torch.isfinite(norm):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(norm)

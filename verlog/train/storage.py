@@ -24,6 +24,7 @@ from torch import Tensor
 
 from verlog.algo import TurnBatch
 from verlog.algo.estimators import Estimate, TurnData, estimate_advantages
+from verlog.backends.base import Constraint
 from verlog.config import AlgorithmConfig
 from verlog.rollout.slots import SlotBatch
 from verlog.step_info import ANCHOR_KEY  # re-exported: the GiGPO anchor key's home is verlog.step_info
@@ -105,6 +106,14 @@ class RolloutStorage:
     #: model's turns), and of each slot's held prompt; empty lists: a batch without images
     images: list[tuple[str, ...]] = field(default_factory=list)
     bootstrap_images: list[tuple[str, ...]] = field(default_factory=list)
+    #: per turn, the constraint its response was sampled under (``Turn.constraint`` and
+    #: ``Turn.grammar``; ``None``: unconstrained or its grammar unknown); empty: none constrained
+    constraints: list[Constraint | None] = field(default_factory=list)
+    #: how many turns were sampled under a constraint whose grammar they do not record
+    unknown_grammars: int = 0
+    #: the packed token masks of the constrained rows (``verlog.train.grammar_masks``), by row;
+    #: ``None``: not built (``algorithm.constrained_logprobs: policy``, or no constrained row)
+    token_masks: dict[int, Tensor] | None = None
 
     @classmethod
     def from_batch(cls, batch: SlotBatch) -> "RolloutStorage":
@@ -153,6 +162,11 @@ class RolloutStorage:
             storage.images = [tuple(t.images) for t in turns]
         if any(batch.bootstrap_images):
             storage.bootstrap_images = [tuple(x) for x in batch.bootstrap_images]
+        if any(t.constraint for t in turns):
+            storage.constraints = [
+                Constraint(t.constraint, t.grammar) if t.constraint and t.grammar else None for t in turns
+            ]  # type: ignore[arg-type]
+            storage.unknown_grammars = sum(1 for t in turns if t.constraint and not t.grammar)
         storage.token_rewards = storage.env_token_rewards()
         return storage
 
@@ -285,6 +299,14 @@ class RolloutStorage:
                 continue
             if f.name == "images":
                 joined[f.name] = [] if not any(values) else [x for st in storages for x in _row_images(st)]
+            elif f.name == "constraints":
+                joined[f.name] = (
+                    [] if not any(values) else [c for st in storages for c in st.constraints or [None] * st.size]
+                )
+            elif f.name == "unknown_grammars":
+                joined[f.name] = sum(values)
+            elif f.name == "token_masks":  # rebuilt for the joined rows when they are scored
+                joined[f.name] = None
             elif f.name in ("sequences", "truncation_prompts"):
                 joined[f.name] = [seq for v in values for seq in v]
             elif f.name == "trunk_states":

@@ -52,8 +52,9 @@ from verlog.models import load_tokenizer
 from verlog.rewards import RewardScorer
 from verlog.rollout.interrupts import InterruptResponder
 from verlog.rollout.slots import SlotBatch, SlotRunner
-from verlog.tokens import pad_token_id
+from verlog.tokens import eos_token_ids, pad_token_id
 from verlog.train.forward import shared_trunk_depth
+from verlog.train.grammar_masks import ResponseMasks
 from verlog.train.metrics import RunLogger, memory_metrics, rollout_metrics
 from verlog.train.ppo import Learner, adamw, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
@@ -115,7 +116,8 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
                 await _pretrain_critic(run)
                 run.state["warmup_done"] = True
 
-            warned_masked = config.algorithm.recompute_logprobs
+            # (masked constrained turns are scored as the engine sampled them: nothing to warn of)
+            warned_masked = config.algorithm.recompute_logprobs or config.algorithm.constrained_logprobs == "masked"
             for update in range(run.state["update"] + 1, t.total_updates + 1):
                 # 1. rollout: every slot gives turns_per_env turns under the current weights
                 logger.status("rollout", every_update=True)
@@ -455,8 +457,18 @@ def _learner(
         critic_scaler=grad_scaler(device, compute) if critic else None,
         trunk_depth=_trunk_depth(config, actor, critic),
         image_inputs=_image_inputs(config, tokenizer),
+        token_masks=_token_masks(config, tokenizer, actor),
     )
     return learner, peft_actor
+
+
+def _token_masks(config: VerlogConfig, tokenizer: Any, actor: Any) -> ResponseMasks | None:
+    """What rebuilds constrained turns' token masks (``algorithm.constrained_logprobs: masked``)
+    for the actor's logits, ending responses on the engine's end tokens."""
+    if config.algorithm.constrained_logprobs != "masked":
+        return None
+    vocab = actor.get_output_embeddings().weight.shape[0]
+    return ResponseMasks(tokenizer, vocab, eos_token_ids(tokenizer, actor))
 
 
 def _copy_processor_config(model_path: str, actor_folder: Path) -> None:
@@ -639,15 +651,16 @@ def _trace_metrics(batch: SlotBatch) -> dict[str, float]:
 
 
 def _warn_masked_logprobs(batch: SlotBatch, console: Console) -> bool:
-    """With ``recompute_logprobs: false``, say so when constrained turns are trained: their engine
-    logprobs are the masked distribution's, so PPO's first ratio is not 1 (large KL and clipping
-    from the first step). Returns whether it warned."""
+    """With ``recompute_logprobs: false`` and ``constrained_logprobs: policy``, say so when
+    constrained turns are trained: their engine logprobs are the masked distribution's, so PPO's
+    first ratio is not 1 (large KL and clipping from the first step). Returns whether it warned."""
     constrained = sum(1 for turn in batch.flat_turns() if turn.constraint)
     if constrained:
         console.print(
             f"[yellow]warning:[/] {constrained} turns of this batch were sampled under a constraint "
             "(structured output, a forced tool call) and algorithm.recompute_logprobs is false: their "
-            "old logprobs are the masked distribution's, not the policy's; set recompute_logprobs: true"
+            "old logprobs are the masked distribution's, not the policy's; set recompute_logprobs: true "
+            "or constrained_logprobs: masked"
         )
     return bool(constrained)
 
