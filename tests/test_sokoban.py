@@ -36,7 +36,7 @@ from verlog.envs.sokoban import (
     render_text,
     solve,
 )
-from verlog.envs.sokoban.generator import gen_steps
+from verlog.envs.sokoban.generator import gen_steps, generate
 from verlog.graph_file import load_graph_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,11 +150,46 @@ def test_invalid_answer_runs_still_with_the_penalty() -> None:
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("dim_room", (3, 6)), ("num_boxes", 0), ("max_steps", 0), ("search_depth", -1), ("dim_room", "6x6")],
+    [
+        ("dim_room", (3, 6)),
+        ("num_boxes", 0),
+        ("max_steps", 0),
+        ("search_depth", -1),
+        ("search_depth", [12, 1]),
+        ("search_depth", [1, 4, 8]),
+        ("search_depth", [4]),
+        ("dim_room", "6x6"),
+    ],
 )
 def test_bad_settings_name_the_key_and_allowed_values(key, value) -> None:
     with pytest.raises(ValueError, match=f"Sokoban setting {key}=.* is invalid; allowed: "):
         make_env("sokoban", **{key: value})
+
+
+def test_a_depth_range_mixes_easy_rooms_with_hard_ones() -> None:
+    """``search_depth: [low, high]`` draws each room's depth from the range by its seed: the
+    same seed gives the same room, low depths give rooms a move or two from solved, and the
+    rooms of one depth in the range are the rooms of that fixed depth."""
+    mixed = make_env("sokoban", search_depth=[1, 12])
+    lengths = []
+    for seed in range(200):
+        mixed.reset(seed)
+        lengths.append(len(mixed.level.solution))
+        again = make_env("sokoban", search_depth=(1, 12))
+        again.reset(seed)
+        assert again.level == mixed.level
+    fixed = make_env("sokoban")  # verl-agent's 30
+    hard = []
+    for seed in range(200):
+        fixed.reset(seed)
+        hard.append(len(fixed.level.solution))
+    assert sum(n <= 2 for n in lengths) > 2 * sum(n <= 2 for n in hard)
+    assert max(lengths) >= 8  # the range's deep end is as hard as the default rooms
+    single = make_env("sokoban", search_depth=[5, 5])
+    single.reset(7)
+    rng = random.Random(7)
+    rng.randint(5, 5)
+    assert single.level == generate(rng, (6, 6), 1, 5, 15)
 
 
 def test_a_room_too_small_for_its_boxes_is_a_clear_error() -> None:

@@ -73,8 +73,11 @@ class SokobanEnv(TextEnv):
 
     ``seed``: the first :meth:`reset` without a seed plays this seed's room; later ones draw seeds
     from a stream derived from it. ``dim_room`` ``(height, width)``, ``num_boxes`` and
-    ``search_depth``: the generator's settings. ``max_steps``: turns before the episode is
-    truncated. ``invalid_action_penalty``: subtracted from a turn whose answer named no move.
+    ``search_depth``: the generator's settings; ``search_depth`` may be a range ``[low, high]``:
+    each room's depth is then drawn uniformly from it by the room's seed (rooms of mixed
+    difficulty: depth 1-4 rooms are 1-2 moves from solved, depth 12 and above as hard as
+    verl-agent's 30). ``max_steps``: turns before the episode is truncated.
+    ``invalid_action_penalty``: subtracted from a turn whose answer named no move.
     """
 
     name = "sokoban"
@@ -87,7 +90,7 @@ class SokobanEnv(TextEnv):
         dim_room: tuple[int, int] | list[int] = DIM_ROOM,
         num_boxes: int = NUM_BOXES,
         max_steps: int = MAX_STEPS,
-        search_depth: int = SEARCH_DEPTH,
+        search_depth: int | tuple[int, int] | list[int] = SEARCH_DEPTH,
         invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
     ) -> None:
         dims = tuple(dim_room) if isinstance(dim_room, (tuple, list)) else ()
@@ -99,13 +102,23 @@ class SokobanEnv(TextEnv):
         )
         _check_setting("num_boxes", num_boxes, isinstance(num_boxes, int) and 1 <= num_boxes <= 4, "an integer 1-4")
         _check_setting("max_steps", max_steps, isinstance(max_steps, int) and max_steps >= 1, "an integer >= 1")
+        depths = list(search_depth) if isinstance(search_depth, (tuple, list)) else [search_depth]
         _check_setting(
-            "search_depth", search_depth, isinstance(search_depth, int) and search_depth >= 1, "an integer >= 1"
+            "search_depth",
+            search_depth,
+            len(depths) in (1, 2)
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in depths)
+            and depths == sorted(depths)
+            and (len(depths) == 2 or not isinstance(search_depth, (tuple, list))),
+            "an integer >= 1, or a range [low, high] of them (each room's depth drawn from it)",
         )
         self.dim_room: tuple[int, int] = (int(dims[0]), int(dims[1]))
         self.num_boxes = num_boxes
         self.max_steps = max_steps
-        self.search_depth = search_depth
+        #: one depth, or the range ``(low, high)`` each room's depth is drawn from
+        self.search_depth: int | tuple[int, int] = (
+            search_depth if isinstance(search_depth, int) else (depths[0], depths[1])
+        )
         self.invalid_action_penalty = invalid_action_penalty
         self._seeds = EpisodeSeeds(seed)
         self.seed: int | None = None
@@ -119,7 +132,9 @@ class SokobanEnv(TextEnv):
 
     def reset(self, seed: int | None = None) -> str:
         self.seed = seed = self._seeds.next(seed)
-        self.level = generate(random.Random(seed), self.dim_room, self.num_boxes, self.search_depth, self.max_steps)
+        rng = random.Random(seed)
+        depth = self.search_depth if isinstance(self.search_depth, int) else rng.randint(*self.search_depth)
+        self.level = generate(rng, self.dim_room, self.num_boxes, depth, self.max_steps)
         return self._start(self.level.state)
 
     def reset_to(self, room: Room, state: State) -> str:
