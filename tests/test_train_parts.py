@@ -156,35 +156,6 @@ def test_micro_batching_does_not_change_the_update(toy, aggregation):
     assert m1["entropy"] == pytest.approx(m2["entropy"], abs=1e-6)
 
 
-def test_a_mini_batch_with_no_policy_token_does_not_step_the_actor(toy):
-    """Every turn out of the policy loss (DAPO dropped every group): the actor is not stepped (AdamW
-    on zero gradients would still move it by its momentum and weight decay); the critic trains."""
-    lm, _ = toy
-    algo = AlgorithmConfig(ppo_epochs=1, mini_batch_turns=6, kl_coef=0.0)
-    actor, critic = copy.deepcopy(lm), ValueModel.from_causal_lm(copy.deepcopy(lm))
-    learner = Learner(
-        actor,
-        critic,
-        torch.optim.AdamW(actor.parameters(), lr=1e-2),
-        torch.optim.AdamW(critic.parameters(), lr=1e-2),
-        None,
-        algo,
-        pad_id=0,
-        device=torch.device("cpu"),
-    )
-    s = RolloutStorage.from_batch(random_batch())
-    score_batch(s, learner)
-    ppo_update(s, learner, generator=torch.Generator().manual_seed(0))  # the optimizers gain momentum
-    before = [p.detach().clone() for p in actor.parameters()]
-    critic_before = [p.detach().clone() for p in critic.parameters()]
-    score_batch(s, learner)
-    s.policy_mask = torch.zeros_like(s.policy_mask)
-    metrics = ppo_update(s, learner, generator=torch.Generator().manual_seed(0))
-    assert all(torch.equal(p, q) for p, q in zip(actor.parameters(), before))
-    assert "policy_loss" not in metrics and "actor_grad_norm" not in metrics
-    assert any(not torch.equal(p, q) for p, q in zip(critic.parameters(), critic_before))
-
-
 def _toy_learner(lm, tokenizer, algo: AlgorithmConfig, masks: bool = False) -> Learner:
     from verlog.tokens import eos_token_ids
     from verlog.train.grammar_masks import ResponseMasks
@@ -202,6 +173,25 @@ def _toy_learner(lm, tokenizer, algo: AlgorithmConfig, masks: bool = False) -> L
         device=torch.device("cpu"),
         token_masks=ResponseMasks(tokenizer, vocab, eos_token_ids(tokenizer, actor)) if masks else None,
     )
+
+
+def test_a_mini_batch_with_no_policy_token_does_not_step_the_actor(toy):
+    """Every turn out of the policy loss (DAPO dropped every group): the actor is not stepped (AdamW
+    on zero gradients would still move it by its momentum and weight decay); the critic trains."""
+    lm, tokenizer = toy
+    learner = _toy_learner(lm, tokenizer, AlgorithmConfig(ppo_epochs=1, mini_batch_turns=6, kl_coef=0.0))
+    actor, critic = learner.actor, learner.critic
+    s = RolloutStorage.from_batch(random_batch())
+    score_batch(s, learner)
+    ppo_update(s, learner, generator=torch.Generator().manual_seed(0))  # the optimizers gain momentum
+    before = [p.detach().clone() for p in actor.parameters()]
+    critic_before = [p.detach().clone() for p in critic.parameters()]
+    score_batch(s, learner)
+    s.policy_mask = torch.zeros_like(s.policy_mask)
+    metrics = ppo_update(s, learner, generator=torch.Generator().manual_seed(0))
+    assert all(torch.equal(p, q) for p, q in zip(actor.parameters(), before))
+    assert "policy_loss" not in metrics and "actor_grad_norm" not in metrics
+    assert any(not torch.equal(p, q) for p, q in zip(critic.parameters(), critic_before))
 
 
 def test_a_step_with_non_finite_gradients_is_skipped(toy):
