@@ -87,6 +87,31 @@ def oracle_pairs(policy: Policy, seeds: range) -> tuple[list[list[int]], list[in
     return prompts, moves
 
 
+def oracle_move_probability(policy: Policy, seeds: range) -> dict[str, float]:
+    """The policy's mean probability of the oracle's move over the states of each room's shortest
+    solution, by how far the state is from solved (``"1"`` .. ``"4"``, ``"5+"`` moves): where a
+    policy learns first (one move from a win, the reward comes at once) and how far back it reaches.
+    A uniform policy over the four moves scores 0.25 everywhere."""
+    prompts, moves = [], []
+    bucket: list[str] = []
+    for seed in seeds:
+        env = SokobanEnv()
+        observation = env.reset(seed)
+        plan = solve(env.room, env.state) or []
+        for k, move in enumerate(plan):
+            prompts.append(policy.prompt(observation))
+            moves.append(ACTIONS.index(move))
+            bucket.append(str(len(plan) - k) if len(plan) - k < 5 else "5+")
+            observation = env.step(move).observation
+    with torch.no_grad():
+        chosen = torch.softmax(policy.logits(prompts), -1)[torch.arange(len(moves)), torch.tensor(moves)]
+    return {
+        key: float(chosen[[i for i, b in enumerate(bucket) if b == key]].mean())
+        for key in ("1", "2", "3", "4", "5+")
+        if key in bucket
+    }
+
+
 def play(policy: Policy | None, seeds: range, temperature: float, rng: random.Random) -> dict[str, float]:
     """Success rate (mean ± s.e.) on ``seeds``: the policy greedy (temperature 0) or sampled, or
     (``policy`` None) random valid moves."""

@@ -79,6 +79,7 @@ def run(updates: int | None, out: Path, results: Path, extra: list[str], allow_f
         flush=True,
     )
     records, compared = train_and_compare(config, _line(total))
+    compared["oracle_move"] = oracle_moves(config, run_dir)
     updates_done = [r for r in records if r["kind"] == "update"]
     summary = {
         "overrides": overrides,
@@ -105,6 +106,30 @@ def run(updates: int | None, out: Path, results: Path, extra: list[str], allow_f
     return summary
 
 
+def oracle_moves(config: Any, run_dir: Path) -> dict[str, dict[str, float]]:
+    """The untrained and the trained policy's probability of the oracle's move on the held-out
+    rooms' solution states, by moves to solved (``sokoban_imitation.oracle_move_probability``)."""
+    import torch
+    from sokoban_imitation import Policy, oracle_move_probability
+
+    from verlog.models import load_causal_lm
+    from verlog.weights.checkpoint import ACTOR_FOLDER, latest_checkpoint
+
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        policy = Policy(str(config.multi_turn.langgraph.graph_kwargs.get("instruction", "")))
+        rooms = range(config.eval.seed, config.eval.seed + config.eval.episode_count())
+        before = oracle_move_probability(policy, rooms)
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            return {"before": before}
+        policy.model = load_causal_lm(checkpoint / ACTOR_FOLDER).eval()
+        return {"before": before, "after": oracle_move_probability(policy, rooms)}
+    finally:
+        torch.set_num_threads(torch_threads)
+
+
 def show(s: dict[str, Any]) -> str:
     """The result as a markdown table: random valid moves, before and after training."""
 
@@ -112,6 +137,13 @@ def show(s: dict[str, Any]) -> str:
         return f"{d['win_rate']:.3f} ± {d['win_rate_se']:.3f} | {d['return']:.2f} ± {d['return_se']:.2f} | {d['length']:.1f}"
 
     n = s["after"]["episodes"]
+    oracle = s.get("oracle_move", {})
+    moves = [
+        f"P(oracle's move), {name} ({n} rooms' solution states, by moves to solved; 0.25 uniform): "
+        + ", ".join(f"{k}: {v:.3f}" for k, v in oracle[name].items())
+        for name in ("before", "after")
+        if name in oracle
+    ]
     lines = [
         f"| player ({n} held-out rooms, seeds {s['eval_seed']}+) | success rate (rooms solved) | return | moves per game |",
         "|---|---|---|---|",
@@ -119,6 +151,7 @@ def show(s: dict[str, Any]) -> str:
         f"training {s['training_wall_s'] / 60:.1f} min (critic pre-training included, {s['seconds_per_update']:.1f} s "
         f"per update of {s['batch_turns']} turns), evaluations {s['eval_s'] / 60:.1f} min, random baseline "
         f"{s['random_s'] / 60:.1f} min; load {s['load']['mean']:.1f} (max {s['load']['max']:.1f}); commit {s['commit']}",
+        *moves,
     ]
     return "\n".join(lines) + "\n"
 

@@ -36,7 +36,7 @@ from verlog.envs.sokoban import (
     render_text,
     solve,
 )
-from verlog.envs.sokoban.generator import gen_steps, generate
+from verlog.envs.sokoban.generator import gen_steps
 from verlog.graph_file import load_graph_file
 
 ROOT = Path(__file__).resolve().parents[1]

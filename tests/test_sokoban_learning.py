@@ -21,6 +21,7 @@ from verlog.config import load_config
 from verlog.envs.actions import parse_action
 from verlog.envs.agent_graph import build_prompt, invalid_answer_feedback
 from verlog.envs.sokoban import ACTIONS, HELD_OUT_SEED_START, SYMBOLS, SYNONYMS, SokobanEnv
+from verlog.envs.sokoban.generator import SEARCH_DEPTH
 from verlog.graph_file import import_python_file
 from verlog.models import MODEL_SPECS, load_causal_lm, load_tokenizer, resolve_model_path
 from verlog.models.sokoban_words import LINE_BREAK, build_sokoban_words_model, sokoban_words_model_name
@@ -147,6 +148,9 @@ def test_the_recipe_is_verlogs_on_verl_agents_sokoban_evaluated_on_held_out_room
     assert config.model.path == "sokoban-words" and config.multi_turn.langgraph.path.endswith("graphs/sokoban.py")
     assert "dim_room" not in kwargs and "num_boxes" not in kwargs and "max_steps" not in kwargs  # verl-agent's
     assert kwargs["max_tokens"] == 1 and config.sampling.max_tokens == 1 and kwargs["history_turns"] == 0
+    # training plays rooms of mixed difficulty; every evaluation plays verl-agent's (search depth 30)
+    assert kwargs["search_depth"] == [1, 12]
+    assert [(t.name, t.graph_kwargs) for t in config.eval.tasks] == [("sokoban", {"search_depth": SEARCH_DEPTH})]
     assert config.algorithm.estimator == "gae" and config.critic_warmup.buffer_multiplier > 0
     assert config.algorithm.gamma_token == 1.0 and config.algorithm.lam_token == 1.0
     assert config.algorithm.dual_clip is not None and config.algorithm.bootstrap_cuts
@@ -192,8 +196,13 @@ def test_one_tiny_update_writes_the_result_and_a_killed_run_resumes(tmp_path, ca
         assert r["episodes"] == 3 and 0 <= r["win_rate"] <= 1 and 1 <= r["length"] <= 15, player
     assert first["after_vs_random"]["diff"] == pytest.approx(first["after"]["win_rate"] - first["random"]["win_rate"])
     assert len(first["curve"]) == 1 and 0 < first["training_wall_s"] <= first["wall_s"]
+    oracle = first["oracle_move"]  # the untrained policy's and the trained one's, on the same states
+    assert set(oracle) == {"before", "after"} and set(oracle["before"]) <= {"1", "2", "3", "4", "5+"}
+    assert "1" in oracle["before"] and all(0 < p < 1 for p in [*oracle["before"].values(), *oracle["after"].values()])
+    assert oracle["after"] != oracle["before"]  # the trained weights were read, not the initial ones
     said = capsys.readouterr().out
     assert "| random valid moves |" in said and "| after 1 updates |" in said and "s.e. of the difference" in said
+    assert "P(oracle's move), after" in said
     # run again with a larger budget: it resumes from the saved update instead of starting over
     assert bench.main([*args[:1], "--updates", "2", *args[1:]]) == 0
     second = json.loads((results / "result.json").read_text())
