@@ -57,7 +57,8 @@ class ResponseMasks:
         for i, token in enumerate(response_ids):
             bitmask, errors = fill_masks([matcher])
             row = bitmask[0]
-            if errors[0] is not None or not (int(row[token // 32]) >> (token % 32)) & 1:
+            inside = 0 <= token < 32 * len(row)  # (ids past the tokenizer's are never allowed)
+            if errors[0] is not None or not inside or not (int(row[token // 32]) >> (token % 32)) & 1:
                 return None
             rows.append(row)
             if i + 1 < len(response_ids):  # the last token needs no telling (an end token, or the limit)
