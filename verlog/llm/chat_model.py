@@ -122,6 +122,23 @@ class CallPlan:
     images: ImageInputs | None = None
 
 
+@dataclass(frozen=True)
+class _Request:
+    """One call's engine request: its plan, the sampling (with the plan's constraint), and who
+    asks (the call's LangChain run id, the episode's request id)."""
+
+    plan: CallPlan
+    sampling: SamplingParams
+    run_id: UUID | None
+    request_id: str | None
+
+    def send(self, engine: Engine, method: str = "generate") -> Any:
+        """``engine.generate`` (or ``stream``) called with this request (images only where the
+        prompt has some: engines without images take no such option)."""
+        with_images = {} if self.plan.images is None else {"images": self.plan.images}
+        return getattr(engine, method)(self.plan.prompt_ids, self.sampling, request_id=self.request_id, **with_images)
+
+
 def normalize_tool_choice(tool_choice: Any, tool_names: Sequence[str]) -> str | None:
     """A tool choice as ``None`` (the model decides), ``"none"`` (no tools offered),
     ``"required"`` (some tool must be called) or the name of the tool that must be called.
@@ -369,26 +386,6 @@ class VerlogChatModel(BaseChatModel):
             seed=kwargs.get("seed", self.seed),
         )
 
-    def _prepare(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None,
-        kwargs: dict[str, Any],
-    ) -> tuple[list[int], SamplingParams, str, bool, ImageInputs | None]:
-        """A call's prompt ids, sampling (with its constraint), forced prefix, whether tools are
-        offered, and the prompt's images."""
-        sampling = self._sampling(stop, kwargs)
-        plan = self.plan_call(
-            messages,
-            kwargs.get("tools"),
-            kwargs.get("tool_choice"),
-            kwargs.get("response_format"),
-            kwargs.get("extra_body"),
-        )
-        if plan.constraint is not None:
-            sampling = dataclasses.replace(sampling, constraint=plan.constraint)
-        return plan.prompt_ids, sampling, plan.prefix, plan.has_tools, plan.images
-
     @staticmethod
     def _identify(
         run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
@@ -403,20 +400,46 @@ class VerlogChatModel(BaseChatModel):
         episode_id = (metadata or {}).get(EPISODE_ID_KEY) or (ensure_config().get("metadata") or {}).get(EPISODE_ID_KEY)
         return (run_manager.run_id if run_manager is not None else given), episode_id
 
-    async def _call(
+    def _request(
         self,
         messages: list[BaseMessage],
         stop: list[str] | None,
         run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
-    ) -> ChatResult:
+    ) -> _Request:
+        """A call's engine request: its plan, its sampling (with the plan's constraint) and who
+        asks. Made in the calling thread: a sync call's text work never runs on the engine's loop."""
         run_id, request_id = self._identify(run_manager, kwargs)
-        prompt_ids, sampling, prefix, has_tools, images = self._prepare(messages, stop, kwargs)
-        with_images = {} if images is None else {"images": images}  # (engines without images take no such option)
-        with _engine_call(run_id):
-            generation = await self.engine.generate(prompt_ids, sampling, request_id=request_id, **with_images)
-        message = self._to_message(prompt_ids, generation, sampling, has_tools=has_tools, prefix=prefix, images=images)
-        return ChatResult(generations=[ChatGeneration(message=message)])
+        sampling = self._sampling(stop, kwargs)
+        plan = self.plan_call(
+            messages,
+            kwargs.get("tools"),
+            kwargs.get("tool_choice"),
+            kwargs.get("response_format"),
+            kwargs.get("extra_body"),
+        )
+        if plan.constraint is not None:
+            sampling = dataclasses.replace(sampling, constraint=plan.constraint)
+        return _Request(plan, sampling, run_id, request_id)
+
+    async def _generation(self, request: _Request) -> Generation:
+        """The engine's answer to ``request`` (the one step of a call that needs the engine's loop)."""
+        with _engine_call(request.run_id):
+            return await request.send(self.engine)
+
+    def _result(self, request: _Request, generation: Generation) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=self._answer(request, generation))])
+
+    def _answer(self, request: _Request, generation: Generation) -> AIMessage:
+        plan = request.plan
+        return self._to_message(
+            plan.prompt_ids,
+            generation,
+            request.sampling,
+            has_tools=plan.has_tools,
+            prefix=plan.prefix,
+            images=plan.images,
+        )
 
     async def _pieces(
         self,
@@ -427,23 +450,19 @@ class VerlogChatModel(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         """The answer in pieces as the engine chooses tokens (``Engine.stream``); the pieces join
         into exactly the answer ``ainvoke`` returns, token data and tool calls included."""
-        run_id, request_id = self._identify(run_manager, kwargs)
-        prompt_ids, sampling, prefix, has_tools, images = self._prepare(messages, stop, kwargs)
+        request = self._request(messages, stop, run_manager, kwargs)
+        sampling, plan = request.sampling, request.plan
         releaser = TextReleaser(
-            lambda ids: self.answer_text(ids, sampling, finished=False), sampling, hold_all=has_tools or bool(prefix)
+            lambda ids: self.answer_text(ids, sampling, finished=False),
+            sampling,
+            hold_all=plan.has_tools or bool(plan.prefix),
         )
-        with_images = {} if images is None else {"images": images}
-        async with contextlib.aclosing(
-            self.engine.stream(prompt_ids, sampling, request_id=request_id, **with_images)
-        ) as items:
-            with _engine_call(run_id):  # the request is made with the first item
+        async with contextlib.aclosing(request.send(self.engine, "stream")) as items:
+            with _engine_call(request.run_id):  # the request is made with the first item
                 item = await anext(items, None)
             while item is not None:
                 if isinstance(item, Generation):
-                    final = self._to_message(
-                        prompt_ids, item, sampling, has_tools=has_tools, prefix=prefix, images=images
-                    )
-                    yield ChatGenerationChunk(message=last_chunk(final, releaser.sent))
+                    yield ChatGenerationChunk(message=last_chunk(self._answer(request, item), releaser.sent))
                     return
                 piece = releaser.push(item.token_ids)
                 if piece:
@@ -597,7 +616,8 @@ class VerlogChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return await self._call(messages, stop, run_manager, kwargs)
+        request = self._request(messages, stop, run_manager, kwargs)
+        return self._result(request, await self._generation(request))
 
     def _generate(
         self,
@@ -606,7 +626,8 @@ class VerlogChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return run_sync(self._call(messages, stop, run_manager, kwargs), self._sync_loop())
+        request = self._request(messages, stop, run_manager, kwargs)
+        return self._result(request, run_sync(self._generation(request), self._sync_loop()))
 
     def _sync_loop(self) -> Any:
         """Where sync calls run the engine (:meth:`Engine.sync_loop`)."""
