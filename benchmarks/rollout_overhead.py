@@ -7,8 +7,10 @@ nodes (``invoke``, ``graph.invoke``, the shape of most LangGraph examples), each
 * plain:   LangChain's ``GenericFakeChatModel``, no recorder (LangGraph's own cost);
 * verlog:  ``VerlogChatModel`` on a ``ScriptedEngine`` + ``TurnRecorder`` in the run's callbacks;
 
-and, for scale, a bare Python loop rendering the chat template and calling the engine; and the
-training path: the same loop as one env slot of a ``SlotRunner`` collecting a batch of N turns
+and, for scale, a bare Python loop rendering the chat template and calling the engine; the sync
+loop once more with every prompt's ids rendered beforehand (the same ids, handed to the chat model
+ready-made: what the template and the tokenizer cost inside LangGraph's flow, where their caches
+are cold, against the bare loop where they are warm); and the training path: the same loop as one env slot of a ``SlotRunner`` collecting a batch of N turns
 (every call through the batch gate on the runner's loop, the graph on the slot's own loop and thread).
 
 Every observation is new (a counter in its text), so no cache of earlier prompts answers the newest
@@ -132,8 +134,25 @@ def time_plain_sync(turns: int) -> float:
     return (time.perf_counter() - t0) / turns
 
 
-def time_verlog_sync(turns: int, tokenizer) -> float:
+class _Prerendered(PromptRenderer):
+    """Hands back prompt ids rendered beforehand, one prompt after another: ids of prompts of the
+    same shape as the loop's (the system message and a new observation each), so only where the
+    rendering happens changes."""
+
+    def __init__(self, tokenizer, turns: int):
+        super().__init__(tokenizer)
+        self._prompts = iter(
+            [self.render([SystemMessage("Play the game."), HumanMessage(observation())]) for _ in range(turns)]
+        )
+
+    def render_images(self, messages, tools=None):
+        return next(self._prompts), None
+
+
+def time_verlog_sync(turns: int, tokenizer, prerendered: bool = False) -> float:
     model = VerlogChatModel(engine=ScriptedEngine(tokenizer, [ANSWER]), tokenizer=tokenizer)
+    if prerendered:
+        model._renderer = _Prerendered(tokenizer, turns)
     graph = build_loop(model, turns, report=True, sync=True)
     recorder = TurnRecorder("sync")
     t0 = time.perf_counter()
@@ -208,7 +227,8 @@ async def main(turns: int, repeats: int) -> None:
     await asyncio.to_thread(time_plain_sync, 10)
     await time_slots(10, tokenizer)
     results: dict[str, list[float]] = {
-        k: [] for k in ("plain", "verlog", "plain_sync", "verlog_sync", "bare", "slots", "slots_sync")
+        k: []
+        for k in ("plain", "verlog", "plain_sync", "verlog_sync", "prerendered_sync", "bare", "slots", "slots_sync")
     }
     for _ in range(repeats):  # interleaved, so machine noise hits all of them alike
         results["plain"].append(await time_plain(turns))
@@ -216,6 +236,7 @@ async def main(turns: int, repeats: int) -> None:
         # a sync graph is run from sync code (no running loop), as a user's script would
         results["plain_sync"].append(await asyncio.to_thread(time_plain_sync, turns))
         results["verlog_sync"].append(await asyncio.to_thread(time_verlog_sync, turns, tokenizer))
+        results["prerendered_sync"].append(await asyncio.to_thread(time_verlog_sync, turns, tokenizer, True))
         results["bare"].append(await time_bare(turns, tokenizer))
         results["slots"].append(await time_slots(turns, tokenizer))
         results["slots_sync"].append(await time_slots(turns, tokenizer, sync=True))
@@ -231,6 +252,11 @@ async def main(turns: int, repeats: int) -> None:
             f"{'OK' if added <= 0.3 else 'MISSED'}; ratio {med[ours] / med[plain]:.2f}x"
         )
     print(f"bare loop (template + engine call)       : {med['bare']:.3f} ms/turn")
+    prompt = med["verlog_sync"] - med["prerendered_sync"]
+    print(
+        f"sync nodes, prompt ids rendered beforehand : {med['prerendered_sync']:.3f} ms/turn: the exact prompt "
+        f"(template + tokens) costs {prompt:.3f} ms/turn inside the loop ({prompt / max(med['verlog_sync'] - med['plain_sync'], 1e-9):.0%} of verlog's added cost)"
+    )
     print("training path (one env slot, calls through the batch gate; no P1 target):")
     for style, plain, ours in (("async nodes", "plain", "slots"), ("sync nodes", "plain_sync", "slots_sync")):
         print(f"  {style:<11}: {med[ours]:.3f} ms/turn, {med[ours] - med[plain]:+.3f} over plain LangGraph")

@@ -214,6 +214,24 @@ def comparison_rows(s: dict[str, Any], random_label: str, cell: Callable[[dict[s
     ]
 
 
+def training_seeds(config: Any, records: list[dict[str, Any]]) -> list[int] | None:
+    """The seeds training played, ``[first, last]`` (the trainer's ``seed_max``), and a clear
+    error if they reach the held-out seeds the comparison evaluates on (``eval.seed`` onwards):
+    its scores would then not be held out. ``None`` for a run that draws no seeds (data rows)."""
+    played = [r["seed_max"] for r in records if r["kind"] == "update" and r.get("seed_max") is not None]
+    if not played:
+        return None
+    first, last = int(config.rollout.seed), int(max(played))
+    held_out = range(config.eval.seed, config.eval.seed + config.eval.episode_count())
+    if first <= held_out.stop - 1 and held_out.start <= last:
+        raise SystemExit(
+            f"error: training played seeds {first}..{last}, which reach the held-out seeds {held_out.start}.."
+            f"{held_out.stop - 1} the comparison evaluates on (rollout.seed, eval.seed): no result is written "
+            f"(the run folder {config.trainer.run_dir} is kept)"
+        )
+    return [first, last]
+
+
 def train_and_compare(
     config: Any, line_of: Callable[[dict[str, Any]], str | None]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -221,7 +239,8 @@ def train_and_compare(
     and after training are the config's ``eval.at_start``/``at_end``), printing ``line_of`` each
     record meanwhile; then random valid actions on the same held-out episodes. Returns the run's
     records and the comparison: ``commit``, ``before``, ``after``, ``random`` (:func:`figures`),
-    ``after_vs_before``, ``after_vs_random`` (:func:`gap`), training, evaluation and baseline
+    ``after_vs_before``, ``after_vs_random`` (:func:`gap`), the seeds training played
+    (:func:`training_seeds`, refused where they reach the held-out ones), training, evaluation and baseline
     seconds, the sittings' wall time and load."""
     import asyncio
 
@@ -236,10 +255,11 @@ def train_and_compare(
     train(config, resume=(run_dir / "metrics.jsonl").is_file(), console=Console(quiet=True))
     watcher.stop()
     sittings = sitting.close()
+    records = metric_records(run_dir)
+    seeds = training_seeds(config, records)
     started = time.perf_counter()
     random = figures(asyncio.run(evaluate_random(config, seed=0))[0].as_dict())
     random_s = time.perf_counter() - started
-    records = metric_records(run_dir)
     evals = [(r, seconds) for r, seconds in timed(records) if r["kind"] == "eval"]
     before = next(figures(r["tasks"][0]) for r, _ in evals if r["update"] == 0)
     after = next(figures(r["tasks"][0]) for r, _ in reversed(evals) if r["update"] > 0)
@@ -250,6 +270,7 @@ def train_and_compare(
         "random": random,
         "after_vs_before": gap(after, before),
         "after_vs_random": gap(after, random),
+        "training_seeds": seeds,
         "training_wall_s": training_wall(records),
         "eval_s": sum(s for _, s in evals),
         "random_s": random_s,

@@ -156,9 +156,21 @@ def test_the_recipe_is_verlogs_on_verl_agents_sokoban_evaluated_on_held_out_room
     assert config.algorithm.dual_clip is not None and config.algorithm.bootstrap_cuts
     assert config.eval.seed == HELD_OUT_SEED_START and config.eval.validation_seed >= HELD_OUT_SEED_START
     assert config.eval.episode_count() >= 64 and config.eval.at_start and config.eval.at_end
-    assert config.rollout.seed == 0  # training rooms 0, 1, ... stay below the held-out seeds
-    batch = config.trainer.num_envs * config.trainer.turns_per_env
-    assert config.trainer.total_updates * batch + config.critic_warmup.buffer_multiplier * batch < HELD_OUT_SEED_START
+    assert config.rollout.seed == 0  # training rooms 0, 1, ...; the benchmark checks they stay below the held-out ones
+
+
+def test_a_comparison_whose_training_reached_the_held_out_seeds_is_refused(tmp_path):
+    """The trainer's ``seed_max`` (the highest seed training started an episode with) is checked
+    against the held-out rooms: seeds that reach them would make the comparison not held out."""
+    sittings = import_python_file(ROOT / "benchmarks" / "sittings.py", what="benchmark")
+    config = load_config(_bench().CONFIG, [f"trainer.run_dir={tmp_path}"])
+    start = config.eval.seed
+    records = [{"kind": "update", "update": 1, "seed_max": 700.0}, {"kind": "eval", "update": 1}]
+    assert sittings.training_seeds(config, records) == [0, 700]
+    assert sittings.training_seeds(config, [{"kind": "update", "update": 1}]) is None  # a run on data rows
+    reached = [*records, {"kind": "update", "update": 2, "seed_max": float(start + 5)}]
+    with pytest.raises(SystemExit, match=f"reach the held-out seeds {start}"):
+        sittings.training_seeds(config, reached)
 
 
 def test_too_few_held_out_rooms_is_refused_before_training(tmp_path):
@@ -196,6 +208,8 @@ def test_one_tiny_update_writes_the_result_and_a_killed_run_resumes(tmp_path, ca
         assert r["episodes"] == 3 and 0 <= r["win_rate"] <= 1 and 1 <= r["length"] <= 15, player
     assert first["after_vs_random"]["diff"] == pytest.approx(first["after"]["win_rate"] - first["random"]["win_rate"])
     assert len(first["curve"]) == 1 and 0 < first["training_wall_s"] <= first["wall_s"]
+    # 4 slots, each started on its own room (seeds 0..3) and maybe more: far below the held-out ones
+    assert first["training_seeds"][0] == 0 and 3 <= first["training_seeds"][1] < HELD_OUT_SEED_START
     oracle = first["oracle_move"]  # the untrained policy's and the trained one's, on the same states
     assert set(oracle) == {"before", "after"} and set(oracle["before"]) <= {"1", "2", "3", "4", "5+"}
     assert "1" in oracle["before"] and all(0 < p < 1 for p in [*oracle["before"].values(), *oracle["after"].values()])

@@ -51,6 +51,7 @@ from verlog.evaluation import TaskResult, evaluate, print_results
 from verlog.models import load_tokenizer
 from verlog.rewards import RewardScorer
 from verlog.rollout.interrupts import InterruptResponder
+from verlog.rollout.schedule import slot_seed
 from verlog.rollout.slots import SlotBatch, SlotRunner
 from verlog.tokens import eos_token_ids, pad_token_id
 from verlog.train.forward import shared_trunk_depth
@@ -392,9 +393,18 @@ class _Run:
                 "groups_abandoned_total": float(c.groups_abandoned),
             }
         rows = self.slots_agent.plan.size if self.slots_agent.plan is not None else None
+        groups = len(self.runner.episodes_started) // self.runner.group_size
         if rows:  # how far the training rows' epochs have gone: rounds begun x groups / rows
-            groups = self.config.trainer.num_envs // self.config.trainer.group_size
             out["data_epoch"] = max(self.runner.episodes_started) * groups / rows
+        elif any(self.runner.episodes_started):  # seeds: the highest one an episode has started with
+            size = self.runner.group_size
+            out["seed_max"] = float(
+                max(
+                    slot_seed(self.runner.seed, begun - 1, slot // size, groups)
+                    for slot, begun in enumerate(self.runner.episodes_started)
+                    if begun
+                )
+            )
         return out
 
     async def evaluate(
