@@ -132,11 +132,11 @@ class _Request:
     run_id: UUID | None
     request_id: str | None
 
-    def send(self, engine: Engine, method: str = "generate") -> Any:
-        """``engine.generate`` (or ``stream``) called with this request (images only where the
-        prompt has some: engines without images take no such option)."""
+    def send(self, call: Callable[..., Any]) -> Any:
+        """``call`` (an engine's ``generate`` or ``stream``) made with this request (images only
+        where the prompt has some: engines without images take no such option)."""
         with_images = {} if self.plan.images is None else {"images": self.plan.images}
-        return getattr(engine, method)(self.plan.prompt_ids, self.sampling, request_id=self.request_id, **with_images)
+        return call(self.plan.prompt_ids, self.sampling, request_id=self.request_id, **with_images)
 
 
 def normalize_tool_choice(tool_choice: Any, tool_names: Sequence[str]) -> str | None:
@@ -425,7 +425,7 @@ class VerlogChatModel(BaseChatModel):
     async def _generation(self, request: _Request) -> Generation:
         """The engine's answer to ``request`` (the one step of a call that needs the engine's loop)."""
         with _engine_call(request.run_id):
-            return await request.send(self.engine)
+            return await request.send(self.engine.generate)
 
     def _result(self, request: _Request, generation: Generation) -> ChatResult:
         return ChatResult(generations=[ChatGeneration(message=self._answer(request, generation))])
@@ -457,7 +457,7 @@ class VerlogChatModel(BaseChatModel):
             sampling,
             hold_all=plan.has_tools or bool(plan.prefix),
         )
-        async with contextlib.aclosing(request.send(self.engine, "stream")) as items:
+        async with contextlib.aclosing(request.send(self.engine.stream)) as items:
             with _engine_call(request.run_id):  # the request is made with the first item
                 item = await anext(items, None)
             while item is not None:
