@@ -8,10 +8,11 @@ nodes (``invoke``, ``graph.invoke``, the shape of most LangGraph examples), each
 * verlog:  ``VerlogChatModel`` on a ``ScriptedEngine`` + ``TurnRecorder`` in the run's callbacks;
 
 and, for scale, a bare Python loop rendering the chat template and calling the engine; the sync
-loop once more with every prompt's ids rendered beforehand (the same ids, handed to the chat model
-ready-made: what the template and the tokenizer cost inside LangGraph's flow, where their caches
-are cold, against the bare loop where they are warm); and the training path: the same loop as one env slot of a ``SlotRunner`` collecting a batch of N turns
-(every call through the batch gate on the runner's loop, the graph on the slot's own loop and thread).
+loop once more with every prompt's ids rendered beforehand (handed to the chat model ready-made:
+what the template and the tokenizer cost inside LangGraph's flow, where their caches are cold,
+against the bare loop where they are warm); and the training path: the same loop as one env slot
+of a ``SlotRunner`` collecting a batch of N turns (every call through the batch gate on the
+runner's loop, the graph on the slot's own loop and thread).
 
 Every observation is new (a counter in its text), so no cache of earlier prompts answers the newest
 message. A last section times the prompt ids of long histories (11, 51, 201 messages), where the

@@ -194,6 +194,8 @@ async def test_quota_continuation_bootstrap_and_new_episodes(tiny_tokenizer, syn
         n = len(episode.turns)
         assert episode.total_reward == n * (n + 1) / 2 and episode.info["success"]
     assert runner.counters.turns == 4 * 3 * 4 and runner.counters.batches == 4
+    # the highest seed begun is that of an episode in flight at the last boundary (a held call)
+    assert runner.highest_task == max(state_of(tiny_tokenizer, p)[0] for p in batches[-1].bootstrap_prompt_ids)
 
 
 async def test_nothing_runs_while_the_batch_is_held(tiny_tokenizer):
@@ -245,7 +247,9 @@ async def test_resume_counters_continue_seeds(tiny_tokenizer):
     await collect_batches(runner, 2)
     state = runner.state_dict()
     again, _ = make_runner(tiny_tokenizer, num_envs=2, turns_per_env=3)
+    assert again.highest_task is None  # no episode begun yet
     again.load_state_dict(state)
+    assert again.highest_task == runner.highest_task  # read back from the checkpoint's rounds
     [batch] = await collect_batches(again, 1)
     for i, turns in enumerate(batch.turns):
         seed, t = state_of(tiny_tokenizer, turns[0].prompt_ids)

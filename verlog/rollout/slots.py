@@ -561,6 +561,18 @@ class SlotRunner:
         """Episodes started so far by each slot (seeds go on from there after a resume)."""
         return [s.episodes_started for s in self._slots]
 
+    @property
+    def highest_task(self) -> int | None:
+        """The highest task (a seed, or a training row's index) an episode has started with so far;
+        ``None`` before the first episode."""
+        groups = self.num_envs // self.group_size
+        begun = [
+            slot_seed(self.seed, s.episodes_started - 1, s.index // self.group_size, groups)
+            for s in self._slots
+            if s.episodes_started
+        ]
+        return max(begun, default=None)
+
     def _start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()

@@ -51,7 +51,6 @@ from verlog.evaluation import TaskResult, evaluate, print_results
 from verlog.models import load_tokenizer
 from verlog.rewards import RewardScorer
 from verlog.rollout.interrupts import InterruptResponder
-from verlog.rollout.schedule import slot_seed
 from verlog.rollout.slots import SlotBatch, SlotRunner
 from verlog.tokens import eos_token_ids, pad_token_id
 from verlog.train.forward import shared_trunk_depth
@@ -393,18 +392,11 @@ class _Run:
                 "groups_abandoned_total": float(c.groups_abandoned),
             }
         rows = self.slots_agent.plan.size if self.slots_agent.plan is not None else None
-        groups = len(self.runner.episodes_started) // self.runner.group_size
         if rows:  # how far the training rows' epochs have gone: rounds begun x groups / rows
+            groups = self.runner.num_envs // self.runner.group_size
             out["data_epoch"] = max(self.runner.episodes_started) * groups / rows
-        elif any(self.runner.episodes_started):  # seeds: the highest one an episode has started with
-            size = self.runner.group_size
-            out["seed_max"] = float(
-                max(
-                    slot_seed(self.runner.seed, begun - 1, slot // size, groups)
-                    for slot, begun in enumerate(self.runner.episodes_started)
-                    if begun
-                )
-            )
+        elif self.runner.highest_task is not None:  # seeds: the highest one an episode has started with
+            out["seed_max"] = float(self.runner.highest_task)
         return out
 
     async def evaluate(
