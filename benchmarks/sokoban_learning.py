@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from sittings import comparison_main, comparison_rows, num, train_and_compare  # noqa: E402
 
 from verlog.config import load_config  # noqa: E402
+from verlog.envs.sokoban import ACTIONS  # noqa: E402
 
 CONFIG = ROOT / "configs" / "sokoban_words.yaml"
 OUT = ROOT / "runs" / "sokoban_learning"
@@ -106,11 +107,73 @@ def run(updates: int | None, out: Path, results: Path, extra: list[str], allow_f
     return summary
 
 
+class MovePolicy:
+    """``sokoban-words`` scoring the four moves after a room's prompt (its logits at the answer),
+    the prompt built as ``graphs/sokoban.py`` builds it: the current room under ``instruction``."""
+
+    def __init__(self, instruction: str):
+        from verlog.llm.prompt import PromptRenderer
+        from verlog.models import load_causal_lm, load_tokenizer, resolve_model_path
+
+        path = resolve_model_path("sokoban-words")
+        self.tokenizer = load_tokenizer(path)
+        self.model = load_causal_lm(path)
+        self.renderer = PromptRenderer(self.tokenizer)
+        self.instruction = instruction
+        self.moves = [self.tokenizer.convert_tokens_to_ids(a) for a in ACTIONS]
+
+    def prompt(self, observation: str) -> list[int]:
+        from verlog.envs.agent_graph import build_prompt
+
+        return self.renderer.render(build_prompt(self.instruction, [], observation, 0))
+
+    def logits(self, prompts: list[list[int]]) -> Any:
+        """The moves' logits after each prompt (left-padded; positions as the engine counts them)."""
+        import torch
+
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1, self.moves]
+
+
+def oracle_move_probability(policy: MovePolicy, seeds: range, **env_settings: Any) -> dict[str, float]:
+    """The policy's mean probability of the oracle's move over the states of each room's shortest
+    solution, by how far the state is from solved (``"1"`` .. ``"4"``, ``"5+"`` moves): where a
+    policy learns first (one move from a win, the reward comes at once) and how far back it reaches.
+    A uniform policy over the four moves scores 0.25 everywhere."""
+    import torch
+
+    from verlog.envs.sokoban import SokobanEnv
+    from verlog.envs.sokoban.solver import solve
+
+    prompts, moves, bucket = [], [], []
+    for seed in seeds:
+        env = SokobanEnv(**env_settings)
+        observation = env.reset(seed)
+        plan = solve(env.room, env.state) or []
+        for k, move in enumerate(plan):
+            prompts.append(policy.prompt(observation))
+            moves.append(ACTIONS.index(move))
+            bucket.append(str(len(plan) - k) if len(plan) - k < 5 else "5+")
+            observation = env.step(move).observation
+    with torch.no_grad():
+        chosen = torch.softmax(policy.logits(prompts), -1)[torch.arange(len(moves)), torch.tensor(moves)]
+    return {
+        key: float(chosen[[i for i, b in enumerate(bucket) if b == key]].mean())
+        for key in ("1", "2", "3", "4", "5+")
+        if key in bucket
+    }
+
+
 def oracle_moves(config: Any, run_dir: Path) -> dict[str, dict[str, float]]:
     """The untrained and the trained policy's probability of the oracle's move on the held-out
-    rooms' solution states, by moves to solved (``sokoban_imitation.oracle_move_probability``)."""
+    rooms' solution states, by moves to solved (:func:`oracle_move_probability`)."""
     import torch
-    from sokoban_imitation import Policy, oracle_move_probability
 
     from verlog.models import load_causal_lm
     from verlog.weights.checkpoint import ACTOR_FOLDER, latest_checkpoint
@@ -118,7 +181,7 @@ def oracle_moves(config: Any, run_dir: Path) -> dict[str, dict[str, float]]:
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        policy = Policy(str(config.multi_turn.langgraph.graph_kwargs.get("instruction", "")))
+        policy = MovePolicy(str(config.multi_turn.langgraph.graph_kwargs.get("instruction", "")))
         rooms = range(config.eval.seed, config.eval.seed + config.eval.episode_count())
         before = oracle_move_probability(policy, rooms)
         checkpoint = latest_checkpoint(run_dir)

@@ -15,7 +15,11 @@ from verlog.envs.family import BalrogSettings, EnvFamily
 from verlog.envs.progression import won_progression
 
 #: BabyAI's mission kinds, as verlog names them
-TASKS: tuple[str, ...] = ("goto", "pickup", "pick_up_seq_go_to", "open", "putnext")
+KINDS: tuple[str, ...] = ("goto", "pickup", "pick_up_seq_go_to", "open", "putnext")
+#: the kinds in BALROG's order (its BabyAI tasks)
+BALROG_KINDS: tuple[str, ...] = ("goto", "pickup", "open", "putnext", "pick_up_seq_go_to")
+#: the games: one kind each, and ``mixed``: BALROG's five kinds in turn, kind ``seed % 5``
+TASKS: tuple[str, ...] = (*KINDS, "mixed")
 
 
 def _make(task: str, seed: int | None, **kwargs: Any) -> TextEnv:
@@ -41,10 +45,7 @@ FAMILY = EnvFamily(
     # BALROG: BabyAI-MixedTrainLocal-v0 restricted to one mission kind, num_dists 0; caps are the
     # level's own (minigrid's room_size**2 per instruction step, see verlog/envs/babyai/env.py)
     balrog=BalrogSettings(
-        tasks=tuple(
-            (f"BabyAI-MixedTrainLocal-v0/{task}", task)
-            for task in ("goto", "pickup", "open", "putnext", "pick_up_seq_go_to")
-        ),
+        tasks=tuple((f"BabyAI-MixedTrainLocal-v0/{task}", task) for task in BALROG_KINDS),
         episodes_per_task=10,
         invalid_action="go forward",
         env_kwargs={"protocol": "balrog"},
@@ -53,4 +54,4 @@ FAMILY = EnvFamily(
     ),
 )
 
-__all__ = ["FAMILY", "TASKS"]
+__all__ = ["BALROG_KINDS", "FAMILY", "KINDS", "TASKS"]

@@ -49,6 +49,7 @@ the invalid-action penalty.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 from typing import Any, Mapping
 
@@ -70,9 +71,10 @@ from minigrid.utils.baby_ai_bot import BabyAIBot
 
 from verlog.envs import balrog_protocol
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
-from verlog.envs.babyai import TASKS
+from verlog.envs.babyai import BALROG_KINDS, KINDS, TASKS  # noqa: F401 (TASKS: the games, as before)
 from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
+from verlog.envs.held_out import HELD_OUT_SHARE, draw_level
 from verlog.envs.progression import goal_value
 from verlog.envs.text import offset_phrase
 from verlog.step_info import step_info
@@ -161,8 +163,8 @@ class LocalTaskLevel(RoomGridLevel):
         max_steps: int | None = None,
         **kwargs: Any,
     ) -> None:
-        if task not in TASKS:
-            raise ValueError(f"unknown BabyAI task {task!r}; expected one of {TASKS}")
+        if task not in KINDS:
+            raise ValueError(f"unknown BabyAI mission kind {task!r}; expected one of {KINDS}")
         if task == "open" and rooms != 1:
             raise ValueError("the local 'open' level is fixed at two rooms (use rooms=1)")
         self.task = task
@@ -262,8 +264,8 @@ class BalrogTaskLevel(RoomGridLevel):
     """
 
     def __init__(self, task: str, num_dists: int = 0, max_steps: int | None = None, **kwargs: Any) -> None:
-        if task not in TASKS:
-            raise ValueError(f"unknown BabyAI task {task!r}; expected one of {TASKS}")
+        if task not in KINDS:
+            raise ValueError(f"unknown BabyAI mission kind {task!r}; expected one of {KINDS}")
         self.task = task
         self.num_dists = num_dists
         num_cols = 2 if task == "open" else 1
@@ -331,8 +333,8 @@ class BalrogTaskLevel(RoomGridLevel):
 
 def make_level(task: str, layout: str = "local", max_steps: int | None = None) -> RoomGridLevel:
     """The minigrid level behind a task: see the module docstring for the two layouts."""
-    if task not in TASKS:
-        raise ValueError(f"unknown BabyAI task {task!r}; expected one of {TASKS}")
+    if task not in KINDS:
+        raise ValueError(f"unknown BabyAI mission kind {task!r}; expected one of {KINDS}")
     if layout == "local":
         return LocalTaskLevel(task, max_steps=max_steps)
     if layout == "maze":
@@ -459,6 +461,15 @@ def describe_view_balrog(image: np.ndarray, carrying: Any | None) -> str:
 # environment
 
 
+#: the task whose levels are BALROG's five mission kinds in turn, kind ``seed % 5`` (BabyAI-Text's
+#: ``MixedTrainLocal``, BALROG's BabyAI level, before BALROG restricts it to one kind): one policy
+#: trained on all of them
+MIXED = "mixed"
+MIXED_TASKS = BALROG_KINDS
+
+#: the first held-out seed: verlog's evaluations play seeds from here (``eval.seed``, ``eval.validation_seed``)
+HELD_OUT_SEED_START = 1_000_000
+
 #: pixels per cell of BALROG's BabyAI image (``get_pov_render(tile_size=16)`` in its
 #: ``babyai_text/clean_lang_wrapper.py``)
 POV_TILE_SIZE = 16
@@ -468,7 +479,10 @@ class BabyAITextEnv(TextEnv):
     """One BabyAI task family as a seeded text game (see the module docstring).
 
     ``seed`` seeds the first ``reset()`` that is given no seed; later unseeded resets continue the
-    same random stream, so a seeded env always plays the same sequence of episodes.
+    same random stream, so a seeded env always plays the same sequence of episodes. A seed from
+    :data:`HELD_OUT_SEED_START` (verlog's evaluation seeds) plays a level whose content (mission,
+    objects, doors, walls) is in the held-out share ``held_out_share`` of all contents, a seed below
+    it one outside (:mod:`verlog.envs.held_out`): training never plays an evaluation level.
     ``level`` is the underlying minigrid environment (for oracles such as ``BabyAIBotAgent``).
     """
 
@@ -485,8 +499,15 @@ class BabyAITextEnv(TextEnv):
         layout: str = "local",
         default_action: str | None = None,
         protocol: str = "verlog",
+        held_out_share: float = HELD_OUT_SHARE,
     ) -> None:
         check_protocol(protocol)
+        if not (isinstance(held_out_share, (int, float)) and 0 <= held_out_share < 1):
+            raise ValueError(
+                f"held_out_share={held_out_share!r}: a number in [0, 1), the share of level contents kept for "
+                "the held-out seeds (0: seeds only)"
+            )
+        self.held_out_share = float(held_out_share)
         if protocol == "balrog":
             if layout != "local":
                 raise ValueError("BALROG's BabyAI levels have one layout: leave layout unset with protocol='balrog'")
@@ -504,9 +525,20 @@ class BabyAITextEnv(TextEnv):
             DEFAULT_INVALID_ACTION_PENALTY if invalid_action_penalty is None else invalid_action_penalty
         )
         self.default_action = default_action
-        self.level = (
-            BalrogTaskLevel(task, max_steps=max_steps) if protocol == "balrog" else make_level(task, layout, max_steps)
-        )
+        #: the mission kinds this game plays: its task's, or (``mixed``) BALROG's five, by the seed
+        self.kinds: tuple[str, ...] = MIXED_TASKS if task == MIXED else (task,)
+        self._levels = {
+            kind: BalrogTaskLevel(kind, max_steps=max_steps)
+            if protocol == "balrog"
+            else make_level(kind, layout, max_steps)
+            for kind in self.kinds
+        }
+        self.level = self._levels[self.kinds[0]]
+        if len(self.kinds) > 1:  # every kind's step cap known at once (the longest bounds an episode)
+            for kind in self.kinds:
+                self.level = self._levels[kind]
+                self._draw(0)
+        self._resets = 0
         self._seed = seed
         self._observation = ""
         self._done = True
@@ -514,7 +546,10 @@ class BabyAITextEnv(TextEnv):
 
     @property
     def max_steps(self) -> int:  # type: ignore[override]
-        """The step cap of the current episode (minigrid's own for the maze layout)."""
+        """The step cap of the current episode (minigrid's own for the maze layout); of task
+        ``mixed``, the longest of its kinds' caps (what bounds any of its episodes)."""
+        if len(self.kinds) > 1:
+            return max(int(level.max_steps or 0) for level in self._levels.values())
         return int(self.level.max_steps)
 
     @property
@@ -526,13 +561,35 @@ class BabyAITextEnv(TextEnv):
             seed, self._seed = self._seed, None
         else:
             self._seed = None
-        # the registered maze levels print every rejected sample: keep that out of the terminal
-        with contextlib.redirect_stdout(io.StringIO()):
-            obs, _ = self.level.reset(seed=seed)
+        if len(self.kinds) > 1:  # task mixed: the seed's kind (in turn, so each is played as often)
+            self.level = self._levels[self.kinds[(seed if seed is not None else self._resets) % len(self.kinds)]]
+        self._resets += 1
+        if seed is None:
+            obs = self._draw(None)
+        else:  # held out by content too (verlog.envs.held_out)
+            obs = draw_level(
+                seed,
+                held_out=seed >= HELD_OUT_SEED_START,
+                share=self.held_out_share,
+                draw=self._draw,
+                content_of=lambda _obs: self.level_content(),
+            )
         self._done = False
         self._steps = 0
         self._observation = self._render(obs)
         return self._observation
+
+    def _draw(self, seed: int | None) -> Any:
+        # the registered maze levels print every rejected sample: keep that out of the terminal
+        with contextlib.redirect_stdout(io.StringIO()):
+            obs, _ = self.level.reset(seed=seed)
+        return obs
+
+    def level_content(self) -> str:
+        """What defines the current level, the agent's start left out: its mission and its grid
+        (walls, objects, doors and their states)."""
+        grid = self.level.grid.encode()
+        return f"{self.level.mission}|{grid.shape}|{hashlib.sha256(grid.tobytes()).hexdigest()}"
 
     def observation_image(self) -> Any:
         """The agent's view as BALROG's BabyAI wrapper draws it: minigrid's

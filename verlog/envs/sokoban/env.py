@@ -11,7 +11,9 @@ onto/off a target, +10 when every box is on one, which ends the episode as a win
 Levels: episode seed ``s`` plays the room :func:`.generator.generate` draws from ``s`` (6x6, one
 box, 30 reverse moves by default), redrawn until its shortest solution fits in ``max_steps``.
 verl-agent trains on seeds below ``2**16`` and validates on seeds from ``2**16`` up
-(:data:`TRAIN_SEEDS`, :data:`HELD_OUT_SEED_START`).
+(:data:`TRAIN_SEEDS`, :data:`HELD_OUT_SEED_START`). Small rooms repeat themselves across seeds, so
+the split is also by content (:mod:`verlog.envs.held_out`): a quarter of the room contents (walls,
+targets, boxes) are drawn by held-out seeds only, the rest by training seeds only.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 
 from verlog.envs.actions import ANSWER_FORMAT, DEFAULT_INVALID_ACTION_PENALTY, parse_action
 from verlog.envs.base import EpisodeSeeds, StepResult, TextEnv
+from verlog.envs.held_out import HELD_OUT_SHARE, draw_level
 from verlog.envs.progression import goal_value
 from verlog.step_info import step_info
 
@@ -63,6 +66,12 @@ _SYMBOL_HELP = (
 )
 
 
+def level_content(level: Level) -> str:
+    """What defines a room's puzzle, the player's start left out: its size, walls, targets and boxes."""
+    room = level.room
+    return f"{room.height}x{room.width} walls {sorted(room.walls)} targets {sorted(room.targets)} boxes {sorted(level.state.boxes)}"
+
+
 def _check_setting(name: str, value: Any, ok: bool, allowed: str) -> None:
     if not ok:
         raise ValueError(f"Sokoban setting {name}={value!r} is invalid; allowed: {allowed}")
@@ -78,6 +87,9 @@ class SokobanEnv(TextEnv):
     difficulty: depth 1-4 rooms are 1-2 moves from solved, depth 12 and above as hard as
     verl-agent's 30). ``max_steps``: turns before the episode is truncated.
     ``invalid_action_penalty``: subtracted from a turn whose answer named no move.
+    ``held_out_share``: the share of room contents (walls, targets and boxes) that only the held-out
+    seeds (from :data:`HELD_OUT_SEED_START`) draw, the others only the training seeds
+    (:mod:`verlog.envs.held_out`); 0 splits by seed alone, as verl-agent does.
     """
 
     name = "sokoban"
@@ -92,6 +104,7 @@ class SokobanEnv(TextEnv):
         max_steps: int = MAX_STEPS,
         search_depth: int | tuple[int, int] | list[int] = SEARCH_DEPTH,
         invalid_action_penalty: float = DEFAULT_INVALID_ACTION_PENALTY,
+        held_out_share: float = HELD_OUT_SHARE,
     ) -> None:
         dims = tuple(dim_room) if isinstance(dim_room, (tuple, list)) else ()
         _check_setting(
@@ -112,6 +125,13 @@ class SokobanEnv(TextEnv):
             and (len(depths) == 2 or not isinstance(search_depth, (tuple, list))),
             "an integer >= 1, or a range [low, high] of them (each room's depth drawn from it)",
         )
+        _check_setting(
+            "held_out_share",
+            held_out_share,
+            isinstance(held_out_share, (int, float)) and 0 <= held_out_share < 1,
+            "a number in [0, 1): the share of room contents kept for the held-out seeds (0: seeds only)",
+        )
+        self.held_out_share = float(held_out_share)
         self.dim_room: tuple[int, int] = (int(dims[0]), int(dims[1]))
         self.num_boxes = num_boxes
         self.max_steps = max_steps
@@ -132,10 +152,19 @@ class SokobanEnv(TextEnv):
 
     def reset(self, seed: int | None = None) -> str:
         self.seed = seed = self._seeds.next(seed)
+        self.level = draw_level(
+            seed,
+            held_out=seed >= HELD_OUT_SEED_START,
+            share=self.held_out_share,
+            draw=self._generate,
+            content_of=level_content,
+        )
+        return self._start(self.level.state)
+
+    def _generate(self, seed: int) -> Level:
         rng = random.Random(seed)
         depth = self.search_depth if isinstance(self.search_depth, int) else rng.randint(*self.search_depth)
-        self.level = generate(rng, self.dim_room, self.num_boxes, depth, self.max_steps)
-        return self._start(self.level.state)
+        return generate(rng, self.dim_room, self.num_boxes, depth, self.max_steps)
 
     def reset_to(self, room: Room, state: State) -> str:
         """Start an episode from a given level (hand-made puzzles, tests); returns its observation."""
