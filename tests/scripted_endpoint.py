@@ -17,7 +17,7 @@ class ScriptedChatServer(LocalServer):
 
     Script entries: ``("status", code, headers)``, ``("slow", seconds)`` (then ``default(body)``),
     ``("text", content)`` (an answer with this content), ``("cut", content)`` (the same, cut by
-    ``max_tokens``) or a callable ``body -> content``."""
+    ``max_tokens``) or a callable ``body -> content`` (or ``body -> message``: a whole assistant message)."""
 
     def __init__(self, script: list[Any] | None = None, default: Callable[[dict], str] = lambda body: "OK"):
         super().__init__()
@@ -70,7 +70,10 @@ class ScriptedChatServer(LocalServer):
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": content},
+                            # a callable may answer a whole message (tool calls...), else its content
+                            "message": content
+                            if isinstance(content, dict)
+                            else {"role": "assistant", "content": content},
                             "finish_reason": "length" if isinstance(step, tuple) and step[0] == "cut" else "stop",
                         }
                     ],

@@ -12,6 +12,7 @@ Data flow (one package per stage):
 * ``verlog.rewards``      - reward functions and LLM judges run on finished episodes
 * ``verlog.algo``         - advantage estimators (dual-discount GAE, ...), PPO losses (pure torch)
 * ``verlog.train``        - the embedded trainer
+* ``verlog.sft``          - the warm start: demonstrations of the graph (a bot, a teacher, traces, the policy's own successes), then supervised fine-tuning
 * ``verlog.weights``      - actor, critic, reference and checkpoint folders
 * ``verlog.evaluation``   - ``verlog eval``: seeded episodes, BALROG progression with standard errors
 * ``verlog.integrations`` - the same graphs and algorithm inside verl

@@ -125,11 +125,15 @@ class Agent:
         keep_messages: bool = False,
         on_episode=None,
         split: str = "train",
+        on_start: Callable[[str, Any], None] | None = None,
+        concurrency: int | None = None,
     ) -> list[Episode]:
         """Run ``episodes`` episodes and score them with the reward section: seeds ``first_seed``,
         ``first_seed + 1``, ... (default ``rollout.seed``); with a data section, rows
         ``first_seed``, ``first_seed + 1``, ... (default 0) of ``split`` in file order. An episode
-        a reward function fails on is recorded as failed."""
+        a reward function fails on is recorded as failed. ``on_start(episode_id, task)`` is told
+        each episode's task (a ``verlog.data.tasks.Task``: its seed or row) before any runs;
+        ``concurrency``: episodes at once (default ``rollout.concurrency``)."""
         from verlog.episodes import EpisodePlan, build_scorer
         from verlog.rewards import RewardError
 
@@ -163,16 +167,19 @@ class Agent:
         inputs = []
         for i, episode_id in zip(tasks, ids):
             try:
-                inputs.append(plan.input(i))
+                task = plan.tasks.task(i)
+                inputs.append(task.input)
             except Exception as exc:  # the graph file's make_input, or the config's data.input mapping
                 source = "data.input" if rows else f"make_input({i}) of {self.graph_file.path}"
                 raise GraphFileError(f"the input of episode {episode_id} failed ({source}): {first_line(exc)}") from exc
+            if on_start is not None:
+                on_start(episode_id, task)
         langgraph = self.config.multi_turn.langgraph
         return await run_episodes(
             self.graph,
             inputs,
             episode_ids=ids,
-            concurrency=r.concurrency,
+            concurrency=concurrency or r.concurrency,
             graph_config=self.config.multi_turn.langgraph.graph_config,
             timeout_s=r.episode_timeout_s,
             keep_messages=keep_messages,

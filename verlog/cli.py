@@ -1,7 +1,8 @@
 """The ``verlog`` command line.
 
     verlog rollout CONFIG [key=value ...] [--episodes N] [--seed S] [--show-messages] [--json FILE]
-    verlog train CONFIG [key=value ...] [--resume] [--engine embedded|verl] [--dry-run]
+    verlog train CONFIG [key=value ...] [--resume] [--init-from RUN] [--engine embedded|verl] [--dry-run]
+    verlog sft CONFIG [key=value ...] [--resume]
     verlog eval CONFIG [CONFIG ...] [key=value ...] [--suite balrog] [--checkpoint DIR | --base-url URL --model NAME]
     verlog play ENV [--seed S] [--agent human|bot|random]
     verlog serve-model CHECKPOINT [--port P] [--api-key K]
@@ -195,8 +196,24 @@ def _train(args: argparse.Namespace) -> int:
     from verlog.train import train
 
     config = _load_config(args)
+    if args.init_from:
+        config.trainer.init_from = args.init_from
     result = train(config, resume=args.resume, console=console)
     console.print(f"{result.updates} updates in {result.seconds:.0f} s; run folder: {result.run_dir}")
+    return 0
+
+
+def _sft(args: argparse.Namespace) -> int:
+    from verlog.console import console
+    from verlog.sft import sft
+
+    config = _load_config(args)
+    result = sft(config, resume=args.resume, console=console)
+    kept = sum(c.get("kept", 0) for c in result.demonstrations.values())
+    console.print(
+        f"{result.steps} fine-tuning steps on {kept} demonstrations in {result.seconds:.0f} s; run folder: "
+        f"{result.run_dir} (verlog train CONFIG --init-from {result.run_dir})"
+    )
     return 0
 
 
@@ -254,6 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue the run in trainer.run_dir from its latest checkpoint"
     )
     p.add_argument(
+        "--init-from",
+        default=None,
+        metavar="RUN",
+        help="start from this run's latest policy (a verlog sft run's, say), and its critic if it saved one",
+    )
+    p.add_argument(
         "--engine",
         choices=["embedded", "verl"],
         default="embedded",
@@ -261,6 +284,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="with --engine verl: print the composed verl config and stop")
     p.set_defaults(func=_train)
+
+    p = sub.add_parser(
+        "sft", help="fine-tune the config's policy on demonstrations of its graph (a warm start before RL)"
+    )
+    p.add_argument("config", help="a YAML config file with an sft section (see docs/warm_start.md)")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. sft.epochs=2")
+    p.add_argument("--resume", action="store_true", help="continue the run in sft.run_dir from its latest checkpoint")
+    p.set_defaults(func=_sft)
 
     p = sub.add_parser(
         "eval", help="evaluate a checkpoint or an OpenAI-compatible endpoint: progression, win rate, return ± s.e."

@@ -36,6 +36,7 @@ _EXPORTS = {
         "policy_loss_fn",
         "ppo_policy_loss",
     ),
+    "verlog.algo.sft": ("monte_carlo_returns", "sft_loss"),
     "verlog.algo.estimators.grpo": ("grpo_advantages",),
     "verlog.algo.estimators.gigpo": ("gigpo_advantages",),
     "verlog.algo.estimators.rloo": ("rloo_advantages",),
@@ -101,3 +102,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         ppo_policy_loss,
     )
     from verlog.algo.multiturn_gae import TurnBatch, classic_gae, discounted_reverse_cumsum, dual_gae, next_state_values
+    from verlog.algo.sft import monte_carlo_returns, sft_loss

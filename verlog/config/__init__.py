@@ -62,6 +62,7 @@ from verlog.config.rewards import (
     VerlRewardFunctionConfig,
 )
 from verlog.config.root import VerlogConfig, WandbConfig
+from verlog.config.sft import DEMONSTRATION_SOURCES, DemonstrationsConfig, SftConfig
 from verlog.config.training import (
     ActorConfig,
     AdvantageConfig,
@@ -75,6 +76,9 @@ from verlog.config.training import (
 )
 
 __all__ = [
+    "DEMONSTRATION_SOURCES",
+    "DemonstrationsConfig",
+    "SftConfig",
     "describe_errors",
     "ActorConfig",
     "AdvantageConfig",

@@ -11,6 +11,7 @@ from verlog.config.base import _Section
 from verlog.config.data import DataConfig
 from verlog.config.evaluation import EvalConfig
 from verlog.config.rewards import RewardConfig
+from verlog.config.sft import SftConfig
 from verlog.config.training import ActorConfig, AlgorithmConfig, CriticConfig, CriticWarmupConfig, TrainerConfig
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ class VerlogConfig(_Section):
     critic_warmup: CriticWarmupConfig = Field(default_factory=CriticWarmupConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
+    #: the supervised warm start (``verlog sft``); ``None``: the config has none
+    sft: SftConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -36,6 +36,11 @@ class TrainerConfig(_Section):
         "warm-up's included) reach this; total_updates stays the ceiling. A budget in steps for batches whose size "
         "varies (whole groups)",
     )
+    init_from: str | None = Field(
+        None,
+        description="start from this run's latest checkpoint (a verlog sft run, or any training run's): its policy, "
+        "and its critic when it saved one; the reference policy of the KL is that policy too (verlog train --init-from)",
+    )
     max_consecutive_failures: int = Field(20, ge=1, description="a slot failing this often in a row stops the run")
     seed: int = Field(0, description="torch / python RNG seed")
     torch_threads: int | None = Field(

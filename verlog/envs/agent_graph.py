@@ -54,6 +54,7 @@ from verlog.envs import balrog_protocol, balrog_vision
 from verlog.envs.balrog_source import BalrogSource, open_source
 from verlog.envs.base import StepResult, TextEnv
 from verlog.envs.family import check_protocol
+from verlog.envs.live import playing
 from verlog.envs.registry import get_family, make_env, split_env_name
 from verlog.rollout.events import areport_reward
 from verlog.step_info import ANCHOR_KEY
@@ -385,11 +386,11 @@ class _GameAgent:
         return {"prompt": self.prompt_of(state)}
 
     async def policy(self, state: GameState) -> dict:
-        model_now = self.policy_model
+        model_now, env = self.policy_model, await self.game_of(state)
         if self.constrain_answers:
-            valid = (await self.game_of(state)).valid_actions()
-            model_now = model_now.bind(extra_body={"regex": answer_pattern(valid)})
-        answer = await model_now.ainvoke(state["prompt"])
+            model_now = model_now.bind(extra_body={"regex": answer_pattern(env.valid_actions())})
+        with playing(env):  # a scripted demonstrator answering the call plays the game itself
+            answer = await model_now.ainvoke(state["prompt"])
         return {"answer": answer.content if isinstance(answer.content, str) else str(answer.content)}
 
     async def environment(self, state: GameState) -> dict:

@@ -83,22 +83,43 @@ EPISODE_ID_KEY = "verlog_episode_id"
 #: manager) the run id of their call; taken out before the options reach the engine or a cache key
 _RUN_ID_OPTION = "verlog_run_id"
 
-_ENGINE_CALL_RUN: ContextVar[UUID | None] = ContextVar("verlog_engine_call_run", default=None)
+
+@dataclass(frozen=True)
+class EngineCall:
+    """The ``VerlogChatModel`` call an engine request answers, as LangChain made it: its run id,
+    the messages and the tools it was given (OpenAI schemas, ``None``: no tools), and its
+    ``tool_choice`` as :func:`normalize_tool_choice` reads it. An engine that answers from the
+    conversation rather than from token ids (a demonstrator: :mod:`verlog.sft.engine`) reads it."""
+
+    run_id: UUID | None
+    messages: tuple[BaseMessage, ...] = ()
+    tools: tuple[dict[str, Any], ...] | None = None
+    tool_choice: str | None = None
+
+
+_ENGINE_CALL: ContextVar[EngineCall | None] = ContextVar("verlog_engine_call", default=None)
+
+
+def engine_call() -> EngineCall | None:
+    """The ``VerlogChatModel`` call whose engine request is being answered (read by an engine
+    inside ``generate``/``stream``; ``None`` for requests made otherwise)."""
+    return _ENGINE_CALL.get()
 
 
 def engine_call_run() -> UUID | None:
     """The LangChain run id of the ``VerlogChatModel`` call whose engine request is being
     answered (read by an engine inside ``generate``/``stream``; ``None`` for other requests)."""
-    return _ENGINE_CALL_RUN.get()
+    call = _ENGINE_CALL.get()
+    return call.run_id if call is not None else None
 
 
 @contextlib.contextmanager
-def _engine_call(run_id: UUID | None) -> Iterator[None]:
-    token = _ENGINE_CALL_RUN.set(run_id)
+def _engine_call(call: EngineCall) -> Iterator[None]:
+    token = _ENGINE_CALL.set(call)
     try:
         yield
     finally:
-        _ENGINE_CALL_RUN.reset(token)
+        _ENGINE_CALL.reset(token)
 
 
 _SAMPLING_KWARGS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop_token_ids")
@@ -131,6 +152,8 @@ class _Request:
     sampling: SamplingParams
     run_id: UUID | None
     request_id: str | None
+    #: the call as LangChain made it (what the engine may read while it answers: ``engine_call``)
+    call: EngineCall
 
     def send(self, call: Callable[..., Any]) -> Any:
         """``call`` (an engine's ``generate`` or ``stream``) made with this request (images only
@@ -420,11 +443,16 @@ class VerlogChatModel(BaseChatModel):
         )
         if plan.constraint is not None:
             sampling = dataclasses.replace(sampling, constraint=plan.constraint)
-        return _Request(plan, sampling, run_id, request_id)
+        tools = kwargs.get("tools")
+        choice = (
+            normalize_tool_choice(kwargs.get("tool_choice"), [t["function"]["name"] for t in tools]) if tools else None
+        )
+        call = EngineCall(run_id, tuple(messages), tuple(tools) if tools and choice != "none" else None, choice)
+        return _Request(plan, sampling, run_id, request_id, call)
 
     async def _generation(self, request: _Request) -> Generation:
         """The engine's answer to ``request`` (the one step of a call that needs the engine's loop)."""
-        with _engine_call(request.run_id):
+        with _engine_call(request.call):
             return await request.send(self.engine.generate)
 
     def _result(self, request: _Request, generation: Generation) -> ChatResult:
@@ -458,7 +486,7 @@ class VerlogChatModel(BaseChatModel):
             hold_all=plan.has_tools or bool(plan.prefix),
         )
         async with contextlib.aclosing(request.send(self.engine.stream)) as items:
-            with _engine_call(request.run_id):  # the request is made with the first item
+            with _engine_call(request.call):  # the request is made with the first item
                 item = await anext(items, None)
             while item is not None:
                 if isinstance(item, Generation):

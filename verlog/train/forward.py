@@ -41,6 +41,7 @@ from verlog.tokens import common_prefix_len
 __all__ = [
     "PackedRows",
     "FrozenPrefix",
+    "answer_logprobs",
     "Trunk",
     "PrefixRecorder",
     "backbone_hidden",
@@ -386,10 +387,41 @@ def policy_logprobs(
     hidden = backbone_hidden(lm.base_model, rows, trunk)
     width = response_ids.shape[1]
     index = positions(prompt_lengths.to(hidden.device) - rows.offset, width, hidden.shape[1])
-    picked = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-    targets = response_ids.to(hidden.device)
+    logp, entropy, _ = _head(lm, hidden, index, response_ids, temperature, allowed, with_entropy=with_entropy)
+    return logp, (entropy if with_entropy else None)
 
-    def head(picked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+
+def answer_logprobs(
+    lm: nn.Module, rows: PackedRows, read_at: torch.Tensor, targets: torch.Tensor, *, trunk: Trunk | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities ``[B, M]`` of the tokens ``targets`` (``[B, M]``, padded), token ``m`` of
+    row ``b`` predicted by the hidden state at sequence position ``read_at[b, m]`` (its own position
+    minus one), and whether each is the model's most likely token there (``[B, M]`` bool): a pass
+    scoring answers spread over a sequence (supervised fine-tuning: several turns of an episode in
+    the one sequence of its last turn)."""
+    hidden = backbone_hidden(lm.base_model, rows, trunk)
+    index = (read_at.to(hidden.device) - rows.offset).clamp(min=0, max=hidden.shape[1] - 1)
+    logp, _, hits = _head(lm, hidden, index, targets, 1.0, None, with_entropy=False, with_hits=True)
+    return logp, hits
+
+
+def _head(
+    lm: nn.Module,
+    hidden: torch.Tensor,
+    index: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float | torch.Tensor,
+    allowed: torch.Tensor | None,
+    *,
+    with_entropy: bool,
+    with_hits: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The LM head at the hidden states ``index`` (``[B, T]`` positions): each target's logprob,
+    the entropy there (a zero without ``with_entropy``), and whether the target is the argmax."""
+    picked = hidden.gather(1, index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    targets = targets.to(hidden.device)
+
+    def head(picked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         logits = lm.get_output_embeddings()(picked).float()
         if allowed is not None:
             logits = logits.masked_fill(~allowed, float("-inf"))
@@ -398,15 +430,17 @@ def policy_logprobs(
         elif temperature != 1.0:
             logits = logits / temperature
         logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        return logp, (entropy_from_logits(logits) if with_entropy else logp.new_zeros(()))
+        entropy = entropy_from_logits(logits) if with_entropy else logp.new_zeros(())
+        hits = logits.argmax(-1) == targets if with_hits else logp.new_zeros((), dtype=torch.bool)
+        return logp, entropy, hits
 
     if torch.is_grad_enabled() and getattr(lm, "is_gradient_checkpointing", False):
         # the vocabulary-wide logits are the pass's largest activations (a [B, T, V] tensor per
         # softmax): with gradient checkpointing they are recomputed in backward, not kept
-        logp, entropy = torch.utils.checkpoint.checkpoint(head, picked, use_reentrant=False)
+        logp, entropy, hits = torch.utils.checkpoint.checkpoint(head, picked, use_reentrant=False)
     else:
-        logp, entropy = head(picked)
-    return logp, (entropy if with_entropy else None)
+        logp, entropy, hits = head(picked)
+    return logp, entropy, (hits if with_hits else None)
 
 
 def values_at_positions(

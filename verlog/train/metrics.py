@@ -111,6 +111,10 @@ _HEADLINE = (
     ("clip_frac", "clip"),
     ("entropy", "ent"),
     ("turns_per_s", "turns/s"),
+    ("sft_loss", "loss"),
+    ("token_accuracy", "acc"),
+    ("held_out_loss", "held-out loss"),
+    ("held_out_accuracy", "held-out acc"),
 )
 
 
@@ -128,11 +132,15 @@ class RunLogger:
         start_update: int,
         wandb_id: str | None,
         resume: bool,
+        total: int | None = None,
+        step_kind: str = "update",
     ):
         self.path = run_dir / "metrics.jsonl"
         self.console = console
         self.started = time.perf_counter()
-        self.total = config.trainer.total_updates
+        #: the steps the progress bar counts (default: the run's updates) and what they are called
+        self.total = config.trainer.total_updates if total is None else total
+        self.step_kind = step_kind
         if resume:  # drop records of updates that will be redone, and a line cut by a kill
             for warning in truncate_after(self.path, start_update):
                 console.print(f"[yellow]warning:[/] {warning}", highlight=False)
@@ -151,7 +159,9 @@ class RunLogger:
             console=console,
             transient=False,
         )
-        self.task = self.progress.add_task("training", total=self.total, completed=start_update, line="")
+        self.task = self.progress.add_task(
+            "training" if step_kind == "update" else step_kind, total=self.total, completed=start_update, line=""
+        )
 
     def __enter__(self) -> "RunLogger":
         if not self.plain:
@@ -195,10 +205,10 @@ class RunLogger:
         line = " ".join(
             f"{label} {metrics[key]:.3g}" for key, label in _HEADLINE if key in metrics and not math.isnan(metrics[key])
         )
-        if step_kind == "update":
+        if step_kind == self.step_kind:
             self.progress.update(self.task, completed=update, line=line)
         if self.plain:
-            of = f"/{self.total}" if step_kind == "update" else ""
+            of = f"/{self.total}" if step_kind == self.step_kind else ""
             self._line(f"{step_kind} {update}{of} {line}")
         else:
             self.progress.console.print(f"[dim]{step_kind} {update}[/] {line}", highlight=False)

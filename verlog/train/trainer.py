@@ -60,7 +60,14 @@ from verlog.train.ppo import Learner, adamw, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
 from verlog.train.trace_batches import TraceBatch, TraceSource, merge_batches, trace_slots
 from verlog.weights import checkpoint as ckpt
-from verlog.weights.actor_critic import load_actor, load_critic, load_reference, train_last_layers
+from verlog.weights.actor_critic import (
+    load_actor,
+    load_critic,
+    load_reference,
+    pixel_inputs,
+    save_actor,
+    train_last_layers,
+)
 from verlog.weights.policy import check_finite_weights
 from verlog.weights.precision import autocast_dtype, check_master_dtype, flush_subnormals, grad_scaler
 
@@ -88,9 +95,10 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
     started = time.perf_counter()
     t = config.trainer
     _check_trainable(config)
+    start = _init_source(config)
     checkpoint = _prepare_run_dir(Path(t.run_dir), config, resume)
     _warn_shared_rows(config, console)
-    run = _Run.build(config, checkpoint, console)
+    run = _Run.build(config, checkpoint, console, start)
     result = TrainResult(run_dir=run.run_dir, updates=run.state["update"])
     with RunLogger(
         config,
@@ -225,8 +233,11 @@ class _Run:
     judge_failed: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, config: VerlogConfig, checkpoint: Path | None, console: Console) -> "_Run":
-        """Load the models (from ``checkpoint`` when resuming), the engine and the slots."""
+    def build(
+        cls, config: VerlogConfig, checkpoint: Path | None, console: Console, start: Path | None = None
+    ) -> "_Run":
+        """Load the models (from ``checkpoint`` when resuming, else from ``start``: the checkpoint
+        ``trainer.init_from`` names), the engine and the slots."""
         t = config.trainer
         _seed_everything(t.seed)
         # this thread's training passes; the engine sets its own. Oversubscribed cores make torch's
@@ -237,7 +248,12 @@ class _Run:
         compute = autocast_dtype(config.model.autocast)  # float32 master weights, passes under autocast
 
         tokenizer = load_tokenizer(config.model.path)
-        learner, peft_actor = _learner(config, checkpoint, tokenizer, device, compute)
+        learner, peft_actor = _learner(config, checkpoint, tokenizer, device, compute, start)
+        if start is not None and checkpoint is None:
+            critic = (
+                "and its critic" if os.path.lexists(start / ckpt.CRITIC_FILE) and learner.critic else "(a new critic)"
+            )
+            console.print(f"starting from [bold]{start}[/]'s policy {critic}")
         actor = learner.actor
 
         # rollout: the graph's slots, their model calls gated into fixed-turn batches; the
@@ -326,15 +342,7 @@ class _Run:
             )
 
     def _save_actor(self, folder: Path) -> None:
-        from verlog.models.quiet import quiet_progress_bars
-
-        with quiet_progress_bars():
-            if self.peft_actor is not None:
-                self.peft_actor.save_pretrained(folder / ckpt.ADAPTER_FOLDER)
-            else:
-                self.learner.actor.save_pretrained(folder / ckpt.ACTOR_FOLDER, safe_serialization=True)
-                self.tokenizer.save_pretrained(folder / ckpt.ACTOR_FOLDER)
-                _copy_processor_config(self.config.model.path, folder / ckpt.ACTOR_FOLDER)
+        save_actor(folder, self.learner.actor, self.peft_actor, self.tokenizer, self.config.model.path)
 
     def restore(self, checkpoint: Path) -> None:
         """Weights not loaded with the actor, optimizers, RNGs, slot counters."""
@@ -425,11 +433,17 @@ class _Run:
 
 
 def _learner(
-    config: VerlogConfig, checkpoint: Path | None, tokenizer: Any, device: torch.device, compute: torch.dtype | None
+    config: VerlogConfig,
+    checkpoint: Path | None,
+    tokenizer: Any,
+    device: torch.device,
+    compute: torch.dtype | None,
+    start: Path | None = None,
 ) -> tuple[Learner, Any]:
     """The models and their optimizers: the actor (from ``checkpoint`` when resuming a full
     fine-tuning; shared with the engine), the critic, the frozen reference; and the actor's
-    ``PeftModel`` (``None`` without LoRA)."""
+    ``PeftModel`` (``None`` without LoRA). ``start``: the checkpoint ``trainer.init_from`` names
+    (``model.path`` is already its policy): its critic, when it saved one, starts the critic."""
     algo = config.algorithm
     where = {"dtype": config.model.dtype, "device": str(device)}
     full_actor_saved = checkpoint is not None and config.actor.lora.rank == 0
@@ -437,6 +451,8 @@ def _learner(
         checkpoint / ckpt.ACTOR_FOLDER if full_actor_saved else config.model.path, lora=config.actor.lora, **where
     )
     critic = load_critic(config.model.path, **where) if get_estimator(algo.estimator).needs_critic else None
+    if critic is not None and start is not None and checkpoint is None and os.path.lexists(start / ckpt.CRITIC_FILE):
+        ckpt.load_critic_weights(critic, start)
     reference = load_reference(config.model.path, **where) if algo.kl_coef > 0 else None
     for model, opts, section in ((actor, config.actor, "actor"), (critic, config.critic, "critic")):
         if model is not None:
@@ -458,7 +474,7 @@ def _learner(
         actor_scaler=grad_scaler(device, compute),
         critic_scaler=grad_scaler(device, compute) if critic else None,
         trunk_depth=_trunk_depth(config, actor, critic),
-        image_inputs=_image_inputs(config, tokenizer),
+        image_inputs=pixel_inputs(config.model.path, tokenizer),
         token_masks=_token_masks(config, tokenizer, actor),
     )
     return learner, peft_actor
@@ -471,32 +487,6 @@ def _token_masks(config: VerlogConfig, tokenizer: Any, actor: Any) -> ResponseMa
         return None
     vocab = actor.get_output_embeddings().weight.shape[0]
     return ResponseMasks(tokenizer, vocab, eos_token_ids(tokenizer, actor))
-
-
-def _copy_processor_config(model_path: str, actor_folder: Path) -> None:
-    """A vision-language model's processor settings, beside the saved actor (its images are
-    then processed as in training wherever the checkpoint is served or evaluated)."""
-    import shutil
-
-    from verlog.models import resolve_model_path
-    from verlog.models.safe_load import PROCESSOR_FILES
-
-    source = resolve_model_path(model_path)
-    for name in PROCESSOR_FILES:
-        if (source / name).is_file():
-            shutil.copyfile(source / name, actor_folder / name)
-
-
-def _image_inputs(config: VerlogConfig, tokenizer: Any) -> Any:
-    """A vision-language model's pixel inputs of a turn's images (its processor's), ``None`` for
-    a text model."""
-    from verlog.llm.prompt import PromptRenderer
-    from verlog.models import load_processor
-
-    processor = load_processor(config.model.path, tokenizer)
-    if processor is None:
-        return None
-    return PromptRenderer(tokenizer, processor=processor).image_inputs
 
 
 class _SlotsAgent:
@@ -577,6 +567,27 @@ def _whole_groups(config: VerlogConfig) -> bool:
     """Whether the slots play whole groups: a group estimator compares ``group_size`` > 1 plays
     of each row (``SlotRunner(whole_groups=True)``)."""
     return config.trainer.group_size > 1 and get_estimator(config.algorithm.estimator).compares_groups
+
+
+def _init_source(config: VerlogConfig) -> Path | None:
+    """The checkpoint ``trainer.init_from`` names (a run folder's latest, or a checkpoint), checked
+    whole; ``model.path`` becomes its policy (so the actor, the critic's backbone, the reference of
+    the KL and the tokenizer are that policy's). ``None`` without ``init_from``."""
+    source = config.trainer.init_from
+    if source is None:
+        return None
+    try:
+        start = ckpt.resolve_checkpoint(Path(source).expanduser())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"trainer.init_from: {exc}") from None
+    ckpt.verify_checkpoint(start)
+    if not os.path.lexists(start / ckpt.ACTOR_FOLDER):
+        raise ConfigError(
+            f"trainer.init_from: {start} holds LoRA adapters, not a full policy; start from their base with the same "
+            "actor.lora settings, or fine-tune without LoRA (actor.train_layers) to start a run from it"
+        )
+    config.model.path = str(start / ckpt.ACTOR_FOLDER)
+    return start
 
 
 def _check_trainable(config: VerlogConfig) -> None:

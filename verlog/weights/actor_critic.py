@@ -19,6 +19,8 @@ __all__ = [
     "load_actor",
     "load_critic",
     "load_reference",
+    "pixel_inputs",
+    "save_actor",
     "train_last_layers",
     "trainable_parameters",
 ]
@@ -136,3 +138,38 @@ def train_last_layers(model: nn.Module, layers: int | None, *, section: str) -> 
 
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
+
+
+def save_actor(folder: Path, actor: nn.Module, peft_actor: Any, tokenizer: Any, model_path: str) -> None:
+    """A checkpoint's policy into ``folder``: the LoRA adapters (``actor_adapter/``) of
+    ``peft_actor``, or the whole ``actor`` as a Hugging Face folder (``actor/``) with its tokenizer
+    and, for a vision-language model, the processor settings of ``model_path`` (its images are then
+    processed as in training wherever the checkpoint is served or evaluated)."""
+    import shutil
+
+    from verlog.models import resolve_model_path
+    from verlog.models.safe_load import PROCESSOR_FILES
+    from verlog.weights.checkpoint import ACTOR_FOLDER, ADAPTER_FOLDER
+
+    with quiet_progress_bars():
+        if peft_actor is not None:
+            peft_actor.save_pretrained(folder / ADAPTER_FOLDER)
+            return
+        actor.save_pretrained(folder / ACTOR_FOLDER, safe_serialization=True)
+        tokenizer.save_pretrained(folder / ACTOR_FOLDER)
+    source = resolve_model_path(model_path)
+    for name in PROCESSOR_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, folder / ACTOR_FOLDER / name)
+
+
+def pixel_inputs(model_path: str, tokenizer: Any) -> Any:
+    """A vision-language model's pixel inputs of a turn's images (its processor's: base64 files ->
+    tensors), ``None`` for a text model."""
+    from verlog.llm.prompt import PromptRenderer
+    from verlog.models import load_processor
+
+    processor = load_processor(model_path, tokenizer)
+    if processor is None:
+        return None
+    return PromptRenderer(tokenizer, processor=processor).image_inputs
