@@ -50,13 +50,13 @@ PICKED = {
 }
 #: core dependencies not carried, and why (what then cannot run)
 LEFT_OUT_DEPENDENCIES = {
-    "wandb": "a 20 MB wheel, with OpenTelemetry's: no wandb files are written (wandb.mode: offline acts "
-    "as disabled); the metrics stay in RUN_DIR/metrics.jsonl",
+    "wandb": "a 20 MB wheel that would take the wheelhouse past 50 MB: no wandb files are written "
+    "(wandb.mode: offline acts as disabled); the metrics stay in RUN_DIR/metrics.jsonl",
 }
 #: the extras not taken: what then cannot run (packages of theirs that the machine has still work)
 LEFT_OUT_EXTRAS = {
-    "envs": "the games other than BabyAI (Crafter, TextWorld, NetHack, MiniHack; large wheels): their "
-    "configs and `verlog play` on them cannot run",
+    "envs": "the games other than BabyAI (Crafter, TextWorld, NetHack, MiniHack), not on the check's path: "
+    "their configs and `verlog play` on them cannot run",
     "verl": "verl's GPU stack (Ray, FSDP, its servers; hundreds of MB): `verlog train --engine verl` cannot run",
     "gpu": "vLLM (GPU stack, hundreds of MB, with a torch of its own): verl's rollouts cannot run",
     "lora": "LoRA adapters (actor.lora.rank > 0) cannot run",
