@@ -1,7 +1,7 @@
 # verlog: the two commands of the README do all set-up on a fresh machine.
 #   make run    - the main job: verlog train configs/quickstart.yaml (embedded engine, CPU)
 #   make test   - the linter (make lint) and the test suite (what CI runs via .ci/run)
-# Other targets: make setup, make test-slow, make bench, make bench-train, make gpu-check.
+# Other targets: make setup, make test-slow, make bench, make bench-train, make gpu-check, make wheelhouse.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -11,7 +11,7 @@ STAMP   = $(VENV)/.verlog-installed
 # pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup run lint test test-slow bench bench-train gpu-check clean
+.PHONY: setup run lint test test-slow bench bench-train gpu-check wheelhouse clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,18 @@ bench-train: $(STAMP)
 # (pip install -e '.[gpu,envs]'); without CUDA it dry-runs, skipping what needs a GPU and saying so
 gpu-check: $(STAMP)
 	$(BIN)/python benchmarks/gpu_check.py
+
+# the wheels verlog's embedded path needs that an air-gapped GPU machine lacks (docs/gpu.md), for
+# its Python and glibc, read from its package list (names, or `pip list --format=freeze` there),
+# into one folder with manifest.json (name, version, sha256), at most 50 MB; what is left out
+# is printed with what then cannot run. There: scripts/offline_gpu_check.sh OUT_DIR
+GPU_PACKAGES ?= ../shared/gpu_image_packages.txt
+WHEELHOUSE   ?= wheelhouse
+WHEEL_PYTHON ?= 3.12
+WHEEL_GLIBC  ?= 2.35
+wheelhouse: $(STAMP)
+	$(BIN)/python scripts/wheelhouse.py build --packages "$(GPU_PACKAGES)" --dest "$(WHEELHOUSE)" \
+		--python-version $(WHEEL_PYTHON) --glibc $(WHEEL_GLIBC)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
