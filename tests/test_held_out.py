@@ -44,7 +44,7 @@ def test_babyai_training_levels_never_hold_a_held_out_levels_content(task):
     from verlog.envs.babyai.env import HELD_OUT_SEED_START
 
     assert HELD_OUT_SEED_START == EvalConfig().seed  # the game's held-out seeds are verlog's evaluation seeds
-    env = make_env(f"babyai:{task}", protocol="balrog")
+    env = make_env(f"babyai:{task}", protocol="balrog", held_out_share=HELD_OUT_SHARE)
     train = set(_contents(env, range(1500), lambda e: e.level_content()))
     held = _contents(env, range(HELD_OUT_SEED_START, HELD_OUT_SEED_START + 128), lambda e: e.level_content())
     assert not train & set(held)
@@ -58,6 +58,18 @@ def test_babyai_training_levels_never_hold_a_held_out_levels_content(task):
         for c in _contents(plain, range(HELD_OUT_SEED_START, HELD_OUT_SEED_START + 128), lambda e: e.level_content())
     )
     assert repeats > 100  # split by seed alone, nearly every "held-out" go-to level is a training level
+
+
+def test_balrogs_protocol_keeps_balrogs_level_of_each_seed_unless_a_share_is_given():
+    """Under ``protocol="balrog"`` a seed plays BALROG's own level of that seed (its recorded
+    episodes are reproduced seed for seed); verlog's protocol, or a share given, splits by content."""
+    balrog = make_env("babyai:goto", protocol="balrog")
+    plain = make_env("babyai:goto", protocol="balrog", held_out_share=0)
+    split = make_env("babyai:goto", protocol="balrog", held_out_share=HELD_OUT_SHARE)
+    assert balrog.held_out_share == 0 and make_env("babyai:goto").held_out_share == HELD_OUT_SHARE
+    seeds = range(40)
+    assert _contents(balrog, seeds, lambda e: e.level_content()) == _contents(plain, seeds, lambda e: e.level_content())
+    assert _contents(split, seeds, lambda e: e.level_content()) != _contents(plain, seeds, lambda e: e.level_content())
 
 
 def test_a_level_is_drawn_again_only_when_its_content_is_on_the_other_side():

@@ -482,7 +482,10 @@ class BabyAITextEnv(TextEnv):
     same random stream, so a seeded env always plays the same sequence of episodes. A seed from
     :data:`HELD_OUT_SEED_START` (verlog's evaluation seeds) plays a level whose content (mission,
     objects, doors, walls) is in the held-out share ``held_out_share`` of all contents, a seed below
-    it one outside (:mod:`verlog.envs.held_out`): training never plays an evaluation level.
+    it one outside (:mod:`verlog.envs.held_out`): training never plays an evaluation level. With
+    ``protocol="balrog"`` the share is 0 unless given: each seed then plays BALROG's own level of that
+    seed (its episodes are reproduced seed for seed); give ``held_out_share`` (e.g. 0.25) to train on
+    BALROG's levels and evaluate on contents training never saw.
     ``level`` is the underlying minigrid environment (for oracles such as ``BabyAIBotAgent``).
     """
 
@@ -499,9 +502,11 @@ class BabyAITextEnv(TextEnv):
         layout: str = "local",
         default_action: str | None = None,
         protocol: str = "verlog",
-        held_out_share: float = HELD_OUT_SHARE,
+        held_out_share: float | None = None,
     ) -> None:
         check_protocol(protocol)
+        if held_out_share is None:  # BALROG's seeds play BALROG's levels; verlog's split by content
+            held_out_share = 0.0 if protocol == "balrog" else HELD_OUT_SHARE
         if not (isinstance(held_out_share, (int, float)) and 0 <= held_out_share < 1):
             raise ValueError(
                 f"held_out_share={held_out_share!r}: a number in [0, 1), the share of level contents kept for "
