@@ -40,6 +40,7 @@ USER_ERRORS = (
     ("verlog.rollout.slots", "SlotFailureError"),
     ("verlog.models.safe_load", "CheckpointError"),
     ("verlog.evaluation.runner", "EvalError"),
+    ("verlog.algo.estimators.registry", "EstimatorInputError"),
 )
 
 
