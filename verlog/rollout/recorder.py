@@ -56,7 +56,7 @@ from verlog.llm.metadata import SamplingMetadata, TokenMetadata, has_tokens
 from verlog.rollout.events import REWARD_EVENT, DirectListener, RewardPayload
 from verlog.rollout.turn import Episode, EpisodeStatus, Turn
 
-__all__ = ["NO_TRAIN_TAG", "RenderPrompt", "TurnRecorder", "recording"]
+__all__ = ["NO_TRAIN_TAG", "RenderPrompt", "TurnRecorder", "active_recorder", "recording"]
 
 #: the LangChain tag that keeps a model call out of training: ``model.with_config(tags=[NO_TRAIN_TAG])``
 NO_TRAIN_TAG = "verlog:no_train"
@@ -121,6 +121,11 @@ def recording(recorder: "TurnRecorder | None") -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
+def active_recorder() -> "TurnRecorder | None":
+    """The recorder of the episode running in this context (``None`` outside :func:`recording`)."""
+    return _ACTIVE.get()
+
+
 class TurnRecorder(BaseCallbackHandler, DirectListener):
     """Records the turns of one episode.
 
@@ -158,7 +163,10 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
         self.discarded: list[Turn] = []
         #: chat-model calls started, trained or not
         self.model_calls = 0
+        #: calls not trained though not kept out: another chat model's (no token data), or made
+        #: outside the episode's context (``verlog.rollout.outside_calls``)
         self.uncaptured_calls = 0
+        self._seen: set[UUID] = set()  # every chat-model call this recorder saw start
         self.unassigned_reward = 0.0
         self._started = 0
         #: training calls under way: (start order, node, kept messages, offered tools, lineage)
@@ -347,6 +355,7 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
         """Note a call's start; returns its turn index, ``None`` for a call kept out of training."""
         with self._lock:
             self.model_calls += 1
+            self._seen.add(run_id)
             if tags and NO_TRAIN_TAG in tags:
                 return None
             node = (metadata or {}).get("langgraph_node")
@@ -403,6 +412,17 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
             if self.render_prompt is not None:
                 self._tools = {id(turn): tools}  # only the latest call's tools can be needed
             return True, turn
+
+    def count_outside_call(self, run_id: UUID) -> bool:
+        """A chat-model call of this episode was made outside its context (a function a node handed
+        to ``loop.run_in_executor``): count it as uncaptured unless this recorder saw it itself (the
+        function passed the node's config). Returns whether it was counted."""
+        with self._lock:
+            if run_id in self._seen:
+                return False
+            self.model_calls += 1
+            self.uncaptured_calls += 1
+            return True
 
     # ------------------------------------------------------------------ result
     def episode(self, status: EpisodeStatus = "ok", *, error: str | None = None, output: Any = None) -> Episode:
