@@ -7,7 +7,10 @@ it is being recorded. While :func:`recording` is in effect (``run_episode`` uses
 also joins every callback manager LangChain configures in that context, so a call made with its
 own ``config={"callbacks": [...]}`` (which replaces the run's callbacks) is still recorded.
 
-* Turn order is the order in which calls *started*.
+* Turn order is the order in which calls *started*: a turn's ``turn_index`` is its call's place
+  among the episode's training calls, given when the call starts and never changed, so no two
+  turns of an episode share one, whichever batches they are trained in (a discarded or failed
+  call leaves its number unused).
 * A call becomes a turn when its ``AIMessage`` carries verlog's token data (``prompt_ids``,
   ``response_ids``, ``logprobs``); calls of other chat models are counted as uncaptured.
 * A call tagged :data:`NO_TRAIN_TAG` (``model.with_config(tags=[NO_TRAIN_TAG])``, e.g. a judge
@@ -431,10 +434,8 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
         A graph that reached its end without the environment saying so ends its last turn as
         ``terminated``: the run is over, nothing follows to bootstrap from.
         """
-        with self._lock:
+        with self._lock:  # (never renumbered: a turn may be trained already, under its number)
             turns = sorted(self.turns, key=lambda t: t.turn_index)
-        for i, turn in enumerate(turns):  # dense indices even if a call failed midway
-            turn.turn_index = i
         if status == "ok" and turns and not turns[-1].done:
             turns[-1].terminated = True
         return Episode(
