@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 from verlog.config import ConfigError, DataSourceConfig
 
-__all__ = ["DataError", "Rows", "read_rows", "row_digest"]
+__all__ = ["DataError", "Rows", "read_rows", "row_digest", "source_files"]
 
 #: file suffixes and the ``datasets`` builder that reads them
 _SUFFIX_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -55,6 +55,12 @@ class Rows:
 def row_digest(row: dict[str, Any]) -> str:
     """A digest of a row's content (the same row in two splits has the same digest)."""
     return hashlib.sha1(json.dumps(row, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def source_files(source: DataSourceConfig) -> list[str]:
+    """The files a split names: its path, or the files its glob matches, in name order (a
+    datasets folder is its path)."""
+    return sorted(glob.glob(source.path)) if any(c in source.path for c in "*?[") else [source.path]
 
 
 def _format(source: DataSourceConfig, split: str) -> str:
@@ -104,7 +110,7 @@ def read_rows(source: DataSourceConfig, split: str) -> Rows:
                 raise DataError(f"data.{split}.split: {source.path!r} holds one dataset, not splits; remove the key")
             dataset = loaded
     else:
-        files = sorted(glob.glob(source.path)) if any(c in source.path for c in "*?[") else [source.path]
+        files = source_files(source)
         missing = [f for f in files if not Path(f).is_file()]
         if not files or missing:
             raise DataError(f"{where}: no such file {(missing or [source.path])[0]!r}")
