@@ -129,6 +129,9 @@ BAD_FEEDBACK = [
     ({"episode_id": "e\x00", "reward": 1}, "episode_id"),
     ({"episode_id": "", "reward": 1}, "episode_id"),
     ({"episode_id": "x" * 257, "reward": 1}, "episode_id"),
+    ({"episode_id": "e1"}, "reward"),  # an outcome without a reward would be trained as 0
+    ({"episode_id": "e1", "reward": None, "success": True}, "reward"),
+    ({"episode_id": "e1", "turn": 0}, "reward"),
 ]
 
 
@@ -159,6 +162,10 @@ async def test_bad_feedback_is_a_400_naming_the_field_and_changes_nothing(engine
     assert recorder.store.episode("e1").reward == -REWARD_MAX_ABS
     with pytest.raises(ValueError, match="reward must be a finite number"):
         recorder.store.add_feedback("e1", float("nan"))  # the Python call holds the same rule
+    with pytest.raises(ValueError, match="feedback needs a reward"):
+        recorder.store.add_feedback("e1", None, success=False)  # type: ignore[arg-type]
+    record = recorder.store.episode("e1")
+    assert (record.reward, record.success) == (-REWARD_MAX_ABS, None)  # the stored outcome is untouched
 
 
 def _raw_request(port: int, headers: list[tuple[str, str]]) -> int:
