@@ -43,6 +43,14 @@ def _nan_model(model):
     return broken
 
 
+def _huge_model(model):
+    """One tensor overwritten with 3e38 (the tiny model's tied embeddings): finite logits, all equal."""
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.get_input_embeddings().weight.fill_(3e38)
+    return broken
+
+
 async def _post(
     session: aiohttp.ClientSession, url: str, body: dict | str | None = None, key: str | None = None
 ) -> tuple[int, dict]:
@@ -206,17 +214,22 @@ async def test_too_many_or_too_large_headers_are_a_431(engine, tiny_tokenizer):
         assert not any(code >= 500 for code in server.responses), server.responses
 
 
-async def test_nan_weights_are_refused_at_start_and_by_reload(tiny_model, tiny_tokenizer, engine):
-    nan_engine = EmbeddedEngine(_nan_model(tiny_model), tiny_tokenizer, seed=0)
+@pytest.mark.parametrize(
+    ("broken", "says"), [(_nan_model, "NaN"), (_huge_model, "constant logits")], ids=["nan", "uniform"]
+)
+async def test_unservable_weights_are_refused_at_start_and_by_reload(tiny_model, tiny_tokenizer, engine, broken, says):
+    """Weights that cannot answer (NaN), and weights whose logits are all equal (a tensor set to
+    3e38: every logprob finite, every token equally likely), are refused at start and by reload."""
+    nan_engine = EmbeddedEngine(broken(tiny_model), tiny_tokenizer, seed=0)
     server = OpenAIServer(nan_engine, tiny_tokenizer, model_name="tiny", check_at_start=True)
-    with pytest.raises(UnservableModelError, match="model version 'tiny'"):
+    with pytest.raises(UnservableModelError, match=f"model version 'tiny' .*{says}"):
         await server.start()
     await server.stop()
 
     closed = []
 
     def reloader():
-        fresh = EmbeddedEngine(_nan_model(tiny_model), tiny_tokenizer, seed=0)
+        fresh = EmbeddedEngine(broken(tiny_model), tiny_tokenizer, seed=0)
         closed.append(fresh)
         return fresh, tiny_tokenizer, "nan-version"
 
