@@ -501,3 +501,53 @@ def test_constrained_turns_train_on_the_distribution_they_were_sampled_from(tmp_
     whole = metrics_rows(run_dir)
     assert all("masked_turns" not in r for r in whole)
     assert all(r["rollout_logprob_gap"] > 100 * m["rollout_logprob_gap"] for r, m in zip(whole, masked))
+
+
+# ---------------------------------------------------------------------- calls outside the episode's context
+
+EXECUTOR_CALL = ROOT / "tests" / "graphs" / "executor_call.py"
+
+
+def executor_call_config(tmp_path: Path, style: str) -> tuple[Path, Path]:
+    """``any_call_config``'s run on ``tests/graphs/executor_call.py`` in ``style``: 2 updates of
+    4 slots x 4 turns, no evaluation."""
+    import yaml
+
+    path, run_dir = any_call_config(tmp_path, style)
+    config = yaml.safe_load(path.read_text())
+    config["multi_turn"]["langgraph"] |= {"path": str(EXECUTOR_CALL), "graph_kwargs": {"style": style}}
+    config["trainer"] |= {"total_updates": 2, "eval_every": 0}
+    path.write_text(yaml.safe_dump(config))
+    return path, run_dir
+
+
+@pytest.mark.parametrize(("style", "outside"), [("executor", 1), ("to_thread", 0), ("config", 0)])
+def test_a_call_handed_to_run_in_executor_is_counted_and_warned_of_in_rollout(tmp_path, recwarn, style, outside):
+    """``verlog rollout``: each step's ``loop.run_in_executor(None, model.invoke, ...)`` is answered
+    but not a turn, and counted as uncaptured with a warning naming the node and the fixes; with
+    ``asyncio.to_thread`` or the node's config passed, the same call is a turn."""
+    config, _ = executor_call_config(tmp_path, style)
+    out = tmp_path / "episodes.json"
+    assert main(["rollout", str(config), "--episodes", "2", "--json", str(out)]) == 0
+    for episode in json.loads(out.read_text()):
+        assert episode["status"] == "ok"
+        assert (episode["uncaptured_calls"], episode["model_calls"]) == (2 * outside, 4)
+        assert len(episode["turns"]) == 4 - 2 * outside
+        assert len({t["turn_index"] for t in episode["turns"]}) == len(episode["turns"])
+    said = [str(w.message) for w in recwarn if "outside its episode's context" in str(w.message)]
+    if outside:
+        assert said and "node 'policy'" in said[0] and "asyncio.to_thread" in said[0] and "config" in said[0]
+    else:
+        assert not said
+
+
+def test_a_call_handed_to_run_in_executor_is_counted_in_training(tmp_path):
+    """``verlog train`` (each slot's graph on a loop of its own): the executor's calls are the
+    batches' ``uncaptured_calls``, one per step; the ``ainvoke`` calls train."""
+    config, run_dir = executor_call_config(tmp_path, "executor")
+    assert main(["train", str(config)]) == 0
+    updates = metrics_rows(run_dir)
+    assert [r["update"] for r in updates] == [1, 2]
+    assert all(r["failed_episodes"] == 0 for r in updates)
+    ended = [r for r in updates if r["episodes"] > 0]
+    assert ended and all(r["uncaptured_calls"] == 2 * r["episodes"] for r in ended)

@@ -32,7 +32,8 @@ from verlog.serve import openai_server
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "cue_corridor.yaml")
 LOADERS = ("serve-model", "eval", "resume")
-#: the loaders that read a checkpoint's tokenizer (training keeps model.path's)
+#: the loaders that take a checkpoint's model to play with (a resume continues a run folder; it
+#: trains with model.path's tokenizer, yet checks the checkpoint's, which the run is served with)
 SERVING = ("serve-model", "eval")
 #: tamperings only this run's models can tell (the critic's and adapters' shapes against the
 #: base model, the slots' counters): a resume finds them once the checkpoint is known to be the
@@ -206,20 +207,30 @@ TAMPERINGS: list[tuple[str, str, tuple[str, ...], str, Callable[[Path, Path, Pat
             os.mkfifo(c / "actor" / "tokenizer_config.json"),
         ),
     ),
-    ("tokenizer not a tokenizer", "full", SERVING, "tokenizer.json", _write("actor/tokenizer.json", '{"version": 7}')),
+    ("tokenizer not a tokenizer", "full", LOADERS, "tokenizer.json", _write("actor/tokenizer.json", '{"version": 7}')),
     (
         "chat template that does not parse",
         "full",
-        SERVING,
+        LOADERS,
         "chat_template.jinja",
         _write("actor/chat_template.jinja", "{% if messages %}{{ messages[0]"),
     ),
     (
         "chat template that raises",
         "full",
-        SERVING,
+        LOADERS,
         "chat_template.jinja",
         _write("actor/chat_template.jinja", "{{ raise_exception('no') }}"),
+    ),
+    (
+        "chat template escaping the sandbox",
+        "full",
+        LOADERS,
+        "chat_template.jinja",
+        _write(
+            "actor/chat_template.jinja",
+            "{{ cycler.__init__.__globals__.os.system('touch ' ~ messages[0]['content']) }}{{ messages[0]['content'] }}",
+        ),
     ),
     (
         "weights linked to another model outside",

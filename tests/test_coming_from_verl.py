@@ -103,6 +103,41 @@ async def test_verls_own_default_compute_score_scores_gsm8k_rows_read_from_parqu
     assert (await function(verl_trajectory("#### 8", row))).reward == 0.0
 
 
+#: a reward function of verl's shape that hands its ``**kwargs`` on, as verl's own do: only what
+#: verl passes (its four arguments and reward_kwargs) may reach it
+FORWARDING_SCORE = """
+def strict(solution_str, ground_truth, bonus=0.0):
+    return float(solution_str.strip().endswith(ground_truth)) + bonus
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    assert data_source == "openai/gsm8k" and extra_info["split"] == "train"
+    return strict(solution_str, ground_truth, **kwargs)
+"""
+
+
+def test_a_verl_function_with_kwargs_gets_only_verls_arguments_and_reward_kwargs(verl_user, capsys):
+    """``verlog rollout`` on the docs' embedded config with verl's default_compute_score's shape
+    (``**kwargs`` handed on to a function that takes only verl's arguments): every episode is
+    scored, with the reward_kwargs, none fails on a verlog argument (prompt, row...)."""
+    from verlog.cli import main
+
+    (verl_user / "my_reward.py").write_text(FORWARDING_SCORE)
+    config = verl_user / "verl_gsm8k_embedded.yaml"
+    config.write_text(doc_blocks(DOC.name, "yaml")[1])
+    out = verl_user / "episodes.json"
+    overrides = [
+        "model.path=tiny",
+        "sampling.max_tokens=4",
+        "custom_reward_function.reward_kwargs={bonus: 0.5}",
+        "multi_turn.langgraph.graph_config={recursion_limit: 4}",
+    ]
+    assert main(["rollout", str(config), *overrides, "--episodes", "3", "--json", str(out)]) == 0
+    episodes = json.loads(out.read_text())
+    assert [e["status"] for e in episodes] == ["ok"] * 3, [e["error"] for e in episodes]
+    assert all(sum(t["reward"] for t in e["turns"]) in (0.5, 1.5) for e in episodes)
+
+
 def test_verls_signature_without_a_ground_truth_is_refused_naming_where_verl_reads_it(tmp_path):
     path = tmp_path / "r.py"
     path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")

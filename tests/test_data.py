@@ -4,6 +4,7 @@ graph inputs, shuffled epochs, and the errors a user's mistakes get."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,52 @@ def test_config_paths_resolve_from_the_config_folder(tmp_path, monkeypatch):
     assert Path(config.data.train.path).resolve() == ROOT / "data" / "calculator" / "train.jsonl"
     assert Path(config.reward.functions[0].function.rpartition(":")[0]).is_file()
     assert DataConfig.model_validate({"train": "x.jsonl"}).train.path == "x.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            'prompt,answer\n"What is 1 + 1?",2\nWhat is 2, 2?,4\n',
+            r":3: 3 fields, but the header names 2 \(prompt, answer\)",
+        ),
+        ('prompt,answer\nWhat is 1 + 1?,2\n"What is 2 + 2?,4\nlast,5\n', r":3: a quoted field is never closed"),
+        (b"prompt,answer\nWhat is 1 + 1?,2\nWhat is \xe9?,3\n", r":3: not UTF-8 text \(byte 0xe9\)"),
+    ],
+    ids=["fields", "quote", "encoding"],
+)
+def test_a_csv_file_that_cannot_be_read_names_the_file_line_and_cause(tmp_path, capsys, text, problem):
+    """``verlog rollout`` on rows from a broken CSV file: one ``error:`` line naming the split, the
+    file, the line and what is wrong with it."""
+    from verlog.cli import main
+
+    rows = tmp_path / "rows.csv"
+    rows.write_bytes(text if isinstance(text, bytes) else text.encode())
+    config = ROOT / "configs" / "calculator.yaml"
+    assert main(["rollout", str(config), "model.path=tiny", f"data.train={rows}", "--episodes", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: data.train.path: {str(rows)!r} could not be read as csv: {rows}")
+    assert re.search(problem, err), err
+
+
+def test_eval_on_a_config_with_validation_rows_alone_plays_them_and_says_so(tmp_path, capsys):
+    """``verlog eval`` on a config whose only evaluation split is validation: its rows are played
+    (the default split, test, has no file), and the console says which split it played; a split
+    asked for by name (``--split test``) that has no file is still refused in one line."""
+    from verlog.cli import main
+
+    rows = write_jsonl(tmp_path / "validation.jsonl", [{"prompt": f"What is {i} + 1?"} for i in range(2)])
+    config = tmp_path / "only_validation.yaml"
+    config.write_text(
+        f"model: {{path: tiny}}\nmulti_turn:\n  langgraph: {{path: {ROOT / 'graphs' / 'calculator.py'}}}\n"
+        f"data:\n  validation: {rows}\nsampling: {{max_tokens: 4}}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["eval", str(config), "--out", str(out), "--no-chart"]) == 0
+    said = capsys.readouterr().out
+    assert "data.test is not set: playing the rows of data.validation" in " ".join(said.split())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"]["calculator"]["split"] == "validation"
+    assert main(["eval", str(config), "--split", "test", "--out", str(out), "--no-chart"]) == 2
+    assert "data.test is not set" in capsys.readouterr().err

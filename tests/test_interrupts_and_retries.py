@@ -382,3 +382,39 @@ def test_a_join_graph_trains_with_every_join_reward_on_a_trained_turn(tmp_path):
     rows = update_rows(run_dir)
     assert [r["update"] for r in rows] == [1, 2]
     assert all(r["failed_episodes"] == 0 and r["turn_reward"] == pytest.approx(1 / 3) for r in rows)
+
+
+async def test_turn_numbers_stay_unique_when_a_discarded_call_was_already_trained(tiny_tokenizer):
+    """A node attempt makes two calls and raises: with one turn per batch its first call is cut
+    into a batch before the attempt raises (that turn stays trained), the second gives its place
+    back, and the retry's calls follow. No (episode, turn index) names two turns across the
+    batches, and each turn keeps the number it was trained under."""
+    from verlog.graph_file import load_graph_file
+    from verlog.llm import VerlogChatModel
+    from verlog.rollout.slots import SlotRunner
+    from verlog.testing.scripted_engine import ScriptedEngine
+
+    graph_file = load_graph_file(RETRY_JOIN)
+    engine = ScriptedEngine(tiny_tokenizer, ["go"])
+    runner = SlotRunner(
+        engine,
+        lambda gated: graph_file.build(
+            VerlogChatModel(engine=gated, tokenizer=tiny_tokenizer, max_tokens=2), style="retry_policy", calls=2
+        ),
+        graph_file.episode_input,
+        num_envs=1,
+        turns_per_env=1,
+        graph_config={"recursion_limit": 50},
+        seed=0,
+    )
+    cut = []  # each turn trained, with its number when its batch was cut
+    try:
+        for _ in range(10):
+            cut += [(t, t.turn_index) for t in (await runner.collect()).flat_turns()]
+    finally:
+        await runner.aclose()
+    trained = [(t.episode_id, t.turn_index) for t, _ in cut]
+    assert len(set(trained)) == len(trained), trained
+    assert all(t.turn_index == number for t, number in cut)  # never renumbered after it was trained
+    first = trained[0][0]
+    assert [i for e, i in trained if e == first][:2] == [0, 2]  # the discarded call 1 left its number

@@ -166,3 +166,66 @@ async def test_evaluation_counts_the_agents_calls_not_a_judges():
     recorder = ScoreRecorder("ep")
     episode = await run_episode(graph.compile(), {"messages": [HumanMessage("6 * 7?")]}, recorder=recorder)
     assert not episode.failed and recorder.model_calls == 1
+
+
+@pytest.fixture
+def garbage_judge():
+    """An OpenAI-compatible endpoint (the scripted one, on a loop of its own) answering garbage."""
+    import asyncio
+    import threading
+
+    from scripted_endpoint import ScriptedChatServer
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = ScriptedChatServer(default=lambda body: "Great job, 10/10!")
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
+    yield server
+    asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+@pytest.mark.timeout(300)
+def test_verlog_train_stops_at_the_judges_max_consecutive_failures(tmp_path, garbage_judge, capsys):
+    """A judge endpoint answering garbage: training stops with one error line once its 3rd verdict
+    in a row failed (the judge's own max_consecutive_failures), not when slots have failed their
+    own limit of episodes; the judge was asked little more than 3 times (the verdicts under way
+    when it stopped)."""
+    rows = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(12)]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    judge = {
+        "kind": "rubric",
+        "endpoint": {"base_url": garbage_judge.base_url, "model": "judge-model"},
+        "retries": 0,
+        "cache": False,
+        "max_consecutive_failures": 3,
+    }
+    args = [
+        f"data.train={train}",
+        "data.validation=null",
+        "data.test=null",
+        "reward.functions=[]",
+        f"reward.judges=[{json.dumps(judge)}]",
+        f"trainer.run_dir={tmp_path / 'run'}",
+        "trainer.total_updates=2",
+        "trainer.num_envs=2",
+        "trainer.group_size=1",
+        "trainer.turns_per_env=2",
+        "trainer.torch_threads=1",
+        "trainer.max_consecutive_failures=100",
+        "sampling.max_tokens=4",
+        "multi_turn.langgraph.graph_config={recursion_limit: 4}",
+        "eval.at_start=false",
+        "eval.at_end=false",
+        "wandb.mode=disabled",
+        "algorithm.mini_batch_turns=4",
+        "algorithm.estimator=reinforce_pp",
+    ]
+    assert main(["train", str(ROOT / "configs" / "calculator.yaml"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: reward.judges[0] (judge_rubric): 3 verdicts in a row failed"), err
+    assert len(err.splitlines()) == 1
+    assert 3 <= len(garbage_judge.requests) <= 3 + 2  # the two slots' verdicts under way at most

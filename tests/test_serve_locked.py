@@ -43,6 +43,14 @@ def _nan_model(model):
     return broken
 
 
+def _huge_model(model):
+    """One tensor overwritten with 3e38 (the tiny model's tied embeddings): finite logits, all equal."""
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.get_input_embeddings().weight.fill_(3e38)
+    return broken
+
+
 async def _post(
     session: aiohttp.ClientSession, url: str, body: dict | str | None = None, key: str | None = None
 ) -> tuple[int, dict]:
@@ -129,6 +137,9 @@ BAD_FEEDBACK = [
     ({"episode_id": "e\x00", "reward": 1}, "episode_id"),
     ({"episode_id": "", "reward": 1}, "episode_id"),
     ({"episode_id": "x" * 257, "reward": 1}, "episode_id"),
+    ({"episode_id": "e1"}, "reward"),  # an outcome without a reward would be trained as 0
+    ({"episode_id": "e1", "reward": None, "success": True}, "reward"),
+    ({"episode_id": "e1", "turn": 0}, "reward"),
 ]
 
 
@@ -159,17 +170,28 @@ async def test_bad_feedback_is_a_400_naming_the_field_and_changes_nothing(engine
     assert recorder.store.episode("e1").reward == -REWARD_MAX_ABS
     with pytest.raises(ValueError, match="reward must be a finite number"):
         recorder.store.add_feedback("e1", float("nan"))  # the Python call holds the same rule
+    with pytest.raises(ValueError, match="feedback needs a reward"):
+        recorder.store.add_feedback("e1", None, success=False)  # type: ignore[arg-type]
+    record = recorder.store.episode("e1")
+    assert (record.reward, record.success) == (-REWARD_MAX_ABS, None)  # the stored outcome is untouched
 
 
 def _raw_request(port: int, headers: list[tuple[str, str]]) -> int:
-    """The status of a GET /v1/models carrying ``headers`` (sent as they are, on a socket)."""
+    """The status of a GET /v1/models carrying ``headers`` (sent as they are, on a socket; the
+    server may answer and hang up before it has read them all)."""
     lines = ["GET /v1/models HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close"]
     lines += [f"{k}: {v}" for k, v in headers]
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        try:
+            sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        except (BrokenPipeError, ConnectionResetError):  # answered and closed before the rest was read
+            pass
         data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except ConnectionResetError:
+            pass
     return int(data.split(b" ", 2)[1])
 
 
@@ -182,23 +204,32 @@ async def test_too_many_or_too_large_headers_are_a_431(engine, tiny_tokenizer):
         assert await asyncio.to_thread(_raw_request, port, flood) == 431
         assert await asyncio.to_thread(_raw_request, port, [(f"X-N-{i}", "1") for i in range(101)]) == 431
         assert await asyncio.to_thread(_raw_request, port, [("X-Big", "b" * 8000)] * 5) == 431  # 40 kB > 32 KiB
+        # ...and those aiohttp's own HTTP parser refuses before the server sees them: 431 too
+        assert await asyncio.to_thread(_raw_request, port, [("X-Huge", "h" * (64 << 10))]) == 431  # one 64 kB line
+        assert await asyncio.to_thread(_raw_request, port, [(f"X-N-{i}", "1") for i in range(1000)]) == 431
+        assert await asyncio.to_thread(_raw_request, port, [("X-Huge", "h" * (1 << 20))]) == 431  # 1 MB
         assert await asyncio.to_thread(_raw_request, port, [(f"X-N-{i}", "1") for i in range(50)]) == 200
         oai = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
         assert (await oai.chat.completions.create(model="tiny", messages=HI, max_tokens=2)).choices
         assert not any(code >= 500 for code in server.responses), server.responses
 
 
-async def test_nan_weights_are_refused_at_start_and_by_reload(tiny_model, tiny_tokenizer, engine):
-    nan_engine = EmbeddedEngine(_nan_model(tiny_model), tiny_tokenizer, seed=0)
+@pytest.mark.parametrize(
+    ("broken", "says"), [(_nan_model, "NaN"), (_huge_model, "constant logits")], ids=["nan", "uniform"]
+)
+async def test_unservable_weights_are_refused_at_start_and_by_reload(tiny_model, tiny_tokenizer, engine, broken, says):
+    """Weights that cannot answer (NaN), and weights whose logits are all equal (a tensor set to
+    3e38: every logprob finite, every token equally likely), are refused at start and by reload."""
+    nan_engine = EmbeddedEngine(broken(tiny_model), tiny_tokenizer, seed=0)
     server = OpenAIServer(nan_engine, tiny_tokenizer, model_name="tiny", check_at_start=True)
-    with pytest.raises(UnservableModelError, match="model version 'tiny'"):
+    with pytest.raises(UnservableModelError, match=f"model version 'tiny' .*{says}"):
         await server.start()
     await server.stop()
 
     closed = []
 
     def reloader():
-        fresh = EmbeddedEngine(_nan_model(tiny_model), tiny_tokenizer, seed=0)
+        fresh = EmbeddedEngine(broken(tiny_model), tiny_tokenizer, seed=0)
         closed.append(fresh)
         return fresh, tiny_tokenizer, "nan-version"
 

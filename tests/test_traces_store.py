@@ -92,7 +92,7 @@ def test_feedback_on_episodes_and_turns(store_target):
             store.add_feedback(episode, 1.0, turn_index=5)
         with pytest.raises(ValueError, match="reward must be a number"):
             store.add_feedback(episode, "good")  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="turn feedback needs a reward"):
+        with pytest.raises(ValueError, match="feedback needs a reward"):
             store.add_feedback(episode, None, turn_index=0)
 
 

@@ -260,3 +260,29 @@ def test_a_killed_run_resumed_plays_every_row_once_per_epoch(tmp_path, estimator
     assert scored == expected  # every completed task scored once per play: none skipped by the kill, none twice
     first_epoch = [order.row_index(slot_seed(0, j, g, groups)) for g in range(groups) for j in range(12 // groups)]
     assert sorted(first_epoch) == list(range(12))  # ... and the first rounds of the groups are the 12 rows
+
+
+def test_resume_with_a_changed_data_file_is_refused_in_one_line(project, tmp_path, capsys):
+    """``--resume`` after the training file was edited (one row changed, the size the same) is one ``error:`` line naming the split, the file and what changed, the run folder
+    untouched; the same rows moved to another path resume."""
+    run_dir = tmp_path / "run"
+    config = str(ROOT / "configs" / "calculator.yaml")
+    base = settings(
+        project, run_dir, "prebuilt_react_agent.py", "trainer.save_every=1", "eval.at_end=false", "trainer.num_envs=4"
+    )
+    assert main(["train", config, *base, "trainer.total_updates=1"]) == 0
+    capsys.readouterr()
+    original = project["train"].read_text()
+    project["train"].write_text(original.replace("What is 7 + 8?", "What is 7 + 9?"))
+    saved = (run_dir / "config.yaml").read_text()
+    assert main(["train", config, *base, "trainer.total_updates=2", "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: data.train: changed since the run in {str(run_dir)!r} began: ")
+    assert repr(str(project["train"])) in err and "sha256" in err and "restore the file" in err
+    assert (run_dir / "config.yaml").read_text() == saved and not (run_dir / "checkpoints" / "update_000002").exists()
+    moved = tmp_path / "moved" / "train.jsonl"
+    moved.parent.mkdir()
+    moved.write_text(original)
+    assert main(["train", config, *base, f"data.train={moved}", "trainer.total_updates=2", "--resume"]) == 0
+    assert [u["update"] for u in updates_of(run_dir)] == [1, 2]

@@ -41,6 +41,7 @@ USER_ERRORS = (
     ("verlog.rollout.slots", "SlotFailureError"),
     ("verlog.models.safe_load", "CheckpointError"),
     ("verlog.evaluation.runner", "EvalError"),
+    ("verlog.algo.estimators.registry", "EstimatorInputError"),
 )
 
 
@@ -140,7 +141,7 @@ def _print_episode(episode: Episode, tokenizer: Any, *, show_messages: bool) -> 
         f"[{colour}]episode {episode.episode_id}: {episode.status}[/] · {len(episode.turns)} turns · "
         f"return {episode.total_reward:.2f} · {episode.seconds:.1f} s"
         + (
-            f" · [yellow]{episode.uncaptured_calls} model calls not captured (no verlog token data)[/]"
+            f" · [yellow]{episode.uncaptured_calls} model calls not captured (no verlog token data, or made outside the episode's context)[/]"
             if episode.uncaptured_calls
             else ""
         )

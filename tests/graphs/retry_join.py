@@ -2,8 +2,8 @@
 
 ``style``:
 
-* ``retry_policy``: the policy node calls the model, then raises the first time it runs in each
-  step; its ``RetryPolicy`` runs it again (the first attempt's call is discarded).
+* ``retry_policy``: the policy node calls the model (``calls`` times), then raises the first time
+  it runs in each step; its ``RetryPolicy`` runs it again (the first attempt's calls are discarded).
 * ``with_retry``: ``(model | parser).with_retry()`` whose parser fails once (the first call is
   discarded).
 * ``with_fallbacks``: ``(model | parser)`` whose parser always fails, with the bare model as its
@@ -62,7 +62,9 @@ def make_input(seed: int) -> dict[str, Any]:
     return {"step": 0, "branch": -1, "answers": [], "pause": seed % 2 == 1}
 
 
-def build_graph(model, style: str = "retry_policy", steps: int = 2, branches: int = 3, max_tokens: int = 8):
+def build_graph(
+    model, style: str = "retry_policy", steps: int = 2, branches: int = 3, max_tokens: int = 8, calls: int = 1
+):
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, got {style!r}")
     policy_model = model.bind(max_tokens=max_tokens)
@@ -73,7 +75,8 @@ def build_graph(model, style: str = "retry_policy", steps: int = 2, branches: in
         if style == "pause":
             answer = await policy_model.ainvoke(prompt)
         elif style == "retry_policy":
-            answer = await policy_model.ainvoke(prompt)
+            for _ in range(calls):
+                answer = await policy_model.ainvoke(prompt)
             key = (config["configurable"]["thread_id"], state["step"])
             if key not in raised:
                 raised.add(key)

@@ -3,6 +3,7 @@
 * ``files``  — reading a split (JSONL, Parquet, CSV, a ``datasets`` folder) with ``datasets``
 * ``inputs`` — a row as a graph input (``make_input(row)`` or the ``data.input`` column mapping)
 * ``tasks``  — what episode ``i`` plays: a seed or a row; shuffled epochs over the training rows
+* ``provenance`` — what a run's splits held when it began (``--resume`` refuses a changed file)
 """
 
 from verlog.data.files import DataError, Rows, read_rows, row_digest

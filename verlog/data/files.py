@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, Iterator
 
 from verlog.config import ConfigError, DataSourceConfig
 
-__all__ = ["DataError", "Rows", "read_rows", "row_digest"]
+__all__ = ["DataError", "Rows", "read_rows", "row_digest", "source_files"]
 
 #: file suffixes and the ``datasets`` builder that reads them
 _SUFFIX_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -55,6 +56,12 @@ class Rows:
 def row_digest(row: dict[str, Any]) -> str:
     """A digest of a row's content (the same row in two splits has the same digest)."""
     return hashlib.sha1(json.dumps(row, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def source_files(source: DataSourceConfig) -> list[str]:
+    """The files a split names: its path, or the files its glob matches, in name order (a
+    datasets folder is its path)."""
+    return sorted(glob.glob(source.path)) if any(c in source.path for c in "*?[") else [source.path]
 
 
 def _format(source: DataSourceConfig, split: str) -> str:
@@ -104,7 +111,7 @@ def read_rows(source: DataSourceConfig, split: str) -> Rows:
                 raise DataError(f"data.{split}.split: {source.path!r} holds one dataset, not splits; remove the key")
             dataset = loaded
     else:
-        files = sorted(glob.glob(source.path)) if any(c in source.path for c in "*?[") else [source.path]
+        files = source_files(source)
         missing = [f for f in files if not Path(f).is_file()]
         if not files or missing:
             raise DataError(f"{where}: no such file {(missing or [source.path])[0]!r}")
@@ -117,8 +124,12 @@ def read_rows(source: DataSourceConfig, split: str) -> Rows:
             with _quiet():
                 dataset = datasets.load_dataset(fmt, data_files=files, split="train", keep_in_memory=True)
         except Exception as exc:  # datasets raises many kinds for a malformed file
-            bad = next((problem for f in files if fmt == "json" and (problem := json_problem(f))), None)
-            detail = bad or "; ".join(str(exc).strip().splitlines()[:2]) or type(exc).__name__
+            problem_of = {"json": json_problem, "csv": csv_problem}.get(fmt)
+            bad = next((problem for f in files if problem_of and (problem := problem_of(f))), None)
+            cause = exc
+            while cause.__cause__ is not None:  # datasets wraps the reader's own error: say that one
+                cause = cause.__cause__
+            detail = bad or "; ".join(str(cause).strip().splitlines()[:2]) or type(cause).__name__
             raise DataError(f"{where}: {source.path!r} could not be read as {fmt}: {detail}") from None
     if source.limit is not None:
         dataset = dataset.select(range(min(source.limit, len(dataset))))
@@ -148,6 +159,38 @@ def json_problem(path: str) -> str | None:
             return f"{path}:{number}:{exc.colno}: not valid JSON: {exc.msg}"
         if not isinstance(value, dict):
             return f'{path}:{number}: a JSONL row must be a JSON object ({{"column": value, ...}}), got {type(value).__name__}'
+    return None
+
+
+def csv_problem(path: str) -> str | None:
+    """Where a CSV file cannot be read as rows, as ``file:line: what`` (bytes that are not UTF-8, a
+    quoted field never closed, a row with more fields than the header); ``None`` when every row
+    reads."""
+    import csv
+
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        return f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x}); save the file as UTF-8"
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    header: list[str] | None = None
+    started = 1  # the line the row being read began on
+    try:
+        for row in reader:
+            if header is None:
+                header = row
+            elif len(row) > len(header):  # (a shorter row reads, its last columns empty)
+                return (
+                    f"{path}:{started}: {len(row)} fields, but the header names {len(header)} "
+                    f"({', '.join(header)}): quote a field holding a comma"
+                )
+            started = reader.line_num + 1
+    except csv.Error as exc:
+        unclosed = "EOF" in str(exc) or "unexpected end of data" in str(exc)
+        what = "a quoted field is never closed (a stray double quote?)" if unclosed else str(exc)
+        return f"{path}:{started}: {what}"
     return None
 
 

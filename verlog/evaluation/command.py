@@ -261,6 +261,13 @@ def run_eval(args: argparse.Namespace, console: Console) -> list[TaskResult]:
     configs, overrides = split_targets(args.targets)
     graph_kwargs = graph_kwargs_option(getattr(args, "graph_kwargs", None))
     tasks = plan_tasks(configs, overrides, suite=args.suite, split=getattr(args, "split", None))
+    for t in tasks:
+        if t.split is not None and t.split != t.config.eval.split:  # the config's only evaluation split
+            console.print(
+                f"{t.label}: data.{t.config.eval.split} is not set: playing the rows of data.{t.split}, the "
+                "config's only evaluation split",
+                soft_wrap=True,
+            )
     # --graph-kwargs win over the suite's and the configs' own
     for t in tasks:
         t.graph_kwargs = {**t.graph_kwargs, **graph_kwargs}

@@ -65,16 +65,22 @@ def env_name(config: VerlogConfig) -> str:
 
 def config_tasks(config: VerlogConfig, env: str | None = None, *, split: str | None = None) -> list[EvalTask]:
     """The tasks of ``config``: its ``eval.tasks``, or the graph itself under the environment's name.
-    With a data section they play the rows of ``split`` (default ``eval.split``), never training rows."""
+    With a data section they play the rows of ``split`` (default ``eval.split``), never training rows;
+    where neither names one and the default split has no file, the config's only evaluation split
+    (a config with validation rows alone plays them)."""
     env = env or env_name(config)
     base = config.multi_turn.langgraph.graph_kwargs
     tasks = list(config.eval.tasks) or [EvalTaskConfig(name=env)]
     if config.data is None:
         split = None
     else:
+        chosen = split is not None or "split" in config.eval.model_fields_set
         split = split or config.eval.split
         if split not in EVAL_SPLITS:
             raise ConfigError(f"eval.split: evaluations play the validation or test rows, not {split!r}")
+        given = [s for s in EVAL_SPLITS if config.data.split(s) is not None]
+        if config.data.split(split) is None and not chosen and len(given) == 1:
+            split = given[0]
         if config.data.split(split) is None:
             raise ConfigError(
                 f"data.{split} is not set: an evaluation plays that split's rows (give its file, or "

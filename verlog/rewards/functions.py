@@ -15,7 +15,10 @@ keyword arguments its signature names, taken from:
   the row's columns (``None`` and ``{}`` when it has none);
 * the entry's ``kwargs`` in the config.
 
-A ``**kwargs`` parameter receives all of them. It returns a real number (Python, numpy or torch
+A ``**kwargs`` parameter receives all of them, except in a function of verl's shape (one that
+names ``solution_str``, as verl's ``default_compute_score(data_source, solution_str, ground_truth,
+extra_info=None, **kwargs)`` does): it is called as verl's reward manager calls it, its
+``**kwargs`` receiving only verl's arguments it does not name and the entry's ``kwargs``. It returns a real number (Python, numpy or torch
 scalar), a bool (reward 1/0 and success), a dict with ``reward`` (and ``success``,
 ``turn_rewards``, ``info``), verl's dict (``score`` and other keys, kept in ``info``) or a
 ``RewardResult``. A sync function runs in a worker thread, so a slow one does not stall the other
@@ -41,6 +44,8 @@ __all__ = ["TRAJECTORY_FIELDS", "VERL_FIELDS", "RewardError", "RewardFunction", 
 TRAJECTORY_FIELDS = ("state", "messages", "completion", "prompt", "row", "key", "turns", "info", "trajectory")
 #: the keyword arguments verl's reward manager passes to ``compute_score``
 VERL_FIELDS = ("data_source", "solution_str", "ground_truth", "extra_info")
+#: the argument that marks a function of verl's shape: its ``**kwargs`` get what verl passes, no more
+VERL_MARK = "solution_str"
 #: the row column verl's ``ground_truth`` is read from (``row[...]["ground_truth"]``)
 VERL_REWARD_MODEL_COLUMN = "reward_model"
 
@@ -121,6 +126,8 @@ class RewardFunction:
                 "reward functions are called with keyword arguments"
             )
         self.takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        #: verl's shape: a ``**kwargs`` that receives only what verl's reward manager passes
+        self.verl_shaped = VERL_MARK in self.signature.parameters
         self.wanted = [
             p.name
             for p in params
@@ -174,9 +181,13 @@ class RewardFunction:
             }
         )
         available.update(self.config.kwargs)
-        if self.takes_all:
+        if self.takes_all and not self.verl_shaped:
             return available
-        return {name: available[name] for name in self.wanted if name in available}
+        named = {name: available[name] for name in self.wanted if name in available}
+        if self.takes_all:  # verl's call: its four arguments and the entry's kwargs, nothing else
+            verl = {k: v for k, v in verl_arguments(trajectory).items() if k in VERL_FIELDS}
+            return {**verl, **self.config.kwargs, **named}
+        return named
 
     async def __call__(self, trajectory: Trajectory) -> RewardResult:
         kwargs = self.arguments(trajectory)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Sequence
 from verlog.config import RewardConfig
 from verlog.rewards.functions import RewardError, RewardFunction
 from verlog.rewards.result import RewardResult, Trajectory
+from verlog.rollout.slots import SlotFailureError
 from verlog.step_info import SUCCESS_KEY  # re-exported: the info key an episode's success is read from
 
 __all__ = ["COMPONENT_PREFIX", "Outcome", "RewardScorer", "SUCCESS_KEY", "component_key"]
@@ -155,7 +156,7 @@ class RewardScorer:
         results = await asyncio.gather(*(call for _, _, call in parts), return_exceptions=True)
         for (name, weight, _), result in zip(parts, results):
             if isinstance(result, BaseException):
-                if isinstance(result, RewardError):
+                if isinstance(result, (RewardError, SlotFailureError)):  # a judge's stop stops the run, not the episode
                     raise result
                 raise RewardError(f"{name}: {type(result).__name__}: {result}") from result
             outcome.add(name, weight, self.bounded(name, result))

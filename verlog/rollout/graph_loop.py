@@ -10,15 +10,18 @@ on the runner's loop, such a call would wait on the loop that must answer it; we
 one other loop, a call held at the batch boundary would stop every other slot from reaching it.
 
 ``def`` nodes run in the loop's own thread pool (LangGraph runs them in its loop's default
-executor), wide enough for every parallel branch of an episode to hold a call at once.
+executor), wide enough for every parallel branch of an episode to hold a call at once; a model
+call a node makes outside its episode's context through that pool is counted
+(:mod:`verlog.rollout.outside_calls`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 from typing import Any, Coroutine, TypeVar
+
+from verlog.rollout.outside_calls import NodeExecutor
 
 __all__ = ["GraphLoop"]
 
@@ -39,9 +42,7 @@ class GraphLoop:
     def __init__(self, name: str, node_threads: int = NODE_THREADS):
         self.name = name
         self.loop = asyncio.new_event_loop()
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=node_threads, thread_name_prefix=f"{name}-node"
-        )
+        self._executor = NodeExecutor(max_workers=node_threads, thread_name_prefix=f"{name}-node")
         self.loop.set_default_executor(self._executor)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()

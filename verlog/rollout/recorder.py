@@ -7,7 +7,10 @@ it is being recorded. While :func:`recording` is in effect (``run_episode`` uses
 also joins every callback manager LangChain configures in that context, so a call made with its
 own ``config={"callbacks": [...]}`` (which replaces the run's callbacks) is still recorded.
 
-* Turn order is the order in which calls *started*.
+* Turn order is the order in which calls *started*: a turn's ``turn_index`` is its call's place
+  among the episode's training calls, given when the call starts and never changed, so no two
+  turns of an episode share one, whichever batches they are trained in (a discarded or failed
+  call leaves its number unused).
 * A call becomes a turn when its ``AIMessage`` carries verlog's token data (``prompt_ids``,
   ``response_ids``, ``logprobs``); calls of other chat models are counted as uncaptured.
 * A call tagged :data:`NO_TRAIN_TAG` (``model.with_config(tags=[NO_TRAIN_TAG])``, e.g. a judge
@@ -56,7 +59,7 @@ from verlog.llm.metadata import SamplingMetadata, TokenMetadata, has_tokens
 from verlog.rollout.events import REWARD_EVENT, DirectListener, RewardPayload
 from verlog.rollout.turn import Episode, EpisodeStatus, Turn
 
-__all__ = ["NO_TRAIN_TAG", "RenderPrompt", "TurnRecorder", "recording"]
+__all__ = ["NO_TRAIN_TAG", "RenderPrompt", "TurnRecorder", "active_recorder", "recording"]
 
 #: the LangChain tag that keeps a model call out of training: ``model.with_config(tags=[NO_TRAIN_TAG])``
 NO_TRAIN_TAG = "verlog:no_train"
@@ -121,6 +124,11 @@ def recording(recorder: "TurnRecorder | None") -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
+def active_recorder() -> "TurnRecorder | None":
+    """The recorder of the episode running in this context (``None`` outside :func:`recording`)."""
+    return _ACTIVE.get()
+
+
 class TurnRecorder(BaseCallbackHandler, DirectListener):
     """Records the turns of one episode.
 
@@ -158,7 +166,10 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
         self.discarded: list[Turn] = []
         #: chat-model calls started, trained or not
         self.model_calls = 0
+        #: calls not trained though not kept out: another chat model's (no token data), or made
+        #: outside the episode's context (``verlog.rollout.outside_calls``)
         self.uncaptured_calls = 0
+        self._seen: set[UUID] = set()  # every chat-model call this recorder saw start
         self.unassigned_reward = 0.0
         self._started = 0
         #: training calls under way: (start order, node, kept messages, offered tools, lineage)
@@ -347,6 +358,7 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
         """Note a call's start; returns its turn index, ``None`` for a call kept out of training."""
         with self._lock:
             self.model_calls += 1
+            self._seen.add(run_id)
             if tags and NO_TRAIN_TAG in tags:
                 return None
             node = (metadata or {}).get("langgraph_node")
@@ -404,6 +416,17 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
                 self._tools = {id(turn): tools}  # only the latest call's tools can be needed
             return True, turn
 
+    def count_outside_call(self, run_id: UUID) -> bool:
+        """A chat-model call of this episode was made outside its context (a function a node handed
+        to ``loop.run_in_executor``): count it as uncaptured unless this recorder saw it itself (the
+        function passed the node's config). Returns whether it was counted."""
+        with self._lock:
+            if run_id in self._seen:
+                return False
+            self.model_calls += 1
+            self.uncaptured_calls += 1
+            return True
+
     # ------------------------------------------------------------------ result
     def episode(self, status: EpisodeStatus = "ok", *, error: str | None = None, output: Any = None) -> Episode:
         """The episode recorded so far, ended with ``status``.
@@ -411,10 +434,8 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
         A graph that reached its end without the environment saying so ends its last turn as
         ``terminated``: the run is over, nothing follows to bootstrap from.
         """
-        with self._lock:
+        with self._lock:  # (never renumbered: a turn may be trained already, under its number)
             turns = sorted(self.turns, key=lambda t: t.turn_index)
-        for i, turn in enumerate(turns):  # dense indices even if a call failed midway
-            turn.turn_index = i
         if status == "ok" and turns and not turns[-1].done:
             turns[-1].terminated = True
         return Episode(

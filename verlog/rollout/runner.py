@@ -32,6 +32,7 @@ from langgraph.errors import GraphRecursionError
 from verlog.backends.base import BlockingCallError
 from verlog.llm.chat_model import EPISODE_ID_KEY
 from verlog.rollout.interrupts import InterruptResponder, describe, pending_interrupts
+from verlog.rollout.outside_calls import track_outside_calls
 from verlog.rollout.recorder import TurnRecorder, recording
 from verlog.rollout.turn import Episode
 
@@ -144,6 +145,7 @@ async def run_episode(
     """
     episode_id = episode_id or (recorder.episode_id if recorder else uuid.uuid4().hex)
     recorder = recorder or TurnRecorder(episode_id, keep_messages=keep_messages)
+    track_outside_calls(asyncio.get_running_loop())  # calls made outside the episode's context are counted
     if interrupts is not None:
         graph = interrupts.graph_for(graph)
     graph_clock = GraphClock()

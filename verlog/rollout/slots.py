@@ -669,9 +669,10 @@ class SlotRunner:
         if batch.uncaptured_calls and not self._warned_uncaptured:
             self._warned_uncaptured = True
             warnings.warn(
-                f"{batch.uncaptured_calls} model calls of this batch's episodes carried no verlog token data (a chat "
-                "model other than the one build_graph was given) and are not trained; keep such calls out of "
-                "training on purpose with model.with_config(tags=[NO_TRAIN_TAG])",
+                f"{batch.uncaptured_calls} model calls of this batch's episodes are not trained: they carried no "
+                "verlog token data (a chat model other than the one build_graph was given) or were made outside "
+                "their episode's context (loop.run_in_executor); keep such calls out of training on purpose with "
+                "model.with_config(tags=[NO_TRAIN_TAG])",
                 RuntimeWarning,
                 stacklevel=2,
             )

@@ -15,7 +15,9 @@ EpisodeStatus = Literal["ok", "error", "recursion_limit", "timeout", "interrupte
 class Turn:
     """One model call, exactly as the engine saw and produced it: one training sample.
 
-    ``prompt_ids`` are the ids the engine received, ``response_ids`` the ids it returned (never
+    ``turn_index`` is the call's place among its episode's training calls in start order (unique in
+    the episode; a call discarded or failed leaves its number unused). ``prompt_ids`` are the ids
+    the engine received, ``response_ids`` the ids it returned (never
     re-encoded from text), ``logprobs`` one per response id, drawn with ``temperature``,
     ``top_p`` and ``top_k`` (each node may sample its own way: every recomputation of a logprob,
     ratio, KL or entropy uses the turn's own temperature). ``reward`` is the sum of the rewards

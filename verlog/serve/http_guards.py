@@ -2,7 +2,8 @@
 
 Every failure becomes OpenAI's error JSON (:func:`error_middleware`, which also counts the answers
 by status); headers too many or too large are refused first (:func:`header_bounds_middleware`,
-431); keys are checked in constant time (:func:`check_api_key` 401, :func:`check_key` 401/403 for
+431, and :func:`header_bounds_handler` for those aiohttp's HTTP parser refuses itself, before
+any middleware runs: 431 too); keys are checked in constant time (:func:`check_api_key` 401, :func:`check_key` 401/403 for
 the endpoints that change rewards or weights); a body is read as JSON only, as is or compressed,
 within the size limit and in time (:func:`read_body`: 415, 413, 400, 408).
 """
@@ -15,6 +16,7 @@ import logging
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web, web_protocol
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 
 from verlog.serve import openai_protocol as proto
 from verlog.serve.limits import ServerLimits
@@ -26,6 +28,7 @@ __all__ = [
     "check_api_key",
     "check_key",
     "error_middleware",
+    "header_bounds_handler",
     "header_bounds_middleware",
     "read_body",
 ]
@@ -97,14 +100,60 @@ def header_bounds_middleware(limits: ServerLimits) -> Any:
         if count > limits.max_headers or size > limits.max_header_bytes:
             raise APIError(
                 431,
-                f"the request's headers ({count} fields, {size} bytes) exceed this server's limits "
-                f"({limits.max_headers} fields, {limits.max_header_bytes} bytes)",
+                f"the request's headers ({count} fields, {size} bytes) exceed {header_limits_text(limits)}",
                 code="request_header_fields_too_large",
                 close=True,
             )
         return await handler(request)
 
     return header_bounds
+
+
+def header_limits_text(limits: ServerLimits) -> str:
+    """The header bounds as a 431's message names them."""
+    return f"this server's limits ({limits.max_headers} fields, {limits.max_header_bytes} bytes)"
+
+
+def parser_bounds(limits: ServerLimits) -> dict[str, int]:
+    """aiohttp's HTTP parser's own bounds (``handler_args``) for ``limits``: a header line over the
+    headers' byte bound, or four times as many fields as allowed, is refused while parsing, before
+    the request is held whole (:func:`header_bounds_handler` answers those with a 431)."""
+    return {"max_field_size": limits.max_header_bytes, "max_headers": 4 * limits.max_headers}
+
+
+def header_bounds_handler(limits: ServerLimits) -> type[web_protocol.RequestHandler]:
+    """aiohttp's connection handler, answering 431 (not the parser's 400) to a request its parser
+    refused for its headers: a header line over ``parser_bounds``' field size, or too many
+    fields. Every other refusal is answered as aiohttp answers it."""
+    field_bound = parser_bounds(limits)["max_field_size"]
+
+    class HeaderBoundsHandler(web_protocol.RequestHandler):
+        __slots__ = ()
+
+        def handle_error(
+            self,
+            request: Any,
+            status: int = 500,
+            exc: BaseException | None = None,
+            message: str | None = None,
+        ) -> web.StreamResponse:
+            too_long = isinstance(exc, LineTooLong) and exc.args[1:2] == (field_bound,)
+            too_many = isinstance(exc, BadHttpMessage) and "too many headers" in str(exc.message).lower()
+            if status != 400 or not (too_long or too_many):
+                return super().handle_error(request, status, exc, message)
+            what = "a header field is longer than" if too_long else "the request has more header fields than"
+            response = web.json_response(
+                proto.error_body(
+                    f"{what} {header_limits_text(limits)} allow",
+                    type="invalid_request_error",
+                    code="request_header_fields_too_large",
+                ),
+                status=431,
+            )
+            response.force_close()
+            return response
+
+    return HeaderBoundsHandler
 
 
 def bearer(request: web.Request) -> str:

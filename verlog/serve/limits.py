@@ -33,7 +33,7 @@ class ServerLimits:
         max_header_bytes: the most bytes a request's headers may take, names and values (431
             above it).
         max_headers: the most header fields a request may have (431 above it). The HTTP parser
-            itself refuses (400) a header line over 8,190 bytes or over 4x this many fields
+            itself refuses (431 too) a header line over ``max_header_bytes`` or over 4x this many fields
             before the request reaches the server.
     """
 

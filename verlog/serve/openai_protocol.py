@@ -269,16 +269,13 @@ class FeedbackRequest(_Strict):
     """``POST /v1/feedback``: a reward (and success, info) for an episode, or for one of its turns."""
 
     episode_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00]*$")
-    #: finite, within ``±REWARD_MAX_ABS`` (checked by :func:`parse_feedback` before this model sees it)
+    #: finite, within ``±REWARD_MAX_ABS`` (checked by :func:`parse_feedback` before this model sees it);
+    #: required there: feedback without one would be trained as a reward of 0
     reward: float | None = None
     success: bool | None = None
     info: dict[str, Any] | None = None
     #: the turn (0-based, in the episode's order) the reward is for; absent: the whole episode
     turn: int | None = Field(None, ge=0, lt=2**31)
-
-    def model_post_init(self, context: Any) -> None:
-        if self.turn is not None and self.reward is None:
-            raise ValueError("turn feedback needs a reward")
 
 
 def parse_feedback(body: Any) -> FeedbackRequest:
@@ -291,7 +288,7 @@ def parse_feedback(body: Any) -> FeedbackRequest:
         except ValueError as exc:
             raise APIError(400, f"Invalid value for 'reward': {exc}", param="reward") from None
     try:
-        return FeedbackRequest.model_validate(body)
+        feedback = FeedbackRequest.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
         param = _loc(first["loc"]) or "turn"
@@ -299,6 +296,14 @@ def parse_feedback(body: Any) -> FeedbackRequest:
         raise APIError(
             400, f"Invalid value for '{param}': {first['msg']} (got {first.get('input')!r:.200})", param=param
         ) from None
+    if feedback.reward is None:  # absent or null: nothing to pay, and nothing is stored
+        raise APIError(
+            400,
+            "Missing 'reward': feedback pays a reward on the episode (or on the turn named by 'turn'); without one the "
+            "episode would be trained as if it had earned 0",
+            param="reward",
+        )
+    return feedback
 
 
 #: the most choices a schema may offer at one point of an answer: the keys an object may write

@@ -72,7 +72,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from aiohttp import web
+from aiohttp import web, web_protocol
 from langchain_core.messages import HumanMessage
 
 from verlog.backends.base import Engine, EngineError, Generation, ImageInputs, SamplingParams
@@ -81,7 +81,15 @@ from verlog.local_server import LocalServer
 from verlog.serve import openai_protocol as proto
 from verlog.serve.admission import Admission
 from verlog.serve.completion import CallPlanner, EventStream, PreparedCall, TokenStream, streamable
-from verlog.serve.http_guards import check_api_key, check_key, error_middleware, header_bounds_middleware, read_body
+from verlog.serve.http_guards import (
+    check_api_key,
+    check_key,
+    error_middleware,
+    header_bounds_handler,
+    header_bounds_middleware,
+    parser_bounds,
+    read_body,
+)
 from verlog.serve.limits import ServerLimits
 from verlog.serve.openai_protocol import APIError
 from verlog.serve.policy_swap import PolicyVersions, Reloaded, ServedPolicy, UnservableModelError, canary
@@ -223,6 +231,11 @@ class OpenAIServer(LocalServer):
         await super().stop()
         self._admission.stop()
 
+    def connection_handler(self) -> type[web_protocol.RequestHandler]:
+        """Requests the HTTP parser refuses for their headers are answered 431, as the server's own
+        header limits are."""
+        return header_bounds_handler(self.limits)
+
     def app(self) -> web.Application:
         """The aiohttp application (routes and error handling)."""
         timeout = self.limits.read_timeout_s
@@ -236,9 +249,10 @@ class OpenAIServer(LocalServer):
             handler_args={
                 "keepalive_timeout": timeout,
                 "lingering_time": timeout,
-                # the parser's own bound, past which it answers 400 itself; below it the
-                # server's limits answer 431 (header_bounds_middleware)
-                "max_headers": 4 * self.limits.max_headers,
+                # the parser's own bounds: past them it refuses a request itself (431 too:
+                # header_bounds_handler); below them the server's limits answer 431
+                # (header_bounds_middleware)
+                **parser_bounds(self.limits),
             },
         )
         app.router.add_post("/v1/chat/completions", self._chat)

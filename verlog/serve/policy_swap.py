@@ -59,10 +59,17 @@ class ServedPolicy:
             self.idle.set()
 
 
+#: under uniform logits over V >= 2 tokens every chosen token's logprob is -log(V) <= -log(2): the
+#: canary's tokens all at one such logprob are a model that cannot choose (a sure model's are ~0)
+UNIFORM_MIN_NATS = math.log(2) - 1e-9
+
+
 async def canary(engine: Engine, prompt_ids: list[int], version: str, timeout_s: float | None) -> None:
-    """A greedy and a sampled 4-token answer to ``prompt_ids``, each logprob finite. Raises
-    :class:`UnservableModelError` naming ``version`` and what went wrong (weights with NaN or
-    inf, a model that cannot sample)."""
+    """A greedy and a sampled 4-token answer to ``prompt_ids``, each logprob finite, from logits
+    that are not constant. Raises :class:`UnservableModelError` naming ``version`` and what went
+    wrong (weights with NaN or inf, a model that cannot sample, one whose every token is equally
+    likely: a tensor overwritten with a huge value reads as a uniform model, not as NaN)."""
+    chosen: list[float] = []
     for temperature in (0.0, 1.0):
         sampling = SamplingParams(temperature=temperature, max_new_tokens=4, seed=0)
         try:
@@ -80,6 +87,13 @@ async def canary(engine: Engine, prompt_ids: list[int], version: str, timeout_s:
                 f"model version {version!r} answers a canary request with invalid "
                 f"logprobs ({bad[:3]}): its weights are not fit to serve (NaN or inf?)"
             )
+        chosen += generation.logprobs
+    # uniform logits: every token, greedy or sampled, has the same logprob -log(vocabulary)
+    if len(chosen) > 1 and max(chosen) < -UNIFORM_MIN_NATS and max(chosen) - min(chosen) < 1e-6 * abs(min(chosen)):
+        raise UnservableModelError(
+            f"model version {version!r} answers a canary request from constant logits (every token equally likely: "
+            f"logprob {chosen[0]:.4f} for each): its weights are not fit to serve (a tensor overwritten?)"
+        )
 
 
 def close_engine(engine: Engine) -> None:

@@ -19,7 +19,7 @@ class FeedbackError(RuntimeError):
 def send_feedback(
     base_url: str,
     episode_id: str,
-    reward: float | None = None,
+    reward: float,
     *,
     success: bool | None = None,
     info: dict[str, Any] | None = None,

@@ -221,7 +221,7 @@ class TraceStore:
     def add_feedback(
         self,
         episode_id: str,
-        reward: float | None = None,
+        reward: float,
         *,
         success: bool | None = None,
         info: dict[str, Any] | None = None,
@@ -235,8 +235,9 @@ class TraceStore:
         feedback sets that turn's own reward (paid on that turn). Unknown episodes and turns raise
         :class:`UnknownEpisodeError`.
         """
-        if reward is not None:
-            reward = check_reward(reward)
+        if reward is None:  # an outcome without one would be trained as a reward of 0
+            raise ValueError("feedback needs a reward (a finite number): nothing was stored")
+        reward = check_reward(reward)
         now = time.time()
         if turn_index is None:
             done = self._run(
@@ -245,7 +246,7 @@ class TraceStore:
                         "UPDATE episodes SET reward = ?, success = ?, info = ?, feedback_at = ?, updated = ? "
                         "WHERE episode_id = ? RETURNING turns",
                         (
-                            None if reward is None else float(reward),
+                            float(reward),
                             None if success is None else int(bool(success)),
                             json.dumps(info or {}),
                             now,
@@ -258,8 +259,6 @@ class TraceStore:
             if not done:
                 raise UnknownEpisodeError(f"no episode {episode_id!r} in the trace store")
             return
-        if reward is None:
-            raise ValueError("turn feedback needs a reward")
         done = self._run(
             [
                 (
@@ -321,7 +320,8 @@ class TraceStore:
 
     def episodes(self, *, with_feedback: bool = False) -> list[TracedEpisode]:
         """The store's episodes, oldest first (only those that have episode feedback, if asked)."""
-        where = " WHERE feedback_at IS NOT NULL" if with_feedback else ""
+        # (an outcome without a reward, as an older verlog stored one, is no feedback to train on)
+        where = " WHERE feedback_at IS NOT NULL AND reward IS NOT NULL" if with_feedback else ""
         rows = self._query(f"SELECT {_EPISODE_COLUMNS} FROM episodes{where} ORDER BY created, episode_id")
         return [_episode(row) for row in rows]
 

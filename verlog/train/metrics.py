@@ -118,6 +118,17 @@ _HEADLINE = (
 )
 
 
+def _untrained_note(metrics: dict[str, float]) -> str:
+    """Why an update's policy loss used no token of its batch (``policy_token_frac`` 0), for its
+    line; ``""`` when it used some. A critic-free estimator scores complete episodes only (a group
+    estimator, whole groups only): a batch without one trains nothing, for every estimator alike."""
+    if metrics.get("policy_token_frac", 1.0) > 0:
+        return ""
+    if metrics.get("dropped_group_frac", 0.0) >= 1.0:
+        return "policy not trained: every compared group's returns were tied (algorithm.drop_uniform_groups)"
+    return "policy not trained: no complete episode in this batch, hence no whole group to compare"
+
+
 class RunLogger:
     """One record per update to ``metrics.jsonl``, wandb and a rich progress display; where the
     console is no terminal (a redirected stdout: ``nohup``, a scheduler's log file) the display is
@@ -205,6 +216,8 @@ class RunLogger:
         line = " ".join(
             f"{label} {metrics[key]:.3g}" for key, label in _HEADLINE if key in metrics and not math.isnan(metrics[key])
         )
+        if step_kind == "update" and (note := _untrained_note(metrics)):
+            line = f"{line} ({note})" if line else f"({note})"
         if step_kind == self.step_kind:
             self.progress.update(self.task, completed=update, line=line)
         if self.plain:

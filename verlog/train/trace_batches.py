@@ -25,7 +25,7 @@ import math
 import random
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import torch
 
@@ -99,6 +99,16 @@ def correction_of(settings: TracesConfig) -> OffPolicyCorrection:
     return OffPolicyCorrection(settings.behaviour_weight_cap, settings.staleness.max_versions, settings.staleness.decay)
 
 
+class _Queued(NamedTuple):
+    """A recorded turn waiting for a batch: its staleness weight, the version that served it, and
+    whether it opens its episode (the first of the episode's turns the store returned)."""
+
+    turn: Turn
+    weight: float
+    version: str
+    opens: bool
+
+
 class TraceSource:
     """Batches of recorded turns from the store ``settings.store`` (see the module doc).
 
@@ -126,7 +136,7 @@ class TraceSource:
         except TraceStoreError as exc:
             raise ConfigError(f"data.traces.store: {exc}") from None
         self._rng = random.Random(seed)
-        self._queue: list[tuple[Turn, float, str]] = []  # turns of the epoch not yet batched
+        self._queue: list[_Queued] = []  # turns of the epoch not yet batched
         self.epochs = 0
         #: ``(run, update)`` of the weights being trained, set by the trainer before each batch
         #: (staleness is counted from them: :func:`lineage_staleness`); ``None``: the newest
@@ -134,7 +144,7 @@ class TraceSource:
         self.trained: tuple[str, int] | None = None
 
     # ------------------------------------------------------------------ reading episodes
-    def _episode_turns(self, record: TracedEpisode, staleness: dict[str, float]) -> list[tuple[Turn, float, str]]:
+    def _episode_turns(self, record: TracedEpisode, staleness: dict[str, float]) -> list[_Queued]:
         traced = self.store.turns(record.episode_id)
         if not traced:
             return []
@@ -146,7 +156,7 @@ class TraceSource:
         seed = zlib.crc32(str(group).encode()) & 0x7FFFFFFF
         last = len(traced) - 1
         return [
-            (self._turn(t, record, seed, is_last=i == last), w, t.model_version)
+            _Queued(self._turn(t, record, seed, is_last=i == last), w, t.model_version, opens=i == 0)
             for i, (t, w) in enumerate(zip(traced, weights))
         ]
 
@@ -190,23 +200,23 @@ class TraceSource:
         # may have been queued when the trainer held older ones)
         staleness = lineage_staleness(self.store.versions(), self.trained)
         now = staleness_weights(
-            torch.as_tensor([staleness.get(v, math.inf) for _, _, v in taken]),
+            torch.as_tensor([staleness.get(q.version, math.inf) for q in taken]),
             self.correction.max_versions,
             self.correction.decay,
         ).tolist()
-        taken = [(t, w, v) for (t, _, v), w in zip(taken, now)]
+        taken = [q._replace(weight=w) for q, w in zip(taken, now)]
         k = self.turns_per_env
         turns, weights, versions, boot, starts, seeds = [], [], [], [], [], []
         for i in range(self.num_slots):
             part = taken[i * k : (i + 1) * k]
-            turns.append([t for t, _, _ in part])
-            weights.append([w for _, w, _ in part])
-            versions.append([v for _, _, v in part])
-            seeds.append([t.info["trace_seed"] for t, _, _ in part])
-            starts.append(part[0][0].turn_index == 0)
-            last = part[-1][0]
+            turns.append([q.turn for q in part])
+            weights.append([q.weight for q in part])
+            versions.append([q.version for q in part])
+            seeds.append([q.turn.info["trace_seed"] for q in part])
+            starts.append(part[0].opens)  # (never read off turn numbers: only the store's order says)
+            last = part[-1].turn
             following = (
-                taken[(i + 1) * k][0] if (i + 1) * k < len(taken) else (self._queue[0][0] if self._queue else None)
+                taken[(i + 1) * k].turn if (i + 1) * k < len(taken) else (self._queue[0].turn if self._queue else None)
             )
             # a cut episode continues with its next recorded turn; a finished one needs no value
             boot.append(

@@ -46,6 +46,7 @@ from verlog.algo.estimators import check_estimator_settings, get_estimator
 from verlog.backends.embedded import EmbeddedEngine
 from verlog.config import EVAL_SPLITS, ConfigError, VerlogConfig
 from verlog.data import shared_rows, split_rows
+from verlog.data.provenance import check_same_data, write_data_files_record
 from verlog.episodes import EpisodePlan, build_scorer
 from verlog.evaluation import TaskResult, evaluate, print_results
 from verlog.models import load_tokenizer
@@ -701,6 +702,7 @@ def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path 
                 f" but actor.lora.rank is {config.actor.lora.rank}: resume with the run's own setting"
             )
         _check_same_estimator(run_dir, latest, config)
+        check_same_data(run_dir, config)  # the rows the run's epochs are drawn over
     if resume and latest is None:
         earlier = [p for p in (ckpt.checkpoints_root(run_dir), run_dir / "metrics.jsonl") if os.path.lexists(p)]
         if earlier:
@@ -714,6 +716,7 @@ def _prepare_run_dir(run_dir: Path, config: VerlogConfig, resume: bool) -> Path 
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    write_data_files_record(run_dir, config)
     return latest
 
 

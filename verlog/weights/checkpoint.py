@@ -47,6 +47,7 @@ from verlog.models.safe_load import (
     check_tensors,
     first_line,
     folder_file,
+    load_checked_tokenizer,
     read_json,
     safetensors_header,
 )
@@ -168,7 +169,8 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
 
 def verify_checkpoint(checkpoint: Path) -> dict[str, Any]:
     """Check a whole checkpoint folder before anything is loaded or written: its state, the
-    actor (``actor/``: files and tensors; or ``actor_adapter/``), the critic's and the optimizers'
+    actor (``actor/``: files, tensors and the tokenizer with its chat template, which must render
+    a conversation in the sandbox; or ``actor_adapter/``), the critic's and the optimizers'
     files, the RNG states. Returns its state. What needs this run's models to be checked (the
     adapters', the critic's and the optimizers' tensors, the slots' counters) is checked as it is
     loaded."""
@@ -183,6 +185,9 @@ def verify_checkpoint(checkpoint: Path) -> dict[str, Any]:
         check_adapter_folder(folder_file(checkpoint, ADAPTER_FOLDER))
     else:
         check_model_folder(folder_file(checkpoint, ACTOR_FOLDER))
+        # (a resume trains with model.path's tokenizer, yet this one is what the run's checkpoints
+        # are served and evaluated with: refused by every loader alike)
+        load_checked_tokenizer(folder_file(checkpoint, ACTOR_FOLDER))
     if os.path.lexists(checkpoint / CRITIC_FILE):
         safetensors_header(folder_file(checkpoint, CRITIC_FILE))
     _part_files(checkpoint, "optimizers")

@@ -28,7 +28,13 @@ from torch import Tensor
 
 from verlog.algo.advantages import episodes_of, group_moments, tied_groups
 from verlog.algo.estimators.grpo import grpo_advantages
-from verlog.algo.estimators.registry import AdvantageEstimator, AdvantageSettings, Estimate, TurnData
+from verlog.algo.estimators.registry import (
+    AdvantageEstimator,
+    AdvantageSettings,
+    Estimate,
+    EstimatorInputError,
+    TurnData,
+)
 from verlog.algo.multiturn_gae import TurnBatch
 
 __all__ = ["gigpo_advantages", "step_returns"]
@@ -93,11 +99,6 @@ def gigpo_advantages(
 
 
 def compute(batch: TurnBatch, data: TurnData, settings: AdvantageSettings) -> Estimate:
-    if not bool((data.anchors >= 0).any()):
-        raise ValueError(
-            "estimator 'gigpo' needs anchor states: the graph's environment must report "
-            "info['anchor'] (e.g. the observation before the step) with each reward; none did"
-        )
     advantages, included, metrics = gigpo_advantages(
         batch,
         data.groups,
@@ -107,6 +108,14 @@ def compute(batch: TurnBatch, data: TurnData, settings: AdvantageSettings) -> Es
         step_weight=settings.gigpo_step_weight,
         scale_by_std=settings.group_norm == "mean_std",  # default: mean
     )
+    if bool(included.any()) and not bool((data.anchors[included] >= 0).any()):
+        # (a batch with no complete episode scores nothing: whether the graph reports anchors is unknown)
+        raise EstimatorInputError(
+            "algorithm.estimator: 'gigpo' compares turns that acted in the same state, and the graph names none: "
+            "its environment node must report info['anchor'] (the state the turn acted in, e.g. the observation "
+            "before the step) with each reward, as verlog's game graphs do; or choose an estimator without "
+            "anchor states (grpo, rloo)"
+        )
     return Estimate(advantages, included=included, metrics=metrics)
 
 

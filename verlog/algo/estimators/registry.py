@@ -31,6 +31,7 @@ __all__ = [
     "AdvantageEstimator",
     "AdvantageSettings",
     "Estimate",
+    "EstimatorInputError",
     "TurnData",
     "TurnNeed",
     "check_estimator_settings",
@@ -62,6 +63,11 @@ class AdvantageSettings(Protocol):
     gigpo_gamma: float
     drop_uniform_groups: bool
     bootstrap_cuts: bool
+
+
+class EstimatorInputError(ValueError):
+    """A batch lacks a per-turn fact only the user's graph can give (GiGPO's anchor states): the
+    user's to fix, so the command line reports it in one line, naming ``algorithm.estimator``."""
 
 
 @dataclass
@@ -178,7 +184,8 @@ def estimate_advantages(settings: AdvantageSettings, batch: "TurnBatch", data: T
       the policy loss uses.
 
     Metrics: the estimator's own, plus ``policy_token_frac`` (share of response tokens the policy
-    loss uses) when some turns are left out.
+    loss uses) when some turns are left out: ``0`` when the batch holds no complete episode (no
+    whole group), so that nothing trains the policy, for every estimator alike.
     """
     import torch  # here, not at the top: the config imports this module without torch
 
