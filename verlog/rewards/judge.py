@@ -225,7 +225,7 @@ class _Judge:
         if self.failures_in_a_row < limit:
             return None
         return SlotFailureError(
-            f"{self.label}: {self.failures_in_a_row} verdicts in a row failed "
+            f"{self.label}: {limit} verdicts in a row failed "  # (verdicts under way beside it may add more)
             f"({self.where}.max_consecutive_failures={limit}); last: {error}"
         )
 
