@@ -91,3 +91,22 @@ def test_examples_run():
         )
         assert result.returncode == 0, result.stderr
         assert ": ok," in result.stdout, result.stdout
+
+
+def test_a_missing_optional_package_is_one_error_line_naming_its_extra(tmp_path, capsys, monkeypatch):
+    """A command whose game needs a package this machine lacks (an offline GPU bundle leaves crafter
+    out) stops in one ``error:`` line naming the module and the extra that installs it."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without_crafter(name, *args, **kwargs):
+        if name == "crafter" or name.startswith("crafter."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_crafter)
+    assert main(["play", "crafter", "--agent", "random", "--max-steps", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and len(err.splitlines()) == 1, err
+    assert "'crafter'" in err and "verlog[envs]" in err and "docs/gpu.md" in err

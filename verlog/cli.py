@@ -45,6 +45,18 @@ USER_ERRORS = (
 )
 
 
+#: the modules of verlog's optional extras (pyproject.toml), by extra: a missing one is named with its extra
+OPTIONAL_MODULES = {
+    "envs": ("minigrid", "crafter", "numba", "textworld", "nle", "minihack", "cv2"),
+    "verl": ("verl", "transfer_queue", "cachetools", "fastapi", "uvicorn", "msgspec", "zmq"),
+    "gpu": ("vllm",),
+    "lora": ("peft",),
+    "serve": ("langgraph_cli", "langgraph_sdk", "psycopg"),
+    "eval": ("langchain_openai", "openai", "matplotlib"),
+    "rewards": ("math_verify",),
+}
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean the user must change something (a config, a graph file, a run
     folder): reported as one ``error:`` line and exit status 2. Anything else is a bug and keeps
@@ -368,6 +380,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if type(exc).__name__ == "SlotFailureError":  # the episode's error may carry LangGraph's multi-line context
             message = message.splitlines()[0]
         print_error(message)
+        return 2
+    except ModuleNotFoundError as exc:
+        if not exc.name or exc.name.split(".")[0] == "verlog":
+            raise  # verlog's own module missing is a broken install: keep the traceback
+        from verlog.console import print_error
+
+        module = exc.name.split(".")[0]
+        extra = next((e for e, modules in OPTIONAL_MODULES.items() if module in modules), None)
+        where = f"pip install 'verlog[{extra}]'" if extra else f"install the package that provides {module!r}"
+        print_error(
+            f"this command needs the Python module {module!r}, which is not installed here ({where}; an "
+            "offline GPU bundle leaves some packages out on purpose: docs/gpu.md names them)"
+        )
         return 2
     except KeyboardInterrupt:
         from verlog.console import console
