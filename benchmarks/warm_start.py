@@ -296,6 +296,10 @@ def pooled_rows(results: list[dict[str, Any]], stage: str) -> dict[str, dict[str
     return out
 
 
+def _seeds(n: int) -> str:
+    return f"{n} training seed{'' if n == 1 else 's'}"
+
+
 def table(folder: Path) -> list[str]:
     """The markdown rows of one experiment: random valid actions, the untrained policy, SFT alone,
     SFT + PPO and PPO alone, each task's held-out win rate (mean ± s.e.), with the BALROG average
@@ -306,9 +310,9 @@ def table(folder: Path) -> list[str]:
     players = [
         ("random valid actions", base.get("random"), f"{RANDOM_SEEDS} player seeds"),
         ("untrained", base.get("before"), "1 player"),
-        ("SFT alone", pooled_rows(warm, "sft"), f"{len(warm)} training seeds"),
-        ("SFT + PPO", pooled_rows(warm, "ppo"), f"{len(warm)} training seeds"),
-        ("PPO alone", pooled_rows(alone, "ppo"), f"{len(alone)} training seeds"),
+        ("SFT alone", pooled_rows(warm, "sft"), _seeds(len(warm))),
+        ("SFT + PPO", pooled_rows(warm, "ppo"), _seeds(len(warm))),
+        ("PPO alone", pooled_rows(alone, "ppo"), _seeds(len(alone))),
     ]
     rows = []
     for name, tasks, seeds in players:

@@ -4,7 +4,6 @@ short runs appended as overrides), and the benchmark's commands that build its t
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -74,5 +73,5 @@ def test_the_benchmarks_commands_build_the_pages_table(tmp_path, tiny_dir, capsy
     capsys.readouterr()
     assert bench.main(["show", "--results", str(tmp_path / "results")]) == 0
     out = capsys.readouterr().out
-    assert "| random valid actions |" in out and "| SFT + PPO |" in out and "1 training seeds" in out
+    assert "| random valid actions |" in out and "| SFT + PPO |" in out and "1 training seed," in out
     assert (tmp_path / "results" / "curves.png").is_file()
