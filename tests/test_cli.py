@@ -126,7 +126,7 @@ def test_eval_help_answers_without_loading_torch():
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=120,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert "--checkpoint" in result.stdout and "--vision" in result.stdout
