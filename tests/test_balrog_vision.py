@@ -529,10 +529,15 @@ def test_eval_vision_sends_image_url_parts_to_the_endpoint(tmp_path: Path, layou
     assert summary["not_the_suites_protocol"] == ["max_steps"]  # images at BALROG's setting are its protocol
     assert summary["balrog_images"] == "BALROG's vision protocol"
     assert summary["max_image_history"] == {"babyai/goto": 1}
+    assert "(max_image_history 1)" in said
+    # the budget the summary names is the one the requests carried (the graph's, BALROG's 8192)
+    sent = {body.get("max_completion_tokens", body.get("max_tokens")) for body in played}
+    assert sent == {summary["sampling"]["babyai/goto"]["max_tokens"]} == {8192}
 
-    # another number of images is not the protocol; the text protocol's summary says no images
+    # another number of images is not the protocol, and the run's line names the number played
     argv[argv.index("--graph-kwargs") + 1] = '{"max_steps": 2, "max_image_history": 2}'
     assert main([*argv[:-1], str(tmp_path / "two")]) == 0
+    assert "(max_image_history 2; BALROG's is 1)" in capsys.readouterr().out
     assert json.loads((tmp_path / "two" / "summary.json").read_text())["not_the_suites_protocol"] == [
         "max_image_history",
         "max_steps",

@@ -110,3 +110,47 @@ def test_a_missing_optional_package_is_one_error_line_naming_its_extra(tmp_path,
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and len(err.splitlines()) == 1, err
     assert "'crafter'" in err and "verlog[envs]" in err and "docs/gpu.md" in err
+
+
+def test_rollout_whose_every_episode_failed_exits_non_zero(tmp_path, capsys):
+    """A graph that raises in every episode: the turns and summary are printed, then one error
+    line naming the first failure, and the exit status is 1 (a script must not read it as done)."""
+    graph = tmp_path / "broken.py"
+    graph.write_text(
+        "from langgraph.graph import END, START, MessagesState, StateGraph\n\n\n"
+        "def build_graph(model, **graph_kwargs):\n"
+        "    async def policy(state):\n"
+        "        await model.ainvoke(state['messages'])\n"
+        "        raise RuntimeError('the tool broke')\n\n"
+        "    g = StateGraph(MessagesState)\n"
+        "    g.add_node('policy', policy)\n"
+        "    g.add_edge(START, 'policy')\n"
+        "    g.add_edge('policy', END)\n"
+        "    return g.compile()\n"
+    )
+    code = main(
+        ["rollout", CALCULATOR, f"multi_turn.langgraph.path={graph}", "--episodes", "2", "sampling.max_tokens=4"]
+    )
+    out, err = capsys.readouterr()
+    assert code == 1, out + err
+    assert "rollout summary" in out
+    assert "error: every episode failed (2 of 2); the first (error):" in err and "the tool broke" in err
+    assert "Traceback" not in err
+
+
+def test_eval_help_answers_without_loading_torch():
+    """``verlog eval --help`` as a user types it: the help, and no torch (nor LangGraph) imported."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "verlog.cli", "eval", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--checkpoint" in result.stdout and "--vision" in result.stdout
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert "verlog.config" in imported  # (the import log is read: eval's arguments name its splits)
+    assert not {"torch", "transformers", "langgraph"} & imported

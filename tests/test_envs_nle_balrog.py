@@ -381,3 +381,27 @@ async def test_the_invalid_answer_note_heads_the_long_term_part_as_in_balrog() -
     assert past == f"Observation:\n{note}{rest.split(chr(10) + chr(10) + balrog_protocol.ANSWER_RULE)[0]}"
     assert "inventory:" not in past
     assert state["history"][1][0].startswith(note)
+
+
+def test_the_docs_say_minihacks_reward_under_balrogs_protocol_is_verlogs_success() -> None:
+    """docs/environments_balrog.md's invalid-answer row says what the reward is under BALROG's
+    protocol, as the games give it: MiniHack's is verlog's 1/0 success (the game's own reward,
+    with its -0.01 steps, in ``info["game_reward"]``), NetHack's the game's."""
+    from pathlib import Path
+
+    from verlog.envs.base import play_steps
+    from verlog.envs.nle.agents import MiniHackSearchAgent
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "environments_balrog.md").read_text()
+    [row] = [line for line in doc.splitlines() if line.startswith("| Invalid answer |")]
+    balrog_cell = row.split(" | ")[2]
+    assert "MiniHack's is verlog's 1/0 success" in balrog_cell and 'info["game_reward"]' in balrog_cell
+    assert "NetHack's is (the change of the in-game score)" in balrog_cell
+
+    moves = [r.info["action"] for r in play_steps(MiniHackTextEnv("MazeWalk-9x9"), MiniHackSearchAgent(), 1)]
+    env = make_minihack("MazeWalk-9x9", protocol="balrog")
+    env.reset(1)
+    results = [env.step(move) for move in moves]
+    assert [r.reward for r in results] == [0.0] * (len(results) - 1) + [1.0] and results[-1].info["success"]
+    assert results[-1].info["game_reward"] >= 1.0
+    assert any(r.info["game_reward"] < 0 for r in results[:-1])  # the game's -0.01 steps are not the reward

@@ -94,3 +94,30 @@ def test_listing_environments_imports_no_game_package() -> None:
     assert out.returncode == 0, out.stderr
     count, heavy = out.stdout.strip().split(" ", 1)
     assert int(count) > 40 and heavy == "[]"
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at module level or inside a function (``from pkg import
+    name`` counts as ``pkg``)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+    return out
+
+
+def test_the_environments_import_no_model_even_lazily() -> None:
+    """The word-level models are built from the games' words (``verlog.models`` imports
+    ``verlog.envs``); the environments never import the models back, not even inside a function
+    (a circle that only laziness keeps from failing): the cache folder they share lives in
+    ``verlog.cache``."""
+    envs = [p for p in (PACKAGE / "envs").rglob("*.py")]
+    assert len(envs) > 20
+    back = {
+        str(p.relative_to(ROOT)): sorted(m for m in _all_imports(p) if m.split(".")[:2] == ["verlog", "models"])
+        for p in envs
+    }
+    assert {path: names for path, names in back.items() if names} == {}
+    assert "verlog.envs.crafter.env" in _all_imports(PACKAGE / "models" / "crafter_words.py")  # the one direction

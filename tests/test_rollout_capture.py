@@ -286,3 +286,45 @@ async def test_real_instruct_model_answers_and_is_captured_exactly():
     engine.close()
     assert check_turns_exact(episodes, tokenizer, lm) == 1
     assert "Paris" in answers_of(episodes[0])[0].content
+
+
+async def test_answers_that_do_not_survive_decode_and_encode_are_kept_as_the_engine_wrote_them(tiny_tokenizer):
+    """A sampling model may write a text in tokens its tokenizer would not make of it: here
+    "hello world" one token per character. Decoding those ids and encoding the text gives other
+    (merged) ids, so a chat model that re-tokenized its answer would train ids the model never
+    chose; every entry point (a graph's ``ainvoke`` and ``astream``, ``invoke``) keeps the engine's
+    ids, one logprob each, and the text they decode to."""
+    from verlog.testing.scripted_engine import ScriptedEngine
+
+    eos = tiny_tokenizer.eos_token_id
+    spelled = tiny_tokenizer.convert_tokens_to_ids(list("helloĠworld"))  # byte-level: Ġ is the space
+    assert tiny_tokenizer.unk_token_id not in spelled
+    text = tiny_tokenizer.decode(spelled)
+    assert text == "hello world"
+    retokenized = tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert retokenized != spelled and len(retokenized) < len(spelled)  # the case that catches re-tokenization
+    engine = ScriptedEngine(tiny_tokenizer, [spelled], logprob=-0.5)
+    chat = VerlogChatModel(engine=engine, tokenizer=tiny_tokenizer, max_tokens=32)
+    written = [*spelled, eos]
+
+    async def policy(state: MessagesState) -> dict:
+        first = await chat.ainvoke([HumanMessage("say it")])
+        chunks = [chunk async for chunk in chat.astream([HumanMessage("again")])]
+        streamed = chunks[0]
+        for chunk in chunks[1:]:
+            streamed += chunk
+        return {"messages": [first, AIMessage(streamed.content, response_metadata=streamed.response_metadata)]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("policy", policy)
+    g.add_edge(START, "policy")
+    g.add_edge("policy", END)
+    episode = await run_episode(g.compile(), {"messages": []})
+    assert episode.status == "ok", episode.error
+    assert [t.response_ids for t in episode.turns] == [written, written]
+    assert all(t.logprobs == [-0.5] * len(written) for t in episode.turns)
+    for answer in episode.output["messages"]:
+        assert answer.response_metadata["response_ids"] == written and answer.content == "hello world"
+    answer = chat.invoke("once more")
+    assert answer.response_metadata["response_ids"] == written
+    assert answer.response_metadata["logprobs"] == [-0.5] * len(written)

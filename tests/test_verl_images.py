@@ -477,3 +477,58 @@ def test_a_batch_mixing_image_and_text_rows_comes_back_intact_for_verls_actor(qw
     expected = [renderer.image_inputs([picture(seed, s) for s in shown]) for seed, shown in image_rows]
     assert torch.equal(gathered["pixel_values"], torch.cat([e["pixel_values"] for e in expected]))
     assert torch.equal(gathered["image_grid_thw"], torch.cat([e["image_grid_thw"] for e in expected]))
+
+
+async def test_an_image_is_what_verls_own_agent_loops_hand_the_processor(qwen_world):
+    """verl's agent loops pass a message's image through ``process_vision_info`` before the
+    processor: RGB with an RGBA image composited on white, resized bicubically to whole image
+    tokens (sides multiples of 2 x 14, at least 4 tokens). verlog's agent loop renders the same
+    pixels: a 50 x 40 RGBA picture becomes 84 x 56 (6 tokens), its transparent half white; the
+    turn keeps that image, and its pixel inputs are the processor's of it."""
+    import io
+
+    from langchain_core.messages import HumanMessage
+    from PIL import Image
+
+    from verlog.integrations.verl.agent_loop import LangGraphAgentLoop
+    from verlog.integrations.verl.vision_info import MAX_ASPECT_RATIO, vision_info_size
+    from verlog.llm.prompt import PromptRenderer
+
+    processor = qwen_world.processor
+    rgba = Image.new("RGBA", (50, 40), (200, 10, 10, 255))
+    for x in range(25, 50):
+        for y in range(40):
+            rgba.putpixel((x, y), (0, 0, 255, 0 if y < 30 else 128))  # blue under no / half cover
+    out = io.BytesIO()
+    rgba.save(out, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+    loop = object.__new__(LangGraphAgentLoop)  # what __init__ sets that the chat model reads
+    loop.verlog_tokenizer, loop.verlog_processor, loop.processor = processor.tokenizer, processor, processor
+    loop.spec = SimpleNamespace(model_path="qwen-vl", multi_turn=SimpleNamespace(chat_template_kwargs={}))
+    loop.spec.response_length = 6
+    engine = PictureEngine(processor.tokenizer)
+    model = loop._chat_model(engine, {"temperature": 1.0})
+    message = HumanMessage(
+        content=[{"type": "text", "text": "move?"}, {"type": "image_url", "image_url": {"url": url}}]
+    )
+    answer = await model.ainvoke([message])
+    [(prompt_ids, images)] = engine.seen
+    [kept] = images.images
+    shown = Image.open(io.BytesIO(kept))
+    assert shown.mode == "RGB" and shown.size == (84, 56)
+    on_white = Image.new("RGB", rgba.size, (255, 255, 255))
+    on_white.paste(rgba, mask=rgba.split()[3])
+    assert on_white.getpixel((40, 10)) == (255, 255, 255)  # not the blue under the transparent half
+    assert list(shown.getdata()) == list(on_white.resize((84, 56), Image.Resampling.BICUBIC).getdata())
+    assert prompt_ids.count(processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")) == 3 * 2
+    assert answer.response_metadata["prompt_ids"] == prompt_ids
+    expected = PromptRenderer(processor.tokenizer, processor=processor).image_inputs([kept])
+    assert torch.equal(images.tensors["pixel_values"], expected["pixel_values"])
+    # process_vision_info's rule on other sizes: a large picture keeps its sides' nearest multiples
+    # of 28; past 16384 tokens it shrinks; Qwen3-VL's patches of 16 give multiples of 32
+    assert vision_info_size(1000, 2000, 14) == (1008, 1988)
+    assert vision_info_size(4000, 4000, 14) == (3584, 3584)
+    assert vision_info_size(40, 50, 16) == (64, 96)
+    with pytest.raises(ValueError, match="process_vision_info"):
+        vision_info_size(10, 10 * MAX_ASPECT_RATIO + 10, 14)

@@ -295,3 +295,54 @@ def test_a_placeholder_token_in_the_response_is_a_plain_token(vl):
         assert max(abs(a - b) for a, b in zip(logp[0].tolist(), expected)) < 1e-5
         with pytest.raises(RuntimeError):  # the whole row in one pass: a placeholder without a picture
             model(input_ids=seq, **pixels)
+
+
+async def test_serve_model_takes_images_in_every_role_and_checks_their_type(vl):
+    """``serve-model`` on a vision model: images in system and assistant messages are rendered as
+    the chat model renders them in a graph (not a 400 "takes no images"); a data URL whose type
+    is no raster image (``text/plain`` holding PNG bytes, an SVG) is a 400 naming the part and the
+    type, never PIL's message with a memory address; the chat model refuses the same URLs."""
+    openai = pytest.importorskip("openai")
+    from verlog.serve import OpenAIServer, serve_in_thread
+    from verlog.serve.limits import ServerLimits
+
+    _, processor, engine = vl
+    picture = png((9, 99, 199))
+    server = OpenAIServer(
+        engine,
+        processor.tokenizer,
+        model_name="tiny-vl",
+        processor=processor,
+        limits=ServerLimits(max_prompt_tokens=4000),
+    )
+
+    def part(url: str) -> dict:
+        return {"type": "image_url", "image_url": {"url": url}}
+
+    with serve_in_thread(server) as base_url:
+        client = openai.OpenAI(base_url=base_url, api_key="k", max_retries=0)
+        shown = [{"type": "text", "text": "This is the board:"}, part(data_url(picture))]
+        messages = [
+            {"role": "system", "content": shown},
+            {"role": "user", "content": "What do you see?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "This:"}, part(data_url(png((1, 2, 3))))]},
+            {"role": "user", "content": "And now?"},
+        ]
+        reply = client.chat.completions.create(model="tiny-vl", messages=messages, max_tokens=4)
+        text_only = [{"role": m["role"], "content": "x"} for m in messages]
+        plain = client.chat.completions.create(model="tiny-vl", messages=text_only, max_tokens=4)
+        assert reply.usage.prompt_tokens - plain.usage.prompt_tokens >= 2 * IMAGE_SEQ_LEN  # both images rendered
+        as_text = "data:text/plain;base64," + base64.b64encode(picture).decode()
+        svg = "data:image/svg+xml;base64," + base64.b64encode(b'<svg xmlns="http://www.w3.org/2000/svg"/>').decode()
+        for url, says in ((as_text, "'text/plain' is not an image format"), (svg, "vector drawing")):
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(
+                    model="tiny-vl", messages=[{"role": "user", "content": [part(url)]}], max_tokens=4
+                )
+            error = refused.value.body
+            assert error["param"] == "messages[0].content[0].image_url.url" and says in error["message"], error
+            assert "0x" not in error["message"]
+    vision = VerlogChatModel(engine=engine, tokenizer=processor.tokenizer, processor=processor)
+    for url in (as_text, svg):
+        with pytest.raises(ValueError, match="image"):
+            await vision.ainvoke([HumanMessage(content=[part(url)])])

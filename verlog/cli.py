@@ -13,7 +13,8 @@ A user's mistake (a bad config key, a ``model.path`` that names no model, a grap
 to import or build or lacks ``make_input``, a ``make_input`` that raises, a graph whose episodes
 keep failing, an unreachable engine, a checkpoint verlog will not load, ``--resume`` without a
 checkpoint) prints one ``error: ...`` line on stderr and exits 2, without a traceback; each is
-listed with what to do in docs/troubleshooting.md.
+listed with what to do in docs/troubleshooting.md. ``verlog rollout`` whose every episode failed
+prints its turns and summary, then one ``error:`` line naming the first failure, and exits 1.
 """
 
 from __future__ import annotations
@@ -132,6 +133,13 @@ def _rollout(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps([_episode_json(e) for e in episodes], indent=1))
         console.print(f"turns written to {args.json}")
+    if episodes and all(e.failed for e in episodes):  # nothing played: a script must not read it as a success
+        from verlog.console import print_error
+
+        first = episodes[0]
+        reason = (first.error or first.status).strip().splitlines()[0]
+        print_error(f"every episode failed ({len(episodes)} of {len(episodes)}); the first ({first.status}): {reason}")
+        return 1
     return 0
 
 
@@ -309,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "eval", help="evaluate a checkpoint or an OpenAI-compatible endpoint: progression, win rate, return ± s.e."
     )
-    p.populate = _eval_arguments  # its module loads the evaluation stack: only for `verlog eval`
+    _eval_arguments(p)
 
     p = sub.add_parser("play", help="play a text environment in the terminal, seeing what the model sees")
     p.add_argument("env", help="an environment name, e.g. babyai:goto, babaisai:two_room-goto_win, crafter")
@@ -347,10 +355,84 @@ def _play_protocol(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _eval_arguments(parser: argparse.ArgumentParser) -> None:
-    from verlog.evaluation.command import add_eval_arguments
+def _eval_arguments(p: argparse.ArgumentParser) -> None:
+    """``verlog eval``'s description and arguments (here, not beside the evaluation stack, so that
+    ``verlog eval --help`` answers without loading torch)."""
+    from verlog.config import EVAL_SPLITS
 
-    add_eval_arguments(parser)
+    p.description = (
+        "Play seeded episodes of one or more configs' graphs (or a --suite) with a checkpoint or "
+        "any OpenAI-compatible endpoint. Finished episodes are saved as they end; the same command "
+        "resumes an interrupted run."
+    )
+    p.add_argument(
+        "targets",
+        nargs="*",
+        metavar="CONFIG|key=value",
+        help="config files (see configs/) and key.path=value overrides applied to every config",
+    )
+    p.add_argument("--suite", default=None, help="a suite of configs, e.g. balrog (configs/suites/NAME.yaml) or a path")
+    p.add_argument("--checkpoint", default=None, help="a run folder (its latest checkpoint) or a checkpoint folder")
+    p.add_argument("--base-url", default=None, help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", default=None, help="the model name the endpoint serves (with --base-url)")
+    p.add_argument("--api-key", default=None, help="the endpoint's key (default: $VERLOG_API_KEY, $OPENAI_API_KEY)")
+    p.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="episodes per task (default: eval.episodes; with a data section, every row of the split)",
+    )
+    p.add_argument(
+        "--split",
+        choices=EVAL_SPLITS,
+        default=None,
+        help="with a data section: the split whose rows are played (default: eval.split, test)",
+    )
+    p.add_argument("--concurrency", type=int, default=None, help="episodes at once (default: eval.concurrency)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature (default: eval.temperature, else sampling.temperature)",
+    )
+    p.add_argument("--max-tokens", type=int, default=None, help="most tokens per answer (default: sampling.max_tokens)")
+    p.add_argument(
+        "--graph-kwargs",
+        default=None,
+        metavar="JSON",
+        help="keyword arguments of every task's build_graph, applied last (they win over the suite's "
+        'and the configs\'), e.g. \'{"max_steps": 10, "max_tokens": 32}\' for a smoke run; changing '
+        "a suite's settings makes its scores not its protocol's (the run says so)",
+    )
+    p.add_argument(
+        "--balrog",
+        default=None,
+        metavar="PATH",
+        help="your BALROG (a checkout of github.com/balrog-ai/BALROG or its installed package; default "
+        "$VERLOG_BALROG): BALROG-protocol tasks use its own instructions, answer rule and invalid-answer "
+        "note, and TextWorld its games; without it the wording is verlog's (the run says so)",
+    )
+    p.add_argument(
+        "--vision",
+        action="store_true",
+        help="BALROG's vision protocol (its VLM leaderboard's setting, agent.max_image_history 1): "
+        "BALROG-protocol tasks also show the model an image of the current observation, a PNG "
+        "image_url part after its text, so the model must read images (a vision-language model)",
+    )
+    p.add_argument("--out", default=None, help="output folder (default: CHECKPOINT/eval, else runs/eval/MODEL)")
+    p.add_argument("--fresh", action="store_true", help="discard the episodes already in the output folder")
+    p.add_argument("--json", default=None, help="also write the summary JSON to this file")
+    p.add_argument("--no-chart", action="store_true", help="do not draw the PNG chart (no matplotlib needed)")
+    p.set_defaults(func=_eval)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    """``verlog eval``: an ``EvalError`` reaches :func:`main`, which prints it as one ``error:`` line."""
+    from verlog.console import console
+    from verlog.evaluation.command import run_eval
+
+    run_eval(args, console)
+    return 0
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
 
-from verlog.config import EVAL_SPLITS, json_object
+from verlog.config import json_object
 from verlog.evaluation.players import EndpointModel, EngineModel
 from verlog.evaluation.progress import EvalProgress
 from verlog.evaluation.report import plot_progression, require_matplotlib, summary_table, write_json
@@ -44,89 +44,12 @@ from verlog.evaluation.suite_protocol import (
 from verlog.evaluation.tasks import EvalTask, plan_tasks
 from verlog.rollout.interrupts import InterruptResponder
 
-__all__ = ["add_eval_arguments", "run_eval"]
+__all__ = ["run_eval"]
 
 #: this many episodes ending in ``error`` one after another stop the run (the model is down)
 MAX_CONSECUTIVE_ERRORS = 10
 SUMMARY_FILE = "summary.json"
 CHART_FILE = "progression.png"
-
-
-def add_eval_arguments(p: argparse.ArgumentParser) -> None:
-    """Give ``verlog eval``'s parser (the CLI makes it, with its one-line help) its description,
-    arguments and command."""
-    p.description = (
-        "Play seeded episodes of one or more configs' graphs (or a --suite) with a checkpoint or "
-        "any OpenAI-compatible endpoint. Finished episodes are saved as they end; the same command "
-        "resumes an interrupted run."
-    )
-    p.add_argument(
-        "targets",
-        nargs="*",
-        metavar="CONFIG|key=value",
-        help="config files (see configs/) and key.path=value overrides applied to every config",
-    )
-    p.add_argument("--suite", default=None, help="a suite of configs, e.g. balrog (configs/suites/NAME.yaml) or a path")
-    p.add_argument("--checkpoint", default=None, help="a run folder (its latest checkpoint) or a checkpoint folder")
-    p.add_argument("--base-url", default=None, help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--model", default=None, help="the model name the endpoint serves (with --base-url)")
-    p.add_argument("--api-key", default=None, help="the endpoint's key (default: $VERLOG_API_KEY, $OPENAI_API_KEY)")
-    p.add_argument(
-        "--episodes",
-        type=int,
-        default=None,
-        help="episodes per task (default: eval.episodes; with a data section, every row of the split)",
-    )
-    p.add_argument(
-        "--split",
-        choices=EVAL_SPLITS,
-        default=None,
-        help="with a data section: the split whose rows are played (default: eval.split, test)",
-    )
-    p.add_argument("--concurrency", type=int, default=None, help="episodes at once (default: eval.concurrency)")
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=None,
-        help="sampling temperature (default: eval.temperature, else sampling.temperature)",
-    )
-    p.add_argument("--max-tokens", type=int, default=None, help="most tokens per answer (default: sampling.max_tokens)")
-    p.add_argument(
-        "--graph-kwargs",
-        default=None,
-        metavar="JSON",
-        help="keyword arguments of every task's build_graph, applied last (they win over the suite's "
-        'and the configs\'), e.g. \'{"max_steps": 10, "max_tokens": 32}\' for a smoke run; changing '
-        "a suite's settings makes its scores not its protocol's (the run says so)",
-    )
-    p.add_argument(
-        "--balrog",
-        default=None,
-        metavar="PATH",
-        help="your BALROG (a checkout of github.com/balrog-ai/BALROG or its installed package; default "
-        "$VERLOG_BALROG): BALROG-protocol tasks use its own instructions, answer rule and invalid-answer "
-        "note, and TextWorld its games; without it the wording is verlog's (the run says so)",
-    )
-    p.add_argument(
-        "--vision",
-        action="store_true",
-        help="BALROG's vision protocol (its VLM leaderboard's setting, agent.max_image_history 1): "
-        "BALROG-protocol tasks also show the model an image of the current observation, a PNG "
-        "image_url part after its text, so the model must read images (a vision-language model)",
-    )
-    p.add_argument("--out", default=None, help="output folder (default: CHECKPOINT/eval, else runs/eval/MODEL)")
-    p.add_argument("--fresh", action="store_true", help="discard the episodes already in the output folder")
-    p.add_argument("--json", default=None, help="also write the summary JSON to this file")
-    p.add_argument("--no-chart", action="store_true", help="do not draw the PNG chart (no matplotlib needed)")
-    p.set_defaults(func=_command)
-
-
-def _command(args: argparse.Namespace) -> int:
-    """``verlog eval``: an ``EvalError`` reaches the CLI, which prints it as one ``error:`` line."""
-    from verlog.console import console
-
-    run_eval(args, console)
-    return 0
 
 
 def split_targets(targets: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -178,7 +101,7 @@ def _balrog_source(path: str | None, tasks: list[EvalTask], console: Console) ->
 def _vision(tasks: list[EvalTask], console: Console) -> None:
     """``--vision``: BALROG's vision protocol in the BALROG-protocol tasks (an ``EvalError`` when
     there are none); the run says so."""
-    from verlog.envs.balrog_vision import IMAGE_HISTORY
+    from verlog.envs.balrog_vision import IMAGE_HISTORY, SETTING
 
     playing = with_vision(tasks)
     if not playing:
@@ -186,9 +109,12 @@ def _vision(tasks: list[EvalTask], console: Console) -> None:
             "--vision is BALROG's vision protocol: no task here plays BALROG's protocol (give --suite balrog, "
             "or configs whose graph_kwargs set protocol: balrog)"
         )
+    played = sorted({t.graph_kwargs[SETTING] for t in playing})  # --graph-kwargs may set its own
+    history = "/".join(map(str, played))
+    note = "" if played == [IMAGE_HISTORY] else f"; BALROG's is {IMAGE_HISTORY}"
     console.print(
-        f"images: BALROG's vision protocol in {len(playing)} task(s), the current observation's image "
-        f"(max_image_history {IMAGE_HISTORY}) after its text: the model must read images",
+        f"images: BALROG's vision protocol in {len(playing)} task(s), the latest observations' images "
+        f"(max_image_history {history}{note}) after their text: the model must read images",
         soft_wrap=True,
     )
 
@@ -369,6 +295,17 @@ def _model_and_folder(args: argparse.Namespace, tasks: list[EvalTask]) -> tuple[
     return model, out
 
 
+def sent_sampling(model: Any, task: EvalTask) -> dict[str, Any]:
+    """The sampling settings the task's model calls are sent: the player's, with ``max_tokens``
+    the graph's own where its ``graph_kwargs`` give one (verlog's graphs bind it to their policy
+    calls, over the player's: BALROG's protocol sends 8192, whatever ``sampling.max_tokens`` says)."""
+    sampling = dict(model.sampling(task.config))
+    bound = task.graph_kwargs.get("max_tokens")
+    if isinstance(bound, int) and not isinstance(bound, bool) and bound > 0:
+        sampling["max_tokens"] = bound
+    return sampling
+
+
 def _about(
     model: Any,
     tasks: list[EvalTask],
@@ -399,7 +336,7 @@ def _about(
             if any(t.split is not None for t in tasks)
             else {}
         ),
-        "sampling": {t.label: model.sampling(t.config) for t in tasks},
+        "sampling": {t.label: sent_sampling(model, t) for t in tasks},
         **({"graph_kwargs_override": graph_kwargs} if graph_kwargs else {}),
         **({"not_the_suites_protocol": changed} if changed is not None else {}),
         **(wording_report(source) if balrog_tasks(tasks) else {}),

@@ -207,6 +207,11 @@ class VerlogChatModel(BaseChatModel):
         default=None,
         description="a vision-language model's processor (verlog.models.load_processor): messages may hold images",
     )
+    image_transform: Callable[[bytes], bytes] | None = Field(
+        default=None,
+        description="what a prompt's image files become before the processor sees them (the turn keeps the "
+        "result), e.g. verl's process_vision_info (verlog.integrations.verl.vision_info); None: as they are",
+    )
     model_name: str = "verlog"
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     temperature: float = 1.0
@@ -220,7 +225,7 @@ class VerlogChatModel(BaseChatModel):
     _eos_ids: frozenset[int] = PrivateAttr()
 
     def model_post_init(self, context: Any) -> None:
-        self._renderer = PromptRenderer(self.tokenizer, self.chat_template_kwargs, self.processor)
+        self._renderer = PromptRenderer(self.tokenizer, self.chat_template_kwargs, self.processor, self.image_transform)
         eos = set(self.engine.eos_token_ids)
         for tid in (getattr(self.tokenizer, "eos_token_id", None),):
             if isinstance(tid, int):

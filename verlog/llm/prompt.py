@@ -13,7 +13,7 @@ inputs (:class:`verlog.backends.base.ImageInputs`).
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from langchain_core.messages import (
     AIMessage,
@@ -152,11 +152,19 @@ class PromptRenderer:
     """Renders messages (+ tool schemas) with one tokenizer's chat template to text and ids;
     with a vision-language model's ``processor``, prompts with images too (:meth:`render_images`)."""
 
-    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None, processor: Any = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        processor: Any = None,
+        image_transform: Callable[[bytes], bytes] | None = None,
+    ):
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.template_knows_tools = "tools" in _template_source(tokenizer)
         self.processor = processor
+        #: what a prompt's image files become before the processor sees them (None: as they are)
+        self.image_transform = image_transform
 
     def render_text(
         self, messages: Sequence[BaseMessage], tools: list[dict] | None = None, images: list[bytes] | None = None
@@ -196,6 +204,8 @@ class PromptRenderer:
                 "the messages hold images, and this model has no image processor: use a vision-language "
                 "model (a folder with a processor config, e.g. 'tiny-vl')"
             )
+        if self.image_transform is not None:
+            images = [self.image_transform(image) for image in images]
         ids, inputs = self._process(text, images)
         return ids, ImageInputs(tuple(images), inputs)
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from verlog.cache import verlog_cache_dir
+
 __all__ = [
     "MODEL_SPECS",
     "ModelNotFoundError",
@@ -62,13 +64,6 @@ class ModelNotFoundError(FileNotFoundError):
     def __init__(self, message: str, hub: str = "") -> None:
         super().__init__(message)
         self.hub = hub
-
-
-def verlog_cache_dir() -> Path:
-    """The folder where verlog caches built artefacts (models...): ``$VERLOG_CACHE`` if set,
-    else ``~/.cache/verlog``. Not created here."""
-    env = os.environ.get("VERLOG_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "verlog"
 
 
 def tiny_model_dir() -> Path:

@@ -143,7 +143,7 @@ def save_word_model(
 def cached_word_model(name: str, build: Callable[[Path], Path]) -> Path:
     """The folder of the named word-level model under ``verlog_cache_dir()/models``, built with
     ``build(folder)`` on first use (atomically: ``verlog.models.tiny.build_cached``)."""
-    from verlog.models import verlog_cache_dir
+    from verlog.cache import verlog_cache_dir
     from verlog.models.tiny import build_cached
 
     return build_cached(verlog_cache_dir() / "models" / name, build)

@@ -68,7 +68,7 @@ def state_dir_for(settings: GraphServeSettings) -> Path:
     absolute path (the server runs in that folder: a relative one would then point elsewhere)."""
     if settings.state_dir is not None:
         return Path(settings.state_dir).expanduser().resolve()
-    from verlog.models import verlog_cache_dir
+    from verlog.cache import verlog_cache_dir
 
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", settings.name)
     return verlog_cache_dir() / "serve" / f"{safe}-{settings.port}"

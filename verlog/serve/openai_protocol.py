@@ -27,6 +27,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from verlog.backends.token_bytes import TokenBytes
+from verlog.llm.images import block_image
 from verlog.traces.records import check_reward
 
 
@@ -494,10 +495,12 @@ def _without_images(content: str | list[dict[str, Any]] | None) -> str | list[di
     )
 
 
-def _user_content(content: str | list[dict[str, Any]], where: str) -> str | list[dict[str, Any]]:
-    """A user message's content for the chat model: its text, or, with ``image_url`` parts
-    (base64 data URLs; a vision-language model renders them), its parts in order."""
-    if isinstance(content, str) or not any(p.get("type") == "image_url" for p in content):
+def _content_parts(content: str | list[dict[str, Any]] | None, where: str) -> str | list[dict[str, Any]]:
+    """A message's content for a vision model's chat model: its text, or, with ``image_url``
+    parts (base64 data URLs of a raster image type; the model renders them wherever the
+    conversation holds them, as in a graph), its parts in order. A part the chat model would
+    refuse is a 400 naming it."""
+    if content is None or isinstance(content, str) or not any(p.get("type") == "image_url" for p in content):
         return message_text(content, where)
     parts: list[dict[str, Any]] = []
     for i, part in enumerate(content):
@@ -506,31 +509,37 @@ def _user_content(content: str | list[dict[str, Any]], where: str) -> str | list
             continue
         url = part.get("image_url")
         url = url.get("url") if isinstance(url, dict) else url
+        param = f"{where}.content[{i}].image_url.url"
         if not isinstance(url, str) or not url.startswith("data:"):
             raise APIError(
                 400,
-                f"{where}.content[{i}].image_url.url must be a base64 data URL (data:image/png;base64,...): "
-                "this server fetches no image",
-                param=f"{where}.content[{i}].image_url.url",
+                f"{param} must be a base64 data URL (data:image/png;base64,...): this server fetches no image",
+                param=param,
             )
+        try:
+            block_image({"type": "image_url", "image_url": {"url": url}})
+        except ValueError as exc:
+            raise APIError(400, f"{param}: {exc}", param=param) from None
         parts.append({"type": "image_url", "image_url": {"url": url}})
     return parts
 
 
 def to_langchain_messages(request: ChatCompletionRequest, *, images: bool = False) -> list[BaseMessage]:
     """The request's messages as the LangChain messages verlog's chat model renders; ``images``:
-    the model takes images (user messages may hold ``image_url`` parts)."""
+    the model takes images (a message of any role may hold ``image_url`` parts, as the chat model
+    renders them in a graph)."""
     out: list[BaseMessage] = []
     for i, m in enumerate(request.messages):
         where = f"messages[{i}]"
-        text = message_text(_without_images(m.content) if images and m.role == "user" else m.content, where)
+        text = message_text(_without_images(m.content) if images else m.content, where)
         _check_unicode(text, where)
+        content = _content_parts(m.content, where) if images else text
         if m.role in ("system", "developer"):
-            out.append(SystemMessage(text))
+            out.append(SystemMessage(content))
         elif m.role == "user":
             if m.content is None:
                 raise APIError(400, f"{where}: a user message needs 'content'", param=f"{where}.content")
-            out.append(HumanMessage(_user_content(m.content, where) if images else text))
+            out.append(HumanMessage(content))
         elif m.role == "assistant":
             calls = []
             for j, call in enumerate(m.tool_calls or []):
@@ -549,11 +558,11 @@ def to_langchain_messages(request: ChatCompletionRequest, *, images: bool = Fals
                     param = f"{where}.tool_calls[{j}].function.arguments"
                     raise APIError(400, f"{param} {error}", param=param)
                 calls.append({"name": call.function.name, "args": args, "id": call.id, "type": "tool_call"})
-            out.append(AIMessage(text, tool_calls=calls))
+            out.append(AIMessage(content, tool_calls=calls))
         else:  # tool
             if not m.tool_call_id:
                 raise APIError(400, f"{where}: a tool message needs 'tool_call_id'", param=f"{where}.tool_call_id")
-            out.append(ToolMessage(text, tool_call_id=m.tool_call_id, name=m.name))
+            out.append(ToolMessage(content, tool_call_id=m.tool_call_id, name=m.name))
     return out
 
 

@@ -3,12 +3,14 @@
 For testing graphs and for benchmarks that measure everything except the model: each call
 returns the next scripted answer (or ``script(prompt_ids)`` if the script is a function),
 encoded with the real tokenizer plus the end-of-sequence token, with a fixed logprob per token.
+An answer given as token ids is sent as it is: ids the tokenizer would not make of their text
+(one token per character, say), as a sampling model may write them, show a re-tokenized answer.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from verlog.backends.base import Engine, Generation, SamplingParams
 
@@ -18,14 +20,15 @@ class ScriptedEngine(Engine):
 
     Args:
         tokenizer: encodes the answers (its eos token ends each one).
-        script: answer texts, cycled; or a function ``prompt_ids -> text``.
+        script: answers (texts, or lists of token ids sent as they are), cycled; or a function
+            ``prompt_ids -> answer``.
         logprob: the logprob reported for every token.
     """
 
     def __init__(
         self,
         tokenizer: Any,
-        script: Iterable[str] | Callable[[list[int]], str],
+        script: Iterable[str | Sequence[int]] | Callable[[list[int]], str | Sequence[int]],
         *,
         logprob: float = -1.0,
     ):
@@ -41,10 +44,13 @@ class ScriptedEngine(Engine):
         self, prompt_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
     ) -> Generation:
         self.calls.append(prompt_ids)
-        text = self._script(prompt_ids) if callable(self._script) else next(self._script)
-        ids = self._cache.get(text)
-        if ids is None:
-            ids = self._cache[text] = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        answer = self._script(prompt_ids) if callable(self._script) else next(self._script)
+        if isinstance(answer, str):
+            ids = self._cache.get(answer)
+            if ids is None:
+                ids = self._cache[answer] = list(self.tokenizer(answer, add_special_tokens=False)["input_ids"])
+        else:
+            ids = list(answer)
         ids = ids[: sampling.max_new_tokens]
         finish = "length"
         if len(ids) < sampling.max_new_tokens and self.eos_token_ids:

@@ -79,7 +79,7 @@ _GENERATORS = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
 
 def cache_root() -> Path:
     """Where generated games are cached: ``verlog_cache_dir()/textworld``."""
-    from verlog.models import verlog_cache_dir
+    from verlog.cache import verlog_cache_dir
 
     return verlog_cache_dir() / "textworld"
 

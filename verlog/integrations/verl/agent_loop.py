@@ -37,7 +37,9 @@ worker computes the row's pixel inputs and positions with *its* processor. Where
 Qwen3-VL, GLM-4V, GLM-4.6V, Mllama and Gemma4; or ``data.mm_processor_kwargs`` would make its
 pixels differ from the ones verlog expanded the prompt for), every model call with images fails
 its episode with the reason (``images_refused``), and a row with images raises
-``ImageTurnError``: images are never dropped silently.
+``ImageTurnError``: images are never dropped silently. Each image is first made what verl's own
+agent loops make of it (``process_vision_info``: RGB on white, resized to whole image tokens;
+``verlog.integrations.verl.vision_info``), so their pixels and verlog's are the same.
 
 A failed episode (graph error, recursion limit, timeout, engine failure) yields no sample: an
 episode row returns ``[]``; a slot drops the failed episode's turns in the batch being
@@ -70,6 +72,7 @@ from verlog.integrations.verl.samples import (
     turn_output,
 )
 from verlog.integrations.verl.settings import AGENT_NAME, AgentSpec, agent_spec
+from verlog.integrations.verl.vision_info import image_patch_size, vision_info_image
 from verlog.llm.chat_model import VerlogChatModel
 from verlog.rewards import RewardError
 from verlog.rollout.interrupts import InterruptResponder
@@ -284,6 +287,11 @@ class LangGraphAgentLoop(AgentLoopBase):
             engine=engine,
             tokenizer=self.verlog_tokenizer,
             processor=self.verlog_processor,
+            image_transform=(
+                None
+                if self.verlog_processor is None
+                else functools.partial(vision_info_image, patch_size=image_patch_size(self.processor))
+            ),
             model_name=self.spec.model_path,
             chat_template_kwargs=dict(self.spec.multi_turn.chat_template_kwargs),
             temperature=float(sampling_params.get("temperature", 1.0)),
