@@ -106,6 +106,8 @@ def test_a_missing_optional_package_is_one_error_line_naming_its_extra(tmp_path,
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", without_crafter)
+    for name in [m for m in sys.modules if m.split(".")[0] == "crafter" or m.startswith("verlog.envs.crafter")]:
+        monkeypatch.delitem(sys.modules, name)  # imported by an earlier test: made to import again
     assert main(["play", "crafter", "--agent", "random", "--max-steps", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and len(err.splitlines()) == 1, err

@@ -22,7 +22,8 @@ Data flow (one package per stage):
 
 Beside them: ``verlog.config`` (YAML configs), ``verlog.agent`` (a config into an agent),
 ``verlog.graph_file`` (loading ``graphs/*.py``), ``verlog.cli``, ``verlog.registry``,
-``verlog.step_info``, ``verlog.tokens``, ``verlog.console``, ``verlog.local_server``.
+``verlog.step_info``, ``verlog.tokens``, ``verlog.console``, ``verlog.local_server``, ``verlog.cache``
+(where built models and games are kept).
 """
 
 __version__ = "0.1.0"
