@@ -8,6 +8,10 @@ Both give the graph files a LangChain chat model and nothing else changes:
 * :class:`EndpointModel` — LangChain's standard ``ChatOpenAI`` pointed at ``--base-url`` (vLLM,
   SGLang, ``verlog serve-model``, a hosted API), checked with one short request before any
   episode starts so that a wrong URL, key or model name fails at once with one clear line.
+
+Both sample each call with the seed the episode's recorder names for it
+(:mod:`verlog.llm.call_seeds`; OpenAI's ``seed`` for an endpoint): an endpoint that honours
+``seed`` (``verlog serve-model``, vLLM, SGLang) plays the same episodes on every run.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 from verlog.config import VerlogConfig
 from verlog.evaluation.runner import EvalError
 from verlog.evaluation.tasks import EvalTask
+from verlog.llm.call_seeds import call_seed_of
 from verlog.llm.loop_http import loop_local_async_client
 
 __all__ = ["EndpointModel", "EngineModel", "sampling_of"]
@@ -130,9 +135,7 @@ class EndpointModel:
         return s
 
     def _client(self, **settings: Any) -> Any:
-        from langchain_openai import ChatOpenAI
-
-        return ChatOpenAI(
+        return _seeded_chat_openai()(
             base_url=self.base_url, model=self.model, api_key=self.api_key, http_async_client=self._http, **settings
         )
 
@@ -180,3 +183,66 @@ class EndpointModel:
 
     async def aclose(self) -> None:
         return None
+
+
+_SEEDED: type | None = None
+
+
+def _seeded_chat_openai() -> type:
+    """``ChatOpenAI`` sending each call the seed its episode's recorder named for it (OpenAI's
+    ``seed``), unless the call or the model gives one: through ``invoke``, ``ainvoke``, ``batch``,
+    ``abatch``, ``stream`` and ``astream`` alike (LangChain runs ``_stream``/``_astream`` without
+    their run: ``stream`` and ``astream`` hand its id over as a call option, as
+    ``VerlogChatModel``'s do)."""
+    global _SEEDED
+    if _SEEDED is None:
+        from langchain_openai import ChatOpenAI
+
+        from verlog.llm.chat_model import _RUN_ID_OPTION, _with_run_id
+
+        class SeededChatOpenAI(ChatOpenAI):  # type: ignore[misc, valid-type]
+            def _seeded(self, run_manager: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+                kwargs = dict(kwargs)
+                given = kwargs.pop(_RUN_ID_OPTION, None)
+                if self.seed is None and kwargs.get("seed") is None:
+                    seed = call_seed_of(run_manager.run_id if run_manager is not None else given)
+                    if seed is not None:
+                        kwargs["seed"] = seed
+                return kwargs
+
+            def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+                kwargs = self._seeded(run_manager, kwargs)
+                return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+            async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+                kwargs = self._seeded(run_manager, kwargs)
+                return await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+            def _stream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+                kwargs = self._seeded(run_manager, kwargs)
+                yield from super()._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+            async def _astream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+                kwargs = self._seeded(run_manager, kwargs)
+                async for chunk in super()._astream(messages, stop=stop, run_manager=run_manager, **kwargs):
+                    yield chunk
+
+            def stream(self, input: Any, config: Any = None, *, stop: Any = None, **kwargs: Any) -> Any:
+                config, kwargs = _with_run_id(config, kwargs)
+                yield from super().stream(input, config, stop=stop, **kwargs)
+
+            async def astream(self, input: Any, config: Any = None, *, stop: Any = None, **kwargs: Any) -> Any:
+                config, kwargs = _with_run_id(config, kwargs)
+                async for chunk in super().astream(input, config, stop=stop, **kwargs):
+                    yield chunk
+
+            def _get_invocation_params(self, stop: Any = None, **kwargs: Any) -> dict[str, Any]:
+                kwargs.pop(_RUN_ID_OPTION, None)  # a call's identity, not one of its settings
+                return super()._get_invocation_params(stop=stop, **kwargs)
+
+            def _get_llm_string(self, stop: Any = None, **kwargs: Any) -> str:
+                kwargs.pop(_RUN_ID_OPTION, None)  # (LangChain's cache key)
+                return super()._get_llm_string(stop=stop, **kwargs)
+
+        _SEEDED = SeededChatOpenAI
+    return _SEEDED

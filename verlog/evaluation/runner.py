@@ -21,6 +21,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
+from uuid import UUID
 
 from verlog.envs.progression import goal_value
 from verlog.envs.registry import find_family, progression
@@ -55,26 +56,32 @@ class EvalError(RuntimeError):
 class ScoreRecorder(TurnRecorder):
     """A recorder that keeps only what scoring needs: the number of model calls, the rewards and
     the environment's latest info. It works whatever chat model answers (an endpoint's
-    ``ChatOpenAI`` carries no token data) and keeps no token ids in memory."""
+    ``ChatOpenAI`` carries no token data) and keeps no token ids in memory.
 
-    ignore_chain = True  # it keeps no turns: which attempt a call belongs to does not matter
+    Each call samples with a seed of its own, derived from the episode's id (its task and seed,
+    or its split's row) and the call's place in the episode (:mod:`verlog.llm.call_seeds`): an
+    evaluation plays the same episodes however many run at once and whatever else the machine
+    does."""
 
     def __init__(self, episode_id: str):
-        super().__init__(episode_id)
+        super().__init__(episode_id, sampling_key=episode_id)
         self.model_calls = 0
         self.info: StepInfo = StepInfo()  # the environment's latest, merged
 
-    def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
-        if NO_TRAIN_TAG in (kwargs.get("tags") or ()):
-            return  # a judge or summarizer reusing the model: not one of the agent's moves
-        with self._lock:
+    def on_chat_model_start(self, serialized: Any, messages: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:  # (the chain runs it tracks tell each call's place, for its seed)
+            self._seed_call(run_id, kwargs.get("parent_run_id"))
+            if NO_TRAIN_TAG in (kwargs.get("tags") or ()):
+                return  # a judge or summarizer reusing the model: not one of the agent's moves
             self.model_calls += 1
 
-    def on_llm_end(self, response: Any, **kwargs: Any) -> None:
-        return None  # no turns: every reward is summed in ``unassigned_reward``
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:  # no turns: every reward is summed in ``unassigned_reward``
+            self._call_over(run_id)
 
-    def on_llm_error(self, error: BaseException, **kwargs: Any) -> None:
-        return None
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            self._call_over(run_id)
 
     def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
         super().on_custom_event(name, data, **kwargs)  # checks the event, adds the reward

@@ -17,7 +17,9 @@ metadata (:data:`EPISODE_ID_KEY`), and while the engine answers, :func:`engine_c
 LangChain run id of the call (the one its callbacks saw start), so an engine that gates calls
 (the training runner) matches each request to its recorded call, however LangChain invoked the
 model. (langchain-core calls ``_stream``/``_astream`` without their run: ``stream``, ``astream``
-and the generate path hand it over as a call option.)
+and the generate path hand it over as a call option.) A call with no ``seed`` of its own samples
+with the seed its episode's recorder named for it, if any (:mod:`verlog.llm.call_seeds`): the
+same episode draws the same tokens whatever else the engine is answering.
 
 ``tool_choice`` ("required", or a tool's name) is honoured by prefilling the answer with the
 opening of a Hermes tool call (``<tool_call>`` and, for a named tool, its name): those forced
@@ -63,6 +65,7 @@ from verlog.backends.base import (
     check_sync_call,
     run_sync,
 )
+from verlog.llm.call_seeds import call_seed_of
 from verlog.llm.constrained import (
     extra_body_constraint,
     forced_tool_call,
@@ -439,6 +442,8 @@ class VerlogChatModel(BaseChatModel):
         asks. Made in the calling thread: a sync call's text work never runs on the engine's loop."""
         run_id, request_id = self._identify(run_manager, kwargs)
         sampling = self._sampling(stop, kwargs)
+        if sampling.seed is None:  # the seed the episode's recorder named for this call, if any
+            sampling = dataclasses.replace(sampling, seed=call_seed_of(run_id))
         plan = self.plan_call(
             messages,
             kwargs.get("tools"),

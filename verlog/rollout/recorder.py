@@ -33,6 +33,10 @@ own ``config={"callbacks": [...]}`` (which replaces the run's callbacks) is stil
   the calls it made before ``interrupt()`` are discarded too.
 * Each turn keeps the sampling its call was made with (``temperature``, ``top_p``, ``top_k``,
   as the chat model reports them), so a node bound to its own temperature is trained at it.
+* With a ``sampling_key`` (evaluation and training give one) the recorder names each call's
+  sampling seed as it starts (:mod:`verlog.llm.call_seeds`): the key, the call's LangGraph place
+  (superstep and task path, level by level) and how many calls that place made before it. The same
+  episode then draws the same tokens however many others run beside it.
 * A reward event that truncates the episode may carry ``next_messages``, the prompt the model
   would be given next: with a ``render_prompt`` the recorder renders it, with the tools of the
   turn's own call, into the turn's ``next_prompt_ids`` (the state the critic bootstraps from).
@@ -54,6 +58,7 @@ from langchain_core.outputs import LLMResult
 from langchain_core.tracers.context import register_configure_hook
 from langgraph.errors import GraphBubbleUp, GraphInterrupt
 
+from verlog.llm.call_seeds import assign_call_seed, derive_seed, release_call_seed
 from verlog.llm.images import is_image_block
 from verlog.llm.metadata import SamplingMetadata, TokenMetadata, has_tokens
 from verlog.rollout.events import REWARD_EVENT, DirectListener, RewardPayload
@@ -140,6 +145,10 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
             (``VerlogChatModel.render_prompt_ids``); without it they are ignored.
         keep_discarded: keep the turns of calls made in attempts that then raised (they are
             still counted in ``discarded_calls``); by default they are left out.
+        sampling_key: the key of the episode's sampling seeds (e.g. its task and seed): each call
+            without a seed of its own samples with one derived from it and the call's place
+            (see the module doc). ``None``: calls sample from their engine's own randomness.
+            Never give two plays that must differ (a group of one task) the same key.
     """
 
     run_inline = True  # called in the event loop's thread, no executor hop
@@ -156,8 +165,10 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
         keep_messages: bool = False,
         render_prompt: RenderPrompt | None = None,
         keep_discarded: bool = False,
+        sampling_key: str | None = None,
     ):
         self.episode_id = episode_id
+        self.sampling_key = sampling_key
         self.keep_messages = keep_messages
         self.render_prompt = render_prompt
         self.keep_discarded = keep_discarded
@@ -184,6 +195,9 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
         self._ordered: list[tuple[OrderKey, int, Turn]] = []
         self._by_node: dict[UUID, list[Turn]] = {}
         self._tools: dict[int, list[dict] | None] = {}  # id(turn) -> tools of its call
+        #: calls started at each LangGraph place, and the calls given a seed that have not ended
+        self._calls_at: dict[tuple[tuple[int, Any], ...], int] = {}
+        self._seeded: set[UUID] = set()
         self._lock = threading.Lock()  # sync nodes may call models from executor threads
 
     # ------------------------------------------------------------------ callbacks
@@ -205,6 +219,7 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         with self._lock:
             self._pending.pop(run_id, None)
+            self._call_over(run_id)
 
     def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._reward(name, data, run_id)
@@ -359,6 +374,7 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
         with self._lock:
             self.model_calls += 1
             self._seen.add(run_id)
+            self._seed_call(run_id, kwargs.get("parent_run_id"))
             if tags and NO_TRAIN_TAG in tags:
                 return None
             node = (metadata or {}).get("langgraph_node")
@@ -375,6 +391,7 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
         """Turn a finished training call into a turn: returns (whether the call was a training
         call, its turn); a call whose answer carries no verlog token data leaves no turn."""
         with self._lock:
+            self._call_over(run_id)
             started = self._pending.pop(run_id, None)
             if started is None:  # kept out of training, or a plain (non-chat) LLM
                 return False, None
@@ -427,6 +444,22 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
             self.uncaptured_calls += 1
             return True
 
+    def _seed_call(self, run_id: UUID, parent_run_id: UUID | None) -> None:
+        """Name the sampling seed of a call starting under ``parent_run_id`` (under the lock)."""
+        if self.sampling_key is None:
+            return
+        place = self._lineage_of(parent_run_id).key[0]
+        made = self._calls_at.get(place, 0)
+        self._calls_at[place] = made + 1
+        assign_call_seed(run_id, derive_seed(self.sampling_key, place, made))
+        self._seeded.add(run_id)
+
+    def _call_over(self, run_id: UUID) -> None:
+        """A call ended: its seed is of no more use (under the lock)."""
+        if run_id in self._seeded:
+            self._seeded.discard(run_id)
+            release_call_seed(run_id)
+
     # ------------------------------------------------------------------ result
     def episode(self, status: EpisodeStatus = "ok", *, error: str | None = None, output: Any = None) -> Episode:
         """The episode recorded so far, ended with ``status``.
@@ -436,6 +469,8 @@ class TurnRecorder(BaseCallbackHandler, DirectListener):
         """
         with self._lock:  # (never renumbered: a turn may be trained already, under its number)
             turns = sorted(self.turns, key=lambda t: t.turn_index)
+            for run_id in list(self._seeded):  # calls that never reported their end
+                self._call_over(run_id)
         if status == "ok" and turns and not turns[-1].done:
             turns[-1].terminated = True
         return Episode(

@@ -461,6 +461,13 @@ class SlotRunner:
         interrupts: answers the graph's ``interrupt()`` pauses (``None``: a paused episode fails,
             status ``interrupted``).
         keep_discarded: also train the calls made in attempts that then raised.
+        sampling_seed: the seed of the slots' sampling (the trainer gives ``rollout.seed``):
+            each call without a seed of its own samples with one derived from it, the episode's
+            id (its slot and the slot's episode counter, which a resumed run goes on from) and
+            the call's place in the episode (:mod:`verlog.llm.call_seeds`), so the slots draw the
+            same tokens whatever order their calls reach the engine in, and the slots of a group,
+            playing one task, still draw apart. ``None``: calls sample from the engine's own
+            randomness (as in verl's agent loop, whose one-slot runners would all share ids).
     """
 
     def __init__(
@@ -482,6 +489,7 @@ class SlotRunner:
         on_episode_end: Callable[[Episode, int], Awaitable[None]] | None = None,
         interrupts: InterruptResponder | None = None,
         keep_discarded: bool = False,
+        sampling_seed: int | None = None,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -501,6 +509,7 @@ class SlotRunner:
         self.on_episode_end = on_episode_end
         self.interrupts = interrupts
         self.keep_discarded = keep_discarded
+        self.sampling_seed = sampling_seed
         #: the newest round begun by each slot group
         self._newest_round: dict[int, int] = {}
         #: totals over the run (saved in checkpoints)
@@ -920,6 +929,7 @@ class SlotRunner:
                 keep_messages=self.keep_messages,
                 render_prompt=self.render_prompt,
                 keep_discarded=self.keep_discarded,
+                sampling_key=None if self.sampling_seed is None else f"train/{self.sampling_seed}/{episode_id}",
             )
             segment = _Segment(slot.index, seed, recorder, row=row)
             if row is not None:

@@ -297,6 +297,7 @@ class _Run:
             on_episode_end=slots_agent.on_episode_end,
             interrupts=InterruptResponder.from_config(config.multi_turn.langgraph),
             keep_discarded=config.multi_turn.langgraph.train_discarded_calls,
+            sampling_seed=config.rollout.seed,
         )
         run = cls(
             config,
