@@ -133,7 +133,8 @@ def _rollout(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps([_episode_json(e) for e in episodes], indent=1))
         console.print(f"turns written to {args.json}")
-    if episodes and all(e.failed for e in episodes):  # nothing played: a script must not read it as a success
+    # nothing played: a script must not read it as a success (an interrupt waits for its human: not a failure)
+    if episodes and all(e.failed and e.status != "interrupted" for e in episodes):
         from verlog.console import print_error
 
         first = episodes[0]
