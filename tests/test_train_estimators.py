@@ -15,12 +15,12 @@ from verlog.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 CASES = {
-    # rollout seed 1: its groups' returns are not all tied (tied groups are dropped: no policy loss at all)
+    # rollout seed 3: its groups' returns are not all tied (tied groups are dropped: no policy loss at all)
     "gigpo": [
         "algorithm.estimator=gigpo",
         "trainer.group_size=2",
         "algorithm.drop_uniform_groups=true",
-        "rollout.seed=1",
+        "rollout.seed=3",
     ],
     "rloo": [
         "algorithm.estimator=rloo",
