@@ -55,7 +55,9 @@ def test_killed_run_resumes_at_the_next_update(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(command(run_dir, 1000), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 240
-    while not (run_dir / "checkpoints" / "update_000002").is_dir():
+    # until checkpoints/latest names update 2 (a checkpoint's folder is renamed into place before
+    # the pointer moves to it: a kill between the two resumes from the one before, also correct)
+    while not (run_dir / "checkpoints" / "latest").is_file() or ckpt.latest_checkpoint(run_dir).name < "update_000002":
         assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
         assert time.monotonic() < deadline, "no checkpoint 2 in time"
         time.sleep(0.02)
@@ -63,10 +65,11 @@ def test_killed_run_resumes_at_the_next_update(tmp_path):
     proc.wait()
 
     completed = ckpt.checkpoint_dirs(run_dir)
-    k = ckpt.read_state(ckpt.latest_checkpoint(run_dir))["update"]
-    assert k >= 2 and completed[-1].name == f"update_{k:06d}"
+    latest = ckpt.latest_checkpoint(run_dir)
+    k = ckpt.read_state(latest)["update"]
+    assert k >= 2 and latest.name == f"update_{k:06d}" and latest in completed
     saved = {p.name: ckpt.read_state(p) for p in completed}
-    state_k = saved[completed[-1].name]
+    state_k = saved[latest.name]
 
     with (run_dir / "metrics.jsonl").open("a") as f:  # as if killed while writing a record
         f.write('{"update": 999, "kind": "upd')
