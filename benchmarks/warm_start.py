@@ -175,25 +175,18 @@ class CpuClock:
         self.path = run_dir / "cpu.json"
 
     def __enter__(self) -> "CpuClock":
-        self.start = _cpu_seconds()
+        self.start = time.process_time()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         earlier = json.loads(self.path.read_text())["cpu_s"] if self.path.is_file() else 0.0
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({"cpu_s": earlier + _cpu_seconds() - self.start}))
+        self.path.write_text(json.dumps({"cpu_s": earlier + time.process_time() - self.start}))
 
     @staticmethod
     def read(run_dir: Path) -> float | None:
         path = run_dir / "cpu.json"
         return json.loads(path.read_text())["cpu_s"] if path.is_file() else None
-
-
-def _cpu_seconds() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _yaml(path: Path) -> Any:
