@@ -58,6 +58,18 @@ def prompt_at(seed: int, pos: int, turn: int, length: int) -> list:
 
 def build_graph(model, length: int = 4, max_turns: int = 10, max_tokens: int = 1, invalid_penalty: float = 0.1):
     """The corridor loop: ``policy`` answers one word, ``environment`` moves and rewards."""
+    policy, environment = corridor_nodes(model, length, max_turns, max_tokens, invalid_penalty)
+    graph = StateGraph(State)
+    graph.add_node("policy", policy)
+    graph.add_node("environment", environment)
+    graph.add_edge(START, "policy")
+    graph.add_edge("policy", "environment")
+    graph.add_conditional_edges("environment", lambda s: END if s["done"] else "policy", ["policy", END])
+    return graph.compile()
+
+
+def corridor_nodes(model, length: int = 4, max_turns: int = 10, max_tokens: int = 1, invalid_penalty: float = 0.1):
+    """The game's two nodes, ``(policy, environment)``, for graphs that add their own around them."""
     policy_model = model.bind(max_tokens=max_tokens)
 
     async def policy(state: State) -> dict:
@@ -83,10 +95,4 @@ def build_graph(model, length: int = 4, max_turns: int = 10, max_tokens: int = 1
         await areport_reward(penalty, truncated=cut, info={**info, "success": False}, next_messages=next_messages)
         return {"pos": pos, "turn": turn, "done": cut}
 
-    graph = StateGraph(State)
-    graph.add_node("policy", policy)
-    graph.add_node("environment", environment)
-    graph.add_edge(START, "policy")
-    graph.add_edge("policy", "environment")
-    graph.add_conditional_edges("environment", lambda s: END if s["done"] else "policy", ["policy", END])
-    return graph.compile()
+    return policy, environment

@@ -14,6 +14,36 @@ if TYPE_CHECKING:
     from verlog.registry import Registry
 
 
+class OverlapConfig(_Section):
+    """Overlapped updates: the slots go on playing the next batch with the weights they have while
+    the trainer trains this one (``verlog.train.pipeline``); the new weights reach the engine between
+    two calls once the update ends. A turn's staleness (the updates between the weights that sampled
+    it and those its update starts from) never exceeds ``max_staleness``, and the policy loss is
+    decoupled PPO against the weights the update starts from (``verlog.algo.off_policy``)."""
+
+    enabled: bool = Field(False, description="train batch k while the slots play batch k+1 (false: alternate)")
+    max_staleness: int = Field(
+        1,
+        ge=1,
+        description="the most updates a trained turn's weights may lie behind the weights its update starts "
+        "from (the rollout waits for the trainer rather than go further ahead)",
+    )
+    behaviour_weight_cap: float = Field(
+        2.0, ge=1, description="truncation c of each token's importance weight pi_proximal / pi_behaviour"
+    )
+
+
+class StragglerConfig(_Section):
+    """Straggler-tolerant batches (``verlog.rollout.slots``): a batch closes once ``num_envs x
+    turns_per_env`` turns exist from any slots, a slot giving at most ``max_turns_per_env``, so a slot
+    slowed by a tool gives its turns to a later batch instead of holding this one."""
+
+    enabled: bool = Field(False, description="close a batch on its turn count, not when every slot gave its quota")
+    max_turns_per_env: int | None = Field(
+        None, ge=1, description="the most turns one slot gives a batch (default: twice turns_per_env)"
+    )
+
+
 class TrainerConfig(_Section):
     """The training run: batch shape (fixed-turn: ``num_envs`` slots x ``turns_per_env``),
     length, checkpoints and where everything is written."""
@@ -46,6 +76,8 @@ class TrainerConfig(_Section):
     torch_threads: int | None = Field(
         None, ge=1, description="CPU threads of the training passes (default: all cores but one, like the engine)"
     )
+    overlap: OverlapConfig = Field(default_factory=OverlapConfig)
+    stragglers: StragglerConfig = Field(default_factory=StragglerConfig)
 
     @model_validator(mode="after")
     def _check_groups(self) -> "TrainerConfig":
@@ -53,6 +85,12 @@ class TrainerConfig(_Section):
             raise ValueError(f"group_size ({self.group_size}) must divide num_envs ({self.num_envs})")
         if self.stop_at_win_rate is not None and not self.eval_every:
             raise ValueError("stop_at_win_rate needs periodic evaluations: set eval_every > 0")
+        cap = self.stragglers.max_turns_per_env
+        if cap is not None and cap < self.turns_per_env:
+            raise ValueError(
+                f"stragglers.max_turns_per_env ({cap}) must be >= turns_per_env ({self.turns_per_env}): "
+                "a batch of num_envs x turns_per_env turns could not be filled"
+            )
         return self
 
 

@@ -139,6 +139,13 @@ class SlotBatch:
     #: with whole groups: groups whose last play ended in this batch but that were not played whole
     #: (they straddled a batch boundary, or a play failed): none of their plays is compared
     groups_dropped: int = 0
+    #: the slots' time waiting at the boundary for this batch to be cut: the mean over slots of the
+    #: seconds between a slot giving its share (quota, or cap with stragglers) and the cut, and the most
+    boundary_wait_s: float = 0.0
+    boundary_wait_max_s: float = 0.0
+    #: the runner's :meth:`SlotRunner.state_dict` at the cut (what a checkpoint after training this
+    #: batch resumes from: later batches' episodes are played again); ``None``: not a live batch
+    runner_state: dict[str, Any] | None = None
 
     @property
     def num_envs(self) -> int:
@@ -166,6 +173,11 @@ class SlotBatch:
         """Calls of chat models without verlog's token data in the episodes that ended or failed
         while this batch was collected: they are not trained."""
         return sum(e.uncaptured_calls for e in (*self.episodes, *self.failed))
+
+    @property
+    def ragged(self) -> bool:
+        """Whether the slots gave different numbers of turns (stragglers, whole groups)."""
+        return len({len(slot) for slot in self.turns}) > 1
 
     def slot_images(self) -> list[tuple[str, ...]]:
         """:attr:`bootstrap_images`, one entry per slot (``()`` where none)."""
@@ -236,6 +248,9 @@ class _Segment:
     episode: Episode | None = None
     #: with whole groups: the group's attempt at a row this episode is one play of
     row: "_Row | None" = None
+    #: the start index of its newest training call (a call before it has had its answer from the
+    #: environment: the graph went on to the next call)
+    last_started: int = -1
 
 
 @dataclass(eq=False)
@@ -254,6 +269,10 @@ class _Call:
     #: the task waiting at the gate or on the engine (cancelled if its episode ends first)
     task: asyncio.Task | None = None
     turn: Turn | None = None
+    #: the weights' version (``SlotRunner.policy_version``) when the gate admitted it
+    version: int | None = None
+    #: once admitted: its prompt and images (with stragglers, the bootstrap of the turn before it)
+    admitted_prompt: tuple[list[int], tuple[str, ...]] | None = None
 
 
 @dataclass
@@ -320,6 +339,8 @@ class _Slot:
     next_row: "_Row | None" = None
     #: set when ``next_row`` is given
     assigned: asyncio.Event = field(default_factory=asyncio.Event)
+    #: with stragglers: how many of ``batch_calls``, in order, are complete turns (last counted)
+    complete: int = 0
 
     def in_flight(self) -> int | None:
         """The round of the episode still running in this slot, ``None`` when none is."""
@@ -468,6 +489,16 @@ class SlotRunner:
             same tokens whatever order their calls reach the engine in, and the slots of a group,
             playing one task, still draw apart. ``None``: calls sample from the engine's own
             randomness (as in verl's agent loop, whose one-slot runners would all share ids).
+        max_turns_per_env: straggler-tolerant batches (``None``: off): a batch is cut once
+            ``num_envs x turns_per_env`` turns are complete (the environment has answered each: its
+            episode has made its next call, or ended), from any slots, each slot giving at most this
+            many; a slot's turns are taken in order, and those not complete at the cut (a slow tool,
+            a call still generating) go to the next batch, bootstrapped from the prompt of the call
+            after the slot's last taken turn. So a slow slot gives fewer turns to this batch and
+            no slot waits for it. Not with ``whole_groups``.
+
+    Each call's turn records ``policy_version``: the runner's :attr:`policy_version` (the updates
+    the trainer has published to the engine) when the gate admitted it.
     """
 
     def __init__(
@@ -490,6 +521,7 @@ class SlotRunner:
         interrupts: InterruptResponder | None = None,
         keep_discarded: bool = False,
         sampling_seed: int | None = None,
+        max_turns_per_env: int | None = None,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -497,6 +529,11 @@ class SlotRunner:
             raise ValueError(f"turns_per_env must be >= 1, got {turns_per_env}")
         if group_size < 1 or num_envs % group_size:
             raise ValueError(f"group_size ({group_size}) must divide num_envs ({num_envs})")
+        if max_turns_per_env is not None and (max_turns_per_env < turns_per_env or whole_groups):
+            raise ValueError(
+                f"max_turns_per_env ({max_turns_per_env}) must be >= turns_per_env ({turns_per_env}), "
+                "and straggler-tolerant batches do not play whole groups"
+            )
         self.engine = engine
         self.make_input = make_input
         self.num_envs, self.turns_per_env = num_envs, turns_per_env
@@ -510,6 +547,16 @@ class SlotRunner:
         self.interrupts = interrupts
         self.keep_discarded = keep_discarded
         self.sampling_seed = sampling_seed
+        self.max_turns_per_env = max_turns_per_env
+        #: the weights' version the engine serves, in updates (the trainer sets it when it publishes
+        #: new weights); each turn records the one its call was admitted under
+        self.policy_version = 0
+        #: the most calls a slot may have admitted into the batch being collected
+        self._share = max_turns_per_env or turns_per_env
+        #: when each slot first reached the boundary of the batch being collected (``None``: not yet)
+        self._reached: list[float | None] = [None] * num_envs
+        #: with stragglers: slots whose calls changed since their complete turns were last counted
+        self._dirty: set[int] = set(range(num_envs))
         #: the newest round begun by each slot group
         self._newest_round: dict[int, int] = {}
         #: totals over the run (saved in checkpoints)
@@ -558,11 +605,21 @@ class SlotRunner:
             self._changed.clear()
             if self._error is not None:
                 raise self._error
-            if all(self._at_boundary(slot) for slot in self._slots):
+            now, ready = time.perf_counter(), True
+            for slot in self._slots:  # (each slot's time at the boundary is reported)
+                if not self._at_boundary(slot):
+                    self._reached[slot.index], ready = None, False
+                elif self._reached[slot.index] is None:
+                    self._reached[slot.index] = now
+            plan = self._straggler_plan() if self.max_turns_per_env is not None else None
+            if plan is not None or (ready and self.max_turns_per_env is None):
                 break
             await self._changed.wait()
-        batch = self._cut()
-        batch.seconds = time.perf_counter() - started
+        cut_at = time.perf_counter()
+        waits = [cut_at - t if t is not None else 0.0 for t in self._reached]
+        batch = self._cut(plan)
+        batch.seconds = cut_at - started
+        batch.boundary_wait_s, batch.boundary_wait_max_s = sum(waits) / len(waits), max(waits)
         return batch
 
     @property
@@ -593,6 +650,7 @@ class SlotRunner:
         """Start a new batch: every slot may give ``turns_per_env`` calls again."""
         self._batch += 1
         self._accepting = True
+        self._reached = [None] * self.num_envs
         for slot in self._slots:
             self._reopen(slot)
         for group in self._groups:  # groups that waited for this batch's quota start their row
@@ -624,41 +682,107 @@ class SlotRunner:
         its group's next row is at the boundary too."""
         if slot.idle:
             return True
-        return len(slot.batch_calls) == self.turns_per_env and bool(slot.held) and len(slot.held) == len(slot.running)
+        return len(slot.batch_calls) == self._share and bool(slot.held) and len(slot.held) == len(slot.running)
 
-    def _cut(self) -> SlotBatch:
-        """Take each slot's quota of turns; keep only the episodes still running; admit nothing more
-        until the next batch opens."""
+    # ------------------------------------------------------------------ stragglers
+    @staticmethod
+    def _when(slot: _Slot) -> Callable[[_Call], tuple[int, int]]:
+        """The order of the slot's calls: episode by episode, then start order."""
+        order = {id(segment): k for k, segment in enumerate(slot.segments)}
+        return lambda c: (order[id(c.segment)], c.index if c.turn is None else c.turn.turn_index)
+
+    def _in_order(self, slot: _Slot) -> list[_Call]:
+        """The slot's calls in the batch being collected, in order (:meth:`_when`)."""
+        return sorted(slot.batch_calls, key=self._when(slot))
+
+    @staticmethod
+    def _complete(call: _Call) -> bool:
+        """The call's turn is recorded and the environment has answered it: its episode has started
+        a later call, or has ended (its rewards scored)."""
+        return call.turn is not None and (call.segment.episode is not None or call.segment.last_started > call.index)
+
+    def _touch(self, slot_index: int) -> None:
+        if self.max_turns_per_env is not None:
+            self._dirty.add(slot_index)
+
+    def _straggler_plan(self) -> list[tuple[int, tuple[list[int], tuple[str, ...]]]] | None:
+        """With stragglers: how many turns each slot gives the batch and its bootstrap prompt, once
+        ``num_envs x turns_per_env`` complete turns exist (each slot's taken in order; where more
+        exist, the slots that gave the most give one fewer, repeatedly); ``None`` until then, or while
+        the call after a slot's last taken turn has not yet shown its prompt at the gate."""
+        for i in self._dirty:
+            slot, n = self._slots[i], 0
+            for call in self._in_order(slot):
+                if not self._complete(call):
+                    break
+                n += 1
+            slot.complete = n
+        self._dirty.clear()
+        quota = self.num_envs * self.turns_per_env
+        takes = [slot.complete for slot in self._slots]
+        excess = sum(takes) - quota
+        if excess < 0:
+            return None
+        while excess:
+            most = max(takes)
+            for i in reversed(range(len(takes))):
+                if takes[i] == most and excess:
+                    takes[i] -= 1
+                    excess -= 1
+        plan = []
+        for slot, n in zip(self._slots, takes):
+            bootstrap: tuple[list[int], tuple[str, ...]] | None = ([], ())
+            if n:
+                calls = self._in_order(slot)
+                last = calls[n - 1]
+                if not last.turn.done:  # type: ignore[union-attr]
+                    later = [
+                        c for c in (*calls[n:], *slot.running) if c.segment is last.segment and c.index > last.index
+                    ]
+                    following = min(later, key=lambda c: c.index, default=None)
+                    bootstrap = None if following is None else following.admitted_prompt
+                    if following is not None and bootstrap is None and following.prompt_ids is not None:
+                        bootstrap = (list(following.prompt_ids), following.prompt_images)  # held at the gate
+                    if bootstrap is None:  # on its way to the gate: its prompt comes in a moment
+                        return None
+            plan.append((n, bootstrap))
+        return plan
+
+    def _cut(self, plan: list[tuple[int, tuple[list[int], tuple[str, ...]]]] | None = None) -> SlotBatch:
+        """Take each slot's quota of turns (with stragglers: the ``plan``'s count and bootstrap, the
+        slot's later calls going to the next batch); keep only the episodes still running; admit
+        nothing more until the next batch opens."""
         self._accepting = False
         for group in self._groups:  # a row still being played is not whole in any batch
             if group.playing:
                 group.row.straddled = True
         turns, bootstrap, starts, seeds, compared = [], [], [], [], []
         bootstrap_images: list[tuple[str, ...]] = []
-        for slot in self._slots:
-            order = {id(segment): k for k, segment in enumerate(slot.segments)}
-
-            def when(
-                call: _Call, order: dict[int, int] = order
-            ) -> tuple[int, int]:  # episode by episode, then start order
-                return order[id(call.segment)], call.index if call.turn is None else call.turn.turn_index
-
-            calls = sorted(slot.batch_calls, key=when)
-            full = len(calls) == self.turns_per_env or (self.whole_groups and len(calls) < self.turns_per_env)
-            assert full and all(c.turn is not None for c in calls), slot.index
+        for k, slot in enumerate(self._slots):
+            calls, carried = self._in_order(slot), []
+            if plan is not None:  # stragglers: the plan's turns; the slot's later calls go to the next batch
+                taken, (prompt, images) = plan[k]
+                calls, carried = calls[:taken], calls[taken:]
+            else:
+                full = len(calls) == self.turns_per_env or (self.whole_groups and len(calls) < self.turns_per_env)
+                assert full, slot.index
+                # an idle slot (whole groups) holds nothing: its last turn ended its play
+                first_held = min(slot.held, key=self._when(slot)) if slot.held else None
+                prompt = list(first_held.prompt_ids or []) if first_held is not None else []
+                images = first_held.prompt_images if first_held is not None else ()
+            assert all(c.turn is not None for c in calls), slot.index
             starts.append(calls[0].segment.given == 0 if calls else True)
             for call in calls:
                 call.segment.given += 1
                 call.segment.recorder.cut_turns.add(id(call.turn))
             turns.append([c.turn for c in calls])
             seeds.append([c.segment.seed for c in calls])
-            # an idle slot (whole groups) holds nothing: its last turn ended its play
-            first_held = min(slot.held, key=when) if slot.held else None
-            bootstrap.append(list(first_held.prompt_ids or []) if first_held is not None else [])
-            bootstrap_images.append(first_held.prompt_images if first_held is not None else ())
+            bootstrap.append(prompt)
+            bootstrap_images.append(images)
             compared.append([c.segment.row is not None and c.segment.row.whole for c in calls])
-            slot.batch_calls = []
-            slot.segments = [s for s in slot.segments if s.episode is None]
+            slot.batch_calls = carried
+            slot.segments = [s for s in slot.segments if s.episode is None or any(c.segment is s for c in carried)]
+            self._touch(slot.index)
         batch = SlotBatch(turns, bootstrap, starts, seeds, episodes=self._ended, failed=self._failed)
         if any(bootstrap_images):
             batch.bootstrap_images = bootstrap_images
@@ -687,6 +811,7 @@ class SlotRunner:
             )
         self.counters.batches += 1
         self.counters.turns += sum(len(slot) for slot in turns)
+        batch.runner_state = self.state_dict()
         return batch
 
     # ------------------------------------------------------------------ the gate
@@ -715,12 +840,16 @@ class SlotRunner:
         slot = self._slots[call.segment.slot]
         call.task = asyncio.current_task()
         try:
-            while not self._accepting or len(slot.batch_calls) >= self.turns_per_env:
+            while not self._accepting or len(slot.batch_calls) >= self._share:
                 if self._closed:  # a call the episode made while its slot was being stopped
                     raise RuntimeError("the slot runner is closed: its episodes are being stopped")
                 await self._hold(slot, call, prompt_ids, images)
-            call.batch = self._batch
+            call.batch, call.version = self._batch, self.policy_version
             slot.batch_calls.append(call)
+            if self.max_turns_per_env is not None:  # the bootstrap of the turn before it, if a batch cuts there
+                shown = () if images is None else tuple(base64.b64encode(x).decode("ascii") for x in images.images)
+                call.admitted_prompt = (list(prompt_ids), shown)
+                self._touch(slot.index)
             return await self.engine.generate(prompt_ids, sampling, request_id=request_id, **with_images)
         finally:
             call.task = None
@@ -746,6 +875,8 @@ class SlotRunner:
             return
         call = self._calls[run_id] = _Call(segment, index)
         self._slots[segment.slot].running.add(call)
+        segment.last_started = max(segment.last_started, index)
+        self._touch(segment.slot)
 
     def _call_ended(self, run_id: UUID, turn: Turn | None) -> None:
         """A training call has ended, with its turn or (an error, no token data) without one."""
@@ -755,6 +886,9 @@ class SlotRunner:
         slot = self._slots[call.segment.slot]
         slot.running.discard(call)
         call.turn = turn
+        if turn is not None:
+            turn.policy_version = call.version
+        self._touch(slot.index)
         if turn is not None and call.batch is None:
             self._stop(
                 SlotFailureError(
@@ -816,6 +950,7 @@ class SlotRunner:
         kept = [c for c in slot.batch_calls if not which(c)]
         if len(kept) < len(slot.batch_calls):
             slot.batch_calls = kept
+            self._touch(slot.index)
             self._reopen(slot)
 
     # ------------------------------------------------------------------ whole groups
@@ -990,6 +1125,7 @@ class SlotRunner:
                     return
             else:
                 segment.episode = episode
+                self._touch(slot.index)
                 slot.consecutive_failures = 0
                 self._ended.append(episode)
                 self.counters.episodes += 1

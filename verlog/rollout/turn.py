@@ -57,6 +57,9 @@ class Turn:
     info: dict[str, Any] = field(default_factory=dict)
     #: the messages the model received (kept only when the recorder is asked to)
     messages: list[Any] | None = None
+    #: the version of the weights that sampled it, counted in updates (a training slot's turn: the
+    #: updates the trainer had published when its call was admitted; ``None``: not known)
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.response_ids):

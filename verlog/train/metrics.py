@@ -60,6 +60,11 @@ def rollout_metrics(batch: SlotBatch) -> dict[str, float]:
         "prompt_length": _mean([float(len(t.prompt_ids)) for t in turns]),
         "rollout_s": batch.seconds,
         "turns_per_s": len(turns) / batch.seconds if batch.seconds > 0 else float("nan"),
+        # the turns each slot gave (stragglers: a slow slot gives fewer) and the slots' wait at the boundary
+        "slot_turns_min": float(min((len(slot) for slot in batch.turns), default=0)),
+        "slot_turns_max": float(batch.turns_per_env),
+        "boundary_wait_s": batch.boundary_wait_s,
+        "boundary_wait_max_s": batch.boundary_wait_max_s,
         **reward_components(ended),
         **group_metrics(batch),
     }

@@ -230,15 +230,19 @@ def _compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> N
         )
     s.values = values * s.value_mask
     share = learner.algo.shared_prefix_min_tokens
-    s.bootstrap_values = last_token_values(
-        critic,
-        s.bootstrap_prompts,
-        learner.pad_id,
-        learner.algo.micro_batch_tokens,
-        learner.device,
-        share,
-        [pixels_of(x, learner) for x in s.bootstrap_images] if any(s.bootstrap_images) else None,
-    )
+    # a slot whose last turn ended its episode (or that gave no turn) holds no prompt: nothing bootstraps
+    s.bootstrap_values = torch.zeros(len(s.bootstrap_prompts))
+    held = [i for i, prompt in enumerate(s.bootstrap_prompts) if prompt]
+    if held:
+        s.bootstrap_values[held] = last_token_values(
+            critic,
+            [s.bootstrap_prompts[i] for i in held],
+            learner.pad_id,
+            learner.algo.micro_batch_tokens,
+            learner.device,
+            share,
+            [pixels_of(s.bootstrap_images[i], learner) for i in held] if any(s.bootstrap_images) else None,
+        )
     s.truncation_values = torch.full((s.size,), float("nan"))
     known = [row for row, prompt in enumerate(s.truncation_prompts) if prompt]
     if known:

@@ -12,6 +12,10 @@ group and anchor ``-1``: a trailing episode that never ends, so no estimator sco
 left out of the grid get advantage ``0`` and no place in the policy loss: a group that was not
 played whole in the batch is never compared, not even in part. The advantages come from the configured estimator of
 ``verlog.algo.estimators`` (the storage holds data; the registry holds the maths).
+
+**Stragglers.** With straggler-tolerant batches a slot gives between 0 and its cap of turns; each
+slot's turns then fill the *end* of its grid row (``aligned_grid``), empty cells before them, so the
+value bootstrapping its last turn follows it as in a full row.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from verlog.config import AlgorithmConfig
 from verlog.rollout.slots import SlotBatch
 from verlog.step_info import ANCHOR_KEY  # re-exported: the GiGPO anchor key's home is verlog.step_info
 
-__all__ = ["ANCHOR_KEY", "RolloutStorage", "anchor_ids", "compared_grid"]
+__all__ = ["ANCHOR_KEY", "RolloutStorage", "aligned_grid", "anchor_ids", "compared_grid"]
 
 
 def compared_grid(compared: Sequence[Sequence[bool]], turns_per_env: int) -> Tensor:
@@ -41,6 +45,15 @@ def compared_grid(compared: Sequence[Sequence[bool]], turns_per_env: int) -> Ten
         for flag in flags:
             cells.append(i * turns_per_env + k if flag else -1)
             k += bool(flag)
+    return torch.as_tensor(cells, dtype=torch.long)
+
+
+def aligned_grid(lengths: Sequence[int], turns_per_env: int) -> Tensor:
+    """The grid cell of each turn (slot-major), ``[B]`` long, when slots gave different numbers of
+    turns (straggler-tolerant batches): slot ``i``'s ``n_i`` turns fill the last ``n_i`` cells of its
+    row, ``i * K + K - n_i ...``, so its last turn is the row's last cell, the one the slot's
+    bootstrap value follows; the empty cells before them hold no tokens."""
+    cells = [i * turns_per_env + turns_per_env - n + k for i, n in enumerate(lengths) for k in range(n)]
     return torch.as_tensor(cells, dtype=torch.long)
 
 
@@ -93,11 +106,12 @@ class RolloutStorage:
     returns: Tensor | None = None  # [B, T + 1]
     #: the tokens the policy loss uses (``response_mask`` less the turns the estimator leaves out)
     policy_mask: Tensor | None = None  # [B, T]
-    #: [B] each turn's weight in the policy loss: recorded turns' staleness weight (0: dropped),
-    #: 1 for live turns; ``None``: a batch without recorded turns (no off-policy correction)
+    #: [B] each turn's weight in the policy loss: recorded turns' staleness weight (0: dropped), live
+    #: turns' 1 (0 beyond the staleness bound of overlapped updates); ``None``: no off-policy correction
     turn_weights: Tensor | None = None
-    #: [B] long, whole groups only: the cell ``i * K + k`` of the estimators' grid each turn takes,
-    #: ``-1``: not compared (see the module doc); ``None``: row ``i * K + k`` is cell ``i * K + k``
+    #: [B] long, slots of different lengths only (whole groups, stragglers): the cell ``i * K + k`` of the
+    #: estimators' grid each turn takes, ``-1``: not compared (see the module doc); ``None``: row
+    #: ``i * K + k`` is cell ``i * K + k``
     grid: Tensor | None = None
     #: each turn's output ``[len, H]`` of the frozen trunk the actor and critic share
     #: (``Learner.trunk_depth``; computed once per batch by ``score_batch``), ``None``: not computed
@@ -158,6 +172,8 @@ class RolloutStorage:
             storage.starts_episode = torch.as_tensor(
                 [start if flags and flags[0] else True for start, flags in zip(batch.starts_episode, batch.compared)]
             )
+        elif batch.ragged:  # stragglers: each slot's turns end its grid row (its bootstrap follows them)
+            storage.grid = aligned_grid([len(slot) for slot in batch.turns], batch.turns_per_env)
         if any(t.images for t in turns):
             storage.images = [tuple(t.images) for t in turns]
         if any(batch.bootstrap_images):

@@ -31,6 +31,7 @@ import asyncio
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from rich.console import Console
 from verlog.agent import build_chat_model, judge_chat_models, load_agent, pick_device
 from verlog.algo import CriticWarmup
 from verlog.algo.estimators import check_estimator_settings, get_estimator
+from verlog.algo.off_policy import OffPolicyCorrection
 from verlog.backends.embedded import EmbeddedEngine
 from verlog.config import EVAL_SPLITS, ConfigError, VerlogConfig
 from verlog.data import shared_rows, split_rows
@@ -52,11 +54,12 @@ from verlog.evaluation import TaskResult, evaluate, print_results
 from verlog.models import load_tokenizer
 from verlog.rewards import RewardScorer
 from verlog.rollout.interrupts import InterruptResponder
-from verlog.rollout.slots import SlotBatch, SlotRunner
+from verlog.rollout.slots import SlotBatch, SlotCounters, SlotRunner
 from verlog.tokens import eos_token_ids, pad_token_id
 from verlog.train.forward import shared_trunk_depth
 from verlog.train.grammar_masks import ResponseMasks
 from verlog.train.metrics import RunLogger, memory_metrics, rollout_metrics
+from verlog.train.pipeline import BatchPipeline, live_correction
 from verlog.train.ppo import Learner, adamw, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
 from verlog.train.trace_batches import TraceBatch, TraceSource, merge_batches, trace_slots
@@ -71,6 +74,7 @@ from verlog.weights.actor_critic import (
 )
 from verlog.weights.policy import check_finite_weights
 from verlog.weights.precision import autocast_dtype, check_master_dtype, flush_subnormals, grad_scaler
+from verlog.weights.rollout_copy import publish_weights, rollout_copy
 
 __all__ = ["TrainResult", "train"]
 
@@ -127,52 +131,59 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
 
             # (masked constrained turns are scored as the engine sampled them: nothing to warn of)
             warned_masked = config.algorithm.recompute_logprobs or config.algorithm.constrained_logprobs == "masked"
-            for update in range(run.state["update"] + 1, t.total_updates + 1):
-                # 1. rollout: every slot gives turns_per_env turns under the current weights
-                logger.status("rollout", every_update=True)
-                batch = await run.collect()
-                warned_masked = warned_masked or _warn_masked_logprobs(batch, console)
-                storage = RolloutStorage.from_batch(batch)
-                # 2-3. score the batch (old logprobs, values, GAE) and run the PPO epochs; the
-                # engine shares the actor's weights and waits for them meanwhile
-                logger.status("update", every_update=True)
-                tick = time.perf_counter()
-                with run.engine.weights_lock():
-                    metrics = score_batch(
-                        storage, run.learner, off_policy=run.traces.correction if run.traces else None
+            # batches in order; with overlapped updates the slots play the next one while this one trains
+            pipeline = BatchPipeline(run.collect, first=run.state["update"] + 1, max_staleness=run.overlap)
+            try:
+                for update in range(run.state["update"] + 1, t.total_updates + 1):
+                    # 1. rollout: every slot gives turns_per_env turns (alternating: under the current weights)
+                    logger.status("rollout", every_update=True)
+                    batch, waits = await pipeline.next()
+                    warned_masked = warned_masked or _warn_masked_logprobs(batch, console)
+                    # 2-3. score the batch (old logprobs, values, GAE) and run the PPO epochs
+                    logger.status("update", every_update=True)
+                    metrics = await run.update(batch, update)
+                    if run.overlap:  # the slots sample with the new weights from their next call on
+                        run.publish(update)
+                        pipeline.publish(update)
+                    # 4. report, save, evaluate
+                    counters = run.counters(batch)
+                    logger.log(
+                        update,
+                        metrics
+                        | waits
+                        | rollout_metrics(batch)
+                        | _trace_metrics(batch)
+                        | counters
+                        | run.judge_failures()
+                        | memory_metrics(),
                     )
-                    metrics |= ppo_update(storage, run.learner, generator=run.shuffle)
-                metrics["update_s"] = time.perf_counter() - tick
-                # 4. report, save, evaluate
-                logger.log(
-                    update,
-                    metrics
-                    | rollout_metrics(batch)
-                    | _trace_metrics(batch)
-                    | run.counters()
-                    | run.judge_failures()
-                    | memory_metrics(),
-                )
-                result.history.append({"update": update, **metrics})
-                result.updates = run.state["update"] = update
-                steps_done = t.stop_at_env_steps is not None and run.runner.counters.turns >= t.stop_at_env_steps
-                if t.save_every and update % t.save_every == 0:
-                    run.save(update)
-                if steps_done:
-                    console.print(
-                        f"{run.runner.counters.turns} environment steps played at update {update} "
-                        f"(stop_at_env_steps {t.stop_at_env_steps}): stopping"
-                    )
-                    break
-                if t.eval_every and update % t.eval_every == 0 and update < t.total_updates and evaluable:
-                    # validation seeds: the final evaluation is not selected on
-                    checked = await run.evaluate(
-                        update, "evaluating", seed=config.eval.validation_seed, split="validation"
-                    )
-                    win_rate = sum(r.win_rate for r in checked) / len(checked)
-                    if t.stop_at_win_rate is not None and win_rate >= t.stop_at_win_rate:
-                        console.print(f"win rate {win_rate:.3f} >= {t.stop_at_win_rate} at update {update}: stopping")
+                    result.history.append({"update": update, **metrics})
+                    result.updates = run.state["update"] = update
+                    steps_done = t.stop_at_env_steps is not None and counters["turns_total"] >= t.stop_at_env_steps
+                    if t.save_every and update % t.save_every == 0:
+                        run.save(update)
+                    if steps_done:
+                        console.print(
+                            f"{int(counters['turns_total'])} environment steps played at update {update} "
+                            f"(stop_at_env_steps {t.stop_at_env_steps}): stopping"
+                        )
                         break
+                    if t.eval_every and update % t.eval_every == 0 and update < t.total_updates and evaluable:
+                        # validation seeds: the final evaluation is not selected on
+                        checked = await run.evaluate(
+                            update, "evaluating", seed=config.eval.validation_seed, split="validation"
+                        )
+                        win_rate = sum(r.win_rate for r in checked) / len(checked)
+                        if t.stop_at_win_rate is not None and win_rate >= t.stop_at_win_rate:
+                            console.print(
+                                f"win rate {win_rate:.3f} >= {t.stop_at_win_rate} at update {update}: stopping"
+                            )
+                            break
+                    if not run.overlap:  # alternating: the next batch is played with these weights
+                        run.runner.policy_version = update
+                        pipeline.publish(update)
+            finally:
+                await pipeline.aclose()  # (a batch being played ahead is not trained)
 
             if run.state["update"] > 0 and not (t.save_every and run.state["update"] % t.save_every == 0):
                 run.save(run.state["update"])  # the final weights are always saved
@@ -232,6 +243,14 @@ class _Run:
     live_slots: int = 0
     #: the training episodes' failed verdicts counted before an evaluation, for the next update's metrics
     judge_failed: dict[str, float] = field(default_factory=dict)
+    #: overlapped updates' staleness bound (``trainer.overlap.max_staleness``); 0: alternating
+    overlap: int = 0
+    #: the correction of live turns sampled by older weights (overlapped updates, stragglers), else ``None``
+    live_correction: OffPolicyCorrection | None = None
+    #: with overlapped updates: the thread the updates run on (the event loop goes on playing meanwhile)
+    update_thread: ThreadPoolExecutor | None = None
+    #: the slot runner's state at the cut of the last batch trained (what its checkpoint resumes from)
+    trained_state: dict[str, Any] | None = None
 
     @classmethod
     def build(
@@ -258,9 +277,10 @@ class _Run:
         actor = learner.actor
 
         # rollout: the graph's slots, their model calls gated into fixed-turn batches; the
-        # reward section scores each episode as it ends (a judge may reuse the policy's engine)
+        # reward section scores each episode as it ends (a judge may reuse the policy's engine).
+        # Alternating updates share the actor with the engine; overlapped ones give it its own copy.
         engine = EmbeddedEngine(
-            actor,
+            rollout_copy(actor) if t.overlap.enabled else actor,
             tokenizer,
             max_batch_size=config.engine.max_batch_size,
             batch_wait_ms=config.engine.batch_wait_ms,
@@ -298,6 +318,7 @@ class _Run:
             interrupts=InterruptResponder.from_config(config.multi_turn.langgraph),
             keep_discarded=config.multi_turn.langgraph.train_discarded_calls,
             sampling_seed=config.rollout.seed,
+            max_turns_per_env=_straggler_cap(config),
         )
         run = cls(
             config,
@@ -312,10 +333,21 @@ class _Run:
             {"update": 0, "warmup_done": False},
             traces=TraceSource(traced, recorded, t.turns_per_env, seed=t.seed) if traced else None,
             live_slots=t.num_envs - recorded,
+            overlap=t.overlap.max_staleness if t.overlap.enabled else 0,
         )
+        if t.overlap.enabled or t.stragglers.enabled:  # live turns may be sampled by older weights
+            run.live_correction = OffPolicyCorrection(t.overlap.behaviour_weight_cap, t.overlap.max_staleness)
+        if t.overlap.enabled:
+            threads = t.torch_threads or max(1, (os.cpu_count() or 2) - 1)
+            run.update_thread = ThreadPoolExecutor(
+                1, "verlog-update", initializer=torch.set_num_threads, initargs=(threads,)
+            )
         if checkpoint is not None:
             run.restore(checkpoint)
             console.print(f"resuming [bold]{run.run_dir}[/] from {checkpoint.name} (update {run.state['update']})")
+        run.runner.policy_version = run.state["update"]
+        if t.overlap.enabled:  # (LoRA adapters are restored after the engine's copy was made)
+            run.publish(run.state["update"])
         return run
 
     # ------------------------------------------------------------------ checkpoints
@@ -337,7 +369,7 @@ class _Run:
                 rng=ckpt.get_rng_state(self._generators()),
                 state={
                     "warmup_done": self.state["warmup_done"],
-                    "runner": self.runner.state_dict(),
+                    "runner": self.trained_state or self.runner.state_dict(),
                     "wandb_id": self.logger.wandb_id if self.logger else None,
                 },
                 keep=self.config.trainer.keep_checkpoints,
@@ -368,6 +400,42 @@ class _Run:
                 f"trainer.num_envs ({ckpt.first_line(exc)})"
             ) from None
 
+    # ------------------------------------------------------------------ the update
+    async def update(self, batch: SlotBatch, update: int) -> dict[str, float]:
+        """Score ``batch`` (old logprobs, values, GAE) and run the PPO epochs: update ``update``.
+
+        Alternating, on this thread, the engine (sharing the actor) waiting meanwhile; overlapped,
+        on the update thread while the event loop goes on playing the next batch with the engine's
+        copy. Live turns sampled by older weights (overlapped updates, stragglers) are trained with
+        decoupled PPO against the weights this update starts from (``verlog.train.pipeline``)."""
+        storage = RolloutStorage.from_batch(batch)
+        correction, metrics = self.traces.correction if self.traces else None, {}
+        if self.live_correction is not None and not isinstance(batch, TraceBatch):
+            storage.turn_weights, metrics = live_correction(batch, update, self.live_correction)
+            correction = self.live_correction
+        self.trained_state = batch.runner_state
+        tick = time.perf_counter()
+        if self.update_thread is None:
+            with self.engine.weights_lock():
+                metrics |= self._train(storage, correction)
+        else:
+            metrics |= await asyncio.get_running_loop().run_in_executor(
+                self.update_thread, self._train, storage, correction
+            )
+        metrics["update_s"] = time.perf_counter() - tick
+        return metrics
+
+    def _train(self, storage: RolloutStorage, correction: OffPolicyCorrection | None) -> dict[str, float]:
+        metrics = score_batch(storage, self.learner, off_policy=correction)
+        return metrics | ppo_update(storage, self.learner, generator=self.shuffle)
+
+    def publish(self, update: int) -> None:
+        """Overlapped updates: the engine's copy takes the actor's new weights (between two of its
+        decode steps), and the slots' calls admitted from now on record ``update`` as their version."""
+        with self.engine.weights_lock():
+            publish_weights(self.learner.actor, self.engine.model)
+        self.runner.policy_version = update
+
     # ------------------------------------------------------------------ the rest
     async def collect(self) -> SlotBatch:
         """The next fixed-turn batch, its groups scored by the ranking judges; with ``data.traces``,
@@ -389,8 +457,10 @@ class _Run:
             taken[key] = taken.get(key, 0.0) + n
         return taken
 
-    def counters(self) -> dict[str, float]:
-        c = self.runner.counters
+    def counters(self, batch: SlotBatch | None = None) -> dict[str, float]:
+        """Run totals, as of ``batch``'s cut when given (overlapped updates play ahead of it)."""
+        state = batch.runner_state if batch is not None else None
+        c = SlotCounters.from_dict(state["counters"]) if state is not None else self.runner.counters
         out = {
             "turns_total": float(c.turns),
             "episodes_total": float(c.episodes),
@@ -404,7 +474,8 @@ class _Run:
         rows = self.slots_agent.plan.size if self.slots_agent.plan is not None else None
         if rows:  # how far the training rows' epochs have gone: rounds begun x groups / rows
             groups = self.runner.num_envs // self.runner.group_size
-            out["data_epoch"] = max(self.runner.episodes_started) * groups / rows
+            started = state["episodes_started"] if state is not None else self.runner.episodes_started
+            out["data_epoch"] = max(started) * groups / rows
         elif self.runner.highest_task is not None:  # seeds: the highest one an episode has started with
             out["seed_max"] = float(self.runner.highest_task)
         return out
@@ -427,6 +498,8 @@ class _Run:
     async def aclose(self) -> None:
         await self.runner.aclose()
         await self.engine.aclose()
+        if self.update_thread is not None:
+            self.update_thread.shutdown()
         if self.traces is not None:
             self.traces.close()
 
@@ -571,6 +644,36 @@ def _whole_groups(config: VerlogConfig) -> bool:
     return config.trainer.group_size > 1 and get_estimator(config.algorithm.estimator).compares_groups
 
 
+def _straggler_cap(config: VerlogConfig) -> int | None:
+    """The most turns a slot gives a batch with straggler-tolerant batches (``None``: off)."""
+    s = config.trainer.stragglers
+    if not s.enabled:
+        return None
+    return s.max_turns_per_env or 2 * config.trainer.turns_per_env
+
+
+def _check_rollout_mode(config: VerlogConfig) -> None:
+    """Overlapped updates and straggler-tolerant batches train live slots only; stragglers give
+    slots different numbers of turns, which whole groups (group estimators) cannot compare."""
+    t = config.trainer
+    traced = config.data is not None and config.data.traces is not None
+    if t.overlap.enabled and traced:
+        raise ConfigError(
+            "trainer.overlap.enabled: overlapped updates train live slots only, not recorded episodes "
+            "(data.traces): set trainer.overlap.enabled: false, or train the traces in a run of their own"
+        )
+    if t.stragglers.enabled and (traced or get_estimator(config.algorithm.estimator).compares_groups):
+        why = (
+            "recorded episodes (data.traces) fill whole slots"
+            if traced
+            else f"algorithm.estimator {config.algorithm.estimator!r} compares groups of plays in one batch"
+        )
+        raise ConfigError(
+            f"trainer.stragglers.enabled: straggler-tolerant batches give slots different numbers of turns, and {why}: "
+            "set trainer.stragglers.enabled: false, or train with an estimator that compares no groups (gae...)"
+        )
+
+
 def _init_source(config: VerlogConfig) -> Path | None:
     """The checkpoint ``trainer.init_from`` names (a run folder's latest, or a checkpoint), checked
     whole; ``model.path`` becomes its policy (so the actor, the critic's backbone, the reference of
@@ -598,6 +701,7 @@ def _check_trainable(config: VerlogConfig) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _check_data(config)
+    _check_rollout_mode(config)
     if config.engine.kind != "embedded":
         raise ConfigError(
             f"engine.kind: the embedded trainer needs the embedded engine (got {config.engine.kind!r}); "
