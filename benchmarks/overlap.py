@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import long_horizon  # noqa: E402
-from sittings import Sittings, commit, figures, metric_records, num, training_wall  # noqa: E402
+from sittings import Sittings, add_overrides, commit, figures, metric_records, num, training_wall  # noqa: E402
 
 from verlog.config import load_config  # noqa: E402
 
@@ -69,7 +69,7 @@ def _per_update(records: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def run_quickstart(mode: str, seed: int, out: Path, results: Path) -> dict[str, Any]:
+def run_quickstart(mode: str, seed: int, out: Path, results: Path, extra: list[str] | None = None) -> dict[str, Any]:
     """``make run``'s training with one training seed, alternating or overlapped."""
     from rich.console import Console
 
@@ -87,6 +87,7 @@ def run_quickstart(mode: str, seed: int, out: Path, results: Path) -> dict[str, 
             f"trainer.seed={seed}",
             f"rollout.seed={seed * 1_000_003}",
             "eval.at_start=false",
+            *(extra or []),
         ],
     )
     print(f"quickstart, {mode}, seed {seed}: {config.trainer.total_updates} updates", flush=True)
@@ -117,10 +118,14 @@ def run_quickstart(mode: str, seed: int, out: Path, results: Path) -> dict[str, 
     return _write(summary, results)
 
 
-def run_crafter(mode: str, seed: int, steps: int, out: Path, results: Path) -> dict[str, Any]:
+def run_crafter(
+    mode: str, seed: int, steps: int, out: Path, results: Path, extra: list[str] | None = None
+) -> dict[str, Any]:
     """The Crafter recipe (``long_horizon.py`` row a) for ``steps`` environment steps."""
     folder = results / "crafter" / mode
-    s = long_horizon.run("a", seed, steps, out / "crafter" / mode, 32, False, None, MODES[mode], folder)
+    s = long_horizon.run(
+        "a", seed, steps, out / "crafter" / mode, 32, False, None, [*MODES[mode], *(extra or [])], folder
+    )
     records = metric_records(out / "crafter" / mode / "a" / f"seed{seed}")
     summary = {
         "recipe": "crafter",
@@ -213,14 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=10_240, help="crafter: the environment-step budget")
     p.add_argument("--out", type=Path, default=OUT, help="where the run folders go")
+    add_overrides(p)
     for parser_ in (p, sub.add_parser("table", help="the comparison table from the result files")):
         parser_.add_argument("--results", type=Path, default=RESULTS, help="where the result files go")
     args = parser.parse_args(argv)
     if args.command == "run":
         if args.recipe == "quickstart":
-            run_quickstart(args.mode, args.seed, args.out, args.results)
+            run_quickstart(args.mode, args.seed, args.out, args.results, args.set)
         else:
-            run_crafter(args.mode, args.seed, args.steps, args.out, args.results)
+            run_crafter(args.mode, args.seed, args.steps, args.out, args.results, args.set)
     else:
         text = table(args.results)
         (args.results / "table.md").write_text(text)

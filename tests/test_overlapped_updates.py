@@ -310,3 +310,30 @@ def test_gae_over_ragged_slots_equals_each_slot_alone(tiny_tokenizer):
         assert torch.allclose(ragged.advantages[rows : rows + n, :width], alone.advantages)
         assert torch.allclose(ragged.returns[rows : rows + n, : width + 1], alone.returns)
         rows += n
+
+
+@pytest.mark.parametrize("kind", ["full", "train_layers", "lora"])
+def test_the_engines_copy_takes_the_trained_weights_and_shares_the_frozen_ones(tiny_dir, kind):
+    """The rollout's copy of the actor: its own tensors for what trains (all of it, the last layers,
+    the LoRA adapters), the actor's for what is frozen; publishing makes the two generate alike."""
+    from verlog.config import LoRAConfig
+    from verlog.weights.actor_critic import load_actor, train_last_layers
+    from verlog.weights.rollout_copy import publish_weights, rollout_copy
+
+    lora = LoRAConfig(rank=4 if kind == "lora" else 0)
+    actor, _ = load_actor(tiny_dir, dtype="float32", device="cpu", lora=lora)
+    if kind == "train_layers":
+        train_last_layers(actor, 1, section="actor")
+    clone = rollout_copy(actor)
+    pairs = list(zip(actor.parameters(), clone.parameters(), strict=True))
+    assert all((a is b) != a.requires_grad for a, b in pairs)  # trained: a copy; frozen: the same tensor
+    assert not any(b.requires_grad for _, b in pairs) and not clone.training
+    with torch.no_grad():
+        for a, _ in pairs:
+            if a.requires_grad:
+                a.add_(0.01 * torch.randn_like(a))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert not torch.allclose(actor(ids).logits, clone(ids).logits)
+    trained = sum(a.numel() for a, _ in pairs if a.requires_grad)
+    assert publish_weights(actor, clone) == trained
+    assert torch.equal(actor(ids).logits, clone(ids).logits)

@@ -622,6 +622,11 @@ class SlotRunner:
         batch.boundary_wait_s, batch.boundary_wait_max_s = sum(waits) / len(waits), max(waits)
         return batch
 
+    def hold(self) -> None:
+        """Admit no more calls until the next :meth:`collect` (a batch being collected is left
+        uncut: e.g. the training ends while a batch was played ahead)."""
+        self._accepting = False
+
     @property
     def episodes_started(self) -> list[int]:
         """Episodes started so far by each slot (seeds go on from there after a resume)."""
@@ -702,8 +707,10 @@ class SlotRunner:
         return call.turn is not None and (call.segment.episode is not None or call.segment.last_started > call.index)
 
     def _touch(self, slot_index: int) -> None:
+        """With stragglers: the slot's calls changed (the batch may now be complete)."""
         if self.max_turns_per_env is not None:
             self._dirty.add(slot_index)
+            self._notify()
 
     def _straggler_plan(self) -> list[tuple[int, tuple[list[int], tuple[str, ...]]]] | None:
         """With stragglers: how many turns each slot gives the batch and its bootstrap prompt, once

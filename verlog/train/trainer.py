@@ -18,6 +18,12 @@ One update, top to bottom:
 4. **report / save** — metrics to ``metrics.jsonl``, wandb and the terminal; a checkpoint every
    ``save_every`` updates.
 
+With ``trainer.overlap`` the rollout does not wait for the update: batches come from a
+``BatchPipeline`` (``verlog.train.pipeline``) that plays batch ``k + 1`` while update ``k`` trains on
+a thread of its own, the engine serving its own copy of the actor until the update publishes the
+new weights; live turns sampled by older weights (overlapped, or carried by straggler-tolerant
+batches) are trained with decoupled PPO against the weights the update starts from.
+
 Before the first update the critic is pre-trained (``critic_warmup``) on a large buffer
 collected once with the initial policy. ``--resume`` restores weights, optimizers, RNGs and the
 slot counters (so the position in the data's epoch) from the latest checkpoint and goes on with
@@ -28,6 +34,7 @@ its next task).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
@@ -183,7 +190,8 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
                         run.runner.policy_version = update
                         pipeline.publish(update)
             finally:
-                await pipeline.aclose()  # (a batch being played ahead is not trained)
+                await pipeline.aclose()  # (a batch being played ahead is not trained: its slots stop)
+                run.runner.hold()
 
             if run.state["update"] > 0 and not (t.save_every and run.state["update"] % t.save_every == 0):
                 run.save(run.state["update"])  # the final weights are always saved
@@ -358,8 +366,8 @@ class _Run:
         return {"engine": self.engine.sampling_generator, "shuffle": self.shuffle}
 
     def save(self, update: int) -> Path:
-        """Checkpoint ``update`` (atomically; the engine is paused meanwhile)."""
-        with self.engine.weights_lock():
+        """Checkpoint ``update`` (atomically; the engine, when it shares the actor, is paused meanwhile)."""
+        with self.engine.weights_lock() if self.update_thread is None else contextlib.nullcontext():
             return ckpt.save_checkpoint(
                 self.run_dir,
                 update,
