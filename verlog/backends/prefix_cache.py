@@ -118,6 +118,21 @@ class PrefixCache:
         self.stats.hit_tokens += pos
         return pos, parts[0] if len(parts) == 1 else torch.cat(parts, dim=3)
 
+    def cached_len(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` the cache holds (their KV is not read, nothing is marked
+        used): the start of what :meth:`insert` would ask ``kv_for`` for."""
+        node, pos, n = self._root, 0, len(tokens)
+        while pos < n:
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            take = _common_len(child.tokens, tokens, pos)
+            pos += take
+            if take < len(child.tokens):
+                break
+            node = child
+        return pos
+
     # ------------------------------------------------------------------ insertion
     def insert(self, tokens: Sequence[int], kv_for: KVSource, *, epoch: int | None = None) -> int:
         """Keep the KV of ``tokens``; ``kv_for(start, end)`` is asked only for the part not
