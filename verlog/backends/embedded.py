@@ -767,41 +767,44 @@ class _GrowingLayer(DynamicLayer):
     """A KV-cache layer with spare room at the end: a decode step writes its key and value in
     place instead of copying the whole cache (``torch.cat``) as ``DynamicLayer`` does.
 
-    ``keys``/``values`` read as the filled part; assigning either replaces its buffer (used by
-    batch selection and merging), each with its own length.
+    ``keys``/``values`` read as the filled part (a view kept between steps, not a new slice at
+    every read); assigning either replaces its buffer (used by batch selection and merging),
+    each with its own length.
     """
 
     def __init__(self) -> None:
         self._buf: dict[str, torch.Tensor | None] = {"keys": None, "values": None}
-        self._len: dict[str, int] = {"keys": 0, "values": 0}
+        #: the filled part of each buffer
+        self._view: dict[str, torch.Tensor | None] = {"keys": None, "values": None}
         super().__init__()
 
-    def _get(self, name: str) -> torch.Tensor | None:
-        buf = self._buf[name]
-        return None if buf is None else buf[:, :, : self._len[name]]
-
     def _set(self, name: str, value: torch.Tensor | None) -> None:
-        self._buf[name] = value
-        self._len[name] = 0 if value is None else value.shape[-2]
+        self._buf[name] = self._view[name] = value
 
-    keys = property(lambda self: self._get("keys"), lambda self, v: self._set("keys", v))  # type: ignore[assignment]
-    values = property(lambda self: self._get("values"), lambda self, v: self._set("values", v))  # type: ignore[assignment]
+    keys = property(lambda self: self._view["keys"], lambda self, v: self._set("keys", v))  # type: ignore[assignment]
+    values = property(lambda self: self._view["values"], lambda self, v: self._set("values", v))  # type: ignore[assignment]
+
+    def get_seq_length(self) -> int:
+        keys = self._view["keys"]
+        return 0 if not self.is_initialized or keys is None or keys.numel() == 0 else keys.shape[-2]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         if not self.is_initialized:
             self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
         for name, new in (("keys", key_states), ("values", value_states)):
-            buf, used, n = self._buf[name], self._len[name], new.shape[-2]
+            buf, view = self._buf[name], self._view[name]
+            used = 0 if view is None else view.shape[-2]
             if buf is None or used == 0:
                 self._set(name, new)
                 continue
+            n = new.shape[-2]
             if used + n > buf.shape[-2]:  # grow by doubling: amortized O(1) copies per token
                 grown = buf.new_empty((*buf.shape[:2], max(2 * buf.shape[-2], used + n), buf.shape[-1]))
-                grown[:, :, :used] = buf[:, :, :used]
+                grown.narrow(2, 0, used).copy_(view)
                 self._buf[name] = buf = grown
-            buf[:, :, used : used + n] = new
-            self._len[name] = used + n
-        return self.keys, self.values
+            buf.narrow(2, used, n).copy_(new)
+            self._view[name] = buf.narrow(2, 0, used + n)
+        return self._view["keys"], self._view["values"]
 
 
 def _image_model_problem(model: torch.nn.Module) -> str | None:
