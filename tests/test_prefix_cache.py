@@ -146,6 +146,27 @@ async def test_a_chat_turn_extending_the_previous_one_computes_only_its_new_toke
     assert results[off][2] == len(second_prompt)
 
 
+async def test_concurrent_chats_each_continue_from_their_own_cached_turn(engines, tiny_tokenizer):
+    """Rows that finish in the same decode step are kept together (their KV gathered at once):
+    each chat's next turn must read its own prompt and answer's KV, never another row's."""
+    on, off = engines
+    questions = ["Where is the key?", "Is the door locked or open?", "Go", "What colour is the ball next to the wall?"]
+    first_prompts = [system(tiny_tokenizer) + user(tiny_tokenizer, q) for q in questions]
+    follow_up = user(tiny_tokenizer, "And then?")
+    same_length = SamplingParams(temperature=0, max_new_tokens=6)
+    results = {}
+    for engine in (on, off):
+        first = await asyncio.gather(*(engine.generate(p, same_length) for p in first_prompts))
+        second_prompts = [p + g.token_ids + follow_up for p, g in zip(first_prompts, first)]
+        before = engine.stats.computed_prompt_tokens
+        second = await asyncio.gather(*(engine.generate(p, same_length) for p in second_prompts))
+        results[engine] = (first + list(second), engine.stats.computed_prompt_tokens - before)
+    assert_same(results[on][0], results[off][0])
+    # every second turn was served from its own first turn: only its answer's last token and the
+    # new user message are computed
+    assert results[on][1] == len(questions) * (len(follow_up) + 1)
+
+
 async def test_a_small_cache_stays_within_its_bytes_and_still_gives_the_same_answers(tiny_model, tiny_tokenizer):
     per_token = (
         2
