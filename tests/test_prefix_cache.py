@@ -77,6 +77,13 @@ def test_tree_matches_splits_and_serves_the_kv_of_each_token():
     assert n == 4 and got[0, 0, 0, :, 0].tolist() == [1, 2, 3, 9]
     assert cache.match([7, 1])[0] == 0
     assert cache.tokens_held == 8 and cache.bytes_used == 8 * 2 * 2 * 4 * 4
+    # where an insert would start asking, read without marking anything used
+    lookups, ticks = cache.stats.lookups, {id(n): n.last_used for n in cache._nodes()}
+    assert [cache.cached_len(t) for t in ([1, 2, 3, 4, 7], [1, 2, 3, 9, 9, 1], [1, 2], [7])] == [4, 5, 2, 0]
+    assert cache.stats.lookups == lookups and {id(n): n.last_used for n in cache._nodes()} == ticks
+    longer = [1, 2, 3, 9, 9, 1]
+    cache.insert(longer, source(longer))
+    assert asked[-1] == (5, 6)
 
 
 def test_tree_stays_within_its_bytes_evicting_least_recently_used_leaves():
