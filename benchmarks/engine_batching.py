@@ -34,12 +34,12 @@ the step-info and registry work: 7.7x, 7.0x, 8.3x and 7.7x, 7.8x, 9.0x (medians 
 150-158 and 125-155 turns/s against 16-23), 54-88% of ceilings of 9.4-14.3x: the one-row decode
 step measured 2.2-3.7 ms against 6.2-8.0 ms with 32 rows, so the ceiling itself moves by half
 between runs. Below the 8x / 85% target on these runs.
-2026-12-06 (issue 51 item 3), after the kept rows' KV is gathered once per step: load 3-4 (another
-engineer's benchmark held a core), 7.4x and 7.6x (medians; 64-65% of the ceiling) against 7.7x and
-7.2x (65-67%) before, side by side: within the noise on one free core. The profile explains the
-ceiling's gap: the batched run keeps 0.90-0.99 cores busy, and per turn the engine's thread spends
-4.6-5.6 ms of CPU and the event loop 2.0-2.9 ms, which add up to the wall time (7.3-8.0 ms): the two
-never run at once. The tiny model's forward pass is mostly Python (HF's modules: about 70% of the
+2026-12-06 (issue 51 item 3), after rows kept in the prefix cache copy only their missing tokens
+and the KV layer keeps its view (load 1.7-2.9, another engineer's benchmarks running): 8.0x and 8.3x
+(medians; 61% and 67% of the ceiling; runs 60-70%) against 7.0x and 7.7x (58%, 64%; runs 45-72%)
+before, side by side: within the noise. The profile explains the ceiling's gap: the batched run
+keeps 0.97-1.01 cores busy, and per turn the engine's thread spends 4.2-5.3 ms of CPU and the event
+loop 1.8-2.9 ms, which add up to the wall time (6.6-8.0 ms): the two never run at once. The tiny model's forward pass is mostly Python (HF's modules: about 70% of the
 samples where the engine's thread holds the GIL), so while the graphs run Python the engine waits
 for the GIL, and the other way round. Serialized, decoding (about 3.5 ms a turn at 24 rows) plus
 the loop (about 2 ms) plus prefills bound the run at about 60% of the ceiling; 85% needs the graphs
