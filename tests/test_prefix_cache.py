@@ -77,6 +77,13 @@ def test_tree_matches_splits_and_serves_the_kv_of_each_token():
     assert n == 4 and got[0, 0, 0, :, 0].tolist() == [1, 2, 3, 9]
     assert cache.match([7, 1])[0] == 0
     assert cache.tokens_held == 8 and cache.bytes_used == 8 * 2 * 2 * 4 * 4
+    # where an insert would start asking, read without marking anything used
+    lookups, ticks = cache.stats.lookups, {id(n): n.last_used for n in cache._nodes()}
+    assert [cache.cached_len(t) for t in ([1, 2, 3, 4, 7], [1, 2, 3, 9, 9, 1], [1, 2], [7])] == [4, 5, 2, 0]
+    assert cache.stats.lookups == lookups and {id(n): n.last_used for n in cache._nodes()} == ticks
+    longer = [1, 2, 3, 9, 9, 1]
+    cache.insert(longer, source(longer))
+    assert asked[-1] == (5, 6)
 
 
 def test_tree_stays_within_its_bytes_evicting_least_recently_used_leaves():
@@ -144,6 +151,27 @@ async def test_a_chat_turn_extending_the_previous_one_computes_only_its_new_toke
     # decoding) and the new user message are computed
     assert results[on][2] == len(follow_up) + 1
     assert results[off][2] == len(second_prompt)
+
+
+async def test_concurrent_chats_each_continue_from_their_own_cached_turn(engines, tiny_tokenizer):
+    """Rows that finish in the same decode step are kept together (their KV gathered at once):
+    each chat's next turn must read its own prompt and answer's KV, never another row's."""
+    on, off = engines
+    questions = ["Where is the key?", "Is the door locked or open?", "Go", "What colour is the ball next to the wall?"]
+    first_prompts = [system(tiny_tokenizer) + user(tiny_tokenizer, q) for q in questions]
+    follow_up = user(tiny_tokenizer, "And then?")
+    same_length = SamplingParams(temperature=0, max_new_tokens=6)
+    results = {}
+    for engine in (on, off):
+        first = await asyncio.gather(*(engine.generate(p, same_length) for p in first_prompts))
+        second_prompts = [p + g.token_ids + follow_up for p, g in zip(first_prompts, first)]
+        before = engine.stats.computed_prompt_tokens
+        second = await asyncio.gather(*(engine.generate(p, same_length) for p in second_prompts))
+        results[engine] = (first + list(second), engine.stats.computed_prompt_tokens - before)
+    assert_same(results[on][0], results[off][0])
+    # every second turn was served from its own first turn: only its answer's last token and the
+    # new user message are computed
+    assert results[on][1] == len(questions) * (len(follow_up) + 1)
 
 
 async def test_a_small_cache_stays_within_its_bytes_and_still_gives_the_same_answers(tiny_model, tiny_tokenizer):

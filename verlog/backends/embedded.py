@@ -496,8 +496,9 @@ class EmbeddedEngine(Engine):
                 all_logits.append(logits)
             assert running is not None
             if cache_store.enabled:
-                for row, req in enumerate(running.requests):
-                    self._keep_prefix(running, row, req.prompt_ids, req.cache_epoch)
+                self._keep_prefixes(
+                    running, [(row, req.prompt_ids, req.cache_epoch) for row, req in enumerate(running.requests)]
+                )
             self._advance(running, torch.cat(all_logits))
         if deferred:
             waiting = self._waiting_rows([batch[i] for i in deferred], [prefix[i] for i in deferred])
@@ -609,25 +610,58 @@ class EmbeddedEngine(Engine):
         )
         return torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])
 
-    def _keep_prefix(self, running: "_Running", row: int, tokens: list[int], epoch: int) -> None:
-        """Put the KV of ``tokens`` (the ids fed so far to batch row ``row``) in the prefix cache."""
-        if not tokens:
+    def _keep_prefixes(self, running: "_Running", kept: list[tuple[int, list[int], int]]) -> None:
+        """Put the KV of batch rows in the prefix cache: ``kept`` holds ``(row, tokens, epoch)``,
+        ``tokens`` the ids fed so far to that row. Only the tokens the cache lacks are copied (a
+        finished answer after its cached prompt, say), for all rows at once: one gather per layer
+        tensor, whatever the number of rows."""
+        store = self.prefix_cache
+        kept = [(row, tokens, epoch) for row, tokens, epoch in kept if tokens and epoch == store.epoch]
+        if not kept:
             return
-        cache = running.cache
+        starts = [store.cached_len(tokens) for _, tokens, _ in kept]
+        lacking = [i for i, ((_, tokens, _), start) in enumerate(zip(kept, starts)) if start < len(tokens)]
+        if not lacking:
+            return
+        device = running.attention.device
+        index = torch.tensor([kept[i][0] for i in lacking], device=device)
+        mask = running.attention.index_select(0, index)
+        held = mask.sum(1).tolist()
+        for i, n in zip(lacking, held):
+            if n != len(kept[i][1]):
+                raise EngineError(f"internal: row {kept[i][0]} holds {n} cached tokens, expected {len(kept[i][1])}")
+        # each row's columns from its first token the cache lacks (rank: the token's place in the row)
+        rank = mask.cumsum(1) - 1
+        first = torch.tensor([starts[i] for i in lacking], device=device)
+        rows, columns = ((mask > 0) & (rank >= first[:, None])).nonzero(as_tuple=True)
+        rows = index[rows]
+        # [layers * 2, tokens of all rows, kv_heads, head_dim]
+        flat = torch.stack([t[rows, :, columns] for layer in running.cache.layers for t in (layer.keys, layer.values)])
+        offsets, at = {}, 0
+        for i in lacking:
+            offsets[i] = at
+            at += len(kept[i][1]) - starts[i]
 
-        def kv_for(start: int, end: int) -> torch.Tensor:
-            columns = running.attention[row].nonzero()[:, 0]
-            if len(columns) != len(tokens):
-                raise EngineError(f"internal: row {row} holds {len(columns)} cached tokens, expected {len(tokens)}")
-            idx = columns[start:end]
-            return torch.stack(
-                [
-                    torch.stack([layer.keys[row].index_select(1, idx), layer.values[row].index_select(1, idx)])
-                    for layer in cache.layers
-                ]
-            )
+        for i, (row, tokens, epoch) in enumerate(kept):
 
-        self.prefix_cache.insert(tokens, kv_for, epoch=epoch)
+            def kv_for(a: int, b: int, i: int = i, row: int = row) -> torch.Tensor:
+                if i in offsets and a >= starts[i]:  # (the cache may have grown since: never shrunk)
+                    part = flat[:, offsets[i] + a - starts[i] : offsets[i] + b - starts[i]]
+                    out = part.new_empty((part.shape[0], part.shape[2], b - a, part.shape[3]))
+                    return out.copy_(part.transpose(1, 2)).unflatten(0, (-1, 2))
+                return self._row_kv(running, row, a, b)  # evicted meanwhile: copied on its own
+
+            store.insert(tokens, kv_for, epoch=epoch)
+
+    def _row_kv(self, running: "_Running", row: int, start: int, end: int) -> torch.Tensor:
+        """The KV of tokens ``start:end`` of batch row ``row``: ``[layers, 2, kv_heads, end - start, head_dim]``."""
+        idx = running.attention[row].nonzero()[start:end, 0]
+        return torch.stack(
+            [
+                torch.stack([layer.keys[row].index_select(1, idx), layer.values[row].index_select(1, idx)])
+                for layer in running.cache.layers
+            ]
+        )
 
     def _decode_step(self, running: "_Running") -> None:
         """Feed each running request its last chosen token; choose the next one."""
@@ -671,6 +705,7 @@ class EmbeddedEngine(Engine):
         if not ended.any():
             return
         finished = np.flatnonzero(ended).tolist()
+        kept: list[tuple[int, list[int], int]] = []
         for row, (ids, lps) in zip(finished, rows.outputs(finished)):
             req = reqs[row]
             req.finish_reason = "abort" if abort[row] else "stop" if stop[row] else "length"
@@ -680,7 +715,8 @@ class EmbeddedEngine(Engine):
             req.resolve(ids, lps)
             if self.prefix_cache.enabled and not abort[row] and req.images is None:
                 # the prompt and the answer's tokens fed so far: the next turn of a chat extends them
-                self._keep_prefix(running, row, req.prompt_ids + ids[:-1], req.cache_epoch)
+                kept.append((row, req.prompt_ids + ids[:-1], req.cache_epoch))
+        self._keep_prefixes(running, kept)
         running.select(np.flatnonzero(~ended).tolist())
 
     def _grammar_masks(self, running: "_Running", width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -731,41 +767,44 @@ class _GrowingLayer(DynamicLayer):
     """A KV-cache layer with spare room at the end: a decode step writes its key and value in
     place instead of copying the whole cache (``torch.cat``) as ``DynamicLayer`` does.
 
-    ``keys``/``values`` read as the filled part; assigning either replaces its buffer (used by
-    batch selection and merging), each with its own length.
+    ``keys``/``values`` read as the filled part (a view kept between steps, not a new slice at
+    every read); assigning either replaces its buffer (used by batch selection and merging),
+    each with its own length.
     """
 
     def __init__(self) -> None:
         self._buf: dict[str, torch.Tensor | None] = {"keys": None, "values": None}
-        self._len: dict[str, int] = {"keys": 0, "values": 0}
+        #: the filled part of each buffer
+        self._view: dict[str, torch.Tensor | None] = {"keys": None, "values": None}
         super().__init__()
 
-    def _get(self, name: str) -> torch.Tensor | None:
-        buf = self._buf[name]
-        return None if buf is None else buf[:, :, : self._len[name]]
-
     def _set(self, name: str, value: torch.Tensor | None) -> None:
-        self._buf[name] = value
-        self._len[name] = 0 if value is None else value.shape[-2]
+        self._buf[name] = self._view[name] = value
 
-    keys = property(lambda self: self._get("keys"), lambda self, v: self._set("keys", v))  # type: ignore[assignment]
-    values = property(lambda self: self._get("values"), lambda self, v: self._set("values", v))  # type: ignore[assignment]
+    keys = property(lambda self: self._view["keys"], lambda self, v: self._set("keys", v))  # type: ignore[assignment]
+    values = property(lambda self: self._view["values"], lambda self, v: self._set("values", v))  # type: ignore[assignment]
+
+    def get_seq_length(self) -> int:
+        keys = self._view["keys"]
+        return 0 if not self.is_initialized or keys is None or keys.numel() == 0 else keys.shape[-2]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         if not self.is_initialized:
             self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
         for name, new in (("keys", key_states), ("values", value_states)):
-            buf, used, n = self._buf[name], self._len[name], new.shape[-2]
+            buf, view = self._buf[name], self._view[name]
+            used = 0 if view is None else view.shape[-2]
             if buf is None or used == 0:
                 self._set(name, new)
                 continue
+            n = new.shape[-2]
             if used + n > buf.shape[-2]:  # grow by doubling: amortized O(1) copies per token
                 grown = buf.new_empty((*buf.shape[:2], max(2 * buf.shape[-2], used + n), buf.shape[-1]))
-                grown[:, :, :used] = buf[:, :, :used]
+                grown.narrow(2, 0, used).copy_(view)
                 self._buf[name] = buf = grown
-            buf[:, :, used : used + n] = new
-            self._len[name] = used + n
-        return self.keys, self.values
+            buf.narrow(2, used, n).copy_(new)
+            self._view[name] = buf.narrow(2, 0, used + n)
+        return self._view["keys"], self._view["values"]
 
 
 def _image_model_problem(model: torch.nn.Module) -> str | None:

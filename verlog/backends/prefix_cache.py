@@ -118,6 +118,31 @@ class PrefixCache:
         self.stats.hit_tokens += pos
         return pos, parts[0] if len(parts) == 1 else torch.cat(parts, dim=3)
 
+    def cached_len(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` the cache holds (their KV is not read, nothing is marked
+        used): the start of what :meth:`insert` would ask ``kv_for`` for."""
+        return self._descend(tokens)[1]
+
+    def _descend(self, tokens: Sequence[int], tick: int | None = None) -> tuple[_Node, int]:
+        """Follow ``tokens`` down the tree: the node where their cached prefix ends and its length.
+        With a ``tick`` (an insertion), the spans passed are marked used and a span the tokens
+        leave midway is split there, so that the node returned ends exactly at that length."""
+        node, pos, n = self._root, 0, len(tokens)
+        while pos < n:
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            take = _common_len(child.tokens, tokens, pos)
+            if tick is not None:
+                child.last_used = tick
+                if take < len(child.tokens):
+                    child = self._split(child, take)  # (its first part, ``take`` tokens long)
+            pos += take
+            if take < len(child.tokens):
+                break
+            node = child
+        return node, pos
+
     # ------------------------------------------------------------------ insertion
     def insert(self, tokens: Sequence[int], kv_for: KVSource, *, epoch: int | None = None) -> int:
         """Keep the KV of ``tokens``; ``kv_for(start, end)`` is asked only for the part not
@@ -126,17 +151,8 @@ class PrefixCache:
         if not self.enabled or not tokens or (epoch is not None and epoch != self.epoch):
             return 0
         tick = next(self._ticks)
-        node, pos, n = self._root, 0, len(tokens)
-        while pos < n:
-            child = node.children.get(tokens[pos])
-            if child is None:
-                break
-            take = _common_len(child.tokens, tokens, pos)
-            child.last_used = tick
-            if take < len(child.tokens):
-                child = self._split(child, take)
-            pos += take
-            node = child
+        node, pos = self._descend(tokens, tick)
+        n = len(tokens)
         added = 0
         if pos < n:
             kv = kv_for(pos, n)
