@@ -235,12 +235,17 @@ def update_records(run_dir) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["kind"] == "update"]
 
 
-def test_overlapped_training_reports_staleness_and_resumes_from_the_trained_batch(tmp_path):
+@pytest.mark.parametrize("update_in", ["process", "thread"])
+def test_overlapped_training_reports_staleness_and_resumes_from_the_trained_batch(tmp_path, update_in):
     from verlog.cli import main
     from verlog.weights import checkpoint as ckpt
 
     run_dir = tmp_path / "run"
-    overlap = ("trainer.overlap.enabled=true", "trainer.overlap.max_staleness=1")
+    overlap = (
+        "trainer.overlap.enabled=true",
+        "trainer.overlap.max_staleness=1",
+        f"trainer.overlap.update_in={update_in}",
+    )
     assert main(["train", *short_run(run_dir, "trainer.total_updates=3", *overlap)]) == 0
     records = update_records(run_dir)
     assert [r["update"] for r in records] == [1, 2, 3]
@@ -254,6 +259,11 @@ def test_overlapped_training_reports_staleness_and_resumes_from_the_trained_batc
     # played ahead meanwhile: warm-up batch + 3 batches of 4 x 3 turns
     state = ckpt.read_state(ckpt.latest_checkpoint(run_dir))
     assert state["runner"]["counters"]["turns"] == 4 * 4 * 3 == records[-1]["turns_total"]
+    # the checkpoints hold what the updates trained, wherever they ran: the actor moved between
+    # updates 2 and 3, and its optimizer's state counts more steps at 3 than at 2
+    first, last = (ckpt.checkpoints_root(run_dir) / f"update_00000{k}" for k in (2, 3))
+    assert _actor_weights(first) != _actor_weights(last)
+    assert _adam_steps(last) > _adam_steps(first) > 0
     assert main(["train", *short_run(run_dir, "trainer.total_updates=5", *overlap), "--resume"]) == 0
     records = update_records(run_dir)
     assert [r["update"] for r in records] == [1, 2, 3, 4, 5]
@@ -337,3 +347,23 @@ def test_the_engines_copy_takes_the_trained_weights_and_shares_the_frozen_ones(t
     trained = sum(a.numel() for a, _ in pairs if a.requires_grad)
     assert publish_weights(actor, clone) == trained
     assert torch.equal(actor(ids).logits, clone(ids).logits)
+
+
+def _actor_weights(checkpoint) -> list[float]:
+    from safetensors.torch import load_file
+
+    weights = load_file(next((checkpoint / "actor").glob("*.safetensors")))
+    return [round(float(t.float().sum()), 6) for _, t in sorted(weights.items())]
+
+
+def _adam_steps(checkpoint) -> float:
+    """The actor optimizer's step count saved in ``checkpoint`` (loaded into a fresh AdamW)."""
+    from verlog.config import LoRAConfig
+    from verlog.models import toy_model_dir
+    from verlog.weights import checkpoint as ckpt
+    from verlog.weights.actor_critic import load_actor
+
+    actor, _ = load_actor(toy_model_dir(), dtype="float32", device="cpu", lora=LoRAConfig())
+    optimizer = torch.optim.AdamW(actor.parameters())
+    ckpt.load_optimizers(checkpoint, {"actor": optimizer})
+    return max(float(state["step"]) for state in optimizer.state.values())

@@ -68,6 +68,10 @@ class GrammarCompiler:
         #: the tokenizer's decoder writes a space between tokens (see :class:`_WordTable`)
         self.words_joined = _joins_words(tokenizer)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its settings (a learner sent to the update process): its caches are rebuilt there."""
+        return (type(self), (self.tokenizer, self.vocab_size, self.eos_token_ids))
+
     @property
     def token_count(self) -> int:
         """The ids llguidance knows (the tokenizer's whole vocabulary)."""

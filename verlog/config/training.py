@@ -31,6 +31,11 @@ class OverlapConfig(_Section):
     behaviour_weight_cap: float = Field(
         2.0, ge=1, description="truncation c of each token's importance weight pi_proximal / pi_behaviour"
     )
+    update_in: Literal["auto", "process", "thread"] = Field(
+        "auto",
+        description="where the updates run beside the rollout: a process of their own (a CPU learner: the two do "
+        "not take turns at Python's interpreter lock), a thread of the trainer's (a GPU learner); auto: by device",
+    )
 
 
 class StragglerConfig(_Section):

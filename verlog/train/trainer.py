@@ -70,6 +70,7 @@ from verlog.train.pipeline import BatchPipeline, live_correction
 from verlog.train.ppo import Learner, adamw, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
 from verlog.train.trace_batches import TraceBatch, TraceSource, merge_batches, trace_slots
+from verlog.train.update_process import UpdateProcess
 from verlog.weights import checkpoint as ckpt
 from verlog.weights.actor_critic import (
     load_actor,
@@ -168,7 +169,7 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
                     result.updates = run.state["update"] = update
                     steps_done = t.stop_at_env_steps is not None and counters["turns_total"] >= t.stop_at_env_steps
                     if t.save_every and update % t.save_every == 0:
-                        run.save(update)
+                        await run.save(update)
                     if steps_done:
                         console.print(
                             f"{int(counters['turns_total'])} environment steps played at update {update} "
@@ -194,7 +195,7 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
                 run.runner.hold()
 
             if run.state["update"] > 0 and not (t.save_every and run.state["update"] % t.save_every == 0):
-                run.save(run.state["update"])  # the final weights are always saved
+                await run.save(run.state["update"])  # the final weights are always saved
             if config.eval.at_end and evaluable:
                 result.eval_end = await run.evaluate(
                     run.state["update"], "evaluating the final policy", split=config.eval.split
@@ -255,8 +256,10 @@ class _Run:
     overlap: int = 0
     #: the correction of live turns sampled by older weights (overlapped updates, stragglers), else ``None``
     live_correction: OffPolicyCorrection | None = None
-    #: with overlapped updates: the thread the updates run on (the event loop goes on playing meanwhile)
+    #: with overlapped updates: the thread the updates run on (the event loop goes on playing meanwhile) ...
     update_thread: ThreadPoolExecutor | None = None
+    #: ... or, for a learner on the CPU, the process they run in (started at the first update)
+    update_process: UpdateProcess | None = None
     #: the slot runner's state at the cut of the last batch trained (what its checkpoint resumes from)
     trained_state: dict[str, Any] | None = None
 
@@ -345,7 +348,7 @@ class _Run:
         )
         if t.overlap.enabled or t.stragglers.enabled:  # live turns may be sampled by older weights
             run.live_correction = OffPolicyCorrection(t.overlap.behaviour_weight_cap, t.overlap.max_staleness)
-        if t.overlap.enabled:
+        if t.overlap.enabled and _update_in(config) == "thread":
             threads = t.torch_threads or max(1, (os.cpu_count() or 2) - 1)
             run.update_thread = ThreadPoolExecutor(
                 1, "verlog-update", initializer=torch.set_num_threads, initargs=(threads,)
@@ -365,9 +368,11 @@ class _Run:
     def _generators(self) -> dict[str, torch.Generator]:
         return {"engine": self.engine.sampling_generator, "shuffle": self.shuffle}
 
-    def save(self, update: int) -> Path:
+    async def save(self, update: int) -> Path:
         """Checkpoint ``update`` (atomically; the engine, when it shares the actor, is paused meanwhile)."""
-        with self.engine.weights_lock() if self.update_thread is None else contextlib.nullcontext():
+        if self.update_process is not None:  # the optimizers' state lives in the update process
+            await self.update_process.optimizer_states()
+        with self.engine.weights_lock() if not self.overlap else contextlib.nullcontext():
             return ckpt.save_checkpoint(
                 self.run_dir,
                 update,
@@ -423,7 +428,12 @@ class _Run:
             correction = self.live_correction
         self.trained_state = batch.runner_state
         tick = time.perf_counter()
-        if self.update_thread is None:
+        if self.overlap and _update_in(self.config) == "process":
+            if self.update_process is None:  # after the critic's pre-training and any resume
+                threads = self.config.trainer.torch_threads or max(1, (os.cpu_count() or 2) - 1)
+                self.update_process = UpdateProcess(self.learner, self.shuffle, threads)
+            metrics |= await self.update_process.update(storage, correction)
+        elif self.update_thread is None:
             with self.engine.weights_lock():
                 metrics |= self._train(storage, correction)
         else:
@@ -508,6 +518,8 @@ class _Run:
         await self.engine.aclose()
         if self.update_thread is not None:
             self.update_thread.shutdown()
+        if self.update_process is not None:
+            self.update_process.close()
         if self.traces is not None:
             self.traces.close()
 
@@ -650,6 +662,15 @@ def _whole_groups(config: VerlogConfig) -> bool:
     """Whether the slots play whole groups: a group estimator compares ``group_size`` > 1 plays
     of each row (``SlotRunner(whole_groups=True)``)."""
     return config.trainer.group_size > 1 and get_estimator(config.algorithm.estimator).compares_groups
+
+
+def _update_in(config: VerlogConfig) -> str:
+    """Where overlapped updates run: a process of their own for a learner on the CPU (``auto``), a
+    thread of this process otherwise (``verlog.train.update_process``)."""
+    chosen = config.trainer.overlap.update_in
+    if chosen != "auto":
+        return chosen
+    return "process" if pick_device(config.model.device) == "cpu" else "thread"
 
 
 def _straggler_cap(config: VerlogConfig) -> int | None:
