@@ -668,8 +668,12 @@ class SlotRunner:
         reopened.set()
 
     def _notify(self) -> None:
+        """Wake ``collect`` to look at the slots again (on the runner's loop: at once, no thread hop)."""
         if self._loop is not None and self._changed is not None:
-            self._loop.call_soon_threadsafe(self._changed.set)
+            if threading.get_ident() == self._loop_thread:
+                self._changed.set()
+            else:
+                self._loop.call_soon_threadsafe(self._changed.set)
 
     def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` on the runner's loop: now if this is its thread, else next (in order)."""

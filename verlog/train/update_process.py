@@ -72,7 +72,7 @@ class UpdateProcess:
                 raise RuntimeError(
                     f"the update process stopped (exit code {self._process.exitcode}). It starts by importing the "
                     "script that runs the training: a script calling verlog.train.train() must call it under "
-                    "`if __name__ == \"__main__\":`; else it ran out of memory or was killed. "
+                    '`if __name__ == "__main__":`; else it ran out of memory or was killed. '
                     "trainer.overlap.update_in: thread runs the updates in this process instead"
                 ) from None
         if status == "error":
