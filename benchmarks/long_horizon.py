@@ -294,14 +294,16 @@ def random_baseline(results: Path, extra: list[str] | None = None) -> dict:
     return summary
 
 
-def _across(values: list[float]) -> str:
+def _across(values: list[float], digits: int = 2) -> str:
     """The mean over training seeds ± its standard error, from the sample standard deviation (n - 1:
     with two or three seeds, BALROG's divisor n, right for 64 episodes, would understate it)."""
+    if not values:
+        return "—"
     if len(values) == 1:
-        return f"{values[0]:.2f}"
+        return f"{values[0]:.{digits}f}"
     m = sum(values) / len(values)
     se = math.sqrt(sum((x - m) ** 2 for x in values) / (len(values) - 1) / len(values))
-    return f"{m:.2f} ± {se:.2f}"
+    return f"{m:.{digits}f} ± {se:.{digits}f}"
 
 
 def turns_per_update(result: dict[str, Any]) -> float:

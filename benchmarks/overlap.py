@@ -185,16 +185,6 @@ def _write(summary: dict[str, Any], results: Path) -> dict[str, Any]:
     return summary
 
 
-def _mean_se(values: list[float]) -> str:
-    if not values:
-        return "—"
-    m = sum(values) / len(values)
-    if len(values) == 1:
-        return f"{m:.3f}"
-    se = math.sqrt(sum((x - m) ** 2 for x in values) / (len(values) - 1) / len(values))
-    return f"{m:.3f} ± {se:.3f}"
-
-
 def table(results: Path) -> str:
     """Per recipe: each mode's training wall time and score per seed, the wall-time ratio
     overlapped / alternating of each seed, and the score gap in standard errors."""
@@ -223,9 +213,9 @@ def table(results: Path) -> str:
             )
         if ratios:
             lines.append(
-                f"| {recipe_dir.name} | mean | | | | {_mean_se(ratios)} | "
-                f"{_mean_se([runs['sync'][s]['score'] for s in sorted(runs['sync'])])} | "
-                f"{_mean_se([runs['overlap'][s]['score'] for s in sorted(runs['overlap'])])} | "
+                f"| {recipe_dir.name} | mean | | | | {long_horizon._across(ratios, 3)} | "
+                f"{long_horizon._across([runs['sync'][s]['score'] for s in sorted(runs['sync'])], 3)} | "
+                f"{long_horizon._across([runs['overlap'][s]['score'] for s in sorted(runs['overlap'])], 3)} | "
                 f"{sum(gaps) / len(gaps):+.1f} | |"
             )
     return "\n".join(lines) + "\n"

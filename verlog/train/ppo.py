@@ -231,29 +231,33 @@ def _compute_values(critic: nn.Module, s: RolloutStorage, learner: Learner) -> N
     s.values = values * s.value_mask
     share = learner.algo.shared_prefix_min_tokens
     # a slot whose last turn ended its episode (or that gave no turn) holds no prompt: nothing bootstraps
-    s.bootstrap_values = torch.zeros(len(s.bootstrap_prompts))
-    held = [i for i, prompt in enumerate(s.bootstrap_prompts) if prompt]
-    if held:
-        s.bootstrap_values[held] = last_token_values(
-            critic,
-            [s.bootstrap_prompts[i] for i in held],
-            learner.pad_id,
-            learner.algo.micro_batch_tokens,
-            learner.device,
-            share,
-            [pixels_of(s.bootstrap_images[i], learner) for i in held] if any(s.bootstrap_images) else None,
-        )
-    s.truncation_values = torch.full((s.size,), float("nan"))
-    known = [row for row, prompt in enumerate(s.truncation_prompts) if prompt]
+    s.bootstrap_values = _prompt_values(critic, s.bootstrap_prompts, learner, share, 0.0, s.bootstrap_images)
+    s.truncation_values = _prompt_values(critic, s.truncation_prompts, learner, share, float("nan"))
+
+
+def _prompt_values(
+    critic: nn.Module,
+    prompts: Sequence[Sequence[int] | None],
+    learner: Learner,
+    share: int,
+    missing: float,
+    images: Sequence[tuple[str, ...]] = (),
+) -> torch.Tensor:
+    """The critic's value at the last token of each prompt, ``[len(prompts)]``; ``missing`` where
+    there is no prompt (empty or ``None``)."""
+    out = torch.full((len(prompts),), missing)
+    known = [i for i, prompt in enumerate(prompts) if prompt]
     if known:
-        s.truncation_values[known] = last_token_values(
+        out[known] = last_token_values(
             critic,
-            [s.truncation_prompts[r] for r in known],
+            [prompts[i] for i in known],
             learner.pad_id,
             learner.algo.micro_batch_tokens,
             learner.device,
             share,
+            [pixels_of(images[i], learner) for i in known] if any(images) else None,
         )
+    return out
 
 
 def score_batch(
