@@ -137,62 +137,7 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
                 await _pretrain_critic(run)
                 run.state["warmup_done"] = True
 
-            # (masked constrained turns are scored as the engine sampled them: nothing to warn of)
-            warned_masked = config.algorithm.recompute_logprobs or config.algorithm.constrained_logprobs == "masked"
-            # batches in order; with overlapped updates the slots play the next one while this one trains
-            pipeline = BatchPipeline(run.collect, first=run.state["update"] + 1, max_staleness=run.overlap)
-            try:
-                for update in range(run.state["update"] + 1, t.total_updates + 1):
-                    # 1. rollout: every slot gives turns_per_env turns (alternating: under the current weights)
-                    logger.status("rollout", every_update=True)
-                    batch, waits = await pipeline.next()
-                    warned_masked = warned_masked or _warn_masked_logprobs(batch, console)
-                    # 2-3. score the batch (old logprobs, values, GAE) and run the PPO epochs
-                    logger.status("update", every_update=True)
-                    metrics = await run.update(batch, update)
-                    if run.overlap:  # the slots sample with the new weights from their next call on
-                        run.publish(update)
-                        pipeline.publish(update)
-                    # 4. report, save, evaluate
-                    counters = run.counters(batch)
-                    logger.log(
-                        update,
-                        metrics
-                        | waits
-                        | rollout_metrics(batch)
-                        | _trace_metrics(batch)
-                        | counters
-                        | run.judge_failures()
-                        | memory_metrics(),
-                    )
-                    result.history.append({"update": update, **metrics})
-                    result.updates = run.state["update"] = update
-                    steps_done = t.stop_at_env_steps is not None and counters["turns_total"] >= t.stop_at_env_steps
-                    if t.save_every and update % t.save_every == 0:
-                        await run.save(update)
-                    if steps_done:
-                        console.print(
-                            f"{int(counters['turns_total'])} environment steps played at update {update} "
-                            f"(stop_at_env_steps {t.stop_at_env_steps}): stopping"
-                        )
-                        break
-                    if t.eval_every and update % t.eval_every == 0 and update < t.total_updates and evaluable:
-                        # validation seeds: the final evaluation is not selected on
-                        checked = await run.evaluate(
-                            update, "evaluating", seed=config.eval.validation_seed, split="validation"
-                        )
-                        win_rate = sum(r.win_rate for r in checked) / len(checked)
-                        if t.stop_at_win_rate is not None and win_rate >= t.stop_at_win_rate:
-                            console.print(
-                                f"win rate {win_rate:.3f} >= {t.stop_at_win_rate} at update {update}: stopping"
-                            )
-                            break
-                    if not run.overlap:  # alternating: the next batch is played with these weights
-                        run.runner.policy_version = update
-                        pipeline.publish(update)
-            finally:
-                await pipeline.aclose()  # (a batch being played ahead is not trained: its slots stop)
-                run.runner.hold()
+            await _updates(run, result, evaluable, console)
 
             if run.state["update"] > 0 and not (t.save_every and run.state["update"] % t.save_every == 0):
                 await run.save(run.state["update"])  # the final weights are always saved
@@ -207,6 +152,65 @@ async def _train(config: VerlogConfig, *, resume: bool, console: Console) -> Tra
         _write_eval_json(run.run_dir / "eval.json", result)
     result.seconds = time.perf_counter() - started
     return result
+
+
+async def _updates(run: "_Run", result: TrainResult, evaluable: bool, console: Console) -> None:
+    """The updates, from the one after the run's last to ``trainer.total_updates`` (or an early stop):
+    each takes the next batch, trains on it, reports, saves and evaluates as configured."""
+    config, t, logger = run.config, run.config.trainer, run.logger
+    assert logger is not None
+    # (masked constrained turns are scored as the engine sampled them: nothing to warn of)
+    warned_masked = config.algorithm.recompute_logprobs or config.algorithm.constrained_logprobs == "masked"
+    # batches in order; with overlapped updates the slots play the next one while this one trains
+    pipeline = BatchPipeline(run.collect, first=run.state["update"] + 1, max_staleness=run.overlap)
+    try:
+        for update in range(run.state["update"] + 1, t.total_updates + 1):
+            # 1. rollout: every slot gives turns_per_env turns (alternating: under the current weights)
+            logger.status("rollout", every_update=True)
+            batch, waits = await pipeline.next()
+            warned_masked = warned_masked or _warn_masked_logprobs(batch, console)
+            # 2-3. score the batch (old logprobs, values, GAE) and run the PPO epochs
+            logger.status("update", every_update=True)
+            metrics = await run.update(batch, update)
+            if run.overlap:  # the slots sample with the new weights from their next call on
+                run.publish(update)
+                pipeline.publish(update)
+            # 4. report, save, evaluate
+            counters = run.counters(batch)
+            logger.log(
+                update,
+                metrics
+                | waits
+                | rollout_metrics(batch)
+                | _trace_metrics(batch)
+                | counters
+                | run.judge_failures()
+                | memory_metrics(),
+            )
+            result.history.append({"update": update, **metrics})
+            result.updates = run.state["update"] = update
+            steps_done = t.stop_at_env_steps is not None and counters["turns_total"] >= t.stop_at_env_steps
+            if t.save_every and update % t.save_every == 0:
+                await run.save(update)
+            if steps_done:
+                console.print(
+                    f"{int(counters['turns_total'])} environment steps played at update {update} "
+                    f"(stop_at_env_steps {t.stop_at_env_steps}): stopping"
+                )
+                break
+            if t.eval_every and update % t.eval_every == 0 and update < t.total_updates and evaluable:
+                # validation seeds: the final evaluation is not selected on
+                checked = await run.evaluate(update, "evaluating", seed=config.eval.validation_seed, split="validation")
+                win_rate = sum(r.win_rate for r in checked) / len(checked)
+                if t.stop_at_win_rate is not None and win_rate >= t.stop_at_win_rate:
+                    console.print(f"win rate {win_rate:.3f} >= {t.stop_at_win_rate} at update {update}: stopping")
+                    break
+            if not run.overlap:  # alternating: the next batch is played with these weights
+                run.runner.policy_version = update
+                pipeline.publish(update)
+    finally:
+        await pipeline.aclose()  # (a batch being played ahead is not trained: its slots stop)
+        run.runner.hold()
 
 
 async def _pretrain_critic(run: "_Run") -> None:
