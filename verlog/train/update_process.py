@@ -112,21 +112,29 @@ def _serve(conn: Connection, learner: Learner, shuffle_state: torch.Tensor, thre
     while True:
         try:
             request = conn.recv()
-        except EOFError:
+        except (EOFError, ConnectionResetError):  # the trainer is gone
             return
         if request is None:
             return
         kind, payload = request
         try:
-            if kind == "update":
-                storage, correction = payload
-                metrics = score_batch(storage, learner, off_policy=correction)
-                metrics |= ppo_update(storage, learner, generator=shuffle)
-                conn.send(("ok", (metrics, shuffle.get_state())))
-            elif kind == "optimizers":
-                critic = learner.critic_optimizer.state_dict() if learner.critic_optimizer is not None else None
-                conn.send(("ok", {"actor": learner.actor_optimizer.state_dict(), "critic": critic}))
-            else:
-                conn.send(("error", f"unknown request {kind!r}"))
+            reply = ("ok", _answer(kind, payload, learner, shuffle))
         except BaseException:
-            conn.send(("error", traceback.format_exc()))
+            reply = ("error", traceback.format_exc())
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, ConnectionResetError):  # the trainer is gone (killed): so is its update
+            return
+
+
+def _answer(kind: str, payload: Any, learner: Learner, shuffle: torch.Generator) -> Any:
+    """What the child answers to one request."""
+    if kind == "update":
+        storage, correction = payload
+        metrics = score_batch(storage, learner, off_policy=correction)
+        metrics |= ppo_update(storage, learner, generator=shuffle)
+        return metrics, shuffle.get_state()
+    if kind == "optimizers":
+        critic = learner.critic_optimizer.state_dict() if learner.critic_optimizer is not None else None
+        return {"actor": learner.actor_optimizer.state_dict(), "critic": critic}
+    raise ValueError(f"unknown request {kind!r}")
