@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from verlog.weights import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,9 +53,22 @@ def records(run_dir: Path, kind: str) -> list[dict]:
 
 
 def test_killed_run_resumes_at_the_next_update(tmp_path):
+    killed_run_resumes(tmp_path)
+
+
+@pytest.mark.slow
+def test_killed_overlapped_run_resumes_at_the_next_update(tmp_path):
+    """The same with overlapped updates in their own process: the checkpoint holds the counters at
+    its batch's cut (not the batch played ahead), and the update process dies with its trainer."""
+    killed_run_resumes(tmp_path, "trainer.overlap.enabled=true", "trainer.overlap.update_in=process")
+
+
+def killed_run_resumes(tmp_path, *extra: str) -> None:
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(command(run_dir, 1000), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        command(run_dir, 1000, *extra), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     deadline = time.monotonic() + 240
     # until checkpoints/latest names update 2 (a checkpoint's folder is renamed into place before
     # the pointer moves to it: a kill between the two resumes from the one before, also correct)
@@ -75,7 +90,7 @@ def test_killed_run_resumes_at_the_next_update(tmp_path):
         f.write('{"update": 999, "kind": "upd')
 
     done = subprocess.run(
-        command(run_dir, k + 2, "--resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        command(run_dir, k + 2, "--resume", *extra), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"(update {k})" in done.stdout
