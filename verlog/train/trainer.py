@@ -19,9 +19,9 @@ One update, top to bottom:
    ``save_every`` updates.
 
 With ``trainer.overlap`` the rollout does not wait for the update: batches come from a
-``BatchPipeline`` (``verlog.train.pipeline``) that plays batch ``k + 1`` while update ``k`` trains on
-a thread of its own, the engine serving its own copy of the actor until the update publishes the
-new weights; live turns sampled by older weights (overlapped, or carried by straggler-tolerant
+``BatchPipeline`` (``verlog.train.pipeline``) that plays batch ``k + 1`` while update ``k`` trains in
+a process of its own (a CPU learner: ``verlog.train.update_process``) or on a thread (a GPU one), the
+engine serving its own copy of the actor until the update publishes the new weights; live turns sampled by older weights (overlapped, or carried by straggler-tolerant
 batches) are trained with decoupled PPO against the weights the update starts from.
 
 Before the first update the critic is pre-trained (``critic_warmup``) on a large buffer
