@@ -152,6 +152,12 @@ class EngineStats:
         return self.computed_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+def torch_cpu_threads(requested: int | None = None) -> int:
+    """Torch's CPU threads for a pass: ``requested``, else all cores but one (the one left to the
+    event loop that runs the graphs: see ``EmbeddedEngine``'s ``cpu_threads``)."""
+    return requested or max(1, (os.cpu_count() or 2) - 1)
+
+
 class EmbeddedEngine(Engine):
     """Runs a causal LM in-process with dynamic batching and a KV cache; enforces constraints.
 
@@ -194,7 +200,7 @@ class EmbeddedEngine(Engine):
     ):
         self.model = model.eval()
         self.autocast = autocast
-        self.cpu_threads = cpu_threads or max(1, (os.cpu_count() or 2) - 1)
+        self.cpu_threads = torch_cpu_threads(cpu_threads)
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_ms / 1000.0

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -182,7 +181,9 @@ class _SftRun:
         random.seed(s.seed)
         np.random.seed(s.seed)
         torch.manual_seed(s.seed)
-        torch.set_num_threads(t.torch_threads or max(1, (os.cpu_count() or 2) - 1))
+        from verlog.backends.embedded import torch_cpu_threads  # (loaded with the engine, as below)
+
+        torch.set_num_threads(torch_cpu_threads(t.torch_threads))
         run.device = torch.device(pick_device(config.model.device))
         flush_subnormals(run.device)
         run.compute = autocast_dtype(config.model.autocast)

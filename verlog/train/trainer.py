@@ -52,7 +52,7 @@ from verlog.agent import build_chat_model, judge_chat_models, load_agent, pick_d
 from verlog.algo import CriticWarmup
 from verlog.algo.estimators import check_estimator_settings, get_estimator
 from verlog.algo.off_policy import OffPolicyCorrection
-from verlog.backends.embedded import EmbeddedEngine
+from verlog.backends.embedded import EmbeddedEngine, torch_cpu_threads
 from verlog.config import EVAL_SPLITS, ConfigError, VerlogConfig
 from verlog.data import shared_rows, split_rows
 from verlog.data.provenance import check_same_data, write_data_files_record
@@ -277,7 +277,7 @@ class _Run:
         _seed_everything(t.seed)
         # this thread's training passes; the engine sets its own. Oversubscribed cores make torch's
         # threads wait on each other: all cores but one, like the engine, is the safe default.
-        torch.set_num_threads(t.torch_threads or max(1, (os.cpu_count() or 2) - 1))
+        torch.set_num_threads(torch_cpu_threads(t.torch_threads))
         device = torch.device(pick_device(config.model.device))
         flush_subnormals(device)
         compute = autocast_dtype(config.model.autocast)  # float32 master weights, passes under autocast
@@ -353,7 +353,7 @@ class _Run:
         if t.overlap.enabled or t.stragglers.enabled:  # live turns may be sampled by older weights
             run.live_correction = OffPolicyCorrection(t.overlap.behaviour_weight_cap, t.overlap.max_staleness)
         if t.overlap.enabled and _update_in(config) == "thread":
-            threads = t.torch_threads or max(1, (os.cpu_count() or 2) - 1)
+            threads = torch_cpu_threads(t.torch_threads)
             run.update_thread = ThreadPoolExecutor(
                 1, "verlog-update", initializer=torch.set_num_threads, initargs=(threads,)
             )
@@ -434,7 +434,7 @@ class _Run:
         tick = time.perf_counter()
         if self.overlap and _update_in(self.config) == "process":
             if self.update_process is None:  # after the critic's pre-training and any resume
-                threads = self.config.trainer.torch_threads or max(1, (os.cpu_count() or 2) - 1)
+                threads = torch_cpu_threads(self.config.trainer.torch_threads)
                 self.update_process = UpdateProcess(self.learner, self.shuffle, threads)
             metrics |= await self.update_process.update(storage, correction)
         elif self.update_thread is None:
