@@ -83,10 +83,12 @@ def state_of(tokenizer, prompt_ids) -> tuple[int, int]:
     return int(seed), int(turn)
 
 
-async def train_loop(runner, updates: int, max_staleness: int, update_s: float = 0.05):
+async def train_loop(runner, updates: int, max_staleness: int, update_s: float = 0.05, long_updates: bool = False):
     """The trainer's loop (verlog.train.trainer) with a pause for each update: overlapped
     (``max_staleness`` >= 1) publishes the new weights when the update ends, alternating (0)
-    once its step is over. Returns the batches and the engine calls made during updates."""
+    once its step is over. ``long_updates``: each update also lasts until the rollout has collected
+    every batch the bound lets it (an update slower than the rollout, whatever the machine's load).
+    Returns the batches and the engine calls made during updates."""
     pipeline = BatchPipeline(runner.collect, first=1, max_staleness=max_staleness)
     batches, during = [], []
     try:
@@ -96,6 +98,8 @@ async def train_loop(runner, updates: int, max_staleness: int, update_s: float =
             batches.append(batch)
             before = len(runner.engine.calls)
             await asyncio.sleep(update_s)  # the update
+            while long_updates and not pipeline.at_bound:
+                await asyncio.sleep(0.005)
             during.append(len(runner.engine.calls) - before)
             runner.policy_version = update
             pipeline.publish(update)
@@ -108,7 +112,7 @@ async def train_loop(runner, updates: int, max_staleness: int, update_s: float =
 @pytest.mark.parametrize("max_staleness", [0, 1, 2])
 async def test_turns_record_their_version_and_staleness_stays_within_the_bound(tiny_tokenizer, max_staleness):
     runner, _ = make_runner(tiny_tokenizer)
-    batches, during = await train_loop(runner, 6, max_staleness)
+    batches, during = await asyncio.wait_for(train_loop(runner, 6, max_staleness, long_updates=True), 120)
     lags = []
     for update, batch in enumerate(batches, start=1):
         for turn in batch.flat_turns():

@@ -73,9 +73,9 @@ class BatchPipeline:
     async def _produce(self) -> None:
         try:
             while True:
-                if self._next > self.published + self.max_staleness + 1:
+                if self.at_bound:
                     waited = time.perf_counter()
-                    while self._next > self.published + self.max_staleness + 1:
+                    while self.at_bound:
                         self._changed.clear()
                         await self._changed.wait()
                     self._rollout_wait += time.perf_counter() - waited
@@ -103,6 +103,12 @@ class BatchPipeline:
         trainer_wait = time.perf_counter() - waited
         rollout_wait, self._rollout_wait = self._rollout_wait, 0.0
         return self._ready.popleft(), {"trainer_wait_s": trainer_wait, "rollout_wait_s": rollout_wait}
+
+    @property
+    def at_bound(self) -> bool:
+        """True when the rollout has collected every batch it may before the next ``publish`` (it
+        waits for the trainer's weights, or will as soon as its current batch is cut)."""
+        return self._next > self.published + self.max_staleness + 1
 
     def publish(self, update: int) -> None:
         """The engine now holds the weights of ``update``: the batches that may follow them can begin."""
