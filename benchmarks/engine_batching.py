@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import statistics
 import time
 
@@ -58,6 +59,7 @@ from rollout_overhead import build_loop, start
 
 from verlog.backends.base import SamplingParams
 from verlog.backends.embedded import EmbeddedEngine
+from verlog.backends.engine_process import EngineProcess
 from verlog.llm import VerlogChatModel
 from verlog.models import load_causal_lm, load_tokenizer
 from verlog.rollout import run_episodes
@@ -83,6 +85,7 @@ async def turns_per_second(
     assert done == episodes * turns and not any(e.failed for e in results)
     if stats is None:
         return done / elapsed, 0.0, cores
+    stats = engine.stats  # (a process engine's is a copy of the child's counters)
     steps = stats.steps - before[0]
     return done / elapsed, (stats.generated_tokens - before[1]) / max(steps, 1), cores
 
@@ -92,10 +95,11 @@ async def decode_step_ms(engine, rows: int, prompt_tokens: int = 160, new_tokens
     no graph: what batching can gain at best with that many rows in every step)."""
     g = torch.Generator().manual_seed(rows)
     prompts = [torch.randint(10, 1000, (prompt_tokens,), generator=g).tolist() for _ in range(rows)]
-    steps, decode_s = engine.stats.steps, engine.stats.decode_s
+    before = copy.copy(engine.stats)  # (the in-process engine counts on in the same object)
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
     await asyncio.gather(*[engine.generate(p, sampling) for p in prompts])
-    return 1000 * (engine.stats.decode_s - decode_s) / max(engine.stats.steps - steps, 1)
+    after = engine.stats
+    return 1000 * (after.decode_s - before.decode_s) / max(after.steps - before.steps, 1)
 
 
 def ceiling(rows: float, one_row_ms: float, full_ms: float, full_rows: int) -> float:
@@ -105,37 +109,55 @@ def ceiling(rows: float, one_row_ms: float, full_ms: float, full_rows: int) -> f
     return rows * one_row_ms / (one_row_ms + (rows - 1) * per_row)
 
 
-async def main(episodes: int, turns: int, max_tokens: int, repeats: int) -> None:
+#: where the engine runs: on a thread of this process, or in a process of its own
+ENGINES = {"thread": EmbeddedEngine, "process": EngineProcess}
+
+
+async def measure(kind: str, episodes: int, turns: int, max_tokens: int, repeats: int) -> tuple[float, float]:
+    """The batching speed-up and its share of the decode ceiling (medians) of one engine kind."""
     tokenizer = load_tokenizer("tiny")
-    engine = EmbeddedEngine(load_causal_lm("tiny"), tokenizer, max_batch_size=episodes)
+    engine = ENGINES[kind](load_causal_lm("tiny"), tokenizer, max_batch_size=episodes)
     await turns_per_second(engine, tokenizer, 2, 2, 2, max_tokens)  # warm-up
-    total = episodes * turns
-    print(f"tiny model, {total} turns of up to {max_tokens} tokens each, {repeats} side-by-side repeats")
+    print(f"engine on {'a thread of this process' if kind == 'thread' else 'a process of its own'}:")
     ratios, shares = [], []
-    for repeat in range(repeats):
-        batched, mean_batch, cores = await turns_per_second(engine, tokenizer, episodes, turns, episodes, max_tokens)
-        single, _, _ = await turns_per_second(engine, tokenizer, episodes, turns, 1, max_tokens)
-        one_row = min([await decode_step_ms(engine, 1) for _ in range(3)])
-        full = min([await decode_step_ms(engine, episodes) for _ in range(3)])
-        ratio, bound = batched / single, ceiling(mean_batch, one_row, full, episodes)
-        ratios.append(ratio)
-        shares.append(ratio / bound)
-        print(
-            f"  run {repeat + 1}: {episodes} concurrent episodes {batched:6.1f} turns/s ({mean_batch:.1f} requests per "
-            f"forward pass, {cores:.2f} cores busy), 1 at a time {single:5.1f} turns/s: {ratio:.1f}x; engine alone {one_row:.2f} ms per "
-            f"decode step with 1 row, {full:.2f} ms with {episodes}: ceiling {bound:.1f}x at {mean_batch:.1f} rows "
-            f"({ceiling(episodes, one_row, full, episodes):.1f}x with every step full); {ratio / bound:.0%} of it"
-        )
+    try:
+        for repeat in range(repeats):
+            batched, mean_batch, cores = await turns_per_second(
+                engine, tokenizer, episodes, turns, episodes, max_tokens
+            )
+            single, _, _ = await turns_per_second(engine, tokenizer, episodes, turns, 1, max_tokens)
+            one_row = min([await decode_step_ms(engine, 1) for _ in range(3)])
+            full = min([await decode_step_ms(engine, episodes) for _ in range(3)])
+            ratio, bound = batched / single, ceiling(mean_batch, one_row, full, episodes)
+            ratios.append(ratio)
+            shares.append(ratio / bound)
+            busy = f"{cores:.2f} cores busy" if kind == "thread" else f"{cores:.2f} cores busy in the graphs' process"
+            print(
+                f"  run {repeat + 1}: {episodes} concurrent episodes {batched:6.1f} turns/s ({mean_batch:.1f} requests "
+                f"per forward pass, {busy}), 1 at a time {single:5.1f} turns/s: {ratio:.1f}x; engine alone "
+                f"{one_row:.2f} ms per decode step with 1 row, {full:.2f} ms with {episodes}: ceiling {bound:.1f}x at "
+                f"{mean_batch:.1f} rows ({ceiling(episodes, one_row, full, episodes):.1f}x with every step full); "
+                f"{ratio / bound:.0%} of it"
+            )
+    finally:
+        engine.close()
+    return statistics.median(ratios), statistics.median(shares)
+
+
+async def main(episodes: int, turns: int, max_tokens: int, repeats: int, engines: list[str]) -> None:
+    print(f"tiny model, {episodes * turns} turns of up to {max_tokens} tokens each, {repeats} side-by-side repeats")
+    results = {kind: await measure(kind, episodes, turns, max_tokens, repeats) for kind in engines}
     # the same episodes with an engine that answers at once: what the event loop alone can drive
     # (graph supersteps, chat template and tokenizer, turn recording all run on it)
+    tokenizer = load_tokenizer("tiny")
     scripted = ScriptedEngine(tokenizer, ["I move forward now and then I look around me."])
     loop_only, _, _ = await turns_per_second(scripted, tokenizer, episodes, turns, episodes, max_tokens)
-    engine.close()
-    ratio, share = statistics.median(ratios), statistics.median(shares)
-    print(
-        f"batching speed-up (median) : {ratio:.1f}x (target >= 8x) {'OK' if ratio >= 8 else 'MISSED'}; "
-        f"{share:.0%} of the decode ceiling (target >= 85%) {'OK' if share >= 0.85 else 'MISSED'}"
-    )
+    for kind, (ratio, share) in results.items():
+        print(
+            f"engine on a {kind:7s}: batching speed-up (median) {ratio:.1f}x (target >= 8x) "
+            f"{'OK' if ratio >= 8 else 'MISSED'}; {share:.0%} of the decode ceiling (target >= 85%) "
+            f"{'OK' if share >= 0.85 else 'MISSED'}"
+        )
     print(f"event loop alone (an engine that answers at once): {loop_only:.1f} turns/s")
 
 
@@ -145,5 +167,12 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3, help="side-by-side runs (the median is the result)")
+    parser.add_argument(
+        "--engine",
+        choices=[*ENGINES, "both"],
+        default="both",
+        help="where the engine runs: a thread of this process, a process of its own, or both one after the other",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.episodes, args.turns, args.max_tokens, args.repeats))
+    engines = list(ENGINES) if args.engine == "both" else [args.engine]
+    asyncio.run(main(args.episodes, args.turns, args.max_tokens, args.repeats, engines))

@@ -41,22 +41,38 @@ def build_engine(config: VerlogConfig, tokenizer: Any, model: Any = None) -> Eng
             max_retries=eng.sglang.max_retries,
             eos_token_ids=(eos,) if isinstance(eos, int) else (),
         )
-    from verlog.backends.embedded import EmbeddedEngine
     from verlog.models import load_causal_lm
+    from verlog.weights.precision import autocast_dtype
 
     if model is None:
         model = load_causal_lm(config.model.path, dtype=config.model.dtype, device=pick_device(config.model.device))
-    from verlog.weights.precision import autocast_dtype
+    return embedded_engine(config, model, tokenizer, autocast=autocast_dtype(config.model.autocast))
 
-    return EmbeddedEngine(
-        model,
-        tokenizer,
-        max_batch_size=eng.max_batch_size,
-        batch_wait_ms=eng.batch_wait_ms,
-        seed=config.rollout.seed,
-        prefix_cache_bytes=int(eng.prefix_cache_mb * 2**20),
-        autocast=autocast_dtype(config.model.autocast),
-    )
+
+def embedded_engine(config: VerlogConfig, model: Any, tokenizer: Any, *, autocast: Any = None) -> Engine:
+    """The embedded engine on ``model`` with ``config.engine``'s settings: on a thread of this
+    process, or in a process of its own (``engine.process``; CPU only)."""
+    from verlog.backends.embedded import EmbeddedEngine
+
+    eng = config.engine
+    options = {
+        "max_batch_size": eng.max_batch_size,
+        "batch_wait_ms": eng.batch_wait_ms,
+        "seed": config.rollout.seed,
+        "prefix_cache_bytes": int(eng.prefix_cache_mb * 2**20),
+        "autocast": autocast,
+    }
+    if not eng.process:
+        return EmbeddedEngine(model, tokenizer, **options)
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        raise ConfigError(
+            f"engine.process: the engine runs in a process of its own only on the CPU (the model is on {device}); "
+            "set engine.process: false (on a GPU its forward passes leave the interpreter free anyway)"
+        )
+    from verlog.backends.engine_process import EngineProcess
+
+    return EngineProcess(model, tokenizer, **options)
 
 
 def build_chat_model(config: VerlogConfig, engine: Engine, tokenizer: Any) -> VerlogChatModel:

@@ -42,7 +42,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import numpy as np
 import torch
@@ -152,6 +152,44 @@ class EngineStats:
         return self.computed_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+async def stream_tokens(
+    generate: Callable[..., Awaitable[Generation]],
+    prompt_ids: list[int],
+    sampling: SamplingParams,
+    *,
+    request_id: str | None = None,
+    images: ImageInputs | None = None,
+) -> AsyncIterator[TokenDelta | Generation]:
+    """An engine's ``stream`` made of its ``generate(..., on_token=)``: the tokens chosen since the
+    last item as a :class:`TokenDelta`, then the :class:`Generation`; closing the iterator early
+    cancels the generation (its batch row is freed)."""
+    chosen: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
+    task = asyncio.ensure_future(
+        generate(
+            prompt_ids,
+            sampling,
+            request_id=request_id,
+            on_token=lambda t, lp: chosen.put_nowait((t, lp)),
+            images=images,
+        )
+    )
+    task.add_done_callback(lambda _: chosen.put_nowait(None))
+    try:
+        while (item := await chosen.get()) is not None:
+            ids, logprobs = [item[0]], [item[1]]
+            while not chosen.empty():
+                nxt = chosen.get_nowait()
+                if nxt is None:
+                    chosen.put_nowait(None)
+                    break
+                ids.append(nxt[0])
+                logprobs.append(nxt[1])
+            yield TokenDelta(ids, logprobs)
+        yield task.result()  # raises the engine's error, if any
+    finally:
+        task.cancel()  # the consumer stopped early: free the batch row
+
+
 def torch_cpu_threads(requested: int | None = None) -> int:
     """Torch's CPU threads for a pass: ``requested``, else all cores but one (the one left to the
     event loop that runs the graphs: see ``EmbeddedEngine``'s ``cpu_threads``)."""
@@ -181,6 +219,8 @@ class EmbeddedEngine(Engine):
             ``0`` turns it off. Generations are the same with and without it.
         autocast: the compute dtype of the model's forward passes (``torch.autocast``), e.g.
             ``torch.bfloat16`` over a trainer's float32 master weights; ``None``: the weights' own.
+        step_lock: what each batch step holds instead of the engine's own weights lock (a lock
+            another process holds while it changes the weights: see ``EngineProcess``).
     """
 
     def __init__(
@@ -197,6 +237,7 @@ class EmbeddedEngine(Engine):
         admit_wait_steps: int = 4,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         autocast: torch.dtype | None = None,
+        step_lock: contextlib.AbstractContextManager | None = None,
     ):
         self.model = model.eval()
         self.autocast = autocast
@@ -225,6 +266,7 @@ class EmbeddedEngine(Engine):
         #: requests their callers cancelled (their rows are freed at the next step)
         self._cancelled: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self._weights_lock = threading.Lock()
+        self._step_lock = step_lock if step_lock is not None else self._weights_lock
         self._closed = False
         self._worker = threading.Thread(target=self._serve, name="verlog-embedded-engine", daemon=True)
         self._worker.start()
@@ -308,31 +350,8 @@ class EmbeddedEngine(Engine):
     ) -> AsyncIterator[TokenDelta | Generation]:
         """Tokens as they are chosen (see :meth:`Engine.stream`); tokens chosen while the
         consumer was busy arrive together. Closing the iterator early stops the generation."""
-        chosen: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
-        task = asyncio.ensure_future(
-            self.generate(
-                prompt_ids,
-                sampling,
-                request_id=request_id,
-                on_token=lambda t, lp: chosen.put_nowait((t, lp)),
-                images=images,
-            )
-        )
-        task.add_done_callback(lambda _: chosen.put_nowait(None))
-        try:
-            while (item := await chosen.get()) is not None:
-                ids, logprobs = [item[0]], [item[1]]
-                while not chosen.empty():
-                    nxt = chosen.get_nowait()
-                    if nxt is None:
-                        chosen.put_nowait(None)
-                        break
-                    ids.append(nxt[0])
-                    logprobs.append(nxt[1])
-                yield TokenDelta(ids, logprobs)
-            yield task.result()  # raises the engine's error, if any
-        finally:
-            task.cancel()  # the consumer stopped early: free the batch row
+        async for item in stream_tokens(self.generate, prompt_ids, sampling, request_id=request_id, images=images):
+            yield item
 
     @property
     def sampling_generator(self) -> torch.Generator:
@@ -388,7 +407,7 @@ class EmbeddedEngine(Engine):
             waited = 0 if admit or not backlog else waited + 1
             started = time.perf_counter()
             try:
-                with self._weights_lock, torch.inference_mode(), self._compute():
+                with self._step_lock, torch.inference_mode(), self._compute():
                     if admit:
                         joined = self._prefill(admit)
                         if joined.requests:

@@ -133,6 +133,12 @@ class EngineConfig(_Section):
     prefix_cache_mb: float = Field(
         512.0, ge=0, le=1 << 20, description="embedded: MiB of prompt KV kept across calls (0: off)"
     )
+    process: bool = Field(
+        False,
+        description="embedded, CPU: the engine runs in a process of its own, so its forward passes and the graphs' "
+        "Python run at once instead of taking turns at the interpreter's lock (a script that starts one must do so "
+        'under `if __name__ == "__main__":`)',
+    )
     sglang: SGLangConfig = Field(default_factory=SGLangConfig)
 
 

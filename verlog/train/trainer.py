@@ -48,11 +48,12 @@ import torch
 import yaml
 from rich.console import Console
 
-from verlog.agent import build_chat_model, judge_chat_models, load_agent, pick_device
+from verlog.agent import build_chat_model, embedded_engine, judge_chat_models, load_agent, pick_device
 from verlog.algo import CriticWarmup
 from verlog.algo.estimators import check_estimator_settings, get_estimator
 from verlog.algo.off_policy import OffPolicyCorrection
 from verlog.backends.embedded import EmbeddedEngine, torch_cpu_threads
+from verlog.backends.engine_process import EngineProcess
 from verlog.config import EVAL_SPLITS, ConfigError, VerlogConfig
 from verlog.data import shared_rows, split_rows
 from verlog.data.provenance import check_same_data, write_data_files_record
@@ -244,7 +245,7 @@ class _Run:
     tokenizer: Any
     learner: Learner
     peft_actor: Any
-    engine: EmbeddedEngine
+    engine: EmbeddedEngine | EngineProcess
     runner: SlotRunner
     slots_agent: "_SlotsAgent"
     shuffle: torch.Generator
@@ -294,14 +295,8 @@ class _Run:
         # rollout: the graph's slots, their model calls gated into fixed-turn batches; the
         # reward section scores each episode as it ends (a judge may reuse the policy's engine).
         # Alternating updates share the actor with the engine; overlapped ones give it its own copy.
-        engine = EmbeddedEngine(
-            rollout_copy(actor) if t.overlap.enabled else actor,
-            tokenizer,
-            max_batch_size=config.engine.max_batch_size,
-            batch_wait_ms=config.engine.batch_wait_ms,
-            seed=config.rollout.seed,
-            prefix_cache_bytes=int(config.engine.prefix_cache_mb * 2**20),
-            autocast=compute,
+        engine = embedded_engine(
+            config, rollout_copy(actor) if t.overlap.enabled else actor, tokenizer, autocast=compute
         )
         scorer = build_scorer(
             config,
