@@ -275,6 +275,7 @@ def test_overlapped_training_reports_staleness_and_resumes_from_the_trained_batc
     first, last = (ckpt.checkpoints_root(run_dir) / f"update_00000{k}" for k in (2, 3))
     assert _actor_weights(first) != _actor_weights(last)
     assert _adam_steps(last) > _adam_steps(first) > 0
+    assert _adam_steps(last, "critic") > _adam_steps(first, "critic") > 0
     assert main(["train", *short_run(run_dir, "trainer.total_updates=5", *overlap), "--resume"]) == 0
     records = update_records(run_dir)
     assert [r["update"] for r in records] == [1, 2, 3, 4, 5]
@@ -367,14 +368,9 @@ def _actor_weights(checkpoint) -> list[float]:
     return [round(float(t.float().sum()), 6) for _, t in sorted(weights.items())]
 
 
-def _adam_steps(checkpoint) -> float:
-    """The actor optimizer's step count saved in ``checkpoint`` (loaded into a fresh AdamW)."""
-    from verlog.config import LoRAConfig
-    from verlog.models import toy_model_dir
+def _adam_steps(checkpoint, model: str = "actor") -> float:
+    """The step count of the actor's (or the critic's) optimizer saved in ``checkpoint``."""
     from verlog.weights import checkpoint as ckpt
-    from verlog.weights.actor_critic import load_actor
 
-    actor, _ = load_actor(toy_model_dir(), dtype="float32", device="cpu", lora=LoRAConfig())
-    optimizer = torch.optim.AdamW(actor.parameters())
-    ckpt.load_optimizers(checkpoint, {"actor": optimizer})
-    return max(float(state["step"]) for state in optimizer.state.values())
+    states = ckpt._load_tree(checkpoint, "optimizers")[model]["state"]
+    return max(float(state["step"]) for state in states.values())

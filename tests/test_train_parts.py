@@ -175,6 +175,32 @@ def _toy_learner(lm, tokenizer, algo: AlgorithmConfig, masks: bool = False) -> L
     )
 
 
+def test_the_actors_and_the_critics_epochs_apart_take_the_steps_they_take_together(toy):
+    """Overlapped updates in processes train the actor and the critic in two processes, each from the
+    same shuffling state: the same mini-batches, the same weights after, as in one ``ppo_update``."""
+    lm, tokenizer = toy
+    algo = AlgorithmConfig(ppo_epochs=2, mini_batch_turns=4, kl_coef=0.0)
+    together, apart = (_toy_learner(lm, tokenizer, algo) for _ in range(2))
+    s = RolloutStorage.from_batch(random_batch())
+    score_batch(s, together)
+    s.old_logprobs = s.old_logprobs + 0.05  # ratios != 1
+    ppo_update(s, together, generator=torch.Generator().manual_seed(3))
+    actor_gen, critic_gen = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    actor = ppo_update(s, apart, update_critic=False, generator=actor_gen)
+    critic = ppo_update(s, apart, update_actor=False, generator=critic_gen)
+    assert "value_loss" not in actor and "policy_loss" not in critic
+    assert torch.equal(actor_gen.get_state(), critic_gen.get_state())  # the same draws
+    for p, q in zip(
+        [*together.actor.parameters(), *together.critic.parameters()],
+        [*apart.actor.parameters(), *apart.critic.parameters()],
+    ):
+        assert torch.allclose(p, q, atol=1e-6)
+    assert any(
+        not torch.equal(p, q)
+        for p, q in zip(together.critic.parameters(), _toy_learner(lm, tokenizer, algo).critic.parameters())
+    )
+
+
 def test_a_mini_batch_with_no_policy_token_does_not_step_the_actor(toy):
     """Every turn out of the policy loss (DAPO dropped every group): the actor is not stepped (AdamW
     on zero gradients would still move it by its momentum and weight decay); the critic trains."""

@@ -324,21 +324,26 @@ def ppo_update(
     learner: Learner,
     *,
     update_actor: bool = True,
+    update_critic: bool = True,
     epochs: int | None = None,
     rows: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> dict[str, float]:
     """PPO epochs over shuffled mini-batches of ``s`` (or of ``rows`` of it).
 
-    ``update_actor=False`` trains the critic alone (critic warm-up). Each mini-batch is one
+    ``update_actor=False`` trains the critic alone (critic warm-up); ``update_critic=False`` the
+    actor alone. The two never read each other during the epochs, so the actor's and the critic's
+    epochs may run apart (``verlog.train.update_process``): from the same ``generator`` state they
+    draw the same mini-batches and take the same steps as together. Each mini-batch is one
     optimizer step; its loss is the token mean over the whole mini-batch, accumulated over
     micro-batches weighted by their share of its tokens.
     """
-    models = [m for m in (learner.actor if update_actor else None, learner.critic) if m is not None]
+    critic = learner.critic if update_critic else None
+    models = [m for m in (learner.actor if update_actor else None, critic) if m is not None]
     for model in models:
         model.train()  # dropout, gradient checkpointing
     try:
-        return _epochs(s, learner, update_actor, epochs, rows, generator)
+        return _epochs(s, learner, update_actor, update_critic, epochs, rows, generator)
     finally:
         for model in models:
             model.eval()  # the actor generates again right after
@@ -348,13 +353,14 @@ def _epochs(
     s: RolloutStorage,
     learner: Learner,
     update_actor: bool,
+    update_critic: bool,
     epochs: int | None,
     rows: torch.Tensor | None,
     generator: torch.Generator | None,
 ) -> dict[str, float]:
     algo = learner.algo
     rows = torch.arange(s.size) if rows is None else rows
-    train_critic = learner.critic is not None and s.returns is not None
+    train_critic = update_critic and learner.critic is not None and s.returns is not None
     sums: dict[str, float] = defaultdict(float)
     weights: dict[str, float] = defaultdict(float)
     seconds: dict[str, float] = defaultdict(float)  # each model's passes and steps (and skipped steps), summed
@@ -370,7 +376,10 @@ def _epochs(
         else:
             seconds[f"{model}_skipped_steps"] += 1
 
-    for optimizer in (learner.actor_optimizer if update_actor else None, learner.critic_optimizer):
+    for optimizer in (
+        learner.actor_optimizer if update_actor else None,
+        learner.critic_optimizer if train_critic else None,
+    ):
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
     for _ in range(epochs or algo.ppo_epochs):
