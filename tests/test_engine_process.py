@@ -140,3 +140,21 @@ def test_training_with_the_engine_in_its_own_process_decodes_with_the_trained_we
     records = update_records(run_dir)
     assert [r["update"] for r in records] == [1, 2, 3, 4]
     assert all(r["rollout_logprob_gap"] < 1e-4 for r in records)
+
+
+def test_too_little_shared_memory_is_said_before_any_process_starts(monkeypatch, tiny_dir):
+    """A container's small /dev/shm (Docker gives 64 MiB) is named with the fix, not a bus error."""
+    import os as os_module
+
+    from verlog.models import load_causal_lm
+    from verlog.weights import shared_memory
+
+    class Tiny:
+        f_bavail, f_frsize = 1, 4096
+
+    monkeypatch.setattr(os_module, "statvfs", lambda path: Tiny())
+    model = load_causal_lm(tiny_dir)
+    assert shared_memory.unshared_bytes(model) > 4096
+    with pytest.raises(RuntimeError, match=r"engine.process needs \d+ MiB of shared memory.*--shm-size"):
+        EngineProcess(model, None)
+    assert not any(p.untyped_storage().is_shared() for p in model.parameters())  # nothing moved

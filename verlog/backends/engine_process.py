@@ -56,6 +56,7 @@ from verlog.backends.embedded import (
     stream_tokens,
 )
 from verlog.tokens import eos_token_ids
+from verlog.weights.shared_memory import share_models
 
 __all__ = ["EngineProcess"]
 
@@ -75,7 +76,7 @@ class EngineProcess(Engine):
         device = next(model.parameters()).device
         if device.type != "cpu":
             raise ValueError(f"the engine runs in a process of its own only on the CPU (the model is on {device})")
-        model.share_memory()
+        share_models(model, purpose="engine.process")
         self.model, self.tokenizer = model, tokenizer
         self.eos_token_ids = eos_token_ids(tokenizer, model)
         self._image_problem = _image_model_problem(model)

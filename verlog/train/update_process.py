@@ -36,6 +36,7 @@ import torch.multiprocessing as mp
 from verlog.algo.off_policy import OffPolicyCorrection
 from verlog.train.ppo import Learner, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
+from verlog.weights.shared_memory import share_models
 
 __all__ = ["UpdateProcess"]
 
@@ -55,9 +56,7 @@ class UpdateProcess:
             raise ValueError(
                 f"updates run in a process of their own only on the CPU (the learner is on {learner.device})"
             )
-        for model in (learner.actor, learner.critic, learner.reference):
-            if model is not None:
-                model.share_memory()
+        share_models(learner.actor, learner.critic, learner.reference, purpose="trainer.overlap.update_in: process")
         self.learner, self.shuffle = learner, shuffle
         context = mp.get_context("spawn")
         self._actor = _Child(context, learner, threads, "verlog-update")
