@@ -14,7 +14,8 @@ the wall time): near 1 on two free cores means the engine's thread and the graph
 mostly take turns (each holds the GIL for its Python work) instead of running at once.
 
 Each measurement is repeated side by side (``--repeats``, default 3) and the median reported, with
-the share of the decode ceiling it reaches (target >= 85%).
+the share of the decode ceiling it reaches (target >= 85%), for the engine on a thread of this
+process and in a process of its own (``--engine``, default both).
 
 Before the decode step moved to the device (2026-11-24, nothing else running): 5.9-6.5x, 27-28
 requests per pass, ceiling 7.1-8.2x; per-row Python work and a host copy of every row's
@@ -44,6 +45,12 @@ samples where the engine's thread holds the GIL), so while the graphs run Python
 for the GIL, and the other way round. Serialized, decoding (about 3.5 ms a turn at 24 rows) plus
 the loop (about 2 ms) plus prefills bound the run at about 60% of the ceiling; 85% needs the graphs
 and the engine in separate processes (or a forward pass that holds the GIL little: CUDA graphs).
+2026-12-06 22:08, the engine in a process of its own (``--engine process``,
+``verlog.backends.engine_process``) beside the in-process engine in one run (load 0.7-1.0, nothing
+else running): in process 7.8x, 8.9x, 8.9x (63-67% of the ceiling, 154-156 turns/s, 1.00-1.01 cores
+busy); its own process 8.9x, 9.4x, 10.2x (85-86% of the ceiling, 161-196 turns/s, the graphs' process
+0.38-0.40 cores busy). The engine then decodes smaller batches (21-22 requests per pass against
+29-30): it no longer waits for the graphs' Python between steps.
 """
 
 from __future__ import annotations

@@ -158,3 +158,30 @@ def test_too_little_shared_memory_is_said_before_any_process_starts(monkeypatch,
     with pytest.raises(RuntimeError, match=r"engine.process needs \d+ MiB of shared memory.*--shm-size"):
         EngineProcess(model, None)
     assert not any(p.untyped_storage().is_shared() for p in model.parameters())  # nothing moved
+
+
+async def test_overlapped_updates_publish_into_the_childs_copy_of_the_actor(tiny_tokenizer, tiny_dir):
+    """Overlapped updates give the engine its own copy of the actor (``rollout_copy``) and copy the
+    trained weights into it when an update ends (``publish_weights``, under the engine's lock): with
+    the engine in a process of its own the copy it decodes with is the one they reach."""
+    from verlog.models import load_causal_lm
+    from verlog.weights.rollout_copy import publish_weights, rollout_copy
+
+    actor = load_causal_lm(tiny_dir)
+    child = EngineProcess(rollout_copy(actor), tiny_tokenizer)
+    reference = EmbeddedEngine(actor, tiny_tokenizer)
+    sampling = SamplingParams(max_new_tokens=10, seed=5)
+    try:
+        before = await child.generate(PROMPTS[0], sampling)
+        with torch.no_grad():  # an update changes the actor, not the engine's copy
+            for p in actor.parameters():
+                p.mul_(0.5)
+        assert (await child.generate(PROMPTS[0], sampling)).logprobs == pytest.approx(before.logprobs, abs=1e-5)
+        with child.weights_lock():
+            publish_weights(actor, child.model)
+        after, expected = await child.generate(PROMPTS[0], sampling), await reference.generate(PROMPTS[0], sampling)
+        assert after.token_ids == expected.token_ids and after.logprobs == pytest.approx(expected.logprobs, abs=1e-6)
+        assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+    finally:
+        child.close()
+        reference.close()
