@@ -217,18 +217,18 @@ class EngineProcess(Engine):
             if kind == "token":
                 entry = self._pending.get(rid)
                 if entry is not None and entry[2] is not None:
-                    entry[0].call_soon_threadsafe(entry[2], *payload)
+                    _on_loop(entry[0], entry[2], *payload)
             elif kind in ("done", "error"):
                 entry = self._pending.pop(rid, None)
                 if entry is not None:
-                    entry[0].call_soon_threadsafe(_set_result if kind == "done" else _set_exception, entry[1], payload)
+                    _on_loop(entry[0], _set_result if kind == "done" else _set_exception, entry[1], payload)
             elif kind in ("answer", "failed") and (waiting := self._calls.pop(rid, None)) is not None:
                 waiting[1], waiting[2] = payload, kind == "failed"
                 waiting[0].set()
         gone = EngineError(f"the engine process stopped ({self._exit()})")
         self._closed = True
         for loop, future, _ in list(self._pending.values()):
-            loop.call_soon_threadsafe(_set_exception, future, gone)
+            _on_loop(loop, _set_exception, future, gone)
         self._pending.clear()
         for waiting in list(self._calls.values()):
             waiting[1], waiting[2] = gone, True
@@ -262,6 +262,14 @@ class EngineProcess(Engine):
                 self._process.kill()
                 self._process.join(timeout=10)
         self._conn.close()
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, callback: Callable, *args: Any) -> None:
+    """``callback(*args)`` on ``loop``; nothing if that loop is closed (its caller is gone)."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass
 
 
 class _ChildGenerator:
