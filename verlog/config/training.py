@@ -79,7 +79,10 @@ class TrainerConfig(_Section):
     max_consecutive_failures: int = Field(20, ge=1, description="a slot failing this often in a row stops the run")
     seed: int = Field(0, description="torch / python RNG seed")
     torch_threads: int | None = Field(
-        None, ge=1, description="CPU threads of the training passes (default: all cores but one, like the engine)"
+        None,
+        ge=1,
+        description="CPU threads of the training passes (default: every core for those nothing runs beside: "
+        "alternating updates, the critic's pre-training; all cores but one for overlapped updates, beside the rollout)",
     )
     overlap: OverlapConfig = Field(default_factory=OverlapConfig)
     stragglers: StragglerConfig = Field(default_factory=StragglerConfig)
