@@ -573,3 +573,26 @@ def test_the_trunk_runs_a_shared_prefix_once_with_the_same_states(toy):
     finally:
         hook.remove()
     assert sum(embedded_again) == padded
+
+
+def test_passes_nothing_runs_beside_take_every_core_and_give_them_back():
+    """An alternating update (and the critic's pre-training) runs with every core unless
+    trainer.torch_threads says otherwise; the rollout's thread count comes back after it."""
+    import os
+    from pathlib import Path
+
+    from verlog.config import load_config
+    from verlog.train.trainer import every_core
+
+    root = Path(__file__).resolve().parents[1]
+    config = load_config(root / "configs" / "cue_corridor.yaml", ["trainer.torch_threads=null"])  # (it pins 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with every_core(config):
+            assert torch.get_num_threads() == os.cpu_count()
+        assert torch.get_num_threads() == 1
+        with every_core(load_config(root / "configs" / "cue_corridor.yaml", ["trainer.torch_threads=1"])):
+            assert torch.get_num_threads() == 1  # the user's setting stands
+    finally:
+        torch.set_num_threads(before)

@@ -669,7 +669,7 @@ def every_core(config: VerlogConfig) -> Iterator[None]:
     """Torch's CPU threads on this thread for a pass that nothing runs beside (an alternating update,
     the critic's pre-training): every core, unless ``trainer.torch_threads`` sets them; the rollout's
     rule (all cores but one: ``torch_cpu_threads``) again afterwards. On 2 cores an alternating update of
-    ``make run``'s config took 9.2 s with one thread, 5.7 s with two."""
+    ``make run``'s config took 9.2 s with one thread, 5.7 s with two (that config pins one)."""
     if config.trainer.torch_threads is not None:
         yield
         return
