@@ -35,6 +35,7 @@ strings no longer fit in the device table (checked on the host instead).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import os
@@ -42,7 +43,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import numpy as np
 import torch
@@ -152,42 +153,57 @@ class EngineStats:
         return self.computed_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-async def stream_tokens(
-    generate: Callable[..., Awaitable[Generation]],
-    prompt_ids: list[int],
-    sampling: SamplingParams,
-    *,
-    request_id: str | None = None,
-    images: ImageInputs | None = None,
-) -> AsyncIterator[TokenDelta | Generation]:
-    """An engine's ``stream`` made of its ``generate(..., on_token=)``: the tokens chosen since the
-    last item as a :class:`TokenDelta`, then the :class:`Generation`; closing the iterator early
-    cancels the generation (its batch row is freed)."""
-    chosen: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
-    task = asyncio.ensure_future(
-        generate(
-            prompt_ids,
-            sampling,
-            request_id=request_id,
-            on_token=lambda t, lp: chosen.put_nowait((t, lp)),
-            images=images,
+class TokenStreamingEngine(Engine):
+    """An engine whose ``generate`` takes ``on_token=`` (called on the caller's loop as each token
+    is chosen): its :meth:`stream` is made of that (the embedded engine, in this process or its own)."""
+
+    @abc.abstractmethod
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        on_token: Callable[[int, float], Any] | None = None,
+        images: ImageInputs | None = None,
+    ) -> Generation: ...
+
+    async def stream(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        request_id: str | None = None,
+        images: ImageInputs | None = None,
+    ) -> AsyncIterator[TokenDelta | Generation]:
+        """Tokens as they are chosen (see :meth:`Engine.stream`); tokens chosen while the consumer
+        was busy arrive together. Closing the iterator early cancels the generation (its batch row
+        is freed)."""
+        chosen: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
+        task = asyncio.ensure_future(
+            self.generate(
+                prompt_ids,
+                sampling,
+                request_id=request_id,
+                on_token=lambda t, lp: chosen.put_nowait((t, lp)),
+                images=images,
+            )
         )
-    )
-    task.add_done_callback(lambda _: chosen.put_nowait(None))
-    try:
-        while (item := await chosen.get()) is not None:
-            ids, logprobs = [item[0]], [item[1]]
-            while not chosen.empty():
-                nxt = chosen.get_nowait()
-                if nxt is None:
-                    chosen.put_nowait(None)
-                    break
-                ids.append(nxt[0])
-                logprobs.append(nxt[1])
-            yield TokenDelta(ids, logprobs)
-        yield task.result()  # raises the engine's error, if any
-    finally:
-        task.cancel()  # the consumer stopped early: free the batch row
+        task.add_done_callback(lambda _: chosen.put_nowait(None))
+        try:
+            while (item := await chosen.get()) is not None:
+                ids, logprobs = [item[0]], [item[1]]
+                while not chosen.empty():
+                    nxt = chosen.get_nowait()
+                    if nxt is None:
+                        chosen.put_nowait(None)
+                        break
+                    ids.append(nxt[0])
+                    logprobs.append(nxt[1])
+                yield TokenDelta(ids, logprobs)
+            yield task.result()  # raises the engine's error, if any
+        finally:
+            task.cancel()  # the consumer stopped early: free the batch row
 
 
 def torch_cpu_threads(requested: int | None = None) -> int:
@@ -196,7 +212,7 @@ def torch_cpu_threads(requested: int | None = None) -> int:
     return requested or max(1, (os.cpu_count() or 2) - 1)
 
 
-class EmbeddedEngine(Engine):
+class EmbeddedEngine(TokenStreamingEngine):
     """Runs a causal LM in-process with dynamic batching and a KV cache; enforces constraints.
 
     Args:
@@ -339,19 +355,6 @@ class EmbeddedEngine(Engine):
         req.future.add_done_callback(lambda fut: self._cancelled.put(req) if fut.cancelled() else None)
         self._queue.put(req)
         return await req.future
-
-    async def stream(
-        self,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        *,
-        request_id: str | None = None,
-        images: ImageInputs | None = None,
-    ) -> AsyncIterator[TokenDelta | Generation]:
-        """Tokens as they are chosen (see :meth:`Engine.stream`); tokens chosen while the
-        consumer was busy arrive together. Closing the iterator early stops the generation."""
-        async for item in stream_tokens(self.generate, prompt_ids, sampling, request_id=request_id, images=images):
-            yield item
 
     @property
     def sampling_generator(self) -> torch.Generator:

@@ -27,33 +27,32 @@ interpreter free while its kernels run).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import pickle
 import threading
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.multiprocessing as mp
 
 from verlog.backends.base import (
     CONSTRAINT_KINDS,
-    Engine,
     EngineError,
     Generation,
     ImageInputs,
     SamplingParams,
-    TokenDelta,
 )
 from verlog.backends.embedded import (
     EmbeddedEngine,
     EngineStats,
+    TokenStreamingEngine,
     _image_model_problem,
     _set_exception,
     _set_result,
-    stream_tokens,
 )
 from verlog.tokens import eos_token_ids
 from verlog.weights.shared_memory import share_models
@@ -64,7 +63,7 @@ __all__ = ["EngineProcess"]
 START_TIMEOUT_S = 300.0
 
 
-class EngineProcess(Engine):
+class EngineProcess(TokenStreamingEngine):
     """An :class:`~verlog.backends.embedded.EmbeddedEngine` on ``model`` in a child process (see the
     module doc); ``options`` are the embedded engine's keyword arguments (``max_batch_size``,
     ``seed``, ``cpu_threads``, ...). Raises :class:`~verlog.backends.base.EngineError` if the child
@@ -97,8 +96,8 @@ class EngineProcess(Engine):
         self._ids = itertools.count()
         #: requests in flight: id -> (their loop, their future, their token callback)
         self._pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future, Callable | None]] = {}
-        #: sync calls waiting for the child's answer: id -> [done, answer, failed]
-        self._calls: dict[int, list[Any]] = {}
+        #: sync calls waiting for the child's answer
+        self._calls: dict[int, concurrent.futures.Future] = {}
         try:
             ready = self._conn.poll(START_TIMEOUT_S) and self._conn.recv()
         except (EOFError, ConnectionResetError):
@@ -147,18 +146,6 @@ class EngineProcess(Engine):
                 self._send(("cancel", rid, None))
             raise
 
-    async def stream(
-        self,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        *,
-        request_id: str | None = None,
-        images: ImageInputs | None = None,
-    ) -> AsyncIterator[TokenDelta | Generation]:
-        """Tokens as the child chooses them (see :meth:`EmbeddedEngine.stream`)."""
-        async for item in stream_tokens(self.generate, prompt_ids, sampling, request_id=request_id, images=images):
-            yield item
-
     def validate_constraint(self, constraint: Any) -> None:
         """Compile ``constraint`` in the child (see :meth:`EmbeddedEngine.validate_constraint`)."""
         super().validate_constraint(constraint)
@@ -198,14 +185,13 @@ class EngineProcess(Engine):
         if self._closed:
             raise EngineError("the engine process is closed")
         rid = next(self._ids)
-        waiting = self._calls[rid] = [threading.Event(), None, False]
+        answer = self._calls[rid] = concurrent.futures.Future()
         self._send(("call", rid, (kind, payload)))
-        if not waiting[0].wait(timeout):
+        try:
+            return answer.result(timeout)
+        except concurrent.futures.TimeoutError:
             self._calls.pop(rid, None)
-            raise EngineError(f"the engine process did not answer {kind!r} within {timeout:.0f} s")
-        if waiting[2]:
-            raise waiting[1]
-        return waiting[1]
+            raise EngineError(f"the engine process did not answer {kind!r} within {timeout:.0f} s") from None
 
     def _read(self) -> None:
         """The reader thread: hands each answer of the child to the loop (or thread) awaiting it."""
@@ -222,21 +208,21 @@ class EngineProcess(Engine):
                 entry = self._pending.pop(rid, None)
                 if entry is not None:
                     _on_loop(entry[0], _set_result if kind == "done" else _set_exception, entry[1], payload)
-            elif kind in ("answer", "failed") and (waiting := self._calls.pop(rid, None)) is not None:
-                waiting[1], waiting[2] = payload, kind == "failed"
-                waiting[0].set()
+            elif kind == "answer" and (answer := self._calls.pop(rid, None)) is not None:
+                answer.set_result(payload)
+            elif kind == "failed" and (answer := self._calls.pop(rid, None)) is not None:
+                answer.set_exception(payload)
         gone = EngineError(f"the engine process stopped ({self._exit()})")
         self._closed = True
         for loop, future, _ in list(self._pending.values()):
             _on_loop(loop, _set_exception, future, gone)
         self._pending.clear()
-        for waiting in list(self._calls.values()):
-            waiting[1], waiting[2] = gone, True
-            waiting[0].set()
+        for answer in list(self._calls.values()):
+            answer.set_exception(gone)
+        self._calls.clear()
 
     def _exit(self) -> str:
-        if self._closed and self._process.exitcode == 0:
-            return "closed"
+        """How the child ended (waiting a little for it to end)."""
         self._process.join(timeout=5)
         code = self._process.exitcode
         return "still running" if code is None else f"exit code {code}: killed or out of memory" if code else "closed"
