@@ -116,11 +116,13 @@ async def test_a_killed_child_fails_the_calls_in_flight_with_its_exit_code(tiny_
 
     engine = EngineProcess(load_causal_lm(tiny_dir), tiny_tokenizer)
     try:
-        call = asyncio.ensure_future(engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=4000)))
-        await asyncio.sleep(0.5)
-        os.kill(engine._process.pid, signal.SIGKILL)
-        with pytest.raises(EngineError, match="exit code -9"):
-            await asyncio.wait_for(call, 60)
+        with engine.weights_lock():  # the child waits at its next step: the call stays in flight
+            call = asyncio.ensure_future(engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=4000)))
+            await asyncio.sleep(0.2)
+            assert not call.done()
+            os.kill(engine._process.pid, signal.SIGKILL)
+            with pytest.raises(EngineError, match="exit code -9"):
+                await asyncio.wait_for(call, 60)
         with pytest.raises(EngineError):
             await engine.generate(PROMPTS[0], SamplingParams())
     finally:
