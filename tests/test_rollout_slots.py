@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 
 import pytest
 from langchain_core.messages import HumanMessage
@@ -42,6 +43,11 @@ def slot_of(seed: int, groups: int = 3) -> int:
     return (seed % groups - seed // groups) % groups
 
 
+def slot_of_first(slot: int, groups: int = 3) -> int:
+    """The seed slot ``slot`` plays first (its round 0)."""
+    return next(seed for seed in range(groups) if slot_of(seed, groups) == slot)
+
+
 def next_seed(seed: int, groups: int = 3) -> int:
     """The seed the same slot plays after ``seed``."""
     j = seed // groups + 1
@@ -52,9 +58,11 @@ def prompt(seed: int, t: int) -> list:
     return [HumanMessage(f"seed {seed} turn {t}")]
 
 
-def build_graph(model, fail_seeds=(), hang_seeds=(), sync=False, cap=None):
+def build_graph(model, fail_seeds=(), hang_seeds=(), sync=False, cap=None, block_turn=None, threads=None):
     """The scripted game; ``sync``: ``def`` nodes calling ``model.invoke`` (the style of most
-    LangGraph examples); ``cap``: a step cap after which the episode is truncated."""
+    LangGraph examples); ``cap``: a step cap after which the episode is truncated; ``block_turn``:
+    the turn whose ``async def`` policy node calls ``model.invoke`` (a blocking call, as production
+    graphs may make); ``threads``: a list each policy node appends ``(seed, turn, its thread)`` to."""
 
     def outcome(state: State) -> tuple[int, bool, bool]:
         seed, t = state["seed"], state["t"] + 1
@@ -64,7 +72,12 @@ def build_graph(model, fail_seeds=(), hang_seeds=(), sync=False, cap=None):
         return t, terminated, not terminated and cap is not None and t >= cap
 
     async def policy(state: State) -> dict:
-        await model.ainvoke(prompt(state["seed"], state["t"]))
+        if threads is not None:
+            threads.append((state["seed"], state["t"], threading.current_thread().name))
+        if state["t"] == block_turn:
+            model.invoke(prompt(state["seed"], state["t"]))
+        else:
+            await model.ainvoke(prompt(state["seed"], state["t"]))
         return {}
 
     async def environment(state: State) -> dict:
@@ -111,7 +124,16 @@ def build_graph(model, fail_seeds=(), hang_seeds=(), sync=False, cap=None):
     return g.compile()
 
 
-def make_runner(tokenizer, *, num_envs=3, turns_per_env=4, timeout_s=None, max_consecutive_failures=20, **graph_kwargs):
+def make_runner(
+    tokenizer,
+    *,
+    num_envs=3,
+    turns_per_env=4,
+    timeout_s=None,
+    max_consecutive_failures=20,
+    slot_threads="auto",
+    **graph_kwargs,
+):
     engine = ScriptedEngine(tokenizer, ["go"])
     models = []
 
@@ -130,6 +152,7 @@ def make_runner(tokenizer, *, num_envs=3, turns_per_env=4, timeout_s=None, max_c
         seed=0,
         max_consecutive_failures=max_consecutive_failures,
         render_prompt=lambda messages, tools: models[0].render_prompt_ids(messages, tools),
+        slot_threads=slot_threads,
     )
     return runner, engine
 
@@ -318,3 +341,50 @@ async def test_truncated_turns_carry_the_next_prompt(tiny_tokenizer, sync):
         assert t == 1 and not turn.terminated
         assert turn.next_prompt_ids == model.render_prompt_ids(prompt(seed, t + 1))
     assert all(t.next_prompt_ids is None for b in batches for s in b.turns for t in s if not t.truncated)
+
+
+async def test_async_graphs_play_on_the_runners_loop_and_threads_on_request(tiny_tokenizer):
+    """``slot_threads="auto"``: async nodes run on the runner's own thread (no hop per call);
+    ``"always"``: each slot's on a thread of its own from the start. Same batches either way."""
+    seen = {}
+    for mode in ("auto", "always"):
+        threads: list = []
+        runner, _ = make_runner(tiny_tokenizer, slot_threads=mode, threads=threads)
+        batches = await collect_batches(runner, 2)
+        names = {name for _, _, name in threads}
+        if mode == "auto":
+            assert names == {threading.current_thread().name} and runner.counters.moved == 0
+        else:
+            assert names and all(name.startswith("verlog-slot") for name in names)
+        seen[mode] = [[state_of(tiny_tokenizer, t.prompt_ids) for t in turns] for b in batches for turns in b.turns]
+    assert seen["auto"] == seen["always"]
+    with pytest.raises(ValueError, match=r"slot_threads must be one of \['auto', 'always'\]"):
+        make_runner(tiny_tokenizer, slot_threads="never")
+
+
+async def test_a_blocking_call_on_the_runners_loop_moves_its_episode_to_a_thread(tiny_tokenizer):
+    """An ``async def`` node calling ``model.invoke`` (turn 1, after an answered turn 0) on the
+    runner's loop: the call is refused there, the episode is played again from its start on its
+    slot's thread (its answered turn in this batch dropped, no failure counted), and every slot's
+    later episodes run on threads; the batches keep their shape and their episodes' order."""
+    threads: list = []
+    runner, _ = make_runner(tiny_tokenizer, block_turn=1, threads=threads)
+    with pytest.warns(RuntimeWarning, match="blocking model call .* played again"):
+        batches = await collect_batches(runner, 3)
+    assert runner.counters.failed == {} and not any(b.failed for b in batches)
+    assert runner.counters.moved == 3 and runner.counters.moved_calls == 3  # each slot's first episode, at turn 1
+    main = threading.current_thread().name
+    for slot in range(3):  # each slot's first seed: turns 0 and 1 on the runner's loop, then again on its thread
+        first = [(t, name) for seed, t, name in threads if seed == slot_of_first(slot)]
+        assert first[:4] == [(0, main), (1, main), (0, f"verlog-slot{slot}"), (1, f"verlog-slot{slot}")]
+    later = [name for seed, t, name in threads if seed >= 3]
+    assert later and all(name.startswith("verlog-slot") for name in later)
+    for b, batch in enumerate(batches):
+        assert batch.num_envs == 3 and all(len(turns) == 4 for turns in batch.turns)
+        for i, turns in enumerate(batch.turns):
+            states = [state_of(tiny_tokenizer, t.prompt_ids) for t in turns]
+            assert all(slot_of(seed) == i for seed, _ in states)
+            if b == 0:  # the replayed episode from its start: the moved one's turn 0 was dropped
+                assert states[0] == (slot_of_first(i), 0) and states[1] == (slot_of_first(i), 1)
+            for (s0, t0), (s1, t1) in zip(states, states[1:]):
+                assert (s1, t1) == (s0, t0 + 1) or (t1 == 0 and s1 == next_seed(s0))

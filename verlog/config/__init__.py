@@ -31,8 +31,10 @@ from verlog.config.agent import (
 from verlog.config.base import (
     DEFAULT_MAX_RESUMES,
     REWARD_MAX_ABS,
+    SLOT_THREADS,
     VERL_REWARD_FUNCTION_NAME,
     ConfigError,
+    SlotThreads,
     json_object,
 )
 from verlog.config.data import (
@@ -91,6 +93,8 @@ __all__ = [
     "DATA_FORMATS",
     "DEFAULT_EVAL_EPISODES",
     "DEFAULT_MAX_RESUMES",
+    "SLOT_THREADS",
+    "SlotThreads",
     "DataConfig",
     "DataInputConfig",
     "DataSourceConfig",

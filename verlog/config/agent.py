@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
-from verlog.config.base import DEFAULT_MAX_RESUMES, _check_function_target, _keyword_mapping, _Section
+from verlog.config.base import DEFAULT_MAX_RESUMES, SlotThreads, _check_function_target, _keyword_mapping, _Section
 
 if TYPE_CHECKING:
     pass
@@ -166,3 +166,10 @@ class RolloutConfig(_Section):
         "work)",
     )
     seed: int = 0
+    slot_threads: SlotThreads = Field(
+        "auto",
+        description="where training's episodes run: auto, on the rollout's own event loop (no thread hop per "
+        "model call) until a graph makes a blocking model call (model.invoke, stream or batch) in an async def "
+        "node, whose episode is then played again and every slot gets a thread of its own; always, a thread per "
+        "slot from the start (for async def nodes that block their loop with other work, e.g. time.sleep)",
+    )

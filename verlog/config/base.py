@@ -4,7 +4,7 @@ config raises, and the checks of values several sections take (JSON objects, ``f
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
@@ -54,6 +54,12 @@ REWARD_MAX_ABS = 1e6
 
 #: the most ``interrupt()`` pauses one episode's responder answers (``multi_turn.langgraph.max_resumes``)
 DEFAULT_MAX_RESUMES = 16
+
+#: where a slot runner's episodes run (``rollout.slot_threads``, ``SlotRunner(slot_threads=)``): on
+#: the rollout's own event loop until a graph makes a blocking model call in an ``async def`` node
+#: (``auto``), or each slot on a thread of its own from the start (``always``)
+SlotThreads = Literal["auto", "always"]
+SLOT_THREADS: tuple[str, ...] = get_args(SlotThreads)
 
 
 def _check_function_target(value: str) -> str:

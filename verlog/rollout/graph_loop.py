@@ -1,6 +1,7 @@
 """An event loop in a thread of its own, for the episodes of one env slot.
 
-The slot runner keeps its bookkeeping, the training gate and the engine on its own loop; each
+The slot runner keeps its bookkeeping, the training gate and the engine on its own loop; when its
+slots run on threads (``slot_threads="always"``, or after a graph made a blocking call there) each
 slot's graph runs on a :class:`GraphLoop`. So a node that blocks its event loop (``model.invoke``,
 ``model.stream`` or ``model.batch`` inside an ``async def`` node, as graphs written for production
 may do) blocks its own slot's episode only, as it would block its own run in production: its

@@ -27,7 +27,7 @@ from langchain_core.tracers.context import register_configure_hook
 
 from verlog.rollout.recorder import NO_TRAIN_TAG, TurnRecorder, active_recorder
 
-__all__ = ["NodeExecutor", "OutsideCallCounter", "track_outside_calls"]
+__all__ = ["NodeExecutor", "OutsideCallCounter", "track_outside_calls", "widen_node_executor"]
 
 
 class OutsideCallCounter(BaseCallbackHandler):
@@ -102,6 +102,17 @@ class NodeExecutor(concurrent.futures.ThreadPoolExecutor):
         counter = OutsideCallCounter(recorder, (config.get("metadata") or {}).get("langgraph_node"))
         return super().submit(_run_counted, counter, fn, args, kwargs)
 
+    def widen(self, threads: int) -> None:
+        """Allow ``threads`` more worker threads (made only when needed), e.g. for the ``def`` nodes
+        of a slot runner's episodes, which may each park a thread on a call held at the boundary."""
+        with self._shutdown_lock:
+            self._max_workers += threads
+
+    def narrow(self, threads: int) -> None:
+        """Give back what :meth:`widen` allowed (threads already made stay until the pool ends)."""
+        with self._shutdown_lock:
+            self._max_workers = max(1, self._max_workers - threads)
+
 
 def _run_counted(counter: OutsideCallCounter, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     def run() -> Any:
@@ -116,3 +127,15 @@ def track_outside_calls(loop: asyncio.AbstractEventLoop) -> None:
     default executor (which is then left as it is: its calls go uncounted)."""
     if getattr(loop, "_default_executor", None) is None:
         loop.set_default_executor(NodeExecutor(thread_name_prefix="verlog-node"))
+
+
+def widen_node_executor(loop: asyncio.AbstractEventLoop, threads: int) -> NodeExecutor | None:
+    """The :class:`NodeExecutor` that is ``loop``'s default executor (given one if it has none),
+    widened by ``threads``; ``None`` when the loop has a default executor of another kind, whose
+    width verlog cannot vouch for."""
+    track_outside_calls(loop)
+    executor = getattr(loop, "_default_executor", None)
+    if not isinstance(executor, NodeExecutor):
+        return None
+    executor.widen(threads)
+    return executor

@@ -25,14 +25,21 @@ trained. A training call answered without passing the gate (a LangChain cache, a
 built on the gated engine) would be silently untrained: it stops the run instead.
 
 **Sync and async nodes alike.** The runner's bookkeeping, the gate and the engine live on the
-runner's own event loop; each slot's episodes run on a loop of their own, in a thread of their own
-(:class:`~verlog.rollout.graph_loop.GraphLoop`). A call from an ``async def`` node reaches the gate
-on the runner's loop and its answer comes back; a ``def`` node (LangGraph runs it in a worker
-thread of the slot's loop) and a blocking call inside an ``async def`` node (``model.invoke``,
-``model.stream``, ``model.batch``: it blocks its slot's loop, as it would block its own run in
-production) park their thread on a thread-safe future while the call runs on the runner's loop
-(``Engine.sync_loop``). So a held call of any style wakes exactly like the others, and a slot
-blocked at the boundary never keeps another from reaching it.
+runner's own event loop. By default (``slot_threads="auto"``) the episodes run there too: a call
+from an ``async def`` node reaches the gate with no thread hop (on ``make run``'s config the
+rollout of a batch took 2.0 s instead of 3.1 s with a thread per slot), and a ``def`` node runs in
+a worker thread (the loop's default executor, a :class:`~verlog.rollout.outside_calls.NodeExecutor`
+widened by ``NODE_THREADS`` per slot) whose call parks the thread on a thread-safe future while it
+runs on the runner's loop (``Engine.sync_loop``). A blocking call inside an ``async def`` node
+(``model.invoke``, ``model.stream``, ``model.batch``, as production graphs may make) would block
+the very loop that must answer it: it is refused there, its episode is played again from its start
+(its turns in this batch are dropped, not counted as a failure; with whole groups its row is), and
+from then on each slot's episodes run on a loop of their own, in a thread of their own
+(:class:`~verlog.rollout.graph_loop.GraphLoop`), where such a call parks its slot's thread as it
+would block its own run in production (``slot_threads="always"`` starts that way: for graphs
+whose ``async def`` nodes block their loop with other work, e.g. ``time.sleep``, which on the
+runner's loop would stall every slot). Either way a held call of any style wakes exactly like the
+others, and a slot blocked at the boundary never keeps another from reaching it.
 
 **Failed episodes.** A graph that raises, hits its ``recursion_limit`` or exceeds the episode
 timeout fails its episode. Its turns in the *current* batch are dropped (the slot starts a new
@@ -79,11 +86,13 @@ from uuid import UUID
 from langchain_core.runnables import Runnable
 
 from verlog.backends.base import BlockingCallError, Engine, Generation, ImageInputs, SamplingParams
+from verlog.config import SLOT_THREADS
 from verlog.graph_file import GraphFileError
 from verlog.llm.chat_model import engine_call_run
-from verlog.rollout.graph_loop import GraphLoop
+from verlog.rollout.graph_loop import NODE_THREADS, GraphLoop
 from verlog.rollout.interrupts import InterruptResponder
-from verlog.rollout.recorder import RenderPrompt, TurnRecorder
+from verlog.rollout.outside_calls import NodeExecutor, widen_node_executor
+from verlog.rollout.recorder import RenderPrompt, TurnRecorder, active_recorder
 from verlog.rollout.runner import run_episode
 from verlog.rollout.schedule import slot_seed
 from verlog.rollout.turn import Episode, Turn
@@ -251,6 +260,10 @@ class _Segment:
     #: the start index of its newest training call (a call before it has had its answer from the
     #: environment: the graph went on to the next call)
     last_started: int = -1
+    #: it runs on its slot's own thread (else on the runner's loop)
+    threaded: bool = False
+    #: it made a blocking call on the runner's loop: it is played again on its slot's thread
+    moved: bool = False
 
 
 @dataclass(eq=False)
@@ -294,6 +307,10 @@ class SlotCounters:
     #: with whole groups: rows given up after ``GROUP_ATTEMPTS`` attempts, or whose plays are longer
     #: than a batch (never compared this epoch)
     groups_abandoned: int = 0
+    #: episodes played again on their slot's thread after a blocking model call on the runner's
+    #: loop (``slot_threads="auto"``), and their answered calls left untrained (not yet in a batch)
+    moved: int = 0
+    moved_calls: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)  # a copy: ``failed`` included
@@ -311,6 +328,8 @@ class SlotCounters:
             late_rewards=int(data.get("late_rewards", 0)),
             groups_dropped=int(data.get("groups_dropped", 0)),
             groups_abandoned=int(data.get("groups_abandoned", 0)),
+            moved=int(data.get("moved", 0)),
+            moved_calls=int(data.get("moved_calls", 0)),
         )
 
 
@@ -423,7 +442,10 @@ class _GatedEngine(Engine):
         return self._runner.engine.stop_token_ids(sampling)
 
     def sync_loop(self) -> asyncio.AbstractEventLoop | None:
-        return self._runner._loop or self._runner.engine.sync_loop()
+        runner = self._runner
+        if runner._loop is not None and threading.get_ident() == runner._loop_thread:
+            runner._blocking_call()  # a sync call on the runner's own loop: refused, its episode moves
+        return runner._loop or runner.engine.sync_loop()
 
     async def generate(
         self,
@@ -496,6 +518,10 @@ class SlotRunner:
             a call still generating) go to the next batch, bootstrapped from the prompt of the call
             after the slot's last taken turn. So a slow slot gives fewer turns to this batch and
             no slot waits for it. Not with ``whole_groups``.
+        slot_threads: where the episodes run (see the module's docstring): ``"auto"`` on the
+            runner's own loop until an episode makes a blocking model call in an ``async def``
+            node, then each slot on a thread of its own; ``"always"`` each slot on a thread of its
+            own from the start. A loop whose default executor is not verlog's runs them on threads.
 
     Each call's turn records ``policy_version``: the runner's :attr:`policy_version` (the updates
     the trainer has published to the engine) when the gate admitted it.
@@ -522,7 +548,10 @@ class SlotRunner:
         keep_discarded: bool = False,
         sampling_seed: int | None = None,
         max_turns_per_env: int | None = None,
+        slot_threads: str = "auto",
     ):
+        if slot_threads not in SLOT_THREADS:
+            raise ValueError(f"slot_threads must be one of {list(SLOT_THREADS)}, got {slot_threads!r}")
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if turns_per_env < 1:
@@ -548,6 +577,7 @@ class SlotRunner:
         self.keep_discarded = keep_discarded
         self.sampling_seed = sampling_seed
         self.max_turns_per_env = max_turns_per_env
+        self.slot_threads = slot_threads
         #: the weights' version the engine serves, in updates (the trainer sets it when it publishes
         #: new weights); each turn records the one its call was admitted under
         self.policy_version = 0
@@ -588,7 +618,11 @@ class SlotRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._closed = False
-        #: each slot's episodes run on a loop of their own (see the module's docstring)
+        #: whether new episodes run on the runner's own loop (else each slot's on its GraphLoop;
+        #: see the module's docstring)
+        self._inline = False
+        #: the runner's loop's default executor, widened for the slots' ``def`` nodes while inline
+        self._node_executor: NodeExecutor | None = None
         self._graph_loops: list[GraphLoop] = []
         self.graph = build_graph(_GatedEngine(self))
 
@@ -648,8 +682,37 @@ class SlotRunner:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._changed = asyncio.Event()
-        self._graph_loops = [GraphLoop(f"verlog-slot{slot.index}") for slot in self._slots]
+        if self.slot_threads == "auto":
+            self._node_executor = widen_node_executor(self._loop, NODE_THREADS * self.num_envs)
+        self._inline = self._node_executor is not None
+        if not self._inline:
+            self._use_threads()
         self._tasks = [asyncio.create_task(self._run_slot(slot)) for slot in self._slots]
+
+    def _use_threads(self) -> None:
+        """From now on each slot's new episodes run on a loop and thread of their own."""
+        self._inline = False
+        if not self._graph_loops:
+            self._graph_loops = [GraphLoop(f"verlog-slot{slot.index}") for slot in self._slots]
+
+    def _blocking_call(self) -> None:
+        """A sync model call on the runner's own loop: from an episode running there, its ``async
+        def`` node blocks the loop that must answer the call. The call is refused (``run_sync``);
+        the episode is marked to be played again, and every slot moves to threads of its own."""
+        recorder = active_recorder()
+        segment = self._segments.get(recorder.episode_id) if recorder is not None else None
+        if segment is None or segment.threaded:
+            return
+        segment.moved = True
+        if self._inline:
+            self._use_threads()
+            warnings.warn(
+                f"episode {recorder.episode_id} made a blocking model call (model.invoke, stream or batch) in an "
+                "async def node: it is played again, and every slot's episodes now run on a thread of their own "
+                "(about 1 ms more a turn); await model.ainvoke there instead, or set rollout.slot_threads: always",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def _open(self) -> None:
         """Start a new batch: every slot may give ``turns_per_env`` calls again."""
@@ -1090,23 +1153,36 @@ class SlotRunner:
             except Exception as exc:  # make_input failed for this seed: a failed episode
                 episode = recorder.episode("error", error=f"make_input({seed}) failed: {exc!r}")
             else:
+                segment.threaded = not self._inline
+                run = run_episode(
+                    self.graph,
+                    graph_input,
+                    episode_id=episode_id,
+                    graph_config=self.graph_config,
+                    timeout_s=self.timeout_s,
+                    recorder=recorder,
+                    interrupts=self.interrupts,
+                )
                 try:
-                    episode = await self._graph_loops[slot.index].run(
-                        run_episode(
-                            self.graph,
-                            graph_input,
-                            episode_id=episode_id,
-                            graph_config=self.graph_config,
-                            timeout_s=self.timeout_s,
-                            recorder=recorder,
-                            interrupts=self.interrupts,
-                        )
-                    )
-                except BlockingCallError as exc:  # the graph's code can never train: stop at once
-                    self._stop(SlotFailureError(str(exc)))
-                    return
+                    episode = await (self._graph_loops[slot.index].run(run) if segment.threaded else run)
+                except BlockingCallError as exc:
+                    if not segment.moved:  # the graph's code can never train: stop at once
+                        self._stop(SlotFailureError(str(exc)))
+                        return
                 finally:
                     self._forget_calls(segment)
+                if segment.moved:  # a blocking call on the runner's loop: played again on its thread
+                    self.counters.moved += 1
+                    self.counters.moved_calls += sum(id(t) not in recorder.cut_turns for t in recorder.turns)
+                    self._segments.pop(episode_id, None)
+                    slot.segments.remove(segment)
+                    self._drop(segment)
+                    if row is not None:  # its row is dropped and played again, like one a failure spoils
+                        self._play_ended(row, segment)
+                    else:
+                        slot.replay_round = slot.current_round
+                    self._notify()
+                    continue
                 if self.on_episode_end is not None and not episode.failed and episode.turns:
                     try:
                         await self.on_episode_end(episode, seed)
@@ -1212,3 +1288,6 @@ class SlotRunner:
             self._reopen(slot)
         loops, self._graph_loops = self._graph_loops, []
         await asyncio.gather(*(graph_loop.aclose() for graph_loop in loops))
+        if self._node_executor is not None:
+            self._node_executor.narrow(NODE_THREADS * self.num_envs)
+            self._node_executor = None

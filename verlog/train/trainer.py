@@ -330,6 +330,7 @@ class _Run:
             keep_discarded=config.multi_turn.langgraph.train_discarded_calls,
             sampling_seed=config.rollout.seed,
             max_turns_per_env=_straggler_cap(config),
+            slot_threads=config.rollout.slot_threads,
         )
         run = cls(
             config,
@@ -484,6 +485,8 @@ class _Run:
             "episodes_total": float(c.episodes),
             "failed_total": float(sum(c.failed.values())),
         }
+        if c.moved:  # episodes played again on threads after a blocking call (rollout.slot_threads: auto)
+            out["episodes_moved_total"] = float(c.moved)
         if self.runner.whole_groups:
             out |= {
                 "groups_dropped_total": float(c.groups_dropped),

@@ -454,6 +454,7 @@ class LangGraphAgentLoop(AgentLoopBase):
             max_consecutive_failures=settings.max_consecutive_failures,
             render_prompt=lambda messages, tools: models[-1].render_prompt_ids(messages, tools),
             on_episode_end=score,
+            slot_threads=settings.slot_threads,
             interrupts=InterruptResponder.from_config(self.spec.multi_turn.langgraph),
             keep_discarded=self.spec.multi_turn.langgraph.train_discarded_calls,
         )

@@ -36,6 +36,7 @@ from verlog.config import (
     MultiTurnConfig,
     RewardConfig,
     RolloutConfig,
+    SlotThreads,
     TrainerConfig,
     VerlRewardFunctionConfig,
     describe_errors,
@@ -131,6 +132,12 @@ class VerlSettings(_Section):
         _default(TrainerConfig, "max_consecutive_failures"),
         ge=1,
         description="a slot failing this often in a row fails its verl sample",
+    )
+    slot_threads: SlotThreads = Field(
+        _default(RolloutConfig, "slot_threads"),
+        description="where a session's episodes run: auto, on the agent-loop worker's event loop until a graph "
+        "makes a blocking model call in an async def node (then on a thread per session); always, a thread per "
+        "session (rollout.slot_threads of a verlog config)",
     )
     eval_episodes: int = Field(DEFAULT_EVAL_EPISODES, ge=1, description="validation episodes (verl's val set)")
     eval_seed: int = Field(_default(EvalConfig, "seed"), description="seed of the first validation episode")
