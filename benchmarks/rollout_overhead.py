@@ -136,6 +136,16 @@ def time_plain_sync(turns: int) -> float:
     return (time.perf_counter() - t0) / turns
 
 
+async def time_plain_sync_async(turns: int) -> float:
+    """The ``def`` nodes' loop under ``graph.ainvoke`` (as training and evaluation run graphs):
+    LangGraph runs each ``def`` node and router in its loop's thread pool."""
+    fake = GenericFakeChatModel(messages=itertools.repeat(AIMessage(ANSWER)))
+    graph = build_loop(fake, turns, report=False, sync=True)
+    t0 = time.perf_counter()
+    await graph.ainvoke(start(turns), {"recursion_limit": 10 * turns})
+    return (time.perf_counter() - t0) / turns
+
+
 class _Prerendered(PromptRenderer):
     """Hands back prompt ids rendered beforehand, one prompt after another: ids of prompts of the
     same shape as the loop's (the system message and a new observation each), so only where the
@@ -230,6 +240,7 @@ async def main(turns: int, repeats: int) -> None:
     await asyncio.to_thread(time_verlog_sync, 10, tokenizer)
     await asyncio.to_thread(time_plain_sync, 10)
     await time_slots(10, tokenizer)
+    await time_plain_sync_async(10)
     results: dict[str, list[float]] = {
         k: []
         for k in (
@@ -243,6 +254,7 @@ async def main(turns: int, repeats: int) -> None:
             "slots_sync",
             "slots_threads",
             "slots_sync_threads",
+            "plain_sync_async",
         )
     }
     for _ in range(repeats):  # interleaved, so machine noise hits all of them alike
@@ -255,6 +267,7 @@ async def main(turns: int, repeats: int) -> None:
         results["bare"].append(await time_bare(turns, tokenizer))
         results["slots"].append(await time_slots(turns, tokenizer))
         results["slots_sync"].append(await time_slots(turns, tokenizer, sync=True))
+        results["plain_sync_async"].append(await time_plain_sync_async(turns))
         results["slots_threads"].append(await time_slots(turns, tokenizer, slot_threads="always"))
         results["slots_sync_threads"].append(await time_slots(turns, tokenizer, sync=True, slot_threads="always"))
     med = {k: statistics.median(v) * 1000 for k, v in results.items()}
@@ -282,6 +295,10 @@ async def main(turns: int, repeats: int) -> None:
         ("sync nodes, slot threads", "plain_sync", "slots_sync_threads"),
     ):
         print(f"  {style:<25}: {med[ours]:.3f} ms/turn, {med[ours] - med[plain]:+.3f} over plain LangGraph")
+    print(
+        f"  plain LangGraph, def nodes under graph.ainvoke (its thread pool's hops): {med['plain_sync_async']:.3f} ms/turn; "
+        f"sync nodes' training path {med['slots_sync'] - med['plain_sync_async']:+.3f} over it"
+    )
     print("prompt ids of a long history (template + encoding; earlier messages' pieces remembered):")
     for messages in (11, 51, 201):
         ours, whole = time_history(tokenizer, messages)

@@ -40,6 +40,8 @@ def test_bad_value_names_key_and_allowed_values():
         config_from_dict({**GOOD, "engine": {"kind": "vllm"}})
     message = str(info.value)
     assert "engine.kind" in message and "'embedded'" in message and "'sglang'" in message and "vllm" in message
+    with pytest.raises(ConfigError, match=r"rollout.slot_threads: Input should be 'auto' or 'always' \(got 'never'\)"):
+        config_from_dict({**GOOD, "rollout": {"slot_threads": "never"}})
 
 
 def test_unknown_top_level_section():
