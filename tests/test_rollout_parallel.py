@@ -128,13 +128,12 @@ async def play(
 def check_each_call_once(tokenizer, batches: list[SlotBatch], witness: Witness, runner: SlotRunner) -> int:
     """Every call the engine answered for the slots is a turn of exactly one batch, but those of an
     episode moved off the runner's loop by a blocking call (played again from its start, on its
-    slot's thread: ``counters.moved_calls``, each of a seed played again); returns how many."""
+    slot's thread: ``counters.moved_calls``); returns how many."""
     tags = [tag_of(tokenizer, turn) for batch in batches for turn in batch.flat_turns()]
     duplicated = [t for t, n in Counter(tags).items() if n > 1]
     missing = set(witness.training_tags()) - set(tags)
     assert not duplicated, f"trained twice: {duplicated}"
     assert len(missing) == runner.counters.moved_calls, f"never trained: {sorted(missing)}"
-    assert not missing or runner.counters.moved > 0
     assert sorted(tags) == sorted(set(witness.training_tags()) - missing)
     for batch in batches:
         assert {len(turns) for turns in batch.turns} == {runner.turns_per_env} and batch.num_envs == runner.num_envs

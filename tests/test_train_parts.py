@@ -6,18 +6,21 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+from pathlib import Path
 from typing import Sequence
 
 import pytest
 import torch
 
 from verlog.algo import TurnBatch, dual_gae
-from verlog.config import AlgorithmConfig
+from verlog.config import AlgorithmConfig, load_config
 from verlog.rollout.slots import SlotBatch
 from verlog.rollout.turn import Turn
 from verlog.train.forward import micro_batches, pack_rows, policy_logprobs, values_at_positions
 from verlog.train.ppo import Learner, build_token_masks, ppo_update, score_batch
 from verlog.train.storage import RolloutStorage
+from verlog.train.trainer import every_core
 from verlog.weights import checkpoint as ckpt
 from verlog.weights.actor_critic import ValueModel
 
@@ -578,12 +581,6 @@ def test_the_trunk_runs_a_shared_prefix_once_with_the_same_states(toy):
 def test_passes_nothing_runs_beside_take_every_core_and_give_them_back():
     """An alternating update (and the critic's pre-training) runs with every core unless
     trainer.torch_threads says otherwise; the rollout's thread count comes back after it."""
-    import os
-    from pathlib import Path
-
-    from verlog.config import load_config
-    from verlog.train.trainer import every_core
-
     root = Path(__file__).resolve().parents[1]
     config = load_config(root / "configs" / "cue_corridor.yaml", ["trainer.torch_threads=null"])  # (it pins 1)
     before = torch.get_num_threads()

@@ -86,7 +86,7 @@ from uuid import UUID
 from langchain_core.runnables import Runnable
 
 from verlog.backends.base import BlockingCallError, Engine, Generation, ImageInputs, SamplingParams
-from verlog.config import SLOT_THREADS
+from verlog.config import SLOT_THREADS, SlotThreads
 from verlog.graph_file import GraphFileError
 from verlog.llm.chat_model import engine_call_run
 from verlog.rollout.graph_loop import NODE_THREADS, GraphLoop
@@ -260,8 +260,6 @@ class _Segment:
     #: the start index of its newest training call (a call before it has had its answer from the
     #: environment: the graph went on to the next call)
     last_started: int = -1
-    #: it runs on its slot's own thread (else on the runner's loop)
-    threaded: bool = False
     #: it made a blocking call on the runner's loop: it is played again on its slot's thread
     moved: bool = False
 
@@ -548,7 +546,7 @@ class SlotRunner:
         keep_discarded: bool = False,
         sampling_seed: int | None = None,
         max_turns_per_env: int | None = None,
-        slot_threads: str = "auto",
+        slot_threads: SlotThreads = "auto",
     ):
         if slot_threads not in SLOT_THREADS:
             raise ValueError(f"slot_threads must be one of {list(SLOT_THREADS)}, got {slot_threads!r}")
@@ -701,7 +699,7 @@ class SlotRunner:
         the episode is marked to be played again, and every slot moves to threads of its own."""
         recorder = active_recorder()
         segment = self._segments.get(recorder.episode_id) if recorder is not None else None
-        if segment is None or segment.threaded:
+        if segment is None:  # not a slot's episode (its model's calls are refused as before)
             return
         segment.moved = True
         if self._inline:
@@ -1153,7 +1151,7 @@ class SlotRunner:
             except Exception as exc:  # make_input failed for this seed: a failed episode
                 episode = recorder.episode("error", error=f"make_input({seed}) failed: {exc!r}")
             else:
-                segment.threaded = not self._inline
+                threaded = not self._inline
                 run = run_episode(
                     self.graph,
                     graph_input,
@@ -1164,7 +1162,7 @@ class SlotRunner:
                     interrupts=self.interrupts,
                 )
                 try:
-                    episode = await (self._graph_loops[slot.index].run(run) if segment.threaded else run)
+                    episode = await (self._graph_loops[slot.index].run(run) if threaded else run)
                 except BlockingCallError as exc:
                     if not segment.moved:  # the graph's code can never train: stop at once
                         self._stop(SlotFailureError(str(exc)))
