@@ -110,9 +110,11 @@ def start(turns: int) -> dict:
     return {"observation": observation(), "last_answer": "", "step": 0}
 
 
-async def time_plain(turns: int) -> float:
+async def time_plain(turns: int, sync: bool = False) -> float:
+    """Plain LangGraph under ``graph.ainvoke`` (as training and evaluation run graphs); ``sync``:
+    ``def`` nodes, which LangGraph runs in its loop's thread pool."""
     fake = GenericFakeChatModel(messages=itertools.repeat(AIMessage(ANSWER)))
-    graph = build_loop(fake, turns, report=False)
+    graph = build_loop(fake, turns, report=False, sync=sync)
     t0 = time.perf_counter()
     await graph.ainvoke(start(turns), {"recursion_limit": 10 * turns})
     return (time.perf_counter() - t0) / turns
@@ -133,16 +135,6 @@ def time_plain_sync(turns: int) -> float:
     graph = build_loop(fake, turns, report=False, sync=True)
     t0 = time.perf_counter()
     graph.invoke(start(turns), {"recursion_limit": 10 * turns})
-    return (time.perf_counter() - t0) / turns
-
-
-async def time_plain_sync_async(turns: int) -> float:
-    """The ``def`` nodes' loop under ``graph.ainvoke`` (as training and evaluation run graphs):
-    LangGraph runs each ``def`` node and router in its loop's thread pool."""
-    fake = GenericFakeChatModel(messages=itertools.repeat(AIMessage(ANSWER)))
-    graph = build_loop(fake, turns, report=False, sync=True)
-    t0 = time.perf_counter()
-    await graph.ainvoke(start(turns), {"recursion_limit": 10 * turns})
     return (time.perf_counter() - t0) / turns
 
 
@@ -240,7 +232,7 @@ async def main(turns: int, repeats: int) -> None:
     await asyncio.to_thread(time_verlog_sync, 10, tokenizer)
     await asyncio.to_thread(time_plain_sync, 10)
     await time_slots(10, tokenizer)
-    await time_plain_sync_async(10)
+    await time_plain(10, sync=True)
     results: dict[str, list[float]] = {
         k: []
         for k in (
@@ -267,7 +259,7 @@ async def main(turns: int, repeats: int) -> None:
         results["bare"].append(await time_bare(turns, tokenizer))
         results["slots"].append(await time_slots(turns, tokenizer))
         results["slots_sync"].append(await time_slots(turns, tokenizer, sync=True))
-        results["plain_sync_async"].append(await time_plain_sync_async(turns))
+        results["plain_sync_async"].append(await time_plain(turns, sync=True))
         results["slots_threads"].append(await time_slots(turns, tokenizer, slot_threads="always"))
         results["slots_sync_threads"].append(await time_slots(turns, tokenizer, sync=True, slot_threads="always"))
     med = {k: statistics.median(v) * 1000 for k, v in results.items()}
